@@ -1,0 +1,38 @@
+# packtool: `make demo` packs the shipped demo data; `make test` runs the tests. Both install first.
+PYTHON ?= python3
+VENV ?= .venv
+# On this platform torch==2.13.0 is a CPU wheel on local disk; any other spec downloads gigabytes.
+TORCH_SPEC ?= torch==2.13.0
+NEMO_WHEEL_SPEC ?= nemo-automodel==0.1.2
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.packtool-installed
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	# reference implementation for parity tests: only its wheel file, never imported as a dependency
+	mkdir -p .cache/wheels
+	$(BIN)/python -m pip download -q --no-deps -d .cache/wheels "$(NEMO_WHEEL_SPEC)"
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/packtool pack --config configs/demo.yaml --overwrite
+	$(BIN)/packtool inspect out/demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check packtool tests scripts
+
+bench: install
+	$(BIN)/python scripts/bench_pack.py
+
+clean:
+	rm -rf out .cache .pytest_cache

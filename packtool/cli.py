@@ -1,0 +1,147 @@
+"""The ``packtool`` command line: parse, load the config, call the pipeline, print.
+
+Every flag of ``pack`` has the same name as its config key (``--packed-sequence-size`` <->
+``packed_sequence_size``). Errors are one line on stderr; exit code 2 for bad input or options, 1 for
+internal errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from packtool.config import (
+    FORMATS,
+    LABELS,
+    LONG_SAMPLE_POLICIES,
+    POSITION_IDS,
+    SAMPLE_FORMATS,
+    PackConfig,
+    load_config_file,
+)
+from packtool.errors import PacktoolError
+
+
+def _one_line_errors(fn):
+    """Turn packtool errors into one line on stderr and the documented exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PacktoolError as e:
+            click.echo(f"packtool: error: {e}", err=True)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("packtool: interrupted; no output was left behind", err=True)
+            sys.exit(130)
+        except OSError as e:
+            click.echo(f"packtool: error: {e.filename or ''}: {e.strerror or e}", err=True)
+            sys.exit(1)
+        except Exception as e:  # an internal error: say so, with the traceback only when asked
+            if os.environ.get("PACKTOOL_DEBUG"):
+                traceback.print_exc()
+            click.echo(
+                f"packtool: internal error: {type(e).__name__}: {e} (set PACKTOOL_DEBUG=1 for a traceback)",
+                err=True,
+            )
+            sys.exit(1)
+
+    return wrapper
+
+
+@click.group()
+@click.version_option(package_name="packtool")
+def main() -> None:
+    """Pack LLM training samples offline into fixed-length sequences, and inspect the result."""
+
+
+@main.command()
+@click.argument("inputs", nargs=-1)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML file of config keys.")
+@click.option("--output", "-o", help="Output directory (written atomically).")
+@click.option("--tokenizer", help="tokenizer.json, a local model directory, or module:callable encoder.")
+@click.option("--packed-sequence-size", type=int, help="Tokens per pack (N).")
+@click.option(
+    "--split-across-pack/--no-split-across-pack",
+    default=None,
+    help="Let a sample run over into the next pack instead of moving it whole.",
+)
+@click.option("--max-packs", type=int, help="Keep at most this many packs (the rest is counted, not kept).")
+@click.option("--strategy", help="Packing strategy: sequential.")
+@click.option(
+    "--long-samples",
+    type=click.Choice(LONG_SAMPLE_POLICIES),
+    help="Samples longer than N without --split-across-pack: error (default), drop or truncate.",
+)
+@click.option(
+    "--position-ids",
+    type=click.Choice(POSITION_IDS),
+    help="nemo (default: PackedSequence parity) or restart (0 at every sample piece and padding).",
+)
+@click.option("--num-proc", type=int, help="Processes for encoding and writing (output identical for any).")
+@click.option("--split", help="Split of a Hugging Face dataset (default train).")
+@click.option("--text-field", help="Field holding the text (default text).")
+@click.option("--sample-format", type=click.Choice(SAMPLE_FORMATS), help="How records are encoded.")
+@click.option("--add-bos/--no-add-bos", default=None, help="Prepend the BOS token to every sample.")
+@click.option("--add-eos/--no-add-eos", default=None, help="Append the EOS token to every sample.")
+@click.option("--bos-token", help="BOS token text (default: the tokenizer's).")
+@click.option("--eos-token", help="EOS token text (default: the tokenizer's).")
+@click.option(
+    "--labels",
+    type=click.Choice(LABELS),
+    help="shifted (default: labels[i] is the target of input_ids[i]) or unshifted (labels = ids).",
+)
+@click.option("--pad-token-id", type=int, help="Id used to pad input_ids (default 0, as PackedSequence).")
+@click.option("--format", "format_", type=click.Choice(FORMATS), help="Shard format (default parquet).")
+@click.option("--shard-size", type=int, help="Packs per shard (default 2048).")
+@click.option("--row-group-size", type=int, help="Packs per Parquet row group (default 128).")
+@click.option("--chunk-size", type=int, help="Samples per encoding chunk (default 4096).")
+@click.option("--seed", type=int, help="Seed for strategies that shuffle.")
+@click.option("--overwrite/--no-overwrite", default=None, help="Replace an existing output directory.")
+@click.option("--quiet", "-q", is_flag=True, default=None, help="No progress bars.")
+@_one_line_errors
+def pack(inputs: tuple[str, ...], config_file: str | None, format_: str | None, **flags: Any) -> None:
+    """Tokenize INPUTS (JSONL/JSON, Parquet, text, save_to_disk dirs, hf:NAME) and pack them into shards."""
+    from packtool.pipeline import run_pack
+
+    values: dict[str, Any] = load_config_file(config_file) if config_file else {}
+    flags["format"] = format_
+    if inputs:
+        flags["inputs"] = list(inputs)
+    values.update({k: v for k, v in flags.items() if v is not None})
+    config = PackConfig.from_dict(values, origin=config_file or "options")
+    manifest = run_pack(config)
+    if not config.quiet:
+        s = manifest["stats"]
+        click.echo(
+            f"packed {s['packed_samples']:,} of {s['num_samples']:,} samples into {s['num_packs']:,} packs "
+            f"of {manifest['packed_sequence_size']} tokens (fill rate {s['fill_rate']:.2%}, lower bound "
+            f"{s['lower_bound_packs']:,} packs) -> {config.output}",
+            err=True,
+        )
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@_one_line_errors
+def inspect(directory: str, as_json: bool) -> None:
+    """Show fill rate, padding, counts and per-shard figures of a packtool output DIRECTORY."""
+    from packtool.inspect import inspect_report, render_report
+
+    report = inspect_report(directory)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        render_report(report)
+
+
+if __name__ == "__main__":
+    main()

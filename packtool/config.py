@@ -1,0 +1,147 @@
+"""``PackConfig``: every option of ``packtool pack``, with one name per concept.
+
+The same key is used for the CLI flag (``packed_sequence_size`` <-> ``--packed-sequence-size``), the YAML
+config file and the manifest. Precedence: defaults < config file < flags given on the command line.
+
+Example::
+
+    >>> cfg = PackConfig.from_dict({"packed_sequence_size": 4096, "inputs": ["data.jsonl"], "output": "out"})
+    >>> cfg.strategy
+    'sequential'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from packtool.errors import ConfigError
+
+LONG_SAMPLE_POLICIES = ("error", "drop", "truncate")
+POSITION_IDS = ("nemo", "restart")
+LABELS = ("shifted", "unshifted")
+FORMATS = ("parquet",)
+SAMPLE_FORMATS = ("auto", "text", "pretokenized")
+
+# Keys that change how a job runs, never what it writes. They are left out of the manifest so that
+# the output is byte-identical for any number of processes.
+RUNTIME_KEYS = ("num_proc", "quiet", "overwrite", "engine")
+
+
+@dataclass
+class PackConfig:
+    """All settings of one ``packtool pack`` run.
+
+    Attributes mirror the CLI flags; see ``packtool pack --help`` for each one's meaning.
+    """
+
+    inputs: list[str] = field(default_factory=list)
+    output: str | None = None
+    packed_sequence_size: int | None = None
+    # reading
+    split: str = "train"
+    text_field: str = "text"
+    sample_format: str = "auto"
+    # encoding
+    tokenizer: str | None = None
+    add_bos: bool = False
+    add_eos: bool = False
+    bos_token: str | None = None
+    eos_token: str | None = None
+    labels: str = "shifted"
+    # packing
+    strategy: str = "sequential"
+    split_across_pack: bool = False
+    max_packs: int | None = None
+    long_samples: str = "error"
+    position_ids: str = "nemo"
+    pad_token_id: int = 0
+    seed: int = 0
+    # writing
+    format: str = "parquet"
+    shard_size: int = 2048
+    row_group_size: int = 128
+    chunk_size: int = 4096
+    # running
+    num_proc: int = 1
+    engine: str = "local"
+    overwrite: bool = False
+    quiet: bool = False
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, origin: str = "config") -> PackConfig:
+        """Build a config from a mapping, rejecting unknown keys, then validate it."""
+        known = set(cls.keys())
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"{origin}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+            )
+        cfg = cls(**values)
+        if isinstance(cfg.inputs, str):
+            cfg.inputs = [cfg.inputs]
+        cfg.inputs = [str(p) for p in cfg.inputs]
+        return cfg
+
+    def to_dict(self, *, include_runtime: bool = True) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if not include_runtime:
+            for k in RUNTIME_KEYS:
+                d.pop(k, None)
+        return d
+
+    def validate(self) -> PackConfig:
+        """Check values; raise ``ConfigError`` with the offending key. Returns self."""
+        if not self.inputs:
+            raise ConfigError("no input given: pass INPUT paths or set 'inputs' in the config")
+        if not self.output:
+            raise ConfigError("no output directory: pass --output DIR or set 'output' in the config")
+        _positive("packed_sequence_size", self.packed_sequence_size)
+        for key in ("shard_size", "row_group_size", "chunk_size", "num_proc"):
+            _positive(key, getattr(self, key))
+        if self.max_packs is not None:
+            _positive("max_packs", self.max_packs)
+        _choice("long_samples", self.long_samples, LONG_SAMPLE_POLICIES)
+        _choice("position_ids", self.position_ids, POSITION_IDS)
+        _choice("labels", self.labels, LABELS)
+        _choice("format", self.format, FORMATS)
+        _choice("sample_format", self.sample_format, SAMPLE_FORMATS)
+        if not isinstance(self.pad_token_id, int) or isinstance(self.pad_token_id, bool):
+            raise ConfigError(f"pad_token_id must be an integer, got {self.pad_token_id!r}")
+        return self
+
+
+def _positive(key: str, value: Any) -> None:
+    if value is None:
+        raise ConfigError(f"{key} is required (--{key.replace('_', '-')})")
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file into a dict of PackConfig keys (dashes accepted for underscores)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of keys to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}

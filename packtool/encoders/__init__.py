@@ -1,0 +1,64 @@
+"""Encoders: raw records -> ``input_ids``/``labels`` (see ``packtool.encoders.base`` for the protocol).
+
+``build_encoder(config, first_batch)`` picks one:
+
+* ``--tokenizer module:callable``: the user's own encoder;
+* ``sample_format: pretokenized`` (or ``auto`` with an ``input_ids`` field and no tokenizer or no text
+  field): packed as is (ids checked against the tokenizer's vocabulary when one is given);
+* ``sample_format: text`` (or ``auto`` otherwise): ``text_field`` through ``--tokenizer``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from packtool.config import PackConfig
+from packtool.encoders.base import Encoder, FunctionEncoder, load_object
+from packtool.encoders.pretokenized import PretokenizedEncoder
+from packtool.encoders.text import HFTokenizer, TextEncoder
+from packtool.errors import ConfigError
+
+__all__ = ["Encoder", "build_encoder", "resolve_sample_format", "is_plugin_spec"]
+
+
+def is_plugin_spec(spec: str | None) -> bool:
+    """``module:callable`` (and not a Windows drive or an existing path)."""
+    return bool(spec) and ":" in spec and not Path(spec).exists()
+
+
+def resolve_sample_format(config: PackConfig, field_names: list[str]) -> str:
+    """Decide ``auto``: pretokenized when the input has ``input_ids`` and no tokenizer is given."""
+    if config.sample_format != "auto":
+        return config.sample_format
+    if "input_ids" in field_names and (not config.tokenizer or config.text_field not in field_names):
+        return "pretokenized"
+    return "text"
+
+
+def build_encoder(config: PackConfig, sample_format: str) -> Encoder:
+    """Build the encoder named by ``config`` for records of ``sample_format``."""
+    if is_plugin_spec(config.tokenizer):
+        obj = load_object(config.tokenizer)
+        if inspect.isclass(obj):
+            obj = obj(**(getattr(config, "encoder_kwargs", None) or {}))
+        if not callable(obj):
+            raise ConfigError(f"tokenizer {config.tokenizer} is not callable")
+        return FunctionEncoder(obj, config.tokenizer, labels=config.labels)
+    if sample_format == "pretokenized":
+        vocab = HFTokenizer(config.tokenizer).vocab_size if config.tokenizer else None
+        return PretokenizedEncoder(labels=config.labels, vocab_size=vocab)
+    if not config.tokenizer:
+        raise ConfigError(
+            "the input holds text: pass --tokenizer (a tokenizer.json, a model directory, "
+            "or module:callable), or give pretokenized input_ids"
+        )
+    return TextEncoder(
+        HFTokenizer(config.tokenizer),
+        text_field=config.text_field,
+        add_bos=config.add_bos,
+        add_eos=config.add_eos,
+        bos_token=config.bos_token,
+        eos_token=config.eos_token,
+        labels=config.labels,
+    )

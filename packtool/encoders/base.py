@@ -1,0 +1,199 @@
+"""The encoder protocol: raw records in, token ids (and labels) out.
+
+An encoder turns one ``SourceBatch`` into an Arrow record batch with, per record:
+
+* ``input_ids``: ``large_list<int32>``, the sample's tokens;
+* ``labels``: ``large_list<int32>``, same lengths as ``input_ids``; ``-100`` where no loss is taken;
+* ``loss_mask`` (optional): ``large_list<int8>``, same lengths, 1 where the loss is taken.
+
+The output has exactly one row per input record, in order. A record that yields no tokens gets an empty
+list; packtool counts it as empty and leaves it out of the packs.
+
+A user's encoder is any callable ``encode(records: dict[str, list]) -> dict[str, list[list[int]]]`` that
+returns at least ``input_ids``; it is named on the command line as ``--tokenizer module:callable``
+(``module`` may be a dotted module or a ``path/to/file.py``). A class named this way is instantiated once
+per process with the ``encoder_kwargs`` config mapping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from packtool.errors import ConfigError, InputError, PacktoolError
+from packtool.readers.base import SourceBatch
+
+IGNORE_INDEX = -100
+TOKENS = pa.large_list(pa.int32())
+MASK = pa.large_list(pa.int8())
+
+
+class Encoder(Protocol):
+    """What packtool calls: ``encoder(batch) -> pa.RecordBatch`` (see module docstring)."""
+
+    def __call__(self, batch: SourceBatch) -> pa.RecordBatch: ...
+
+    def identity(self) -> dict[str, Any]:
+        """Name, path and content hash of the tokenizer, for the manifest."""
+        ...
+
+
+def shifted_labels(input_ids: pa.LargeListArray) -> pa.LargeListArray:
+    """Per-sample shifted labels: ``labels[i] = input_ids[i + 1]`` and ``-100`` on each sample's last token.
+
+    No target crosses a sample boundary, so packing never lets sample k predict sample k+1.
+
+    >>> shifted_labels(pa.array([[5, 6, 7], [8]], type=TOKENS)).to_pylist()
+    [[6, 7, -100], [-100]]
+    """
+    offsets = input_ids.offsets.to_numpy()
+    values = input_ids.values.to_numpy(zero_copy_only=False)
+    labels = np.empty_like(values)
+    labels[:-1] = values[1:]
+    ends = offsets[1:][offsets[1:] > offsets[:-1]] - 1
+    labels[ends] = IGNORE_INDEX
+    return pa.LargeListArray.from_arrays(input_ids.offsets, pa.array(labels, type=pa.int32()))
+
+
+def make_labels(input_ids: pa.LargeListArray, convention: str) -> pa.LargeListArray:
+    """Labels for ``input_ids`` under the ``labels`` convention (``shifted`` or ``unshifted``)."""
+    if convention == "shifted":
+        return shifted_labels(input_ids)
+    return pa.LargeListArray.from_arrays(input_ids.offsets, input_ids.values)
+
+
+def encoded_batch(input_ids: pa.Array, labels: pa.Array, loss_mask: pa.Array | None = None) -> pa.RecordBatch:
+    cols = {"input_ids": input_ids, "labels": labels}
+    if loss_mask is not None:
+        cols["loss_mask"] = loss_mask
+    return pa.record_batch(cols)
+
+
+def to_token_lists(
+    values: Any, batch: SourceBatch, field: str, type_: pa.DataType = TOKENS
+) -> pa.LargeListArray:
+    """Convert a column of integer lists (Arrow or Python) to ``large_list<int32>``, naming bad rows."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not isinstance(values, pa.Array):
+        try:
+            values = pa.array(values, type=pa.large_list(pa.int64()))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+            for i, v in enumerate(values):
+                if not isinstance(v, list | tuple) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in v
+                ):
+                    raise batch.error(i, field, f"expected a list of integers, got {str(v)[:40]!r}") from None
+            raise
+    if not (
+        pa.types.is_list(values.type)
+        or pa.types.is_large_list(values.type)
+        or pa.types.is_fixed_size_list(values.type)
+    ):
+        raise batch.error(0, field, f"expected a list of integers, got {values.type}")
+    if values.null_count:
+        i = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+        raise batch.error(i, field, "missing value (null)")
+    if not pa.types.is_integer(values.type.value_type):
+        raise batch.error(0, field, f"expected integers, got {values.type.value_type}")
+    values = values.cast(pa.large_list(values.type.value_type))
+    flat = values.values
+    if flat.null_count:
+        bad = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0]
+        i = int(np.searchsorted(values.offsets.to_numpy(), bad, side="right") - 1)
+        raise batch.error(i, field, "null inside the list")
+    lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+    mm = pc.min_max(flat)
+    if len(flat) and (mm["min"].as_py() < lo or mm["max"].as_py() > hi):
+        arr = flat.to_numpy()
+        bad = np.flatnonzero((arr < lo) | (arr > hi))[0]
+        i = int(np.searchsorted(values.offsets.to_numpy(), bad, side="right") - 1)
+        raise batch.error(i, field, f"value {arr[bad]} does not fit in int32")
+    return pa.LargeListArray.from_arrays(values.offsets, flat.cast(type_.value_type))
+
+
+def check_same_lengths(a: pa.LargeListArray, b: pa.LargeListArray, batch: SourceBatch, field: str) -> None:
+    la = np.diff(a.offsets.to_numpy())
+    lb = np.diff(b.offsets.to_numpy())
+    bad = np.flatnonzero(la != lb)
+    if len(bad):
+        i = int(bad[0])
+        raise batch.error(i, field, f"has {lb[i]} values but input_ids has {la[i]}")
+
+
+def load_object(spec: str) -> Any:
+    """Resolve ``module:name`` or ``path/to/file.py:name`` to the named object."""
+    module_name, _, attr = spec.rpartition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"'{spec}' is not of the form module:callable")
+    try:
+        if module_name.endswith(".py") or "/" in module_name:
+            path = Path(module_name).resolve()
+            if not path.exists():
+                raise ConfigError(f"'{spec}': no such file {module_name}")
+            name = f"packtool_user_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+            if name in sys.modules:
+                module = sys.modules[name]
+            else:
+                mod_spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(mod_spec)
+                sys.modules[name] = module
+                mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"'{spec}': cannot import {module_name}: {type(e).__name__}: {e}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"'{spec}': module {module_name} has no attribute {attr}") from None
+
+
+class FunctionEncoder:
+    """Wraps a user's ``encode(records: dict[str, list]) -> dict`` callable into the Encoder protocol."""
+
+    def __init__(self, fn: Any, spec: str, labels: str = "shifted") -> None:
+        self.fn, self.spec, self.labels = fn, spec, labels
+
+    def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
+        try:
+            out = self.fn(batch.batch.to_pydict())
+        except PacktoolError:
+            raise
+        except Exception as e:
+            raise InputError(
+                f"encoder {self.spec} failed on this batch: {type(e).__name__}: {e}",
+                source=batch.source,
+                row=int(batch.rows[0]),
+                row_kind=batch.row_kind,
+            ) from e
+        if not isinstance(out, dict) or "input_ids" not in out:
+            raise PacktoolError(f"encoder {self.spec} must return a dict with 'input_ids'")
+        input_ids = to_token_lists(out["input_ids"], batch, "input_ids")
+        if len(input_ids) != batch.num_rows:
+            raise PacktoolError(
+                f"encoder {self.spec} returned {len(input_ids)} rows for {batch.num_rows} records"
+            )
+        if out.get("labels") is not None:
+            labels = to_token_lists(out["labels"], batch, "labels")
+            check_same_lengths(input_ids, labels, batch, "labels")
+        else:
+            labels = make_labels(input_ids, self.labels)
+        loss_mask = None
+        if out.get("loss_mask") is not None:
+            loss_mask = to_token_lists(out["loss_mask"], batch, "loss_mask", MASK)
+            check_same_lengths(input_ids, loss_mask, batch, "loss_mask")
+        return encoded_batch(input_ids, labels, loss_mask)
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "custom", "name": self.spec, "sha256": None}

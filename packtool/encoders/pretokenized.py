@@ -1,0 +1,56 @@
+"""``pretokenized`` encoder: records that already hold ``input_ids`` (optionally ``labels``, ``loss_mask``).
+
+The columns are validated and cast to the packtool layout in Arrow, without a Python loop over tokens.
+Missing ``labels`` follow the ``labels`` convention; ``loss_mask`` is carried when present.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from packtool.encoders.base import MASK, check_same_lengths, encoded_batch, make_labels, to_token_lists
+from packtool.readers.base import SourceBatch
+
+
+class PretokenizedEncoder:
+    def __init__(self, labels: str = "shifted", vocab_size: int | None = None) -> None:
+        self.labels, self.vocab_size = labels, vocab_size
+
+    def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
+        rb = batch.batch
+        if "input_ids" not in rb.schema.names:
+            raise batch.error(0, "input_ids", f"missing field (record has: {', '.join(rb.schema.names)})")
+        input_ids = to_token_lists(rb.column("input_ids"), batch, "input_ids")
+        self._check_ids(input_ids, batch)
+        if "labels" in rb.schema.names:
+            labels = to_token_lists(rb.column("labels"), batch, "labels")
+            check_same_lengths(input_ids, labels, batch, "labels")
+        else:
+            labels = make_labels(input_ids, self.labels)
+        loss_mask = None
+        if "loss_mask" in rb.schema.names:
+            loss_mask = to_token_lists(rb.column("loss_mask"), batch, "loss_mask", MASK)
+            check_same_lengths(input_ids, loss_mask, batch, "loss_mask")
+        return encoded_batch(input_ids, labels, loss_mask)
+
+    def _check_ids(self, ids: pa.LargeListArray, batch: SourceBatch) -> None:
+        flat = ids.values
+        if len(flat) == 0:
+            return
+        mm = pc.min_max(flat)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        limit = self.vocab_size if self.vocab_size is not None else None
+        if lo >= 0 and (limit is None or hi < limit):
+            return
+        arr = flat.to_numpy()
+        bad = (arr < 0) if limit is None else ((arr < 0) | (arr >= limit))
+        pos = int(bad.argmax())
+        row = int(ids.offsets.to_numpy().searchsorted(pos, side="right") - 1)
+        what = "negative token id" if arr[pos] < 0 else f"token id outside the vocabulary (size {limit})"
+        raise batch.error(row, "input_ids", f"{what}: {int(arr[pos])}")
+
+    def identity(self) -> dict[str, Any]:
+        return {"kind": "pretokenized", "name": None, "sha256": None, "vocab_size": self.vocab_size}

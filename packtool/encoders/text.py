@@ -1,0 +1,204 @@
+"""``text`` encoder: a text field through a Hugging Face tokenizer, with optional BOS/EOS.
+
+The tokenizer is either a ``tokenizer.json`` file (loaded with the ``tokenizers`` library) or a local
+model directory (loaded with ``transformers.AutoTokenizer`` when transformers is installed, else its
+``tokenizer.json``). Special tokens of the tokenizer's own post-processor are not added: BOS/EOS are added
+only when asked (``add_bos``/``add_eos``), so the manifest says exactly what is in the packs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from packtool.encoders.base import TOKENS, encoded_batch, make_labels
+from packtool.errors import ConfigError
+from packtool.readers.base import SourceBatch
+from packtool.utils import file_sha256
+
+_EOS_GUESSES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]", "<|im_end|>")
+_BOS_GUESSES = ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")
+
+
+class HFTokenizer:
+    """A loaded tokenizer with one call, ``encode_batch(texts) -> list[list[int]]``."""
+
+    def __init__(self, spec: str) -> None:
+        path = Path(spec)
+        self.spec = spec
+        self._hf = None
+        self._fast = None
+        if path.is_file():
+            self._fast = _load_tokenizer_file(path)
+            self.hash_file = path
+        elif path.is_dir():
+            try:
+                import transformers
+            except ImportError:
+                transformers = None
+            if transformers is not None:
+                try:
+                    self._hf = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+                except Exception as e:
+                    raise ConfigError(f"tokenizer {spec}: cannot load with AutoTokenizer: {e}") from None
+                self._fast = getattr(self._hf, "_tokenizer", None)
+            elif (path / "tokenizer.json").exists():
+                self._fast = _load_tokenizer_file(path / "tokenizer.json")
+            else:
+                raise ConfigError(
+                    f"tokenizer {spec}: a directory without tokenizer.json needs transformers "
+                    "(pip install 'packtool[transformers]')"
+                )
+            self.hash_file = next(
+                (
+                    path / n
+                    for n in ("tokenizer.json", "tokenizer.model", "vocab.json")
+                    if (path / n).exists()
+                ),
+                None,
+            )
+        else:
+            raise ConfigError(
+                f"tokenizer {spec}: no such file or directory (expected a tokenizer.json, a "
+                "local model directory, or module:callable)"
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        if self._fast is not None:
+            return self._fast.get_vocab_size(with_added_tokens=True)
+        return len(self._hf)
+
+    def token_to_id(self, token: str) -> int | None:
+        if self._fast is not None:
+            return self._fast.token_to_id(token)
+        tid = self._hf.convert_tokens_to_ids(token)
+        return None if tid == self._hf.unk_token_id and token != self._hf.unk_token else tid
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if self._fast is not None:
+            return [e.ids for e in self._fast.encode_batch_fast(texts, add_special_tokens=False)]
+        return self._hf(texts, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        if self._hf is not None:
+            return self._hf.decode(ids)
+        return self._fast.decode(ids, skip_special_tokens=False)
+
+    def special_token(self, kind: str) -> str | None:
+        """The tokenizer's own ``bos``/``eos`` token if it declares one, else a well-known name it has."""
+        if self._hf is not None:
+            tok = getattr(self._hf, f"{kind}_token", None)
+            if tok:
+                return tok
+        for guess in _EOS_GUESSES if kind == "eos" else _BOS_GUESSES:
+            if self.token_to_id(guess) is not None:
+                return guess
+        return None
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "kind": "huggingface",
+            "name": self.spec,
+            "sha256": file_sha256(self.hash_file) if self.hash_file else None,
+            "vocab_size": self.vocab_size,
+        }
+
+
+def _load_tokenizer_file(path: Path):
+    import tokenizers
+
+    try:
+        return tokenizers.Tokenizer.from_file(str(path))
+    except Exception as e:
+        raise ConfigError(
+            f"tokenizer {path}: not a loadable tokenizer.json: {str(e).splitlines()[0]}"
+        ) from None
+
+
+def add_special(ids: pa.LargeListArray, bos: int | None, eos: int | None) -> pa.LargeListArray:
+    """Prepend ``bos`` and/or append ``eos`` to every non-empty list, vectorized.
+
+    >>> add_special(pa.array([[5, 6], []], type=TOKENS), 1, 2).to_pylist()
+    [[1, 5, 6, 2], []]
+    """
+    if bos is None and eos is None:
+        return ids
+    offsets = ids.offsets.to_numpy()
+    values = ids.values.to_numpy(zero_copy_only=False)
+    lengths = np.diff(offsets)
+    nonempty = (lengths > 0).astype(np.int64)
+    extra = nonempty * ((bos is not None) + (eos is not None))
+    new_offsets = np.zeros(len(offsets), dtype=np.int64)
+    np.cumsum(lengths + extra, out=new_offsets[1:])
+    out = np.empty(new_offsets[-1], dtype=np.int32)
+    # destination of every original token: its own index shifted by the specials added before it
+    shift = np.repeat(new_offsets[:-1] - offsets[:-1] + (nonempty if bos is not None else 0), lengths)
+    out[np.arange(len(values)) + shift] = values
+    starts = new_offsets[:-1][lengths > 0]
+    if bos is not None:
+        out[starts] = bos
+    if eos is not None:
+        out[new_offsets[1:][lengths > 0] - 1] = eos
+    return pa.LargeListArray.from_arrays(pa.array(new_offsets), pa.array(out, type=pa.int32()))
+
+
+class TextEncoder:
+    """Tokenizes ``text_field`` of every record; labels follow the ``labels`` convention."""
+
+    def __init__(
+        self,
+        tokenizer: HFTokenizer,
+        text_field: str = "text",
+        add_bos: bool = False,
+        add_eos: bool = False,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        labels: str = "shifted",
+    ) -> None:
+        self.tokenizer, self.text_field, self.labels = tokenizer, text_field, labels
+        self.bos_id = self._special_id("bos", bos_token) if add_bos else None
+        self.eos_id = self._special_id("eos", eos_token) if add_eos else None
+
+    def _special_id(self, kind: str, token: str | None) -> int:
+        token = token or self.tokenizer.special_token(kind)
+        if token is None:
+            raise ConfigError(
+                f"add_{kind}: tokenizer {self.tokenizer.spec} has no {kind} token; "
+                f"name one with --{kind}-token"
+            )
+        tid = self.tokenizer.token_to_id(token)
+        if tid is None:
+            raise ConfigError(f"{kind}_token {token!r} is not in the vocabulary of {self.tokenizer.spec}")
+        return tid
+
+    def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
+        texts = text_column(batch, self.text_field)
+        ids = pa.array(self.tokenizer.encode_batch(texts), type=TOKENS)
+        ids = add_special(ids, self.bos_id, self.eos_id)
+        return encoded_batch(ids, make_labels(ids, self.labels))
+
+    def identity(self) -> dict[str, Any]:
+        ident = self.tokenizer.identity()
+        ident.update(bos_token_id=self.bos_id, eos_token_id=self.eos_id)
+        return ident
+
+
+def text_column(batch: SourceBatch, field: str) -> list[str]:
+    """The ``field`` column as a list of strings; raises ``InputError`` naming a missing/null/non-text row."""
+    rb = batch.batch
+    if field not in rb.schema.names:
+        raise batch.error(0, field, f"missing field (record has: {', '.join(rb.schema.names) or 'nothing'})")
+    col = rb.column(field)
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        if pa.types.is_null(col.type):
+            raise batch.error(0, field, "missing value (null)")
+        raise batch.error(0, field, f"expected a string, got {col.type}")
+    if col.null_count:
+        i = int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
+        raise batch.error(i, field, "missing value (null)")
+    return col.to_pylist()

@@ -1,0 +1,80 @@
+"""Packing: sample lengths -> ``PackPlan``.
+
+``make_plan(lengths, config, locate)`` applies the long-sample policy, leaves out empty samples, runs the
+strategy named by ``config.strategy`` and cuts the plan at ``max_packs``. Every sample that is not packed
+whole is counted in ``plan.stats``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from packtool.config import PackConfig
+from packtool.errors import ConfigError, InputError
+from packtool.packing.plan import PackPlan, PackStats, empty_plan
+from packtool.packing.sequential import plan_sequential
+
+__all__ = ["PackPlan", "PackStats", "STRATEGIES", "make_plan"]
+
+# name -> fn(lengths, samples, n, split_across_pack, position_ids) -> PackPlan
+STRATEGIES: dict[str, Callable[..., PackPlan]] = {"sequential": plan_sequential}
+
+Locate = Callable[[int, str, str], InputError]
+
+
+def make_plan(lengths: np.ndarray, config: PackConfig, locate: Locate | None = None) -> PackPlan:
+    """Plan packs for samples of token counts ``lengths`` (``(num_samples,)``, in input order).
+
+    Args:
+        lengths: tokens per sample; 0 for a sample that encoded to nothing.
+        config: uses ``packed_sequence_size``, ``strategy``, ``split_across_pack``, ``max_packs``,
+            ``long_samples`` and ``position_ids``.
+        locate: ``locate(i, field, message) -> InputError`` naming sample ``i``'s file and row.
+    """
+    n = config.packed_sequence_size
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if config.strategy not in STRATEGIES:
+        raise ConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, got {config.strategy!r}")
+    stats = PackStats(num_samples=len(lengths))
+    keep = lengths > 0
+    stats.empty_samples = int((~keep).sum())
+    long = lengths > n
+    if long.any() and not config.split_across_pack:
+        if config.long_samples == "error":
+            i = int(np.flatnonzero(long)[0])
+            message = (
+                f"sample has {lengths[i]} tokens, more than packed_sequence_size {n}; use "
+                "--split-across-pack, --long-samples drop|truncate, or a larger --packed-sequence-size"
+            )
+            if locate is not None:
+                raise locate(i, "input_ids", message)
+            raise InputError(f"sample {i}: {message}")
+        if config.long_samples == "drop":
+            stats.dropped_samples = int(long.sum())
+            stats.dropped_tokens = int(lengths[long].sum())
+            keep &= ~long
+        else:  # truncate
+            stats.truncated_samples = int(long.sum())
+            stats.truncated_tokens = int((lengths[long] - n).sum())
+            lengths = np.minimum(lengths, n)
+    samples = np.flatnonzero(keep).astype(np.int64)
+    if len(samples) == 0:
+        return empty_plan(n, config.position_ids, stats)
+    plan = STRATEGIES[config.strategy](
+        lengths[samples], samples, n, config.split_across_pack, config.position_ids
+    )
+    if config.max_packs is not None and plan.num_packs > config.max_packs:
+        kept = plan.slice(0, config.max_packs)
+        kept_tokens = np.bincount(kept.sample, weights=kept.length, minlength=len(lengths))
+        short = kept_tokens[samples] < lengths[samples]
+        stats.samples_over_max_packs = int(short.sum())
+        stats.tokens_over_max_packs = int((lengths[samples] - kept_tokens[samples]).sum())
+        plan = kept
+    pack_of_piece = np.repeat(np.arange(plan.num_packs, dtype=np.int64), np.diff(plan.pack_offsets))
+    sample_pack = np.unique(plan.sample * plan.num_packs + pack_of_piece)  # distinct (sample, pack) pairs
+    stats.split_samples = int(np.count_nonzero(np.bincount(sample_pack // plan.num_packs) > 1))
+    plan.stats = stats
+    plan.validate()
+    return plan

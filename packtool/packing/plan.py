@@ -1,0 +1,108 @@
+"""``PackPlan``: which piece of which sample goes where, computed from sample lengths alone.
+
+A *piece* is a run of consecutive tokens of one sample (the whole sample unless it was split or
+truncated). Pieces of pack ``k`` are ``pieces[pack_offsets[k]:pack_offsets[k + 1]]``, laid out from the
+start of the pack in that order; the rest of the pack is padding. Token lists never enter the plan, so a
+plan for 100M samples is a few arrays of 100M integers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class PackStats:
+    """Counts of what happened to the input samples while planning. Never silent: all go to the manifest."""
+
+    num_samples: int = 0  # records read
+    empty_samples: int = 0  # no tokens: left out
+    dropped_samples: int = 0  # longer than packed_sequence_size under long_samples=drop
+    dropped_tokens: int = 0
+    truncated_samples: int = 0  # cut to packed_sequence_size under long_samples=truncate
+    truncated_tokens: int = 0  # tokens cut off by truncation
+    split_samples: int = 0  # samples whose tokens span more than one pack
+    samples_over_max_packs: int = 0  # samples wholly or partly left out because of max_packs
+    tokens_over_max_packs: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {k: int(v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class PackPlan:
+    """The packing plan.
+
+    Attributes:
+        packed_sequence_size: N, the length of every pack.
+        pack_offsets: ``(num_packs + 1,)`` int64, CSR offsets into the piece arrays.
+        sample: ``(num_pieces,)`` int64, global index of the sample each piece comes from.
+        start: ``(num_pieces,)`` int64, offset of the piece's first token inside its sample.
+        length: ``(num_pieces,)`` int64, tokens in the piece (1..N).
+        position_ids: ``"nemo"`` (positions run on over a split sample, modulo N, and padding continues the
+            last position, clamped to N-1) or ``"restart"`` (every piece and the padding start at 0).
+    """
+
+    packed_sequence_size: int
+    pack_offsets: np.ndarray
+    sample: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    position_ids: str = "nemo"
+    stats: PackStats = field(default_factory=PackStats)
+
+    @property
+    def num_packs(self) -> int:
+        return len(self.pack_offsets) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.length.sum())
+
+    def pack_tokens(self) -> np.ndarray:
+        """``(num_packs,)`` real tokens in each pack."""
+        cs = np.concatenate([[0], np.cumsum(self.length)])
+        return np.diff(cs[self.pack_offsets])
+
+    def slice(self, first: int, last: int) -> PackPlan:
+        """The plan for packs ``first..last-1`` (piece arrays are views)."""
+        lo, hi = self.pack_offsets[first], self.pack_offsets[last]
+        return PackPlan(
+            self.packed_sequence_size,
+            self.pack_offsets[first : last + 1] - lo,
+            self.sample[lo:hi],
+            self.start[lo:hi],
+            self.length[lo:hi],
+            self.position_ids,
+        )
+
+    def permute(self, order: np.ndarray) -> PackPlan:
+        """The same packs in the order ``order`` (a permutation of pack indices)."""
+        counts = np.diff(self.pack_offsets)[order]
+        starts = self.pack_offsets[:-1][order]
+        new_offsets = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(counts, out=new_offsets[1:])
+        idx = np.repeat(starts - new_offsets[:-1], counts) + np.arange(new_offsets[-1])
+        return PackPlan(
+            self.packed_sequence_size,
+            new_offsets,
+            self.sample[idx],
+            self.start[idx],
+            self.length[idx],
+            self.position_ids,
+            self.stats,
+        )
+
+    def validate(self) -> None:
+        """Internal consistency; raises AssertionError (a packtool bug, not bad input)."""
+        n = self.packed_sequence_size
+        assert self.pack_offsets[0] == 0 and np.all(np.diff(self.pack_offsets) >= 1)
+        assert np.all(self.length >= 1) and np.all(self.length <= n)
+        assert np.all(self.pack_tokens() <= n)
+
+
+def empty_plan(n: int, position_ids: str, stats: PackStats) -> PackPlan:
+    z = np.zeros(0, dtype=np.int64)
+    return PackPlan(n, np.zeros(1, dtype=np.int64), z, z, z, position_ids, stats)

@@ -1,0 +1,105 @@
+"""Readers: raw inputs -> a stream of ``SourceBatch`` (records + where they came from).
+
+``read_inputs(inputs, split=..., text_field=...)`` expands globs and directories, picks a reader per
+input, and yields batches in a deterministic order: inputs in the order given, glob matches sorted.
+
+Supported inputs:
+
+* ``*.jsonl`` / ``*.json``: JSON Lines, or one JSON array of objects;
+* ``*.parquet``;
+* ``*.txt``: one sample per non-blank line; a directory of ``.txt`` files: one sample per file;
+* a directory written by ``datasets``' ``save_to_disk``;
+* ``hf:NAME[:CONFIG]``: ``datasets.load_dataset`` (offline from the local cache).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from packtool.errors import InputError
+from packtool.readers.base import SourceBatch
+from packtool.readers.hf import read_hf_disk, read_hf_hub
+from packtool.readers.jsonl import read_jsonl
+from packtool.readers.parquet import read_parquet
+from packtool.readers.text import read_text_dir, read_text_lines
+
+__all__ = ["SourceBatch", "expand_inputs", "read_inputs"]
+
+_FILE_READERS = {
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".txt": "text",
+}
+
+
+def _is_hf_disk(path: Path) -> bool:
+    return (path / "state.json").exists() or (path / "dataset_dict.json").exists()
+
+
+def expand_inputs(inputs: list[str]) -> list[tuple[str, str, list[str]]]:
+    """Resolve inputs to ``(kind, source, files)`` entries, in a deterministic order.
+
+    Raises ``InputError`` for a path that does not exist or has no known format.
+    """
+    out: list[tuple[str, str, list[str]]] = []
+    for spec in inputs:
+        if spec.startswith("hf:"):
+            out.append(("hf_hub", spec, []))
+            continue
+        matches = sorted(glob.glob(spec)) if glob.has_magic(spec) else [spec]
+        if not matches:
+            raise InputError("no file matches this pattern", source=spec)
+        for m in matches:
+            out.extend(_expand_path(Path(m)))
+    return out
+
+
+def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
+    if not path.exists():
+        raise InputError("no such file or directory", source=str(path))
+    if path.is_dir():
+        if _is_hf_disk(path):
+            return [("hf_disk", str(path), [])]
+        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        txt = [str(p) for p in files if p.suffix == ".txt"]
+        if txt and len(txt) == len(files):
+            return [("text_dir", str(path), txt)]
+        known = [p for p in files if p.suffix in _FILE_READERS]
+        if not known:
+            raise InputError(
+                "directory holds no file of a known format (.jsonl .json .parquet .txt)", source=str(path)
+            )
+        return [(_FILE_READERS[p.suffix], str(p), []) for p in known]
+    if path.suffix not in _FILE_READERS:
+        raise InputError(
+            f"unknown input format '{path.suffix}' (known: .jsonl .json .parquet .txt, "
+            "a save_to_disk directory, hf:NAME)",
+            source=str(path),
+        )
+    if not os.access(path, os.R_OK):
+        raise InputError("file is not readable (permission denied)", source=str(path))
+    return [(_FILE_READERS[path.suffix], str(path), [])]
+
+
+def read_inputs(
+    inputs: list[str], *, split: str = "train", text_field: str = "text"
+) -> Iterator[SourceBatch]:
+    """Stream every input as ``SourceBatch`` objects, in order."""
+    for kind, source, files in expand_inputs(inputs):
+        if kind == "jsonl":
+            yield from read_jsonl(source)
+        elif kind == "parquet":
+            yield from read_parquet(source)
+        elif kind == "text":
+            yield from read_text_lines(source, text_field=text_field)
+        elif kind == "text_dir":
+            yield from read_text_dir(files, source, text_field=text_field)
+        elif kind == "hf_disk":
+            yield from read_hf_disk(source, split=split)
+        elif kind == "hf_hub":
+            yield from read_hf_hub(source, split=split)

@@ -1,0 +1,65 @@
+"""Hugging Face datasets -> ``SourceBatch`` stream.
+
+Two sources: a directory written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, and
+``hf:NAME[:CONFIG]``, loaded with ``datasets.load_dataset`` (from the local cache when offline).
+Both are read as Arrow, batch by batch, without converting rows to Python objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from packtool.errors import InputError
+from packtool.readers.base import SourceBatch
+
+
+def _pick_split(ds, split: str, source: str):
+    import datasets
+
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise InputError(f"no split '{split}' (has: {', '.join(ds.keys())}); pass --split", source=source)
+        return ds[split]
+    return ds
+
+
+def _iter_dataset(ds, source: str, batch_rows: int) -> Iterator[SourceBatch]:
+    table = ds.data.table if hasattr(ds, "data") else None
+    if ds._indices is not None or table is None:  # a filtered/shuffled view: let datasets resolve it
+        row = 0
+        for t in ds.with_format("arrow").iter(batch_size=batch_rows):
+            for batch in t.to_batches():
+                yield SourceBatch(source, batch, np.arange(row, row + batch.num_rows, dtype=np.int64), "row")
+                row += batch.num_rows
+        return
+    row = 0
+    for batch in table.to_batches(max_chunksize=batch_rows):
+        yield SourceBatch(source, batch, np.arange(row, row + batch.num_rows, dtype=np.int64), "row")
+        row += batch.num_rows
+
+
+def read_hf_disk(path: str, split: str = "train", batch_rows: int = 8192) -> Iterator[SourceBatch]:
+    """A dataset saved with ``save_to_disk`` (memory-mapped Arrow; nothing is copied into Python)."""
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(path)
+    except Exception as e:  # datasets raises several types for a bad directory
+        raise InputError(f"not a readable saved Hugging Face dataset: {e}", source=path) from None
+    yield from _iter_dataset(_pick_split(ds, split, path), path, batch_rows)
+
+
+def read_hf_hub(spec: str, split: str = "train", batch_rows: int = 8192) -> Iterator[SourceBatch]:
+    """``hf:NAME[:CONFIG]`` through ``datasets.load_dataset`` (uses the local cache when offline)."""
+    import datasets
+
+    name, _, config = spec[len("hf:") :].partition(":")
+    try:
+        ds = datasets.load_dataset(name, config or None, split=split)
+    except Exception as e:
+        raise InputError(
+            f"could not load Hugging Face dataset: {str(e).splitlines()[0]}", source=spec
+        ) from None
+    yield from _iter_dataset(ds, spec, batch_rows)

@@ -1,0 +1,77 @@
+"""Read packtool output back: ``load_manifest(DIR)`` and ``read_packs(DIR)``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packtool.errors import PacktoolError
+
+PACK_FIELDS = ("input_ids", "labels", "position_ids", "seq_lens")
+
+
+def load_manifest(directory: str | Path) -> dict:
+    """The run's ``manifest.json``; raises ``PacktoolError`` if the directory is not packtool output."""
+    path = Path(directory) / "manifest.json"
+    if not path.exists():
+        raise PacktoolError(f"{directory}: no manifest.json (not packtool output, or an unfinished run)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise PacktoolError(f"{path}: not valid JSON ({e.msg})") from None
+
+
+def _column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    col = table.column(name).combine_chunks()
+    return col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False)
+
+
+def iter_row_group_packs(table: pa.Table, n: int, with_sample_index: bool = False) -> Iterator[dict]:
+    """Packs of one Parquet table (row group) as dicts of NumPy arrays."""
+    k = table.num_rows
+    fixed = {}
+    for name in ("input_ids", "labels", "position_ids", "loss_mask"):
+        if name in table.column_names:
+            fixed[name] = _column(table, name)[1].reshape(k, n)
+    sl_off, sl = _column(table, "seq_lens")
+    si = _column(table, "sample_index") if with_sample_index else None
+    for i in range(k):
+        pack = {name: arr[i] for name, arr in fixed.items()}
+        pack["seq_lens"] = sl[sl_off[i] : sl_off[i + 1]]
+        if si is not None:
+            pack["sample_index"] = si[1][si[0][i] : si[0][i + 1]]
+        yield pack
+
+
+def read_packs(directory: str | Path, *, with_sample_index: bool = False) -> Iterator[dict[str, np.ndarray]]:
+    """Yield every pack of a packtool output directory, in shard order.
+
+    Each pack is a dict of NumPy arrays in NeMo AutoModel ``PackedSequence`` layout:
+    ``input_ids`` ``(N,)`` int32, ``labels`` ``(N,)`` int32, ``position_ids`` ``(N,)`` int32,
+    ``seq_lens`` ``(num_samples_in_pack [+1 padding],)`` int32, and ``loss_mask`` ``(N,)`` int8 when the
+    input had one. ``with_sample_index`` adds ``sample_index``, the input index of each sample.
+
+    Example::
+
+        >>> for pack in read_packs("out/"):  # doctest: +SKIP
+        ...     assert pack["seq_lens"].sum() == len(pack["input_ids"])
+    """
+    directory = Path(directory)
+    manifest = load_manifest(directory)
+    n = manifest["packed_sequence_size"]
+    fmt = manifest.get("shard_format", "parquet")
+    for shard in manifest["shards"]:
+        path = directory / shard["path"]
+        if fmt == "parquet":
+            pf = pq.ParquetFile(path)
+            for rg in range(pf.num_row_groups):
+                yield from iter_row_group_packs(pf.read_row_group(rg), n, with_sample_index)
+        else:
+            from packtool.writers import read_shard_packs  # other formats register a reader there
+
+            yield from read_shard_packs(fmt, path, n, with_sample_index)

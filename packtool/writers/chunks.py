@@ -1,0 +1,177 @@
+"""Encoded chunks: the tokenized input, on disk, between encoding and writing.
+
+Each chunk is a directory ``chunk-NNNNNN/`` of flat ``.npy`` arrays (memory-mapped when read back):
+
+* ``input_ids.npy`` / ``labels.npy``: int32, all samples' tokens end to end; ``loss_mask.npy`` int8 if any;
+* ``offsets.npy``: int64 ``(num_samples + 1,)``, sample ``i`` is ``input_ids[offsets[i]:offsets[i + 1]]``;
+* ``rows.npy`` / ``source_ids.npy``: where each sample came from (for error messages);
+* ``meta.json``: sources, row kinds and counts, written last: a chunk without it is incomplete.
+
+``ChunkStore`` opens all chunks and moves pieces of samples into pack arrays with vectorized gathers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from packtool.errors import InputError
+from packtool.readers.base import SourceBatch
+
+
+def chunk_dir(work_dir: str | Path, index: int) -> Path:
+    return Path(work_dir) / f"chunk-{index:06d}"
+
+
+def write_chunk(
+    work_dir: str | Path, index: int, batches: list[SourceBatch], encoded: list[pa.RecordBatch]
+) -> dict:
+    """Write one encoded chunk (the encoder's output for ``batches``) and return its meta."""
+    final = chunk_dir(work_dir, index)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    sources: list[str] = []
+    row_kinds: list[str] = []
+    source_ids, rows = [], []
+    for b in batches:
+        if not sources or sources[-1] != b.source or row_kinds[-1] != b.row_kind:
+            sources.append(b.source)
+            row_kinds.append(b.row_kind)
+        source_ids.append(np.full(b.num_rows, len(sources) - 1, dtype=np.int32))
+        rows.append(b.rows)
+    has_mask = any("loss_mask" in e.schema.names for e in encoded)
+    offsets = [np.zeros(1, dtype=np.int64)]
+    ids, labels, masks = [], [], []
+    base = 0
+    for e in encoded:
+        col_ids = e.column("input_ids")
+        o = col_ids.offsets.to_numpy()
+        ids.append(col_ids.values.to_numpy(zero_copy_only=False))
+        labels.append(e.column("labels").values.to_numpy(zero_copy_only=False))
+        if has_mask:
+            if "loss_mask" in e.schema.names:
+                masks.append(e.column("loss_mask").values.to_numpy(zero_copy_only=False))
+            else:
+                masks.append((labels[-1] != -100).astype(np.int8))
+        offsets.append(o[1:] - o[0] + base)
+        base += int(o[-1] - o[0])
+    np.save(tmp / "input_ids.npy", _cat(ids, np.int32))
+    np.save(tmp / "labels.npy", _cat(labels, np.int32))
+    if has_mask:
+        np.save(tmp / "loss_mask.npy", _cat(masks, np.int8))
+    np.save(tmp / "offsets.npy", np.concatenate(offsets))
+    np.save(tmp / "rows.npy", _cat(rows, np.int64))
+    np.save(tmp / "source_ids.npy", _cat(source_ids, np.int32))
+    num_samples = sum(b.num_rows for b in batches)
+    meta = {
+        "index": index,
+        "num_samples": num_samples,
+        "num_tokens": base,
+        "has_loss_mask": has_mask,
+        "sources": sources,
+        "row_kinds": row_kinds,
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return meta
+
+
+def _cat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
+
+
+def read_chunk_meta(work_dir: str | Path, index: int) -> dict | None:
+    path = chunk_dir(work_dir, index) / "meta.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + l)`` for every ``(s, l)``, vectorized.
+
+    >>> ranges(np.array([10, 0]), np.array([2, 3])).tolist()
+    [10, 11, 0, 1, 2]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    return np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths) + np.arange(
+        ends[-1] if len(ends) else 0, dtype=np.int64
+    )
+
+
+@dataclass
+class ChunkStore:
+    """All encoded chunks of a run, memory-mapped, addressed by global sample index."""
+
+    work_dir: Path
+    metas: list[dict]
+
+    def __post_init__(self) -> None:
+        self.work_dir = Path(self.work_dir)
+        counts = np.array([m["num_samples"] for m in self.metas], dtype=np.int64)
+        self.sample_starts = np.concatenate([[0], np.cumsum(counts)])
+        self.has_loss_mask = any(m["has_loss_mask"] for m in self.metas)
+        self._open: dict[int, dict[str, np.ndarray]] = {}
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sample_starts[-1])
+
+    def arrays(self, c: int) -> dict[str, np.ndarray]:
+        if c not in self._open:
+            d = chunk_dir(self.work_dir, self.metas[c]["index"])
+            names = ["input_ids", "labels", "offsets", "rows", "source_ids"]
+            if self.metas[c]["has_loss_mask"]:
+                names.append("loss_mask")
+            self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r") for k in names}
+        return self._open[c]
+
+    def lengths(self) -> np.ndarray:
+        """``(num_samples,)`` int64 tokens per sample, from the offsets alone."""
+        parts = [np.diff(np.load(chunk_dir(self.work_dir, m["index"]) / "offsets.npy")) for m in self.metas]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def locate(self, sample: int, field: str, message: str) -> InputError:
+        """An ``InputError`` naming the file and row of global sample ``sample``."""
+        c = int(np.searchsorted(self.sample_starts, sample, side="right") - 1)
+        a = self.arrays(c)
+        local = sample - int(self.sample_starts[c])
+        sid = int(a["source_ids"][local])
+        return InputError(
+            message,
+            source=self.metas[c]["sources"][sid],
+            row=int(a["rows"][local]),
+            field=field,
+            row_kind=self.metas[c]["row_kinds"][sid],
+        )
+
+    def gather(
+        self,
+        sample: np.ndarray,
+        start: np.ndarray,
+        length: np.ndarray,
+        dest: np.ndarray,
+        out: dict[str, np.ndarray],
+    ) -> None:
+        """Copy pieces into flat output arrays: ``out[k][dest[i] : dest[i] + length[i]]`` gets piece ``i``.
+
+        ``out`` maps ``input_ids``/``labels`` (and ``loss_mask``) to preallocated flat arrays.
+        """
+        chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
+        for c in np.unique(chunk):
+            sel = np.flatnonzero(chunk == c)
+            a = self.arrays(int(c))
+            src_start = a["offsets"][sample[sel] - self.sample_starts[c]] + start[sel]
+            src = ranges(src_start, length[sel])
+            dst = ranges(dest[sel], length[sel])
+            out["input_ids"][dst] = a["input_ids"][src]
+            out["labels"][dst] = a["labels"][src]
+            if "loss_mask" in out:
+                out["loss_mask"][dst] = a["loss_mask"][src] if "loss_mask" in a else 1

@@ -1,0 +1,75 @@
+"""Packs -> Parquet shards ``packs-NNNNNN.parquet`` (zstd, one row per pack).
+
+Schema (``N`` = packed_sequence_size):
+
+============== ================ ==================================================================
+column         type             meaning
+============== ================ ==================================================================
+input_ids      list<int32>      ``N`` token ids, padded with ``pad_token_id``
+labels         list<int32>      ``N`` labels, ``-100`` where no loss is taken (padding included)
+position_ids   list<int32>      ``N`` position ids (convention in the manifest's ``position_ids``)
+seq_lens       list<int32>      lengths of the samples (pieces) in the pack, then the padding if any
+loss_mask      list<int8>       ``N`` values, only if the input carried a loss mask
+sample_index   list<int64>      global input index of each sample (piece) in the pack
+============== ================ ==================================================================
+
+The file's key-value metadata ``packtool`` holds ``{"run_id", "shard", "packed_sequence_size"}`` so
+that a shard can be matched to its manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packtool.writers.packs import PackArrays
+
+COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "sample_index")
+
+
+def _list(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.Array:
+    if offsets[-1] < np.iinfo(np.int32).max:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type))
+
+
+def packs_table(packs: PackArrays) -> pa.Table:
+    k, n = packs.input_ids.shape
+    fixed = np.arange(k + 1, dtype=np.int64) * n
+    cols = {
+        "input_ids": _list(packs.input_ids.reshape(-1), fixed, pa.int32()),
+        "labels": _list(packs.labels.reshape(-1), fixed, pa.int32()),
+        "position_ids": _list(packs.position_ids.reshape(-1), fixed, pa.int32()),
+        "seq_lens": _list(packs.seq_lens, packs.seq_lens_offsets, pa.int32()),
+    }
+    if packs.loss_mask is not None:
+        cols["loss_mask"] = _list(packs.loss_mask.reshape(-1), fixed, pa.int8())
+    cols["sample_index"] = _list(packs.sample_index, packs.sample_index_offsets, pa.int64())
+    return pa.table(cols)
+
+
+def write_parquet_shard(path: str | Path, packs: PackArrays, *, row_group_size: int, metadata: dict) -> dict:
+    """Write ``packs`` to ``path`` atomically (``path.tmp`` then rename); return the shard's row groups."""
+    path = Path(path)
+    table = packs_table(packs)
+    table = table.replace_schema_metadata({"packtool": json.dumps(metadata, sort_keys=True)})
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(
+        table,
+        tmp,
+        row_group_size=row_group_size,
+        compression="zstd",
+        use_dictionary=["seq_lens"],
+        write_statistics=False,
+        store_schema=True,
+    )
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    md = pq.ParquetFile(path).metadata
+    return {"row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)]}
