@@ -27,9 +27,9 @@ LABELS = ("shifted", "unshifted")
 FORMATS = ("parquet",)
 SAMPLE_FORMATS = ("auto", "text", "pretokenized")
 
-# Keys that change how a job runs, never what it writes. They are left out of the manifest so that
-# the output is byte-identical for any number of processes.
-RUNTIME_KEYS = ("num_proc", "quiet", "overwrite", "engine")
+# Keys that say where and how a job runs, never what it writes. They are left out of the manifest (and
+# the run_id) so that the output is byte-identical for any number of processes, and wherever it is written.
+RUNTIME_KEYS = ("output", "num_proc", "quiet", "overwrite", "engine")
 
 
 @dataclass
@@ -53,6 +53,7 @@ class PackConfig:
     bos_token: str | None = None
     eos_token: str | None = None
     labels: str = "shifted"
+    encoder_kwargs: dict | None = None  # keyword arguments for a module:callable encoder class
     # packing
     strategy: str = "sequential"
     split_across_pack: bool = False
@@ -109,6 +110,12 @@ class PackConfig:
             _positive(key, getattr(self, key))
         if self.max_packs is not None:
             _positive("max_packs", self.max_packs)
+        from packtool.packing import STRATEGIES  # here, not at import: packing imports this module
+
+        if self.strategy not in STRATEGIES and ":" not in str(self.strategy):
+            raise ConfigError(
+                f"strategy must be one of {', '.join(STRATEGIES)} or module:callable, got {self.strategy!r}"
+            )
         _choice("long_samples", self.long_samples, LONG_SAMPLE_POLICIES)
         _choice("position_ids", self.position_ids, POSITION_IDS)
         _choice("labels", self.labels, LABELS)

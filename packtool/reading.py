@@ -28,7 +28,8 @@ def load_manifest(directory: str | Path) -> dict:
 
 def _column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     col = table.column(name).combine_chunks()
-    return col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False)
+    offsets = col.offsets.to_numpy()
+    return offsets - offsets[0], col.flatten().to_numpy(zero_copy_only=False)
 
 
 def iter_row_group_packs(table: pa.Table, n: int, with_sample_index: bool = False) -> Iterator[dict]:

@@ -19,8 +19,9 @@ def run_cli(
     *args: str, check: bool = True, cwd: str | Path | None = None, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """Run ``packtool ARGS`` as a user would (``python -m packtool.cli``), capturing output."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    full_env.update(env or {})
+    env = dict(env or {})
+    extra_path = env.pop("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), extra_path) if p)}
     proc = subprocess.run(
         [sys.executable, "-m", "packtool.cli", *map(str, args)],
         capture_output=True,

@@ -41,7 +41,7 @@ def build_encoder(config: PackConfig, sample_format: str) -> Encoder:
     if is_plugin_spec(config.tokenizer):
         obj = load_object(config.tokenizer)
         if inspect.isclass(obj):
-            obj = obj(**(getattr(config, "encoder_kwargs", None) or {}))
+            obj = obj(**(config.encoder_kwargs or {}))
         if not callable(obj):
             raise ConfigError(f"tokenizer {config.tokenizer} is not callable")
         return FunctionEncoder(obj, config.tokenizer, labels=config.labels)

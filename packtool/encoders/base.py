@@ -77,6 +77,19 @@ def encoded_batch(input_ids: pa.Array, labels: pa.Array, loss_mask: pa.Array | N
     return pa.record_batch(cols)
 
 
+def compact(values: pa.Array) -> pa.LargeListArray:
+    """A ``large_list`` whose offsets start at 0 and whose values buffer holds exactly its elements.
+
+    Arrow slices keep the parent's whole values buffer; every vectorized step in packtool pairs
+    ``offsets`` with ``values``, so lists are compacted once, here, on the way in.
+    """
+    values = values.cast(pa.large_list(values.type.value_type))
+    offsets = values.offsets.to_numpy()
+    if values.offset == 0 and offsets[0] == 0 and len(values.values) == offsets[-1]:
+        return values
+    return pa.LargeListArray.from_arrays(pa.array(offsets - offsets[0]), values.flatten())
+
+
 def to_token_lists(
     values: Any, batch: SourceBatch, field: str, type_: pa.DataType = TOKENS
 ) -> pa.LargeListArray:
@@ -104,7 +117,7 @@ def to_token_lists(
         raise batch.error(i, field, "missing value (null)")
     if not pa.types.is_integer(values.type.value_type):
         raise batch.error(0, field, f"expected integers, got {values.type.value_type}")
-    values = values.cast(pa.large_list(values.type.value_type))
+    values = compact(values)
     flat = values.values
     if flat.null_count:
         bad = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0]

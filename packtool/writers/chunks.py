@@ -53,11 +53,11 @@ def write_chunk(
     for e in encoded:
         col_ids = e.column("input_ids")
         o = col_ids.offsets.to_numpy()
-        ids.append(col_ids.values.to_numpy(zero_copy_only=False))
-        labels.append(e.column("labels").values.to_numpy(zero_copy_only=False))
+        ids.append(col_ids.flatten().to_numpy(zero_copy_only=False))
+        labels.append(e.column("labels").flatten().to_numpy(zero_copy_only=False))
         if has_mask:
             if "loss_mask" in e.schema.names:
-                masks.append(e.column("loss_mask").values.to_numpy(zero_copy_only=False))
+                masks.append(e.column("loss_mask").flatten().to_numpy(zero_copy_only=False))
             else:
                 masks.append((labels[-1] != -100).astype(np.int8))
         offsets.append(o[1:] - o[0] + base)

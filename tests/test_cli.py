@@ -1,0 +1,82 @@
+"""The Click layer: config files and flags, inspect output, one-line errors with exit codes."""
+
+from __future__ import annotations
+
+import json
+
+from packtool import load_manifest
+from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
+
+
+def test_config_file_with_flags_overriding(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"inputs: [{DEMO / 'train.jsonl'}]\noutput: {tmp_path / 'out'}\ntokenizer: {DEMO_TOKENIZER}\n"
+        "packed-sequence-size: 2048\nlong_samples: truncate\nstrategy: sequential\n"
+    )
+    run_cli("pack", "--config", cfg, "--packed-sequence-size", 1024, "--max-packs", 5, "-q")
+    m = load_manifest(tmp_path / "out")
+    assert m["packed_sequence_size"] == 1024 and m["config"]["long_samples"] == "truncate"
+    assert m["stats"]["num_packs"] == 5 and m["config"]["max_packs"] == 5
+
+
+def test_inspect_json_has_the_documented_keys(tmp_path):
+    out = tmp_path / "out"
+    run_cli(
+        "pack",
+        DEMO / "train.jsonl",
+        "-o",
+        out,
+        "--tokenizer",
+        DEMO_TOKENIZER,
+        "--packed-sequence-size",
+        4096,
+        "--strategy",
+        "sequential",
+        "-q",
+    )
+    report = json.loads(run_cli("inspect", out, "--json").stdout)
+    for key in (
+        "num_samples",
+        "num_packs",
+        "fill_rate",
+        "packed_sequence_size",
+        "lower_bound_packs",
+        "dropped_samples",
+    ):
+        assert key in report, key
+    assert report["num_samples"] == 1000 and report["packed_sequence_size"] == 4096
+    table = run_cli("inspect", out).stdout
+    assert "fill rate" in table and "packs-000000.parquet" in table
+
+
+def test_progress_goes_to_stderr_and_quiet_silences_it(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3]}] * 10)
+    loud = run_cli("pack", src, "-o", tmp_path / "a", "--packed-sequence-size", 8)
+    assert loud.stdout == "" and "packed 10 of 10 samples into 5 packs" in loud.stderr
+    quiet = run_cli("pack", src, "-o", tmp_path / "b", "--packed-sequence-size", 8, "-q")
+    assert quiet.stdout == "" and quiet.stderr == ""
+
+
+def test_config_errors_are_one_line_with_exit_code_2(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": [1]}])
+    cases = [
+        (["--packed-sequence-size", "0"], "packed_sequence_size must be a positive integer, got 0"),
+        (["--packed-sequence-size", "-3"], "packed_sequence_size must be a positive integer, got -3"),
+        ([], "packed_sequence_size is required"),
+        (["--packed-sequence-size", "8", "--strategy", "nope"], "strategy must be one of"),
+    ]
+    for args, message in cases:
+        proc = run_cli("pack", src, "-o", tmp_path / "out", *args, check=False)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("packtool:")]
+        assert len(errors) == 1 and errors[0] == proc.stderr.strip().splitlines()[-1]
+    (tmp_path / "bad.yaml").write_text("packed_sequence_size: 8\ncolour: blue\n")
+    proc = run_cli("pack", src, "-o", tmp_path / "out", "--config", tmp_path / "bad.yaml", check=False)
+    assert proc.returncode == 2 and "unknown key(s) colour" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_demo_config_runs_from_the_repository_root(tmp_path):
+    run_cli("pack", "--config", ROOT / "configs" / "demo.yaml", "-o", tmp_path / "demo", "-q", cwd=ROOT)
+    assert load_manifest(tmp_path / "demo")["stats"]["num_samples"] == 1000

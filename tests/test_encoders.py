@@ -1,0 +1,206 @@
+"""Built-in encoders (tokenizer, pretokenized) and the module:callable plugin path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import tokenizers
+
+from packtool import load_manifest, read_packs
+from packtool.config import PackConfig
+from packtool.encoders import build_encoder
+from packtool.encoders.base import TOKENS, shifted_labels
+from packtool.encoders.text import add_special
+from packtool.errors import ConfigError, InputError
+from packtool.readers import read_inputs
+from tests.conftest import DEMO_TOKENIZER, run_cli, write_jsonl
+
+TEXTS = ["The quick brown fox.", "Attention is all you need!", "pack padding"]
+
+
+def _encode(tmp_path, rows, **cfg):
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    config = PackConfig.from_dict({"inputs": [str(src)], "output": "o", "packed_sequence_size": 64, **cfg})
+    batch = next(read_inputs([str(src)]))
+    return build_encoder(config, cfg.get("sample_format", "text"))(batch)
+
+
+def test_text_encoder_matches_the_tokenizer(tmp_path):
+    tok = tokenizers.Tokenizer.from_file(str(DEMO_TOKENIZER))
+    out = _encode(tmp_path, [{"text": t} for t in TEXTS], tokenizer=str(DEMO_TOKENIZER))
+    expected = [tok.encode(t, add_special_tokens=False).ids for t in TEXTS]
+    assert out.column("input_ids").to_pylist() == expected
+    assert out.column("labels").to_pylist() == [ids[1:] + [-100] for ids in expected]
+
+
+def test_bos_eos_and_unshifted_labels(tmp_path):
+    tok = tokenizers.Tokenizer.from_file(str(DEMO_TOKENIZER))
+    out = _encode(
+        tmp_path,
+        [{"body": t} for t in TEXTS],
+        tokenizer=str(DEMO_TOKENIZER),
+        text_field="body",
+        add_bos=True,
+        add_eos=True,
+        labels="unshifted",
+    )
+    bos, eos = tok.token_to_id("<|begin_of_text|>"), tok.token_to_id("<|endoftext|>")
+    expected = [[bos] + tok.encode(t, add_special_tokens=False).ids + [eos] for t in TEXTS]
+    assert out.column("input_ids").to_pylist() == expected
+    assert out.column("labels").to_pylist() == expected
+
+
+def test_named_eos_token_must_exist(tmp_path):
+    with pytest.raises(ConfigError, match="not in the vocabulary"):
+        _encode(tmp_path, [{"text": "x"}], tokenizer=str(DEMO_TOKENIZER), add_eos=True, eos_token="<nope>")
+
+
+def test_add_special_and_shifted_labels_are_vectorized_correctly():
+    ids = pa.array([[5, 6], [], [7]], type=TOKENS)
+    assert add_special(ids, 1, 2).to_pylist() == [[1, 5, 6, 2], [], [1, 7, 2]]
+    assert add_special(ids, None, 2).to_pylist() == [[5, 6, 2], [], [7, 2]]
+    assert shifted_labels(ids).to_pylist() == [[6, -100], [], [-100]]
+
+
+def test_model_directory_through_auto_tokenizer(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(DEMO_TOKENIZER, model / "tokenizer.json")
+    (model / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": None}
+        )
+    )
+    tok = tokenizers.Tokenizer.from_file(str(DEMO_TOKENIZER))
+    out = _encode(tmp_path, [{"text": t} for t in TEXTS], tokenizer=str(model), add_eos=True)
+    eos = tok.token_to_id("<|endoftext|>")
+    assert out.column("input_ids").to_pylist() == [
+        tok.encode(t, add_special_tokens=False).ids + [eos] for t in TEXTS
+    ]
+
+
+def test_pretokenized_keeps_labels_and_loss_mask(tmp_path):
+    rows = [
+        {"input_ids": [1, 2, 3], "labels": [2, 3, -100], "loss_mask": [0, 1, 1]},
+        {"input_ids": [4], "labels": [-100], "loss_mask": [1]},
+    ]
+    out = _encode(tmp_path, rows, sample_format="pretokenized")
+    assert out.column("labels").to_pylist() == [[2, 3, -100], [-100]]
+    assert out.column("loss_mask").to_pylist() == [[0, 1, 1], [1]]
+    assert out.column("input_ids").type == TOKENS
+
+
+def test_pretokenized_errors_name_row_and_field(tmp_path):
+    with pytest.raises(InputError, match=r"line 2, field 'labels': has 1 values but input_ids has 2"):
+        _encode(
+            tmp_path,
+            [{"input_ids": [1], "labels": [1]}, {"input_ids": [1, 2], "labels": [1]}],
+            sample_format="pretokenized",
+        )
+    with pytest.raises(InputError, match=r"line 1, field 'input_ids': value 9999999999 does not fit"):
+        _encode(tmp_path, [{"input_ids": [9999999999]}], sample_format="pretokenized")
+    with pytest.raises(InputError, match=r"line 2, field 'input_ids': token id outside the vocabulary"):
+        _encode(
+            tmp_path,
+            [{"input_ids": [1]}, {"input_ids": [5, 100000]}],
+            sample_format="pretokenized",
+            tokenizer=str(DEMO_TOKENIZER),
+        )
+
+
+PLUGIN = '''
+import numpy as np
+
+def encode(records):
+    """Byte-level encoder: one token per UTF-8 byte, +1 so that 0 stays the pad id."""
+    ids = [list(np.frombuffer(t.encode(), dtype=np.uint8).astype(int) + 1) for t in records["text"]]
+    return {"input_ids": ids}
+
+class Shouter:
+    def __init__(self, offset=1000):
+        self.offset = offset
+
+    def __call__(self, records):
+        return {"input_ids": [[self.offset + len(t)] for t in records["text"]],
+                "labels": [[7] for _ in records["text"]]}
+'''
+
+
+def test_plugin_encoder_from_a_file_via_the_cli(tmp_path):
+    (tmp_path / "my_encoder.py").write_text(PLUGIN)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in TEXTS])
+    out = tmp_path / "out"
+    run_cli(
+        "pack",
+        src,
+        "-o",
+        out,
+        "--tokenizer",
+        f"{tmp_path / 'my_encoder.py'}:encode",
+        "--packed-sequence-size",
+        128,
+        "--strategy",
+        "sequential",
+        "-q",
+    )
+    pack = next(read_packs(out))
+    expected = [b + 1 for t in TEXTS for b in t.encode()]
+    assert pack["input_ids"][: len(expected)].tolist() == expected
+    assert load_manifest(out)["tokenizer"]["kind"] == "custom"
+
+
+def test_plugin_class_by_module_name_with_kwargs(tmp_path):
+    (tmp_path / "shout_enc.py").write_text(PLUGIN)
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in TEXTS])
+    (tmp_path / "cfg.yaml").write_text(
+        f"inputs: [{src}]\noutput: {tmp_path / 'out'}\n"
+        "tokenizer: shout_enc:Shouter\nencoder_kwargs: {offset: 50}\n"
+        "packed_sequence_size: 8\nstrategy: sequential\n"
+    )
+    run_cli("pack", "--config", tmp_path / "cfg.yaml", "-q", env={"PYTHONPATH": f"{tmp_path}"}, cwd=tmp_path)
+    pack = next(read_packs(tmp_path / "out"))
+    assert pack["input_ids"][:3].tolist() == [50 + len(t) for t in TEXTS]
+    assert pack["labels"][:3].tolist() == [7, 7, 7]
+
+
+def test_bad_tokenizer_specs_fail_with_one_line(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    (tmp_path / "broken.json").write_text("{not json")
+    for spec, message in [
+        (tmp_path / "broken.json", "not a loadable tokenizer.json"),
+        (tmp_path / "missing.json", "no such file or directory"),
+        ("no_such_module_xyz:encode", "cannot import no_such_module_xyz"),
+    ]:
+        proc = run_cli(
+            "pack", src, "-o", tmp_path / "out", "--tokenizer", spec, "--packed-sequence-size", 8, check=False
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_lengths_are_what_the_packs_hold(tmp_path):
+    rows = [{"text": t} for t in TEXTS * 5]
+    out = tmp_path / "out"
+    run_cli(
+        "pack",
+        write_jsonl(tmp_path / "in.jsonl", rows),
+        "-o",
+        out,
+        "--tokenizer",
+        DEMO_TOKENIZER,
+        "--packed-sequence-size",
+        16,
+        "--split-across-pack",
+        "--strategy",
+        "sequential",
+        "-q",
+    )
+    tok = tokenizers.Tokenizer.from_file(str(DEMO_TOKENIZER))
+    stream = np.concatenate([tok.encode(r["text"], add_special_tokens=False).ids for r in rows])
+    packed = np.concatenate([p["input_ids"] for p in read_packs(out)])[: len(stream)]
+    np.testing.assert_array_equal(packed, stream)

@@ -1,0 +1,93 @@
+"""The sequential strategy on hand-checked cases (PackedSequence semantics), at the plan level."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from packtool.config import PackConfig
+from packtool.errors import InputError
+from packtool.packing import make_plan
+from packtool.packing.sequential import plan_sequential
+
+
+def _cfg(**kw) -> PackConfig:
+    base = {"inputs": ["x"], "output": "o", "packed_sequence_size": 5, "strategy": "sequential"}
+    return PackConfig.from_dict({**base, **kw})
+
+
+def _packs(plan):
+    """[(sample, start, length), ...] per pack."""
+    return [
+        list(zip(plan.sample[a:b].tolist(), plan.start[a:b].tolist(), plan.length[a:b].tolist(), strict=True))
+        for a, b in zip(plan.pack_offsets[:-1], plan.pack_offsets[1:], strict=True)
+    ]
+
+
+def test_next_fit_without_split():
+    plan = make_plan(np.array([3, 2, 4, 1, 5]), _cfg())
+    assert _packs(plan) == [[(0, 0, 3), (1, 0, 2)], [(2, 0, 4), (3, 0, 1)], [(4, 0, 5)]]
+
+
+def test_next_fit_does_not_look_back():
+    # 4 does not fit after 3, so a new pack starts; the later 1 does not go back into the first pack
+    plan = make_plan(np.array([3, 4, 1]), _cfg())
+    assert _packs(plan) == [[(0, 0, 3)], [(1, 0, 4), (2, 0, 1)]]
+
+
+def test_exactly_full_packs():
+    plan = make_plan(np.array([5, 2, 3, 5]), _cfg())
+    assert _packs(plan) == [[(0, 0, 5)], [(1, 0, 2), (2, 0, 3)], [(3, 0, 5)]]
+    assert plan.pack_tokens().tolist() == [5, 5, 5]
+
+
+def test_split_cuts_every_n_tokens():
+    plan = make_plan(np.array([3, 4, 2]), _cfg(split_across_pack=True))
+    assert _packs(plan) == [[(0, 0, 3), (1, 0, 2)], [(1, 2, 2), (2, 0, 2)]]
+    assert plan.stats.split_samples == 1
+
+
+def test_split_sample_longer_than_2n():
+    plan = make_plan(np.array([2, 12, 1]), _cfg(split_across_pack=True))
+    assert _packs(plan) == [[(0, 0, 2), (1, 0, 3)], [(1, 3, 5)], [(1, 8, 4), (2, 0, 1)]]
+
+
+def test_max_packs_keeps_the_first_packs_and_counts_the_rest():
+    plan = make_plan(np.array([3, 2, 4, 1, 5]), _cfg(max_packs=2))
+    assert _packs(plan) == [[(0, 0, 3), (1, 0, 2)], [(2, 0, 4), (3, 0, 1)]]
+    assert plan.stats.samples_over_max_packs == 1 and plan.stats.tokens_over_max_packs == 5
+
+
+def test_max_packs_with_split_counts_a_partly_kept_sample():
+    plan = make_plan(np.array([3, 4, 2]), _cfg(split_across_pack=True, max_packs=1))
+    assert _packs(plan) == [[(0, 0, 3), (1, 0, 2)]]
+    assert plan.stats.samples_over_max_packs == 2 and plan.stats.tokens_over_max_packs == 4
+
+
+def test_long_sample_policies():
+    lengths = np.array([2, 7, 3])
+    with pytest.raises(InputError, match="7 tokens, more than packed_sequence_size 5"):
+        make_plan(lengths, _cfg())
+    dropped = make_plan(lengths, _cfg(long_samples="drop"))
+    assert _packs(dropped) == [[(0, 0, 2), (2, 0, 3)]]
+    assert dropped.stats.dropped_samples == 1 and dropped.stats.dropped_tokens == 7
+    truncated = make_plan(lengths, _cfg(long_samples="truncate"))
+    assert _packs(truncated) == [[(0, 0, 2)], [(1, 0, 5)], [(2, 0, 3)]]
+    assert truncated.stats.truncated_samples == 1 and truncated.stats.truncated_tokens == 2
+
+
+def test_empty_samples_are_left_out_and_counted():
+    plan = make_plan(np.array([0, 2, 0, 3]), _cfg())
+    assert _packs(plan) == [[(1, 0, 2), (3, 0, 3)]]
+    assert plan.stats.empty_samples == 2
+
+
+def test_no_samples_gives_no_packs():
+    plan = make_plan(np.array([0, 0]), _cfg())
+    assert plan.num_packs == 0
+
+
+def test_permute_reorders_whole_packs():
+    plan = plan_sequential(np.array([3, 2, 4, 1, 5]), np.arange(5), 5, False)
+    moved = plan.permute(np.array([2, 0, 1]))
+    assert _packs(moved) == [_packs(plan)[2], _packs(plan)[0], _packs(plan)[1]]

@@ -1,0 +1,121 @@
+"""Every reader on real files, through ``read_inputs`` and through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool import read_packs
+from packtool.errors import InputError
+from packtool.readers import expand_inputs, read_inputs
+from tests.conftest import run_cli, write_jsonl
+
+ROWS = [{"text": f"sample number {i}", "input_ids": list(range(1, i + 2))} for i in range(7)]
+
+
+def _texts(inputs, **kw) -> list[str]:
+    out = []
+    for b in read_inputs([str(p) for p in inputs], **kw):
+        out += b.batch.column("text").to_pylist()
+    return out
+
+
+def test_jsonl_streams_records_with_line_numbers(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n\n" + "\n".join(json.dumps(r) for r in ROWS[1:]) + "\n")
+    batches = list(read_inputs([str(path)]))
+    assert sum(b.num_rows for b in batches) == 7
+    assert batches[0].rows.tolist()[:3] == [1, 3, 4]  # the blank line 2 is skipped
+    assert batches[0].where(1) == "line 3"
+
+
+def test_json_array(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(ROWS))
+    assert _texts([path]) == [r["text"] for r in ROWS]
+
+
+def test_parquet(tmp_path):
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), path, row_group_size=3)
+    assert _texts([path]) == [r["text"] for r in ROWS]
+
+
+def test_text_lines_and_text_directory(tmp_path):
+    (tmp_path / "lines.txt").write_text("first line\n\nsecond line\n")
+    assert _texts([tmp_path / "lines.txt"]) == ["first line", "second line"]
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "b.txt").write_text("doc b\nwith two lines")
+    (docs / "a.txt").write_text("doc a")
+    assert _texts([docs]) == ["doc a", "doc b\nwith two lines"]
+
+
+def test_hf_save_to_disk_dataset_and_dataset_dict(tmp_path):
+    ds = datasets.Dataset.from_list(ROWS)
+    ds.save_to_disk(str(tmp_path / "ds"))
+    assert _texts([tmp_path / "ds"]) == [r["text"] for r in ROWS]
+    datasets.DatasetDict({"train": ds, "validation": ds.select([0, 1])}).save_to_disk(str(tmp_path / "dd"))
+    assert _texts([tmp_path / "dd"], split="validation") == [ROWS[0]["text"], ROWS[1]["text"]]
+    with pytest.raises(InputError, match="no split 'test'"):
+        _texts([tmp_path / "dd"], split="test")
+
+
+def test_hf_load_dataset_from_a_local_directory(tmp_path):
+    write_jsonl(tmp_path / "hub" / "data.jsonl", ROWS)
+    assert _texts([f"hf:{tmp_path / 'hub'}"]) == [r["text"] for r in ROWS]
+
+
+def test_globs_and_several_inputs_keep_a_deterministic_order(tmp_path):
+    for name in ("b", "a", "c"):
+        write_jsonl(tmp_path / f"{name}.jsonl", [{"text": name}])
+    (tmp_path / "z.txt").write_text("z\n")
+    assert _texts([tmp_path / "*.jsonl", tmp_path / "z.txt"]) == ["a", "b", "c", "z"]
+    assert [kind for kind, _, _ in expand_inputs([str(tmp_path)])] == ["jsonl"] * 3 + ["text"]
+
+
+def test_missing_and_unknown_inputs_are_named(tmp_path):
+    with pytest.raises(InputError, match="nope.jsonl: no such file"):
+        list(read_inputs([str(tmp_path / "nope.jsonl")]))
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(InputError, match="unknown input format '.csv'"):
+        list(read_inputs([str(tmp_path / "x.csv")]))
+    with pytest.raises(InputError, match="no file matches"):
+        list(read_inputs([str(tmp_path / "*.parquet")]))
+
+
+def test_mixed_types_name_the_row_and_field(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "ok"}, {"text": "fine"}, {"text": 5}])
+    with pytest.raises(InputError) as e:
+        list(read_inputs([str(path)]))
+    assert str(e.value).startswith(f"{path}, line 3, field 'text': expected str")
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json", "parquet", "hf_disk"])
+def test_every_format_packs_the_same_through_the_cli(tmp_path, fmt):
+    rng = np.random.default_rng(0)
+    rows = [{"input_ids": rng.integers(1, 100, size=n).tolist()} for n in rng.integers(1, 30, size=40)]
+    if fmt == "jsonl":
+        src = write_jsonl(tmp_path / "in.jsonl", rows)
+    elif fmt == "json":
+        src = tmp_path / "in.json"
+        src.write_text(json.dumps(rows))
+    elif fmt == "parquet":
+        src = tmp_path / "in.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), src)
+    else:
+        src = tmp_path / "in_ds"
+        datasets.Dataset.from_list(rows).save_to_disk(str(src))
+    run_cli(
+        "pack", src, "-o", tmp_path / "out", "--packed-sequence-size", 32, "--strategy", "sequential", "-q"
+    )
+    packed = np.concatenate(
+        [p["input_ids"][: p["seq_lens"][: len(p["seq_lens"])].sum()] for p in read_packs(tmp_path / "out")]
+    )
+    packed = packed[packed != 0]
+    assert packed.tolist() == [t for r in rows for t in r["input_ids"]]
