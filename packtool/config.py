@@ -24,7 +24,7 @@ from packtool.errors import ConfigError
 LONG_SAMPLE_POLICIES = ("error", "drop", "truncate")
 POSITION_IDS = ("nemo", "restart")
 LABELS = ("shifted", "unshifted")
-FORMATS = ("parquet",)
+FORMATS = ("parquet", "webdataset")
 SAMPLE_FORMATS = ("auto", "text", "pretokenized")
 
 # Keys that change how a job runs, never what it writes. They are left out of the manifest so that
@@ -64,6 +64,7 @@ class PackConfig:
     # writing
     format: str = "parquet"
     shard_size: int = 2048
+    shard_max_bytes: int | None = None  # webdataset: bytes per .tar shard at most (None: shard_size only)
     row_group_size: int = 128
     chunk_size: int = 4096
     # running
@@ -109,6 +110,8 @@ class PackConfig:
             _positive(key, getattr(self, key))
         if self.max_packs is not None:
             _positive("max_packs", self.max_packs)
+        if self.shard_max_bytes is not None:
+            _positive("shard_max_bytes", self.shard_max_bytes)
         _choice("long_samples", self.long_samples, LONG_SAMPLE_POLICIES)
         _choice("position_ids", self.position_ids, POSITION_IDS)
         _choice("labels", self.labels, LABELS)
