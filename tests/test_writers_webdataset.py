@@ -224,3 +224,26 @@ def test_loss_mask_member_when_input_has_one(tmp_path):
     assert yaml.safe_load((out / ".nv-meta" / "dataset.yaml").read_text())["field_map"]["loss_mask"] == (
         "loss_mask.npy"
     )
+
+
+def test_manifest_records_both_formats_alike(wds_out, tmp_path):
+    """Same shard keys for both formats, plus each format's index: .tar.idx, or Parquet row-group offsets."""
+    import pyarrow.parquet as pq
+
+    pq_out = tmp_path / "pq"
+    m = pack(pq_out, "--shard-size", "64", "--row-group-size", "16")
+    common = {"path", "first_pack", "num_packs", "num_tokens", "bytes", "sha256"}
+    for shard in load_manifest(wds_out)["shards"]:
+        assert set(shard) == common | {"index"}
+    for shard in m["shards"]:
+        assert set(shard) == common | {"row_groups", "row_group_offsets"}
+        md = pq.ParquetFile(pq_out / shard["path"]).metadata
+        offsets = shard["row_group_offsets"]
+        assert len(offsets) == md.num_row_groups + 1 == len(shard["row_groups"]) + 1 > 2
+        assert offsets[0] == 4 and offsets == sorted(set(offsets)) and offsets[-1] < shard["bytes"]
+        for i in range(md.num_row_groups):  # every column chunk of row group i lies in its byte range
+            rg = md.row_group(i)
+            for j in range(rg.num_columns):
+                c = rg.column(j)
+                first = c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
+                assert offsets[i] <= first and first + c.total_compressed_size <= offsets[i + 1]
