@@ -13,8 +13,8 @@ loss_mask      list<int8>       ``N`` values, only if the input carried a loss m
 sample_index   list<int64>      global input index of each sample (piece) in the pack
 ============== ================ ==================================================================
 
-The file's key-value metadata ``packtool`` holds ``{"run_id", "shard", "first_pack", "packed_sequence_size"}`` so
-that a shard can be matched to its manifest.
+The file's key-value metadata ``packtool`` holds ``{"run_id", "shard", "first_pack", "packed_sequence_size"}``
+so that a shard can be matched to its manifest (``first_pack``: global index of the shard's first pack).
 """
 
 from __future__ import annotations
