@@ -247,3 +247,27 @@ def test_manifest_records_both_formats_alike(wds_out, tmp_path):
                 c = rg.column(j)
                 first = c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset
                 assert offsets[i] <= first and first + c.total_compressed_size <= offsets[i + 1]
+
+
+def test_reader_rejects_truncated_corrupt_and_pickled_shards(wds_out, tmp_path):
+    from packtool.errors import PacktoolError
+    from packtool.writers.webdataset import read_tar_packs
+
+    data = (wds_out / "packs-000000.tar").read_bytes()
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(data[:5000])
+    with pytest.raises(PacktoolError, match="cut.tar: truncated tar archive"):
+        list(read_tar_packs(cut, N))
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(data[:2050] + b"\xff" + data[2051:])  # in the 2nd header (1st: 512 + 1536 bytes)
+    with pytest.raises(PacktoolError, match="bad.tar: bad tar header checksum at byte"):
+        list(read_tar_packs(bad, N))
+    pickled = tmp_path / "pickled.tar"
+    buf = io.BytesIO()
+    np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with tarfile.open(pickled, "w", format=tarfile.USTAR_FORMAT) as tar:
+        ti = tarfile.TarInfo("000000000.input_ids.npy")
+        ti.size = len(buf.getvalue())
+        tar.addfile(ti, io.BytesIO(buf.getvalue()))
+    with pytest.raises(PacktoolError, match="000000000.input_ids.npy"):
+        list(read_tar_packs(pickled, N))

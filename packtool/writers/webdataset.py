@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import mmap
 import os
 import tarfile
 from collections.abc import Iterator
@@ -221,10 +222,56 @@ def read_tar_index(tar_path: str | Path) -> np.ndarray:
     return np.fromfile(str(tar_path) + INDEX_SUFFIX, dtype="<u8")
 
 
+def _tar_members(path: Path, buf) -> Iterator[tuple[str, int, int]]:
+    """``(name, data_offset, size)`` of every regular file of a USTAR archive in ``buf``, in order.
+
+    Headers are parsed directly (name, size, type, checksum): ``tarfile`` costs ~100 us per member.
+    """
+    pos, end = 0, len(buf)
+    while pos + BLOCK <= end:
+        hdr = bytes(buf[pos : pos + BLOCK])
+        if hdr == bytes(BLOCK):
+            return  # end-of-archive marker
+        if sum(hdr[:148]) + 8 * 32 + sum(hdr[156:]) != int(hdr[148:156].strip(b" \0") or b"0", 8):
+            raise PacktoolError(f"{path}: bad tar header checksum at byte {pos}")
+        name = hdr[:100].split(b"\0", 1)[0].decode()
+        prefix = hdr[345:500].split(b"\0", 1)[0].decode() if hdr[257:262] == b"ustar" else ""
+        size = int(hdr[124:136].strip(b" \0") or b"0", 8)
+        if hdr[156:157] in (b"0", b"\0"):
+            yield (f"{prefix}/{name}" if prefix else name), pos + BLOCK, size
+        pos += BLOCK + -(-size // BLOCK) * BLOCK
+    if pos != end:
+        raise PacktoolError(f"{path}: truncated tar archive (ends inside the member at byte {pos})")
+
+
+@functools.lru_cache(maxsize=4096)
+def _npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool]:
+    d = np.lib.format.read_array_header_1_0(io.BytesIO(header))
+    return np.dtype(d[2]), tuple(d[0]), bool(d[1])
+
+
+def _npy_array(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
+    head = bytes(buf[offset : offset + 10])
+    if head[:6] != b"\x93NUMPY" or head[6] != 1:
+        raise PacktoolError(f"{path}: member {name} is not a version 1 .npy array")
+    header_end = 10 + int.from_bytes(head[8:10], "little")
+    try:
+        dtype, shape, fortran = _npy_header(bytes(buf[offset + 8 : offset + header_end]))
+    except ValueError as e:
+        raise PacktoolError(f"{path}: member {name} has a bad .npy header ({e})") from None
+    count = int(np.prod(shape))
+    if dtype.hasobject or fortran or header_end + count * dtype.itemsize != size:
+        raise PacktoolError(f"{path}: member {name} is not a plain C-order .npy array of its size")
+    return np.frombuffer(buf, dtype=dtype, count=count, offset=offset + header_end).reshape(shape).copy()
+
+
 def read_tar_packs(
     path: str | Path, n: int, with_sample_index: bool = False
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Yield the packs of one tar shard in order, as ``read_packs`` does (same keys, shapes and dtypes)."""
+    """Yield the packs of one tar shard in order, as ``read_packs`` does (same keys, shapes and dtypes).
+
+    The shard is memory-mapped; each ``.npy`` member becomes one array copy (no pickle, no per-token loop).
+    """
     path = Path(path)
     pack: dict[str, np.ndarray] = {}
     key = None
@@ -236,30 +283,24 @@ def read_tar_packs(
         if not with_sample_index:
             pack.pop("sample_index", None)
         if pack["input_ids"].shape != (n,):
-            raise PacktoolError(
-                f"{path}: pack {key} has {pack['input_ids'].shape} input_ids, expected ({n},)"
-            )
+            shape = pack["input_ids"].shape
+            raise PacktoolError(f"{path}: pack {key} has input_ids of shape {shape}, expected ({n},)")
         return pack
 
-    with tarfile.open(path, mode="r|") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            name_key, _, ext = member.name.partition(".")
-            if name_key != key:
-                if pack:
-                    yield finish(pack)
-                pack, key = {}, name_key
-            if not ext.endswith(".npy"):
-                continue
-            field = ext[: -len(".npy")]
-            data = tar.extractfile(member).read()
-            try:
-                pack[field] = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
-            except ValueError as e:
-                raise PacktoolError(f"{path}: member {member.name} is not a valid .npy array ({e})") from None
-    if pack:
-        yield finish(pack)
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            for name, offset, size in _tar_members(path, buf):
+                name_key, _, ext = name.partition(".")
+                if name_key != key:
+                    if pack:
+                        yield finish(pack)
+                    pack, key = {}, name_key
+                if ext.endswith(".npy"):
+                    pack[ext[: -len(".npy")]] = _npy_array(path, name, buf, offset, size)
+            if pack:
+                yield finish(pack)
 
 
 def write_dataset_index(directory: str | Path, manifest: dict) -> list[str]:
