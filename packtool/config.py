@@ -112,6 +112,8 @@ class PackConfig:
             _positive("max_packs", self.max_packs)
         if self.shard_max_bytes is not None:
             _positive("shard_max_bytes", self.shard_max_bytes)
+            if self.format != "webdataset":
+                raise ConfigError("shard_max_bytes bounds tar shards: it needs format webdataset")
         _choice("long_samples", self.long_samples, LONG_SAMPLE_POLICIES)
         _choice("position_ids", self.position_ids, POSITION_IDS)
         _choice("labels", self.labels, LABELS)

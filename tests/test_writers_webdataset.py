@@ -199,6 +199,9 @@ def test_shard_max_bytes_smaller_than_one_pack_is_an_error(tmp_path):
     assert proc.returncode == 2
     assert "shard_max_bytes 1000" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not out.exists()
+    proc = run_cli("pack", *BASE, "--output", str(out), "--shard-max-bytes", "10000000", check=False)
+    assert proc.returncode == 2 and "shard_max_bytes" in proc.stderr and "webdataset" in proc.stderr
+    assert not out.exists()
 
 
 def test_loss_mask_member_when_input_has_one(tmp_path):
@@ -271,3 +274,18 @@ def test_reader_rejects_truncated_corrupt_and_pickled_shards(wds_out, tmp_path):
         tar.addfile(ti, io.BytesIO(buf.getvalue()))
     with pytest.raises(PacktoolError, match="000000000.input_ids.npy"):
         list(read_tar_packs(pickled, N))
+
+
+def test_packtool_imports_neither_energon_nor_torch():
+    """Energon is an optional extra: importing and running packtool's writers must not need it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = (
+        "import sys, packtool, packtool.pipeline, packtool.cli, packtool.writers.webdataset\n"
+        "print(sorted(m for m in ('torch', 'webdataset', 'megatron.energon', 'wids') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert proc.stdout.strip() == "[]"
