@@ -99,8 +99,9 @@ def main() -> None:
     help="shifted (default: labels[i] is the target of input_ids[i]) or unshifted (labels = ids).",
 )
 @click.option("--pad-token-id", type=int, help="Id used to pad input_ids (default 0, as PackedSequence).")
-@click.option("--format", "format_", type=click.Choice(FORMATS), help="Shard format (default parquet).")
+@click.option("--format", "format_", type=click.Choice(FORMATS), help="Shard format: parquet, webdataset.")
 @click.option("--shard-size", type=int, help="Packs per shard (default 2048).")
+@click.option("--shard-max-bytes", type=int, help="webdataset: at most this many bytes per .tar shard.")
 @click.option("--row-group-size", type=int, help="Packs per Parquet row group (default 128).")
 @click.option("--chunk-size", type=int, help="Samples per encoding chunk (default 4096).")
 @click.option("--seed", type=int, help="Seed for strategies that shuffle.")

@@ -24,7 +24,7 @@ from packtool.errors import ConfigError
 LONG_SAMPLE_POLICIES = ("error", "drop", "truncate")
 POSITION_IDS = ("nemo", "restart")
 LABELS = ("shifted", "unshifted")
-FORMATS = ("parquet",)
+FORMATS = ("parquet", "webdataset")
 SAMPLE_FORMATS = ("auto", "text", "pretokenized")
 
 # Keys that say where and how a job runs, never what it writes. They are left out of the manifest (and
@@ -65,6 +65,7 @@ class PackConfig:
     # writing
     format: str = "parquet"
     shard_size: int = 2048
+    shard_max_bytes: int | None = None  # webdataset: bytes per .tar shard at most (None: shard_size only)
     row_group_size: int = 128
     chunk_size: int = 4096
     # running
@@ -116,6 +117,10 @@ class PackConfig:
             raise ConfigError(
                 f"strategy must be one of {', '.join(STRATEGIES)} or module:callable, got {self.strategy!r}"
             )
+        if self.shard_max_bytes is not None:
+            _positive("shard_max_bytes", self.shard_max_bytes)
+            if self.format != "webdataset":
+                raise ConfigError("shard_max_bytes bounds tar shards: it needs format webdataset")
         _choice("long_samples", self.long_samples, LONG_SAMPLE_POLICIES)
         _choice("position_ids", self.position_ids, POSITION_IDS)
         _choice("labels", self.labels, LABELS)

@@ -35,8 +35,9 @@ from packtool.packing import PackPlan, make_plan
 from packtool.readers import expand_inputs, read_inputs
 from packtool.readers.base import SourceBatch
 from packtool.utils import file_sha256
-from packtool.writers import OutputDir, build_pack_arrays, write_chunk, write_parquet_shard
+from packtool.writers import OutputDir, build_pack_arrays, write_chunk, write_parquet_shard, write_tar_shard
 from packtool.writers.chunks import ChunkStore
+from packtool.writers.webdataset import shard_bounds, write_dataset_index
 
 FORMAT_VERSION = 1
 
@@ -68,14 +69,20 @@ def _write_shard(task: tuple[int, PackPlan, str, str, dict]) -> dict:
     index, plan, work_dir, out_dir, meta = task
     cfg: PackConfig = _WORKER["config"]
     packs = build_pack_arrays(plan, _store(work_dir), cfg.pad_token_id)
-    name = f"packs-{index:06d}.parquet"
-    path = Path(out_dir) / name
-    info = write_parquet_shard(
-        path, packs, row_group_size=cfg.row_group_size, metadata={**meta, "shard": index}
-    )
+    if cfg.format == "webdataset":
+        name = f"packs-{index:06d}.tar"
+        path = Path(out_dir) / name
+        info = write_tar_shard(path, packs, first_pack=meta["first_pack"])
+    else:
+        name = f"packs-{index:06d}.parquet"
+        path = Path(out_dir) / name
+        info = write_parquet_shard(
+            path, packs, row_group_size=cfg.row_group_size, metadata={**meta, "shard": index}
+        )
     used = int(plan.length.sum())
     return {
         "path": name,
+        "first_pack": meta["first_pack"],
         "num_packs": plan.num_packs,
         "num_tokens": used,
         "bytes": path.stat().st_size,
@@ -171,9 +178,10 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         store = ChunkStore(Path(work), metas)
         lengths = store.lengths()
         plan = make_plan(lengths, config, store.locate)
+        max_bytes = config.shard_max_bytes if config.format == "webdataset" else None
         shard_ranges = [
-            (i, a, min(a + config.shard_size, plan.num_packs))
-            for i, a in enumerate(range(0, plan.num_packs, config.shard_size))
+            (i, a, b)
+            for i, (a, b) in enumerate(shard_bounds(plan, config.shard_size, max_bytes, store.has_loss_mask))
         ]
         meta = {
             "run_id": run_id,
@@ -182,11 +190,14 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         }
         shards = []
         with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
-            tasks = ((i, plan.slice(a, b), work, str(out.partial), meta) for i, a, b in shard_ranges)
+            tasks = (
+                (i, plan.slice(a, b), work, str(out.partial), {**meta, "first_pack": a})
+                for i, a, b in shard_ranges
+            )
             for info in engine.map(_write_shard, tasks):
                 shards.append(info)
                 bar.update(info["num_packs"])
-    return build_manifest(
+    manifest = build_manifest(
         config,
         plan,
         lengths,
@@ -197,6 +208,9 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         fingerprint,
         has_loss_mask=store.has_loss_mask,
     )
+    if config.format == "webdataset":  # wids and Energon indexes, so no separate preparation step
+        manifest["index_files"] = write_dataset_index(out.partial, manifest)
+    return manifest
 
 
 def _histogram(values: np.ndarray, edges: np.ndarray) -> dict:

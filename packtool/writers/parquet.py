@@ -13,8 +13,8 @@ loss_mask      list<int8>       ``N`` values, only if the input carried a loss m
 sample_index   list<int64>      global input index of each sample (piece) in the pack
 ============== ================ ==================================================================
 
-The file's key-value metadata ``packtool`` holds ``{"run_id", "shard", "packed_sequence_size"}`` so
-that a shard can be matched to its manifest.
+The file's key-value metadata ``packtool`` holds ``{"run_id", "shard", "first_pack", "packed_sequence_size"}``
+so that a shard can be matched to its manifest (``first_pack``: global index of the shard's first pack).
 """
 
 from __future__ import annotations
@@ -72,4 +72,21 @@ def write_parquet_shard(path: str | Path, packs: PackArrays, *, row_group_size: 
         os.fsync(f.fileno())
     os.replace(tmp, path)
     md = pq.ParquetFile(path).metadata
-    return {"row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)]}
+    return {
+        "row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)],
+        "row_group_offsets": row_group_offsets(md),
+    }
+
+
+def row_group_offsets(md: pq.FileMetaData) -> list[int]:
+    """Byte offset where each row group's first page starts, then where the last row group ends
+    (``num_row_groups + 1`` values, the same convention as a tar shard's ``.tar.idx``)."""
+    out: list[int] = []
+    end = 4  # after the leading "PAR1" magic
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        cols = [rg.column(j) for j in range(rg.num_columns)]
+        start = min(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in cols)
+        out.append(int(start))
+        end = int(start + sum(c.total_compressed_size for c in cols))
+    return out + [end]

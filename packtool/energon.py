@@ -1,0 +1,89 @@
+"""Megatron-Energon types for packtool's ``--format webdataset`` output (``pip install 'packtool[energon]'``).
+
+A webdataset output directory carries ``.nv-meta/`` (``.info.json``, ``split.yaml``, ``dataset.yaml``) naming
+``PackSample`` below as its sample type, so Energon loads it as it is, with no ``energon prepare``::
+
+    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+    from packtool.energon import PackTaskEncoder
+
+    ds = get_train_dataset(
+        "out/", batch_size=8, shuffle_buffer_size=100, max_samples_per_sequence=100,
+        worker_config=WorkerConfig.default_worker_config(), task_encoder=PackTaskEncoder(),
+    )
+    for batch in get_loader(ds):
+        batch.input_ids  # (8, N) int32 tensor; batch.seq_lens: list of (num_samples[+1],) int32 tensors
+
+This module imports ``megatron.energon``; ``import packtool`` never imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+try:
+    import torch
+    from megatron.energon import Batch, DefaultTaskEncoder, Sample, edataclass
+except ImportError as e:  # pragma: no cover - only without the optional extra
+    raise ImportError(
+        "packtool.energon needs Megatron-Energon: pip install 'packtool[energon]' "
+        f"(import failed: {e})"
+    ) from e
+
+
+@edataclass
+class PackSample(Sample):
+    """One pack, as stored in a tar shard (NumPy arrays, ``N`` = packed_sequence_size).
+
+    Attributes:
+        input_ids: ``(N,)`` int32 token ids, padded with ``pad_token_id``.
+        labels: ``(N,)`` int32 labels, ``-100`` where no loss is taken.
+        position_ids: ``(N,)`` int32 position ids.
+        seq_lens: ``(num_samples [+1],)`` int32 sample lengths, then the padding if any.
+        sample_index: ``(num_samples,)`` int64 global input index of each sample (piece).
+        loss_mask: ``(N,)`` int8, only when the input carried a loss mask.
+    """
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    position_ids: np.ndarray
+    seq_lens: np.ndarray
+    sample_index: np.ndarray
+    loss_mask: Optional[np.ndarray] = None  # noqa: UP045 - Energon's type parser reads this annotation
+
+
+@edataclass
+class PackBatch(Batch):
+    """A batch of ``B`` packs: fixed-width fields stacked to ``(B, N)`` tensors, ragged ones as lists."""
+
+    input_ids: torch.Tensor  # (B, N) int32
+    labels: torch.Tensor  # (B, N) int32
+    position_ids: torch.Tensor  # (B, N) int32
+    seq_lens: list  # B tensors (num_samples [+1],) int32
+    sample_index: list  # B tensors (num_samples,) int64
+    loss_mask: Optional[torch.Tensor] = None  # noqa: UP045 - (B, N) int8
+
+
+def stack_packs(samples: list[PackSample]) -> PackBatch:
+    """Batch ``PackSample`` objects into one ``PackBatch`` (one ``np.stack`` per fixed-width field)."""
+
+    def stack(name: str) -> torch.Tensor:
+        return torch.from_numpy(np.stack([getattr(s, name) for s in samples]))
+
+    return PackBatch.from_samples(
+        samples,
+        input_ids=stack("input_ids"),
+        labels=stack("labels"),
+        position_ids=stack("position_ids"),
+        seq_lens=[torch.from_numpy(s.seq_lens) for s in samples],
+        sample_index=[torch.from_numpy(s.sample_index) for s in samples],
+        loss_mask=stack("loss_mask") if samples[0].loss_mask is not None else None,
+    )
+
+
+class PackTaskEncoder(DefaultTaskEncoder[PackSample, PackSample, PackBatch, PackBatch]):
+    """Energon task encoder for packtool packs: samples pass through, ``batch`` stacks them."""
+
+    def batch(self, samples: list[PackSample]) -> PackBatch:
+        return stack_packs(samples)
