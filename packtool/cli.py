@@ -17,9 +17,11 @@ from typing import Any
 import click
 
 from packtool.config import (
+    EMPTY_LOSS_POLICIES,
     FORMATS,
     LABELS,
     LONG_SAMPLE_POLICIES,
+    LOSS_ON,
     POSITION_IDS,
     SAMPLE_FORMATS,
     PackConfig,
@@ -97,6 +99,26 @@ def main() -> None:
     "--labels",
     type=click.Choice(LABELS),
     help="shifted (default: labels[i] is the target of input_ids[i]) or unshifted (labels = ids).",
+)
+@click.option("--prompt-field", help="prompt_completion: field holding the prompt (default prompt).")
+@click.option("--completion-field", help="prompt_completion: field holding the completion.")
+@click.option(
+    "--prompt-template",
+    help="prompt_completion: 'alpaca' (instruction/input) or a format string over fields ('Q: {question}').",
+)
+@click.option(
+    "--train-on-prompt/--no-train-on-prompt", default=None, help="prompt_completion: train on the prompt too."
+)
+@click.option("--chat-template", help="chat: Jinja template file (default: the tokenizer directory's own).")
+@click.option(
+    "--loss-on",
+    type=click.Choice(LOSS_ON),
+    help="chat: train on every assistant turn (default), the last one only, or all tokens.",
+)
+@click.option(
+    "--empty-loss",
+    type=click.Choice(EMPTY_LOSS_POLICIES),
+    help="prompt_completion/chat: samples with nothing to learn: drop (default, counted), keep or error.",
 )
 @click.option("--pad-token-id", type=int, help="Id used to pad input_ids (default 0, as PackedSequence).")
 @click.option("--format", "format_", type=click.Choice(FORMATS), help="Shard format: parquet, webdataset.")

@@ -25,7 +25,9 @@ LONG_SAMPLE_POLICIES = ("error", "drop", "truncate")
 POSITION_IDS = ("nemo", "restart")
 LABELS = ("shifted", "unshifted")
 FORMATS = ("parquet", "webdataset")
-SAMPLE_FORMATS = ("auto", "text", "pretokenized")
+SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat")
+LOSS_ON = ("assistant", "last", "all")
+EMPTY_LOSS_POLICIES = ("drop", "keep", "error")
 
 # Keys that say where and how a job runs, never what it writes. They are left out of the manifest (and
 # the run_id) so that the output is byte-identical for any number of processes, and wherever it is written.
@@ -54,6 +56,14 @@ class PackConfig:
     eos_token: str | None = None
     labels: str = "shifted"
     encoder_kwargs: dict | None = None  # keyword arguments for a module:callable encoder class
+    # fine-tuning (sample_format prompt_completion / chat; see packtool.encoders.prompt_completion, .chat)
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    prompt_template: str | None = None
+    train_on_prompt: bool = False
+    chat_template: str | None = None
+    loss_on: str = "assistant"
+    empty_loss: str = "drop"
     # packing
     strategy: str = "sequential"
     split_across_pack: bool = False
@@ -126,6 +136,8 @@ class PackConfig:
         _choice("labels", self.labels, LABELS)
         _choice("format", self.format, FORMATS)
         _choice("sample_format", self.sample_format, SAMPLE_FORMATS)
+        _choice("loss_on", self.loss_on, LOSS_ON)
+        _choice("empty_loss", self.empty_loss, EMPTY_LOSS_POLICIES)
         if not isinstance(self.pad_token_id, int) or isinstance(self.pad_token_id, bool):
             raise ConfigError(f"pad_token_id must be an integer, got {self.pad_token_id!r}")
         return self

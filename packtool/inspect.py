@@ -19,6 +19,7 @@ def inspect_report(directory: str | Path) -> dict:
         "shard_format": m.get("shard_format"),
         "sample_format": m.get("sample_format"),
         "labels": m.get("labels"),
+        "empty_loss": m["config"].get("empty_loss"),
         "tokenizer": m.get("tokenizer"),
         **s,
         "shards": [
@@ -56,6 +57,10 @@ def render_report(report: dict) -> None:
             "{mean:.2f} / {min} / {max}".format(**report["samples_per_pack"]),
         ),
         ("empty samples", f"{report['empty_samples']:,}"),
+        (
+            f"nothing to learn ({report.get('empty_loss', 'drop')})",
+            f"{report.get('empty_loss_samples', 0):,}",
+        ),
         ("dropped samples (too long)", f"{report['dropped_samples']:,}"),
         ("truncated samples", f"{report['truncated_samples']:,}"),
         ("split samples", f"{report['split_samples']:,}"),

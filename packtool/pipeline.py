@@ -207,6 +207,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         run_id,
         fingerprint,
         has_loss_mask=store.has_loss_mask,
+        empty_loss_samples=sum(m.get("empty_loss_samples", 0) for m in metas),
     )
     if config.format == "webdataset":  # wids and Energon indexes, so no separate preparation step
         manifest["index_files"] = write_dataset_index(out.partial, manifest)
@@ -228,6 +229,7 @@ def build_manifest(
     run_id: str,
     inputs: list[dict],
     has_loss_mask: bool,
+    empty_loss_samples: int = 0,
 ) -> dict:
     n = config.packed_sequence_size
     pack_tokens = plan.pack_tokens()
@@ -253,6 +255,11 @@ def build_manifest(
         **plan.stats.to_dict(),
     }
     stats["num_samples"] = int(len(lengths))
+    # samples with tokens but no trained token (empty_loss policy); when dropped, the planner saw them as
+    # empty: count them here only, so empty_samples keeps meaning "encoded to no tokens"
+    stats["empty_loss_samples"] = int(empty_loss_samples)
+    if config.empty_loss == "drop":
+        stats["empty_samples"] -= int(empty_loss_samples)
     length_edges = np.unique(
         np.linspace(0, max(int(lengths.max()) if len(lengths) else 1, n), 33).astype(int)
     )

@@ -5,6 +5,10 @@
 * ``--tokenizer module:callable``: the user's own encoder;
 * ``sample_format: pretokenized`` (or ``auto`` with an ``input_ids`` field and no tokenizer or no text
   field): packed as is (ids checked against the tokenizer's vocabulary when one is given);
+* ``sample_format: chat`` (or ``auto`` with a ``messages`` or ``conversations`` field): conversations
+  through a chat template, loss on the assistant's turns (``packtool.encoders.chat``);
+* ``sample_format: prompt_completion`` (or ``auto`` with ``prompt_field`` and ``completion_field``, or a
+  ``prompt_template``): loss on the completion only (``packtool.encoders.prompt_completion``);
 * ``sample_format: text`` (or ``auto`` otherwise): ``text_field`` through ``--tokenizer``.
 """
 
@@ -15,7 +19,9 @@ from pathlib import Path
 
 from packtool.config import PackConfig
 from packtool.encoders.base import Encoder, FunctionEncoder, load_object
+from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.pretokenized import PretokenizedEncoder
+from packtool.encoders.prompt_completion import PromptCompletionEncoder
 from packtool.encoders.text import HFTokenizer, TextEncoder
 from packtool.errors import ConfigError
 
@@ -33,6 +39,12 @@ def resolve_sample_format(config: PackConfig, field_names: list[str]) -> str:
         return config.sample_format
     if "input_ids" in field_names and (not config.tokenizer or config.text_field not in field_names):
         return "pretokenized"
+    if "messages" in field_names or "conversations" in field_names:
+        return "chat"
+    if config.prompt_template is not None or (
+        config.prompt_field in field_names and config.completion_field in field_names
+    ):
+        return "prompt_completion"
     return "text"
 
 
@@ -52,6 +64,33 @@ def build_encoder(config: PackConfig, sample_format: str) -> Encoder:
         raise ConfigError(
             "the input holds text: pass --tokenizer (a tokenizer.json, a model directory, "
             "or module:callable), or give pretokenized input_ids"
+        )
+    if sample_format == "chat":
+        for key in ("add_bos", "add_eos"):
+            if getattr(config, key):
+                raise ConfigError(
+                    f"{key} does not apply to sample_format chat: the chat template writes the special tokens"
+                )
+        return ChatEncoder(
+            HFTokenizer(config.tokenizer),
+            chat_template=config.chat_template,
+            loss_on=config.loss_on,
+            labels=config.labels,
+            empty_loss=config.empty_loss,
+        )
+    if sample_format == "prompt_completion":
+        return PromptCompletionEncoder(
+            HFTokenizer(config.tokenizer),
+            prompt_field=config.prompt_field,
+            completion_field=config.completion_field,
+            prompt_template=config.prompt_template,
+            train_on_prompt=config.train_on_prompt,
+            add_bos=config.add_bos,
+            add_eos=config.add_eos,
+            bos_token=config.bos_token,
+            eos_token=config.eos_token,
+            labels=config.labels,
+            empty_loss=config.empty_loss,
         )
     return TextEncoder(
         HFTokenizer(config.tokenizer),

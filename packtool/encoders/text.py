@@ -84,6 +84,30 @@ class HFTokenizer:
             return [e.ids for e in self._fast.encode_batch_fast(texts, add_special_tokens=False)]
         return self._hf(texts, add_special_tokens=False)["input_ids"]
 
+    def encode_batch_offsets(self, texts: list[str]) -> tuple[list[list[int]], list[np.ndarray]]:
+        """Token ids and, per text, ``(num_tokens,)`` int64 start character offsets of its tokens."""
+        if self._fast is None:
+            raise ConfigError(
+                f"tokenizer {self.spec}: character offsets need a fast tokenizer (a tokenizer.json)"
+            )
+        encs = self._fast.encode_batch(texts, add_special_tokens=False)
+        starts = [np.array(e.offsets, dtype=np.int64).reshape(-1, 2)[:, 0] for e in encs]
+        return [e.ids for e in encs], starts
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template of a tokenizer directory (from tokenizer_config.json or chat_template.jinja)."""
+        template = getattr(self._hf, "chat_template", None) if self._hf is not None else None
+        if isinstance(template, dict):  # several named templates: the default one
+            template = template.get("default")
+        return template or None
+
+    def special_tokens_map(self) -> dict[str, str]:
+        """``bos_token``/``eos_token``/... as a chat template sees them."""
+        if self._hf is not None:
+            return {k: v for k, v in self._hf.special_tokens_map.items() if isinstance(v, str)}
+        return {f"{k}_token": t for k in ("bos", "eos") if (t := self.special_token(k)) is not None}
+
     def decode(self, ids: list[int]) -> str:
         if self._hf is not None:
             return self._hf.decode(ids)

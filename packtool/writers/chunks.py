@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
 from packtool.readers.base import SourceBatch
 
@@ -75,6 +76,8 @@ def write_chunk(
         "num_samples": num_samples,
         "num_tokens": base,
         "has_loss_mask": has_mask,
+        # samples with tokens but nothing to learn, as the encoder reported them (packtool.encoders.masking)
+        "empty_loss_samples": sum(empty_loss_count(e) for e in encoded),
         "sources": sources,
         "row_kinds": row_kinds,
     }

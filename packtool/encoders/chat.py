@@ -1,0 +1,250 @@
+"""``chat`` encoder: conversations rendered with a chat template, loss on the assistant's turns.
+
+Records hold either ``messages`` (OpenAI / Hugging Face format: ``[{"role": ..., "content": ...}, ...]``,
+roles ``system``/``user``/``assistant``/``tool`` and any other the template knows) or ``conversations``
+(ShareGPT: ``[{"from": ..., "value": ...}, ...]``, with ``human`` -> ``user``, ``gpt`` -> ``assistant``,
+``system``, and ``tool``/``function``/``observation`` -> ``tool``). A record's ``tools`` field, when
+present, is passed to the template. Every message is kept and rendered, whatever its role.
+
+The template is the tokenizer's own (a local tokenizer directory whose ``tokenizer_config.json`` or
+``chat_template.jinja`` holds one) or a Jinja file given by ``chat_template`` (``--chat-template``). It is
+rendered by ``transformers``' ``render_jinja_template``, the function behind ``apply_chat_template``, with
+the tokenizer's special tokens (``bos_token``, ``eos_token``, ...) as variables, and the rendered text is
+tokenized whole, without added special tokens (the template writes its own).
+
+Which tokens are trained (``loss_on``):
+
+* ``assistant`` (default): every assistant turn; ``last``: only the last assistant turn; ``all``: every
+  token of the conversation.
+
+How assistant turns are found, in characters of the rendered text, then mapped to tokens:
+
+1. If the template marks them with ``{% generation %}`` ... ``{% endgeneration %}``, those spans (what
+   ``return_assistant_tokens_mask`` uses).
+2. Otherwise by rendering prefixes: assistant message ``j`` spans from the end of
+   ``render(messages[:j], add_generation_prompt=True)`` (so the role header is not trained) to the end of
+   ``render(messages[:j + 1])``, less trailing whitespace (so for ChatML the turn is ``content<|im_end|>``
+   and the newline after it is not trained). Both renders must be prefixes of the whole conversation's
+   render; a template that renders earlier turns differently from the last one (e.g. one that drops
+   earlier turns' reasoning) fails this check and the record is reported as an error, naming its row.
+
+A token is trained when its first character lies inside a trained span. Limits: a token that straddles a
+span boundary (a BPE merge across the header and the content) is trained only if it starts inside the
+span; a template without ``add_generation_prompt`` support trains its assistant header too; text inside
+messages that spells a special token (``<|im_end|>``) is tokenized as that special token, as
+``apply_chat_template`` followed by tokenization would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packtool.encoders.base import TOKENS
+from packtool.encoders.masking import apply_empty_loss, loss_columns
+from packtool.encoders.text import HFTokenizer
+from packtool.errors import ConfigError
+from packtool.readers.base import SourceBatch
+
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+}
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def _drop_nulls(value: Any) -> Any:
+    """Remove ``None`` entries from dicts, recursively (Arrow gives every row the union of all keys)."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+def load_chat_template(tokenizer: HFTokenizer, chat_template: str | None) -> tuple[str, str]:
+    """The template text and where it came from (the file, or the tokenizer)."""
+    if chat_template:
+        path = Path(chat_template)
+        if not path.is_file():
+            raise ConfigError(f"chat_template {chat_template}: no such file (expected a Jinja template file)")
+        return path.read_text(encoding="utf-8"), str(path)
+    template = tokenizer.chat_template
+    if not template:
+        raise ConfigError(
+            f"tokenizer {tokenizer.spec} has no chat template: pass --chat-template FILE (a Jinja template), "
+            "or a tokenizer directory whose tokenizer_config.json has a chat_template"
+        )
+    return template, tokenizer.spec
+
+
+class ChatEncoder:
+    """Encodes conversations; see the module docstring."""
+
+    def __init__(
+        self,
+        tokenizer: HFTokenizer,
+        chat_template: str | None = None,
+        loss_on: str = "assistant",
+        labels: str = "shifted",
+        empty_loss: str = "drop",
+    ) -> None:
+        try:
+            from transformers.utils.chat_template_utils import render_jinja_template
+        except ImportError:
+            raise ConfigError(
+                "sample_format chat needs transformers and jinja2 (pip install 'packtool[transformers]')"
+            ) from None
+        self._render_jinja = render_jinja_template
+        self.tokenizer, self.loss_on, self.labels, self.empty_loss = tokenizer, loss_on, labels, empty_loss
+        self.template, self.template_source = load_chat_template(tokenizer, chat_template)
+        self.span_method = "generation" if GENERATION_TAG.search(self.template) else "prefix"
+        self.template_vars = tokenizer.special_tokens_map()
+        try:
+            self.render([{"role": "user", "content": "hello"}])
+        except Exception as e:
+            if type(e).__name__ == "TemplateSyntaxError":
+                raise ConfigError(f"chat template from {self.template_source}: {e}") from None
+
+    # --- rendering ---------------------------------------------------------------------------------
+    def render(
+        self,
+        messages: list[dict],
+        tools: list | None = None,
+        add_generation_prompt: bool = False,
+        with_spans: bool = False,
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """Render one conversation; with ``with_spans``, also the ``{% generation %}`` character spans."""
+        rendered, spans = self._render_jinja(
+            [messages],
+            tools=tools,
+            chat_template=self.template,
+            return_assistant_tokens_mask=with_spans,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_vars,
+        )
+        return rendered[0], [tuple(s) for s in spans[0]] if with_spans else []
+
+    def trained_spans(
+        self, messages: list[dict], tools: list | None = None
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered conversation and the ``[start, end)`` character spans whose tokens are trained.
+
+        Raises ``ValueError`` when the template does not render the conversation prefix by prefix.
+        """
+        if self.loss_on == "all":
+            text, _ = self.render(messages, tools)
+            return text, [(0, len(text))]
+        if self.span_method == "generation":
+            text, spans = self.render(messages, tools, with_spans=True)
+            return text, spans[-1:] if self.loss_on == "last" else spans
+        text, _ = self.render(messages, tools)
+        turns = [j for j, m in enumerate(messages) if m.get("role") == "assistant"]
+        if self.loss_on == "last":
+            turns = turns[-1:]
+        spans = []
+        for j in turns:
+            before, _ = self.render(messages[:j], tools, add_generation_prompt=True)
+            through, _ = self.render(messages[: j + 1], tools)
+            if not (through.startswith(before) and text.startswith(through)):
+                raise ValueError(
+                    f"the chat template does not render message {j} as a prefix of the whole conversation, "
+                    "so its tokens cannot be located; use a template with {% generation %} markers, "
+                    "or --loss-on all"
+                )
+            spans.append((len(before), max(len(before), len(through.rstrip()))))
+        return text, spans
+
+    # --- records -------------------------------------------------------------------------------------
+    def conversations(self, batch: SourceBatch) -> tuple[str, list[list[dict]]]:
+        """The field used (``messages`` or ``conversations``) and every record's messages, validated."""
+        names = batch.batch.schema.names
+        field = "messages" if "messages" in names else "conversations" if "conversations" in names else None
+        if field is None:
+            raise batch.error(
+                0,
+                "messages",
+                f"missing field (record has: {', '.join(names) or 'nothing'}); chat records need "
+                "messages (role/content) or conversations (ShareGPT from/value)",
+            )
+        out = []
+        for i, conv in enumerate(batch.batch.column(field).to_pylist()):
+            if not isinstance(conv, list):
+                what = (
+                    "missing value (null)"
+                    if conv is None
+                    else f"expected a list of messages, got {conv!r:.40}"
+                )
+                raise batch.error(i, field, what)
+            messages = []
+            for k, m in enumerate(_drop_nulls(conv)):
+                if not isinstance(m, dict):
+                    raise batch.error(i, field, f"message {k} is not an object: {m!r:.40}")
+                if field == "conversations":
+                    m = self._from_sharegpt(m, batch, i, k)
+                elif not isinstance(m.get("role"), str):
+                    raise batch.error(i, field, f"message {k} has no role")
+                messages.append(m)
+            out.append(messages)
+        return field, out
+
+    def _from_sharegpt(self, m: dict, batch: SourceBatch, i: int, k: int) -> dict:
+        who = m.get("from")
+        if who not in SHAREGPT_ROLES:
+            raise batch.error(
+                i,
+                "conversations",
+                f"message {k}: unknown speaker from={who!r} (known: {', '.join(SHAREGPT_ROLES)})",
+            )
+        rest = {key: v for key, v in m.items() if key not in ("from", "value")}
+        return {"role": SHAREGPT_ROLES[who], "content": m.get("value", ""), **rest}
+
+    def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
+        field, convs = self.conversations(batch)
+        tools = (
+            _drop_nulls(batch.batch.column("tools").to_pylist())
+            if "tools" in batch.batch.schema.names
+            else [None] * batch.num_rows
+        )
+        texts, spans = [], []
+        for i, messages in enumerate(convs):
+            try:
+                text, sp = self.trained_spans(messages, tools[i] or None)
+            except ValueError as e:
+                raise batch.error(i, field, str(e)) from None
+            except Exception as e:  # the template raised (raise_exception, an undefined variable, ...)
+                reason = str(e).splitlines()[0] if str(e) else ""
+                raise batch.error(i, field, f"chat template failed: {type(e).__name__}: {reason}") from None
+            texts.append(text)
+            spans.append(sp)
+        ids, starts = self.tokenizer.encode_batch_offsets(texts)
+        trained = []
+        for st, sp in zip(starts, spans, strict=True):
+            t = np.zeros(len(st), dtype=np.int8)
+            for a, b in sp:  # tokens whose first character lies in [a, b)
+                t[np.searchsorted(st, a, side="left") : np.searchsorted(st, b, side="left")] = 1
+            trained.append(t)
+        ids = pa.array(ids, type=TOKENS)
+        flat = np.concatenate(trained) if trained else np.zeros(0, dtype=np.int8)
+        labels, loss_mask = loss_columns(ids, flat, self.labels)
+        return apply_empty_loss(batch, ids, labels, loss_mask, self.empty_loss, field)
+
+    def identity(self) -> dict[str, Any]:
+        ident = self.tokenizer.identity()
+        ident.update(
+            chat_template=self.template_source,
+            chat_template_sha256=hashlib.sha256(self.template.encode()).hexdigest(),
+            assistant_spans=self.span_method,
+        )
+        return ident

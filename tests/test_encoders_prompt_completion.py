@@ -1,0 +1,156 @@
+"""The ``prompt_completion`` encoder: real tokenizer file, real rows, Alpaca data, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from packtool.config import PackConfig
+from packtool.encoders import build_encoder, resolve_sample_format
+from packtool.encoders.prompt_completion import ALPACA, ALPACA_NO_INPUT, PromptCompletionEncoder
+from packtool.encoders.text import HFTokenizer
+from packtool.errors import ConfigError, InputError
+from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
+from tests.sft_checks import check_boundary_property, encode_rows, label_runs, packed_samples
+
+X = -100
+ROW = {"prompt": "Q: What is packing?\nA:", "completion": " It fills rows."}
+# Hand-checked with the demo tokenizer:
+PROMPT = [53, 30, 796, 278, 380, 667, 303, 35, 203, 37, 30]  # Q : ĠWh at Ġis Ġpack ing ? Ċ A :
+COMPLETION = [818, 290, 341, 87, 225, 86, 283, 87, 18]  # ĠIt Ġf ill s Ġ r ow s .
+BOS, EOS = 2, 1  # <|begin_of_text|>, <|endoftext|>
+
+
+def encoder(**kw) -> PromptCompletionEncoder:
+    return PromptCompletionEncoder(HFTokenizer(str(DEMO_TOKENIZER)), **kw)
+
+
+def test_hand_checked_shifted_with_bos_and_eos():
+    (out,) = encode_rows(encoder(add_bos=True, add_eos=True), [ROW])
+    assert out["input_ids"] == [BOS] + PROMPT + COMPLETION + [EOS]
+    # labels[i] is the target of input_ids[i]: the prompt's last token ":" predicts "ĠIt"; "." predicts EOS;
+    # BOS and the prompt are never targets; the last token has no target
+    assert out["labels"] == [X] * 11 + COMPLETION + [EOS, X]
+    assert out["loss_mask"] == [0] * 11 + [1] * 10 + [0]
+
+
+def test_hand_checked_unshifted():
+    (out,) = encode_rows(encoder(add_eos=True, labels="unshifted"), [ROW])
+    assert out["input_ids"] == PROMPT + COMPLETION + [EOS]
+    assert out["labels"] == [X] * 11 + COMPLETION + [EOS]
+    assert out["loss_mask"] == [0] * 11 + [1] * 10
+
+
+def test_train_on_prompt():
+    (out,) = encode_rows(encoder(train_on_prompt=True, add_bos=True), [ROW])
+    ids = [BOS] + PROMPT + COMPLETION
+    assert out["input_ids"] == ids
+    assert out["labels"] == ids[1:] + [X]  # every token but BOS is a target
+    (out,) = encode_rows(encoder(train_on_prompt=True, labels="unshifted"), [ROW])
+    assert out["labels"] == PROMPT + COMPLETION
+
+
+def test_alpaca_template_with_and_without_input():
+    tok = HFTokenizer(str(DEMO_TOKENIZER))
+    rows = [
+        {"instruction": "Name a colour.", "input": "", "output": "Blue."},
+        {"instruction": "Sum these.", "input": "2 and 3", "output": "5."},
+        {"instruction": "Say hi.", "output": "Hi."},  # no input field at all in this row
+    ]
+    out = encode_rows(encoder(prompt_template="alpaca", completion_field="output", add_eos=True), rows)
+    prompts = [
+        ALPACA_NO_INPUT.format(instruction="Name a colour."),
+        ALPACA.format(instruction="Sum these.", input="2 and 3"),
+        ALPACA_NO_INPUT.format(instruction="Say hi."),
+    ]
+    assert prompts[1].endswith("### Instruction:\nSum these.\n\n### Input:\n2 and 3\n\n### Response:\n")
+    for o, prompt, row in zip(out, prompts, rows, strict=True):
+        assert tok.decode(o["input_ids"]) == prompt + row["output"] + "<|endoftext|>"
+        assert [tok.decode(r) for r in label_runs(o["labels"])] == [row["output"] + "<|endoftext|>"]
+
+
+def test_format_string_template():
+    rows = [{"question": "Why?", "answer": "Because."}]
+    enc = encoder(prompt_template="Question: {question}\nAnswer: ", completion_field="answer")
+    (out,) = encode_rows(enc, rows)
+    assert out["input_ids"] == [53, 479, 281, 346, 30, 796, 93, 35, 203, 1067, 87, 91, 261, 30, 225, 1175, 18]
+    assert out["labels"] == [X] * 14 + [1175, 18, X]
+
+
+def test_missing_fields_are_named():
+    with pytest.raises(InputError, match=r"line 1, field 'prompt': missing field .*prompt_template: alpaca"):
+        encode_rows(encoder(), [{"instruction": "a", "output": "b"}])
+    with pytest.raises(InputError, match=r"line 2, field 'question': missing value \(null\)"):
+        rows = [ROW | {"question": "a"}, ROW | {"question": None}]
+        encode_rows(encoder(prompt_template="Q: {question}"), rows)
+    with pytest.raises(ConfigError, match="not a field name"):
+        encoder(prompt_template="Q: {0}")
+
+
+def test_auto_picks_prompt_completion():
+    assert resolve_sample_format(PackConfig(), ["prompt", "completion"]) == "prompt_completion"
+    assert resolve_sample_format(PackConfig(prompt_template="alpaca"), ["instruction", "output"]) == (
+        "prompt_completion"
+    )
+    cfg = PackConfig(tokenizer=str(DEMO_TOKENIZER), prompt_field="q", completion_field="a")
+    assert resolve_sample_format(cfg, ["q", "a"]) == "prompt_completion"
+    assert isinstance(build_encoder(cfg, "prompt_completion"), PromptCompletionEncoder)
+
+
+def test_empty_completion_follows_the_policy():
+    rows = [ROW, {"prompt": "Q:", "completion": ""}]
+    drop = encode_rows(encoder(), rows)
+    assert drop[0]["input_ids"] == PROMPT + COMPLETION and drop[1]["input_ids"] == []
+    keep = encode_rows(encoder(empty_loss="keep"), rows)
+    assert keep[1]["input_ids"] == [53, 30] and keep[1]["labels"] == [X, X]
+    with pytest.raises(InputError, match=r"line 2, field 'completion': no token to learn from"):
+        encode_rows(encoder(empty_loss="error"), rows)
+    # with EOS the model still learns to stop: not empty
+    assert encode_rows(encoder(add_eos=True), rows)[1]["labels"] == [X, EOS, X]
+
+
+# --- through the CLI -------------------------------------------------------------------------------------
+def random_rows(rng: random.Random, n: int) -> list[dict]:
+    words = "pack the rows into fixed length sequences and train on the answer only".split()
+
+    def say(k: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(1, k)))
+
+    return [{"prompt": say(30) + "\n", "completion": say(40) if rng.random() > 0.1 else ""} for _ in range(n)]
+
+
+@pytest.mark.parametrize("labels,split", [("shifted", False), ("unshifted", True)])
+def test_boundary_property_on_random_packs(tmp_path, labels, split):
+    rng = random.Random(7 if split else 3)
+    rows = random_rows(rng, 120)
+    size = rng.choice([96, 128, 200]) if not split else 37
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "out"
+    run_cli("pack", data, "--sample-format", "prompt_completion", "--tokenizer", DEMO_TOKENIZER,
+            "--labels", labels, "--packed-sequence-size", size, "--long-samples", "drop",
+            "--split-across-pack" if split else "--no-split-across-pack", "-o", out, "-q")  # fmt: skip
+    expected = encode_rows(encoder(labels=labels), rows)
+    if not split:
+        expected = [e if len(e["input_ids"]) <= size else {"input_ids": []} for e in expected]
+    assert check_boundary_property(out, expected) > 50
+    manifest = json.loads((out / "manifest.json").read_text())
+    empty_completions = sum(1 for r in rows if not r["completion"])
+    assert manifest["stats"]["empty_loss_samples"] == empty_completions > 0
+    if split:
+        assert manifest["stats"]["split_samples"] > 0
+
+
+def test_sft_alpaca_config_decoded_labels_are_the_outputs(tmp_path, cli):
+    out = tmp_path / "alpaca"
+    cli("pack", "--config", ROOT / "configs" / "sft_alpaca.yaml", "-o", out, "-q", cwd=ROOT)
+    rows = [json.loads(line) for line in (DEMO / "alpaca.jsonl").read_text().splitlines()]
+    tok = HFTokenizer(str(DEMO_TOKENIZER))
+    samples = packed_samples(out)
+    assert len(samples) == len(rows)
+    for i, sample in samples.items():
+        assert [tok.decode(r) for r in label_runs(sample["labels"])] == [rows[i]["output"] + "<|endoftext|>"]
+        assert tok.decode(sample["input_ids"].tolist()).startswith("Below is an instruction")
+    report = json.loads(cli("inspect", "--json", out).stdout)
+    assert report["sample_format"] == "prompt_completion" and report["empty_loss_samples"] == 0
