@@ -91,32 +91,43 @@ def to_token_lists(
                 if not isinstance(v, list | tuple) or not all(
                     isinstance(x, int) and not isinstance(x, bool) for x in v
                 ):
-                    raise batch.error(i, field, f"expected a list of integers, got {str(v)[:40]!r}") from None
+                    raise batch.error(
+                        i, field, f"expected a list of integers, got {str(v)[:40]!r}", "wrong_type"
+                    ) from None
             raise
     if not (
         pa.types.is_list(values.type)
         or pa.types.is_large_list(values.type)
         or pa.types.is_fixed_size_list(values.type)
     ):
-        raise batch.error(0, field, f"expected a list of integers, got {values.type}")
+        raise batch.error(0, field, f"expected a list of integers, got {values.type}", "wrong_type")
     if values.null_count:
         i = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-        raise batch.error(i, field, "missing value (null)")
+        raise batch.error(i, field, "missing value (null)", "null_value")
+    if pa.types.is_floating(values.type.value_type):
+        # JSON rows like [1, 2.5] make the whole column float: name the row with a non-integer value
+        values = values.cast(pa.large_list(pa.float64()))
+        flat = values.values.to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero((flat != np.floor(flat)) | (np.abs(flat) >= 2**31))  # also NaN and inf
+        if len(bad):
+            i = int(np.searchsorted(values.offsets.to_numpy(), bad[0], side="right") - 1)
+            raise batch.error(i, field, f"expected int32 integers, got {flat[bad[0]]!r}", "wrong_type")
+        values = values.cast(pa.large_list(pa.int64()))
     if not pa.types.is_integer(values.type.value_type):
-        raise batch.error(0, field, f"expected integers, got {values.type.value_type}")
+        raise batch.error(0, field, f"expected integers, got {values.type.value_type}", "wrong_type")
     values = values.cast(pa.large_list(values.type.value_type))
     flat = values.values
     if flat.null_count:
         bad = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0]
         i = int(np.searchsorted(values.offsets.to_numpy(), bad, side="right") - 1)
-        raise batch.error(i, field, "null inside the list")
+        raise batch.error(i, field, "null inside the list", "null_value")
     lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
     mm = pc.min_max(flat)
     if len(flat) and (mm["min"].as_py() < lo or mm["max"].as_py() > hi):
         arr = flat.to_numpy()
         bad = np.flatnonzero((arr < lo) | (arr > hi))[0]
         i = int(np.searchsorted(values.offsets.to_numpy(), bad, side="right") - 1)
-        raise batch.error(i, field, f"value {arr[bad]} does not fit in int32")
+        raise batch.error(i, field, f"value {arr[bad]} does not fit in int32", "token_out_of_range")
     return pa.LargeListArray.from_arrays(values.offsets, flat.cast(type_.value_type))
 
 
@@ -126,7 +137,7 @@ def check_same_lengths(a: pa.LargeListArray, b: pa.LargeListArray, batch: Source
     bad = np.flatnonzero(la != lb)
     if len(bad):
         i = int(bad[0])
-        raise batch.error(i, field, f"has {lb[i]} values but input_ids has {la[i]}")
+        raise batch.error(i, field, f"has {lb[i]} values but input_ids has {la[i]}", "length_mismatch")
 
 
 def load_object(spec: str) -> Any:
@@ -176,6 +187,7 @@ class FunctionEncoder:
                 source=batch.source,
                 row=int(batch.rows[0]),
                 row_kind=batch.row_kind,
+                code="encoder_failed",
             ) from e
         if not isinstance(out, dict) or "input_ids" not in out:
             raise PacktoolError(f"encoder {self.spec} must return a dict with 'input_ids'")
