@@ -28,6 +28,11 @@ from packtool.config import (
 from packtool.errors import ON_ERROR, PacktoolError
 
 
+def _one_line(e: BaseException) -> str:
+    """An error's text on one line (libraries' messages, e.g. transformers', can span several)."""
+    return " ".join(str(e).split())
+
+
 def _one_line_errors(fn):
     """Turn packtool errors into one line on stderr and the documented exit code."""
 
@@ -36,7 +41,7 @@ def _one_line_errors(fn):
         try:
             return fn(*args, **kwargs)
         except PacktoolError as e:
-            click.echo(f"packtool: error: {e}", err=True)
+            click.echo(f"packtool: error: {_one_line(e)}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("packtool: interrupted; no output was left behind", err=True)
@@ -48,7 +53,8 @@ def _one_line_errors(fn):
             if os.environ.get("PACKTOOL_DEBUG"):
                 traceback.print_exc()
             click.echo(
-                f"packtool: internal error: {type(e).__name__}: {e} (set PACKTOOL_DEBUG=1 for a traceback)",
+                f"packtool: internal error: {type(e).__name__}: {_one_line(e)} "
+                "(set PACKTOOL_DEBUG=1 for a traceback)",
                 err=True,
             )
             sys.exit(1)

@@ -104,31 +104,37 @@ def to_token_lists(
     if values.null_count:
         i = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
         raise batch.error(i, field, "missing value (null)", "null_value")
-    if pa.types.is_floating(values.type.value_type):
-        # JSON rows like [1, 2.5] make the whole column float: name the row with a non-integer value
-        values = values.cast(pa.large_list(pa.float64()))
-        flat = values.values.to_numpy(zero_copy_only=False)
-        bad = np.flatnonzero((flat != np.floor(flat)) | (np.abs(flat) >= 2**31))  # also NaN and inf
-        if len(bad):
-            i = int(np.searchsorted(values.offsets.to_numpy(), bad[0], side="right") - 1)
-            raise batch.error(i, field, f"expected int32 integers, got {flat[bad[0]]!r}", "wrong_type")
-        values = values.cast(pa.large_list(pa.int64()))
-    if not pa.types.is_integer(values.type.value_type):
-        raise batch.error(0, field, f"expected integers, got {values.type.value_type}", "wrong_type")
     values = values.cast(pa.large_list(values.type.value_type))
-    flat = values.values
+    # Only this array's own values, offsets from 0: a column sliced at a chunk boundary still holds (and
+    # .values returns) the whole reader batch's values, which must neither be checked nor copied here.
+    off = values.offsets.to_numpy()
+    flat = values.values.slice(int(off[0]), int(off[-1] - off[0]))
+    offsets = off - off[0]
+
+    def row_of(position: int) -> int:
+        return int(np.searchsorted(offsets, position, side="right") - 1)
+
     if flat.null_count:
-        bad = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0]
-        i = int(np.searchsorted(values.offsets.to_numpy(), bad, side="right") - 1)
-        raise batch.error(i, field, "null inside the list", "null_value")
+        bad = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
+        raise batch.error(row_of(bad), field, "null inside the list", "null_value")
+    if pa.types.is_floating(flat.type):
+        # JSON rows like [1, 2.5] make the whole column float: name the row with a non-integer value
+        f = flat.to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero((f != np.floor(f)) | (np.abs(f) >= 2**31))  # also NaN and inf
+        if len(bad):
+            raise batch.error(
+                row_of(bad[0]), field, f"expected int32 integers, got {f[bad[0]]!r}", "wrong_type"
+            )
+        flat = flat.cast(pa.int64())
+    if not pa.types.is_integer(flat.type):
+        raise batch.error(0, field, f"expected integers, got {flat.type}", "wrong_type")
     lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
     mm = pc.min_max(flat)
     if len(flat) and (mm["min"].as_py() < lo or mm["max"].as_py() > hi):
         arr = flat.to_numpy()
-        bad = np.flatnonzero((arr < lo) | (arr > hi))[0]
-        i = int(np.searchsorted(values.offsets.to_numpy(), bad, side="right") - 1)
-        raise batch.error(i, field, f"value {arr[bad]} does not fit in int32", "token_out_of_range")
-    return pa.LargeListArray.from_arrays(values.offsets, flat.cast(type_.value_type))
+        bad = int(np.flatnonzero((arr < lo) | (arr > hi))[0])
+        raise batch.error(row_of(bad), field, f"value {arr[bad]} does not fit in int32", "token_out_of_range")
+    return pa.LargeListArray.from_arrays(pa.array(offsets), flat.cast(type_.value_type))
 
 
 def check_same_lengths(a: pa.LargeListArray, b: pa.LargeListArray, batch: SourceBatch, field: str) -> None:
