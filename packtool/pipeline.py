@@ -223,6 +223,14 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         # a too-long sample is named by the field it was read from
         field = {"text": config.text_field, "pretokenized": "input_ids"}.get(sample_format)
         plan = make_plan(lengths, config, lambda i, f, m: store.locate(i, field or f, m))
+        if plan.num_packs == 0:  # an empty output would look like a finished dataset
+            st = plan.stats
+            raise InputError(
+                f"nothing to pack: all {st.num_samples} samples were left out (empty: {st.empty_samples}, "
+                f"too long and dropped: {st.dropped_samples})",
+                source=", ".join(config.inputs),
+                code="empty_input",
+            )
         shard_ranges = [
             (i, a, min(a + config.shard_size, plan.num_packs))
             for i, a in enumerate(range(0, plan.num_packs, config.shard_size))

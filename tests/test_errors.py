@@ -263,6 +263,23 @@ def test_empty_text_is_counted_as_empty_and_left_out(tmp_path):
     assert "left out 1 empty samples" in proc.stderr
 
 
+def test_empty_input_ids_are_empty_samples(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": []}, {"input_ids": [5, 6]}, {"input_ids": []}])
+    pack(tmp_path, src, check=True)
+    stats = manifest(tmp_path)["stats"]
+    assert stats["empty_samples"] == 2 and stats["packed_samples"] == 1
+
+
+@pytest.mark.parametrize(
+    ("records", "extra"),
+    [([{"input_ids": []}, {"input_ids": []}], []), ([{"input_ids": [1] * 100}], ["--long-samples", "drop"])],
+)
+def test_nothing_left_to_pack_is_an_error(tmp_path, records, extra):
+    src = write_jsonl(tmp_path / "in.jsonl", records)
+    line = assert_clean_failure(pack(tmp_path, src, *extra), tmp_path)
+    assert "nothing to pack" in line and str(src) in line
+
+
 # --- options ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("size", ["0", "-5"])
 def test_packed_sequence_size_must_be_positive(tmp_path, size):

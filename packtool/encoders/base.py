@@ -117,6 +117,8 @@ def to_token_lists(
     if flat.null_count:
         bad = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
         raise batch.error(row_of(bad), field, "null inside the list", "null_value")
+    if pa.types.is_null(flat.type):  # only empty lists (JSON []): empty samples
+        flat = flat.cast(pa.int64())
     if pa.types.is_floating(flat.type):
         # JSON rows like [1, 2.5] make the whole column float: name the row with a non-integer value
         f = flat.to_numpy(zero_copy_only=False)
