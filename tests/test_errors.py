@@ -116,7 +116,9 @@ def test_bad_text_record_is_skipped_counted_and_logged(tmp_path, case):
 
 PRETOKENIZED_CASES = {
     # name: (bad record, with tokenizer?, field, reason, words)
-    "input_ids_missing": ({"ids": [1, 2]}, False, "input_ids", "null_value", "null"),
+    "input_ids_missing": ({"ids": [1, 2]}, False, "input_ids", "missing_field", "missing field"),
+    "input_ids_null": ({"input_ids": None}, False, "input_ids", "missing_field", "null"),
+    "null_in_input_ids": ({"input_ids": [5, None]}, False, "input_ids", "null_value", "null inside"),
     "input_ids_a_string": (
         {"input_ids": "1 2 3"},
         False,

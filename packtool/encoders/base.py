@@ -103,7 +103,7 @@ def to_token_lists(
         raise batch.error(0, field, f"expected a list of integers, got {values.type}", "wrong_type")
     if values.null_count:
         i = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-        raise batch.error(i, field, "missing value (null)", "null_value")
+        raise batch.error(i, field, "missing field or null value", "missing_field")
     values = values.cast(pa.large_list(values.type.value_type))
     # Only this array's own values, offsets from 0: a column sliced at a chunk boundary still holds (and
     # .values returns) the whole reader batch's values, which must neither be checked nor copied here.
