@@ -27,7 +27,12 @@ from packtool.config import (
     PackConfig,
     load_config_file,
 )
-from packtool.errors import PacktoolError
+from packtool.errors import ON_ERROR, PacktoolError
+
+
+def _one_line(e: BaseException) -> str:
+    """An error's text on one line (libraries' messages, e.g. transformers', can span several)."""
+    return " ".join(str(e).split())
 
 
 def _one_line_errors(fn):
@@ -38,7 +43,7 @@ def _one_line_errors(fn):
         try:
             return fn(*args, **kwargs)
         except PacktoolError as e:
-            click.echo(f"packtool: error: {e}", err=True)
+            click.echo(f"packtool: error: {_one_line(e)}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("packtool: interrupted; no output was left behind", err=True)
@@ -50,7 +55,8 @@ def _one_line_errors(fn):
             if os.environ.get("PACKTOOL_DEBUG"):
                 traceback.print_exc()
             click.echo(
-                f"packtool: internal error: {type(e).__name__}: {e} (set PACKTOOL_DEBUG=1 for a traceback)",
+                f"packtool: internal error: {type(e).__name__}: {_one_line(e)} "
+                "(set PACKTOOL_DEBUG=1 for a traceback)",
                 err=True,
             )
             sys.exit(1)
@@ -127,6 +133,11 @@ def main() -> None:
 @click.option("--row-group-size", type=int, help="Packs per Parquet row group (default 128).")
 @click.option("--chunk-size", type=int, help="Samples per encoding chunk (default 4096).")
 @click.option("--seed", type=int, help="Seed for strategies that shuffle.")
+@click.option(
+    "--on-error",
+    type=click.Choice(ON_ERROR),
+    help="Bad records: fail (default: stop, exit code 2) or skip (count by reason, log errors.jsonl).",
+)
 @click.option("--overwrite/--no-overwrite", default=None, help="Replace an existing output directory.")
 @click.option("--quiet", "-q", is_flag=True, default=None, help="No progress bars.")
 @_one_line_errors
@@ -149,6 +160,15 @@ def pack(inputs: tuple[str, ...], config_file: str | None, format_: str | None, 
             f"{s['lower_bound_packs']:,} packs) -> {config.output}",
             err=True,
         )
+        if s.get("empty_samples"):
+            click.echo(f"left out {s['empty_samples']:,} empty samples (no tokens)", err=True)
+        if s.get("skipped_samples"):
+            reasons = ", ".join(f"{k} {v:,}" for k, v in s["skipped_by_reason"].items())
+            click.echo(
+                f"skipped {s['skipped_samples']:,} bad records ({reasons}); first ones in "
+                f"{os.path.join(config.output, 'errors.jsonl')}",
+                err=True,
+            )
 
 
 @main.command()

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from packtool.errors import ConfigError
+from packtool.errors import ON_ERROR, ConfigError
 
 LONG_SAMPLE_POLICIES = ("error", "drop", "truncate")
 POSITION_IDS = ("nemo", "restart")
@@ -72,6 +72,8 @@ class PackConfig:
     position_ids: str = "nemo"
     pad_token_id: int = 0
     seed: int = 0
+    # bad records: fail (stop with exit code 2) or skip (count by reason, log to errors.jsonl)
+    on_error: str = "fail"
     # writing
     format: str = "parquet"
     shard_size: int = 2048
@@ -138,6 +140,7 @@ class PackConfig:
         _choice("sample_format", self.sample_format, SAMPLE_FORMATS)
         _choice("loss_on", self.loss_on, LOSS_ON)
         _choice("empty_loss", self.empty_loss, EMPTY_LOSS_POLICIES)
+        _choice("on_error", self.on_error, ON_ERROR)
         if not isinstance(self.pad_token_id, int) or isinstance(self.pad_token_id, bool):
             raise ConfigError(f"pad_token_id must be an integer, got {self.pad_token_id!r}")
         return self

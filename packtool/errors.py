@@ -3,9 +3,19 @@
 ``InputError`` is bad input (exit code 2): it names the file, the row and the field.
 ``ConfigError`` is a bad option or config file (exit code 2).
 Anything else escaping the pipeline is an internal error (exit code 1).
+
+``ErrorSink`` is the ``on_error`` policy in one place: readers and the encoding step hand it every bad
+record; under ``fail`` it raises the error, under ``skip`` it counts the record by reason and keeps the
+first ``MAX_LOGGED`` locations for ``errors.jsonl``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+
+ON_ERROR = ("fail", "skip")
+MAX_LOGGED = 100  # locations of skipped records kept for errors.jsonl
 
 
 class PacktoolError(Exception):
@@ -33,8 +43,10 @@ class InputError(PacktoolError):
         row: int | None = None,
         field: str | None = None,
         row_kind: str = "row",
+        code: str = "invalid",
     ) -> None:
         self.source, self.row, self.field, self.row_kind = source, row, field, row_kind
+        self.code = code  # short reason key, e.g. malformed_json (counted under on_error=skip)
         where = []
         if source is not None:
             where.append(str(source))
@@ -45,3 +57,51 @@ class InputError(PacktoolError):
         prefix = ", ".join(where)
         super().__init__(f"{prefix}: {message}" if prefix else message)
         self.reason = message
+
+    def location(self) -> dict:
+        """Where and why, as one JSON-able record (a line of ``errors.jsonl``)."""
+        return {
+            "source": self.source,
+            "row": self.row,
+            "row_kind": self.row_kind,
+            "field": self.field,
+            "reason": self.code,
+            "message": self.reason,
+        }
+
+
+@dataclass
+class ErrorSink:
+    """The ``on_error`` policy: ``bad(err)`` raises ``err`` (``fail``) or counts and logs it (``skip``).
+
+    Example::
+
+        >>> sink = ErrorSink("skip")
+        >>> sink.bad(InputError("malformed JSON", source="a.jsonl", row=3, code="malformed_json"))
+        >>> sink.counts, sink.total
+        ({'malformed_json': 1}, 1)
+    """
+
+    on_error: str = "fail"
+    counts: dict[str, int] = dc_field(default_factory=dict)
+    entries: list[dict] = dc_field(default_factory=list)  # first MAX_LOGGED, in input order
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def bad(self, err: InputError) -> None:
+        if self.on_error != "skip":
+            raise err
+        self.counts[err.code] = self.counts.get(err.code, 0) + 1
+        if len(self.entries) < MAX_LOGGED:
+            self.entries.append(err.location())
+
+    def merge(self, other: dict) -> None:
+        """Add the counts and entries of another sink's ``to_dict()`` (e.g. from a worker)."""
+        for code, n in other.get("counts", {}).items():
+            self.counts[code] = self.counts.get(code, 0) + n
+        self.entries.extend(other.get("entries", [])[: MAX_LOGGED - len(self.entries)])
+
+    def to_dict(self) -> dict:
+        return {"counts": dict(sorted(self.counts.items())), "entries": list(self.entries)}

@@ -65,7 +65,9 @@ def render_report(report: dict) -> None:
         ("truncated samples", f"{report['truncated_samples']:,}"),
         ("split samples", f"{report['split_samples']:,}"),
         ("samples over max_packs", f"{report['samples_over_max_packs']:,}"),
+        ("skipped samples (bad input)", f"{report.get('skipped_samples', 0):,}"),
     ]
+    rows += [(f"  skipped: {k}", f"{v:,}") for k, v in report.get("skipped_by_reason", {}).items()]
     for k, v in rows:
         overview.add_row(k, v)
     console.print(overview)

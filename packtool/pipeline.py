@@ -11,6 +11,12 @@
 
 Chunk and shard boundaries depend only on the config, never on the number of processes, so the output
 is byte-identical for every ``num_proc``.
+
+Bad records (``on_error``) are handled by one ``ErrorSink`` per place they arise: the readers' (this
+process, in input order) and one per encoded chunk (returned in the chunk's meta, merged in chunk order).
+A batch the encoder rejects is re-encoded record by record to find the bad records: the first one is
+raised (``fail``) or all are left out and counted (``skip``), so the rest keep their order and the output
+stays the same for any ``num_proc``.
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from packtool import __version__
 from packtool.config import PackConfig
 from packtool.encoders import build_encoder, resolve_sample_format
 from packtool.engines import make_engine
-from packtool.errors import InputError
+from packtool.errors import MAX_LOGGED, ErrorSink, InputError, PacktoolError
 from packtool.packing import PackPlan, make_plan
 from packtool.readers import expand_inputs, read_inputs
 from packtool.readers.base import SourceBatch
@@ -54,7 +61,40 @@ def _init_worker(config: dict, sample_format: str) -> None:
 def _encode_chunk(task: tuple[int, list[SourceBatch], str]) -> dict:
     index, batches, work_dir = task
     encoder = _WORKER["encoder"]
-    return write_chunk(work_dir, index, batches, [encoder(b) for b in batches])
+    sink = ErrorSink(_WORKER["config"].on_error)
+    kept, encoded = [], []
+    for b in batches:
+        good, enc = encode_checked(encoder, b, sink)
+        if good.num_rows:
+            kept.append(good)
+            encoded.append(enc)
+    meta = write_chunk(work_dir, index, kept, encoded)
+    meta["skipped"] = sink.to_dict()
+    return meta
+
+
+def encode_checked(encoder, batch: SourceBatch, sink: ErrorSink) -> tuple[SourceBatch, pa.RecordBatch | None]:
+    """Encode ``batch``; if the encoder rejects it, find the bad records one by one and hand them to ``sink``.
+
+    Returns the records kept (all of them unless ``sink`` skips some) and their encoding (None if none
+    is left). Under ``on_error=fail`` the first bad record's error is raised, naming its row and field.
+    """
+    try:
+        return batch, encoder(batch)
+    except InputError as e:
+        batch_error = e
+    bad = []
+    for i in range(batch.num_rows):
+        try:
+            encoder(batch.take([i]))
+        except InputError as e:
+            sink.bad(e)
+            bad.append(i)
+    if not bad:  # no single record reproduces it
+        raise batch_error
+    keep = np.setdiff1d(np.arange(batch.num_rows), bad)
+    good = batch.take(keep)
+    return good, (encoder(good) if len(keep) else None)
 
 
 def _store(work_dir: str) -> ChunkStore:
@@ -137,6 +177,12 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> dict:
         manifest = _run(config, out, show)
         out.commit(manifest)
         return manifest
+    except OSError as e:  # reading errors are InputError by now: this is the output (disk full, ...)
+        out.abort()
+        detail = os.strerror(e.errno) if e.errno else str(e)
+        raise PacktoolError(
+            f"{config.output}: cannot write the output ({detail}; is the disk full?); nothing was left behind"
+        ) from e
     except BaseException:
         out.abort()
         raise
@@ -149,10 +195,11 @@ def _progress(show: bool, **kw):
 
 
 def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
-    batches = read_inputs(config.inputs, split=config.split, text_field=config.text_field)
+    sink = ErrorSink(config.on_error)  # bad records met while reading
+    batches = read_inputs(config.inputs, split=config.split, text_field=config.text_field, sink=sink)
     first = next(batches, None)
     if first is None:
-        raise InputError("input holds no records", source=", ".join(config.inputs))
+        raise InputError(_nothing_left(sink), source=", ".join(config.inputs), code="empty_input")
     sample_format = resolve_sample_format(config, first.batch.schema.names)
     encoder = build_encoder(config, sample_format)  # fail fast here on a bad tokenizer spec
     work = str(out.work)
@@ -174,10 +221,23 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
             for meta in engine.map(_encode_chunk, tasks):
                 metas.append(meta)
                 bar.update(meta["num_samples"])
+        skipped = _merge_skipped(config, sink, metas)
         (Path(work) / "chunks.json").write_text(json.dumps(metas))
         store = ChunkStore(Path(work), metas)
+        if store.num_samples == 0:
+            raise InputError(_nothing_left(skipped), source=", ".join(config.inputs), code="empty_input")
         lengths = store.lengths()
-        plan = make_plan(lengths, config, store.locate)
+        # a too-long sample is named by the field it was read from
+        field = {"text": config.text_field, "pretokenized": "input_ids"}.get(sample_format)
+        plan = make_plan(lengths, config, lambda i, f, m: store.locate(i, field or f, m))
+        if plan.num_packs == 0:  # an empty output would look like a finished dataset
+            st = plan.stats
+            raise InputError(
+                f"nothing to pack: all {st.num_samples} samples were left out (empty: {st.empty_samples}, "
+                f"too long and dropped: {st.dropped_samples})",
+                source=", ".join(config.inputs),
+                code="empty_input",
+            )
         max_bytes = config.shard_max_bytes if config.format == "webdataset" else None
         shard_ranges = [
             (i, a, b)
@@ -197,6 +257,9 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
             for info in engine.map(_write_shard, tasks):
                 shards.append(info)
                 bar.update(info["num_packs"])
+    if skipped.total:
+        with open(out.partial / ERRORS_LOG, "w") as f:
+            f.writelines(json.dumps(e) + "\n" for e in skipped.entries)
     manifest = build_manifest(
         config,
         plan,
@@ -208,10 +271,40 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         fingerprint,
         has_loss_mask=store.has_loss_mask,
         empty_loss_samples=sum(m.get("empty_loss_samples", 0) for m in metas),
+        skipped=skipped,
     )
     if config.format == "webdataset":  # wids and Energon indexes, so no separate preparation step
         manifest["index_files"] = write_dataset_index(out.partial, manifest)
     return manifest
+
+
+ERRORS_LOG = "errors.jsonl"  # first MAX_LOGGED skipped records (on_error=skip), one JSON object a line
+
+
+def _merge_skipped(config: PackConfig, sink: ErrorSink, metas: list[dict]) -> ErrorSink:
+    """One sink for the run: the readers' and every chunk's counts; the first entries in input order."""
+    encoding = ErrorSink(config.on_error)
+    for meta in metas:
+        encoding.merge(meta.pop("skipped", {}))
+    total = ErrorSink(config.on_error)
+    for part in (sink, encoding):
+        for code, n in part.counts.items():
+            total.counts[code] = total.counts.get(code, 0) + n
+    # each part's entries are its first MAX_LOGGED in input order, so together they hold the first overall
+    order = {src: i for i, (_, src, _) in enumerate(expand_inputs(config.inputs))}
+    entries = sorted(
+        sink.entries + encoding.entries,
+        key=lambda e: (order.get(e["source"], len(order)), str(e["source"]), e["row"] or 0),
+    )
+    total.entries = entries[:MAX_LOGGED]
+    return total
+
+
+def _nothing_left(sink: ErrorSink) -> str:
+    if not sink.total:
+        return "input holds no records"
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(sink.counts.items()))
+    return f"no record left: all {sink.total} were skipped as bad input ({reasons})"
 
 
 def _histogram(values: np.ndarray, edges: np.ndarray) -> dict:
@@ -230,6 +323,7 @@ def build_manifest(
     inputs: list[dict],
     has_loss_mask: bool,
     empty_loss_samples: int = 0,
+    skipped: ErrorSink | None = None,
 ) -> dict:
     n = config.packed_sequence_size
     pack_tokens = plan.pack_tokens()
@@ -253,6 +347,9 @@ def build_manifest(
             "max": int(per_pack.max()) if num_packs else 0,
         },
         **plan.stats.to_dict(),
+        # bad records left out under on_error=skip (not in num_samples), by reason; see errors.jsonl
+        "skipped_samples": skipped.total if skipped else 0,
+        "skipped_by_reason": dict(sorted(skipped.counts.items())) if skipped else {},
     }
     stats["num_samples"] = int(len(lengths))
     # samples with tokens but no trained token (empty_loss policy); when dropped, the planner saw them as

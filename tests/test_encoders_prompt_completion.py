@@ -82,7 +82,7 @@ def test_format_string_template():
 def test_missing_fields_are_named():
     with pytest.raises(InputError, match=r"line 1, field 'prompt': missing field .*prompt_template: alpaca"):
         encode_rows(encoder(), [{"instruction": "a", "output": "b"}])
-    with pytest.raises(InputError, match=r"line 2, field 'question': missing value \(null\)"):
+    with pytest.raises(InputError, match=r"line 2, field 'question': missing field or null value"):
         rows = [ROW | {"question": "a"}, ROW | {"question": None}]
         encode_rows(encoder(prompt_template="Q: {question}"), rows)
     with pytest.raises(ConfigError, match="not a field name"):

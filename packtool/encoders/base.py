@@ -77,19 +77,6 @@ def encoded_batch(input_ids: pa.Array, labels: pa.Array, loss_mask: pa.Array | N
     return pa.record_batch(cols)
 
 
-def compact(values: pa.Array) -> pa.LargeListArray:
-    """A ``large_list`` whose offsets start at 0 and whose values buffer holds exactly its elements.
-
-    Arrow slices keep the parent's whole values buffer; every vectorized step in packtool pairs
-    ``offsets`` with ``values``, so lists are compacted once, here, on the way in.
-    """
-    values = values.cast(pa.large_list(values.type.value_type))
-    offsets = values.offsets.to_numpy()
-    if values.offset == 0 and offsets[0] == 0 and len(values.values) == offsets[-1]:
-        return values
-    return pa.LargeListArray.from_arrays(pa.array(offsets - offsets[0]), values.flatten())
-
-
 def to_token_lists(
     values: Any, batch: SourceBatch, field: str, type_: pa.DataType = TOKENS
 ) -> pa.LargeListArray:
@@ -104,33 +91,52 @@ def to_token_lists(
                 if not isinstance(v, list | tuple) or not all(
                     isinstance(x, int) and not isinstance(x, bool) for x in v
                 ):
-                    raise batch.error(i, field, f"expected a list of integers, got {str(v)[:40]!r}") from None
+                    raise batch.error(
+                        i, field, f"expected a list of integers, got {str(v)[:40]!r}", "wrong_type"
+                    ) from None
             raise
     if not (
         pa.types.is_list(values.type)
         or pa.types.is_large_list(values.type)
         or pa.types.is_fixed_size_list(values.type)
     ):
-        raise batch.error(0, field, f"expected a list of integers, got {values.type}")
+        raise batch.error(0, field, f"expected a list of integers, got {values.type}", "wrong_type")
     if values.null_count:
         i = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
-        raise batch.error(i, field, "missing value (null)")
-    if not pa.types.is_integer(values.type.value_type):
-        raise batch.error(0, field, f"expected integers, got {values.type.value_type}")
-    values = compact(values)
-    flat = values.values
+        raise batch.error(i, field, "missing field or null value", "missing_field")
+    values = values.cast(pa.large_list(values.type.value_type))
+    # Only this array's own values, offsets from 0: a column sliced at a chunk boundary still holds (and
+    # .values returns) the whole reader batch's values, which must neither be checked nor copied here.
+    off = values.offsets.to_numpy()
+    flat = values.values.slice(int(off[0]), int(off[-1] - off[0]))
+    offsets = off - off[0]
+
+    def row_of(position: int) -> int:
+        return int(np.searchsorted(offsets, position, side="right") - 1)
+
     if flat.null_count:
-        bad = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0]
-        i = int(np.searchsorted(values.offsets.to_numpy(), bad, side="right") - 1)
-        raise batch.error(i, field, "null inside the list")
+        bad = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
+        raise batch.error(row_of(bad), field, "null inside the list", "null_value")
+    if pa.types.is_null(flat.type):  # only empty lists (JSON []): empty samples
+        flat = flat.cast(pa.int64())
+    if pa.types.is_floating(flat.type):
+        # JSON rows like [1, 2.5] make the whole column float: name the row with a non-integer value
+        f = flat.to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero((f != np.floor(f)) | (np.abs(f) >= 2**31))  # also NaN and inf
+        if len(bad):
+            raise batch.error(
+                row_of(bad[0]), field, f"expected int32 integers, got {f[bad[0]]!r}", "wrong_type"
+            )
+        flat = flat.cast(pa.int64())
+    if not pa.types.is_integer(flat.type):
+        raise batch.error(0, field, f"expected integers, got {flat.type}", "wrong_type")
     lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
     mm = pc.min_max(flat)
     if len(flat) and (mm["min"].as_py() < lo or mm["max"].as_py() > hi):
         arr = flat.to_numpy()
-        bad = np.flatnonzero((arr < lo) | (arr > hi))[0]
-        i = int(np.searchsorted(values.offsets.to_numpy(), bad, side="right") - 1)
-        raise batch.error(i, field, f"value {arr[bad]} does not fit in int32")
-    return pa.LargeListArray.from_arrays(values.offsets, flat.cast(type_.value_type))
+        bad = int(np.flatnonzero((arr < lo) | (arr > hi))[0])
+        raise batch.error(row_of(bad), field, f"value {arr[bad]} does not fit in int32", "token_out_of_range")
+    return pa.LargeListArray.from_arrays(pa.array(offsets), flat.cast(type_.value_type))
 
 
 def check_same_lengths(a: pa.LargeListArray, b: pa.LargeListArray, batch: SourceBatch, field: str) -> None:
@@ -139,7 +145,7 @@ def check_same_lengths(a: pa.LargeListArray, b: pa.LargeListArray, batch: Source
     bad = np.flatnonzero(la != lb)
     if len(bad):
         i = int(bad[0])
-        raise batch.error(i, field, f"has {lb[i]} values but input_ids has {la[i]}")
+        raise batch.error(i, field, f"has {lb[i]} values but input_ids has {la[i]}", "length_mismatch")
 
 
 def load_object(spec: str) -> Any:
@@ -189,6 +195,7 @@ class FunctionEncoder:
                 source=batch.source,
                 row=int(batch.rows[0]),
                 row_kind=batch.row_kind,
+                code="encoder_failed",
             ) from e
         if not isinstance(out, dict) or "input_ids" not in out:
             raise PacktoolError(f"encoder {self.spec} must return a dict with 'input_ids'")

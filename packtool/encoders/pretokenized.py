@@ -22,7 +22,9 @@ class PretokenizedEncoder:
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         rb = batch.batch
         if "input_ids" not in rb.schema.names:
-            raise batch.error(0, "input_ids", f"missing field (record has: {', '.join(rb.schema.names)})")
+            raise batch.error(
+                0, "input_ids", f"missing field (record has: {', '.join(rb.schema.names)})", "missing_field"
+            )
         input_ids = to_token_lists(rb.column("input_ids"), batch, "input_ids")
         self._check_ids(input_ids, batch)
         if "labels" in rb.schema.names:
@@ -49,8 +51,11 @@ class PretokenizedEncoder:
         bad = (arr < 0) if limit is None else ((arr < 0) | (arr >= limit))
         pos = int(bad.argmax())
         row = int(ids.offsets.to_numpy().searchsorted(pos, side="right") - 1)
-        what = "negative token id" if arr[pos] < 0 else f"token id outside the vocabulary (size {limit})"
-        raise batch.error(row, "input_ids", f"{what}: {int(arr[pos])}")
+        if arr[pos] < 0:
+            what, code = "negative token id", "negative_token_id"
+        else:
+            what, code = f"token id outside the vocabulary (size {limit})", "token_out_of_vocab"
+        raise batch.error(row, "input_ids", f"{what}: {int(arr[pos])}", code)
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "pretokenized", "name": None, "sha256": None, "vocab_size": self.vocab_size}

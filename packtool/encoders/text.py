@@ -216,13 +216,18 @@ def text_column(batch: SourceBatch, field: str) -> list[str]:
     """The ``field`` column as a list of strings; raises ``InputError`` naming a missing/null/non-text row."""
     rb = batch.batch
     if field not in rb.schema.names:
-        raise batch.error(0, field, f"missing field (record has: {', '.join(rb.schema.names) or 'nothing'})")
+        raise batch.error(
+            0,
+            field,
+            f"missing field (record has: {', '.join(rb.schema.names) or 'nothing'})",
+            "missing_field",
+        )
     col = rb.column(field)
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         if pa.types.is_null(col.type):
-            raise batch.error(0, field, "missing value (null)")
-        raise batch.error(0, field, f"expected a string, got {col.type}")
+            raise batch.error(0, field, "missing field or null value", "missing_field")
+        raise batch.error(0, field, f"expected a string, got {col.type}", "wrong_type")
     if col.null_count:
         i = int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
-        raise batch.error(i, field, "missing value (null)")
+        raise batch.error(i, field, "missing field or null value", "missing_field")
     return col.to_pylist()

@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from packtool.errors import InputError
+from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
 from packtool.readers.hf import read_hf_disk, read_hf_hub
 from packtool.readers.jsonl import read_jsonl
@@ -87,19 +87,30 @@ def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
 
 
 def read_inputs(
-    inputs: list[str], *, split: str = "train", text_field: str = "text"
+    inputs: list[str], *, split: str = "train", text_field: str = "text", sink: ErrorSink | None = None
 ) -> Iterator[SourceBatch]:
-    """Stream every input as ``SourceBatch`` objects, in order."""
+    """Stream every input as ``SourceBatch`` objects, in order.
+
+    Bad records go to ``sink`` (default: raise ``InputError``); a file that cannot be read at all raises
+    ``InputError`` under every policy.
+    """
+    sink = sink or ErrorSink()
     for kind, source, files in expand_inputs(inputs):
         if kind == "jsonl":
-            yield from read_jsonl(source)
+            batches = read_jsonl(source, sink=sink, text_field=text_field)
         elif kind == "parquet":
-            yield from read_parquet(source)
+            batches = read_parquet(source)
         elif kind == "text":
-            yield from read_text_lines(source, text_field=text_field)
+            batches = read_text_lines(source, text_field=text_field, sink=sink)
         elif kind == "text_dir":
-            yield from read_text_dir(files, source, text_field=text_field)
+            batches = read_text_dir(files, source, text_field=text_field, sink=sink)
         elif kind == "hf_disk":
-            yield from read_hf_disk(source, split=split)
-        elif kind == "hf_hub":
-            yield from read_hf_hub(source, split=split)
+            batches = read_hf_disk(source, split=split)
+        else:
+            batches = read_hf_hub(source, split=split)
+        try:
+            for batch in batches:
+                if batch.num_rows:
+                    yield batch
+        except OSError as e:  # e.g. a directory named like a file, permission denied, an I/O error
+            raise InputError(f"cannot read: {e.strerror or e}", source=e.filename or source) from None

@@ -8,7 +8,12 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from packtool.errors import InputError
+from packtool.errors import ErrorSink, InputError
+
+# packtool's own fields and the kind of value each must hold (see ``_kind``); a field of mixed types is
+# otherwise blamed on the rows whose kind differs from most rows'.
+_LIST_OF_NUMBERS = "list of number"
+KNOWN_KINDS = {"input_ids": _LIST_OF_NUMBERS, "labels": _LIST_OF_NUMBERS, "loss_mask": _LIST_OF_NUMBERS}
 
 
 @dataclass
@@ -36,15 +41,46 @@ class SourceBatch:
         """Human-readable location of record ``i`` of this batch, e.g. ``line 12``."""
         return f"{self.row_kind} {int(self.rows[i])}"
 
-    def error(self, i: int, field: str | None, message: str) -> InputError:
+    def error(self, i: int, field: str | None, message: str, code: str = "invalid") -> InputError:
         """An ``InputError`` naming this batch's source, record ``i`` and ``field``."""
         return InputError(
-            message, source=self.source, row=int(self.rows[i]), field=field, row_kind=self.row_kind
+            message, source=self.source, row=int(self.rows[i]), field=field, row_kind=self.row_kind, code=code
         )
 
+    def take(self, indices: np.ndarray | list[int]) -> SourceBatch:
+        """The records at ``indices`` (in that order), keeping their locations."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return SourceBatch(self.source, self.batch.take(pa.array(idx)), self.rows[idx], self.row_kind)
 
-def batch_from_pylist(records: list[dict], source: str, rows: np.ndarray, row_kind: str) -> SourceBatch:
-    """Columnarize ``records`` (dicts) into a SourceBatch, naming the first record with a mismatched type."""
+
+def batch_from_pylist(
+    records: list[dict],
+    source: str,
+    rows: np.ndarray,
+    row_kind: str,
+    sink: ErrorSink | None = None,
+    text_field: str = "text",
+) -> SourceBatch:
+    """Columnarize ``records`` (dicts) into a SourceBatch.
+
+    A record whose field has another type than the field's other rows (``text_field`` must be a string,
+    ``input_ids``/``labels``/``loss_mask`` lists of integers), or holds text that is not valid Unicode, is
+    handed to ``sink`` (``on_error=fail`` raises, naming its row and field; ``skip`` leaves it out).
+    """
+    while True:
+        try:
+            return _columnarize(records, source, rows, row_kind, text_field)
+        except InputError as e:
+            if e.code == "mixed_column":  # no single record to blame
+                raise
+            (sink or ErrorSink()).bad(e)
+            i = int(np.flatnonzero(rows == e.row)[0])
+            records, rows = records[:i] + records[i + 1 :], np.delete(rows, i)
+
+
+def _columnarize(
+    records: list[dict], source: str, rows: np.ndarray, row_kind: str, text_field: str
+) -> SourceBatch:
     columns: dict[str, list] = {}
     n = len(records)
     for i, rec in enumerate(records):
@@ -57,19 +93,45 @@ def batch_from_pylist(records: list[dict], source: str, rows: np.ndarray, row_ki
     for key, values in columns.items():
         try:
             arrays[key] = pa.array(values)
+        except UnicodeEncodeError:
+            i = next(i for i, v in enumerate(values) if not _valid_unicode(v))
+            raise _locate(
+                source, rows, row_kind, i, key, "not valid Unicode (a lone surrogate escape)", "not_utf8"
+            ) from None
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            i, message = _first_mismatch(values)
-            raise _locate(source, rows, row_kind, i, key, message) from None
+            expected = "str" if key == text_field else KNOWN_KINDS.get(key)
+            i, message = _first_mismatch(values, expected)
+            if i is None:
+                raise InputError(message, source=source, field=key, code="mixed_column") from None
+            raise _locate(source, rows, row_kind, i, key, message, "wrong_type") from None
     return SourceBatch(source, pa.RecordBatch.from_pydict(arrays), rows, row_kind)
 
 
-def _locate(source: str, rows: np.ndarray, row_kind: str, i: int, field: str, message: str) -> InputError:
-    return InputError(message, source=source, row=int(rows[i]), field=field, row_kind=row_kind)
+def _locate(
+    source: str, rows: np.ndarray, row_kind: str, i: int, field: str, message: str, code: str
+) -> InputError:
+    return InputError(message, source=source, row=int(rows[i]), field=field, row_kind=row_kind, code=code)
+
+
+def _valid_unicode(value: object) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, list):
+        return all(_valid_unicode(v) for v in value)
+    if isinstance(value, dict):
+        return all(_valid_unicode(k) and _valid_unicode(v) for k, v in value.items())
+    return True
 
 
 def _kind(value: object) -> str:
     if isinstance(value, bool):
         return "bool"
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        return "integer beyond int64"
     if isinstance(value, int | float):
         return "number"
     if isinstance(value, list):
@@ -78,17 +140,19 @@ def _kind(value: object) -> str:
     return type(value).__name__
 
 
-def _first_mismatch(values: list) -> tuple[int, str]:
-    """Index of the first value whose type differs from the first non-null value's type."""
-    first = next((i for i, v in enumerate(values) if v is not None), 0)
-    expected = _kind(values[first])
-    for i, v in enumerate(values):
-        if v is None:
+def _first_mismatch(values: list, expected: str | None = None) -> tuple[int | None, str]:
+    """Index of the first value whose type differs from ``expected`` (default: the most common type)."""
+    kinds = [None if v is None else _kind(v) for v in values]
+    present = [k for k in kinds if k is not None]
+    if expected is None:
+        # the kind most rows have; a tie goes to the kind seen first
+        expected = max(dict.fromkeys(present), key=present.count) if present else "null"
+    for i, got in enumerate(kinds):
+        if got is None:
             continue
-        got = _kind(v)
         if got != expected and not (expected.startswith("list") and got == "list"):
-            return i, f"expected {expected} (as in earlier rows), got {got}: {str(v)[:40]!r}"
-    return first, f"values cannot be stored as one column ({expected})"
+            return i, f"expected {expected}, got {got}: {str(values[i])[:40]!r}"
+    return None, f"values cannot be stored as one column ({expected})"
 
 
 def iter_slices(batch: pa.RecordBatch, max_rows: int) -> Iterator[pa.RecordBatch]:

@@ -12,12 +12,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from packtool.errors import InputError
+from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
 
 
-def read_text_lines(path: str, batch_rows: int = 8192, text_field: str = "text") -> Iterator[SourceBatch]:
-    """One sample per non-blank line; line numbers are 1-based."""
+def read_text_lines(
+    path: str, batch_rows: int = 8192, text_field: str = "text", sink: ErrorSink | None = None
+) -> Iterator[SourceBatch]:
+    """One sample per non-blank line; line numbers are 1-based. A line that is not UTF-8 goes to ``sink``."""
+    sink = sink or ErrorSink()
     texts: list[str] = []
     lines: list[int] = []
     with open(path, "rb") as f:
@@ -28,9 +31,16 @@ def read_text_lines(path: str, batch_rows: int = 8192, text_field: str = "text")
             try:
                 texts.append(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
-                raise InputError(
-                    f"not valid UTF-8 (byte {e.start})", source=path, row=lineno, row_kind="line"
-                ) from None
+                sink.bad(
+                    InputError(
+                        f"not valid UTF-8 (byte {e.start})",
+                        source=path,
+                        row=lineno,
+                        row_kind="line",
+                        code="not_utf8",
+                    )
+                )
+                continue
             lines.append(lineno)
             if len(texts) >= batch_rows:
                 yield _batch(path, texts, lines, text_field, "line")
@@ -40,16 +50,22 @@ def read_text_lines(path: str, batch_rows: int = 8192, text_field: str = "text")
 
 
 def read_text_dir(
-    files: list[str], source: str, batch_rows: int = 1024, text_field: str = "text"
+    files: list[str],
+    source: str,
+    batch_rows: int = 1024,
+    text_field: str = "text",
+    sink: ErrorSink | None = None,
 ) -> Iterator[SourceBatch]:
     """One sample per file (sorted by name); the row is the file's index in that order."""
+    sink = sink or ErrorSink()
     texts: list[str] = []
     rows: list[int] = []
     for i, file in enumerate(files):
         try:
             texts.append(Path(file).read_bytes().decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise InputError(f"not valid UTF-8 (byte {e.start})", source=file) from None
+            sink.bad(InputError(f"not valid UTF-8 (byte {e.start})", source=file, code="not_utf8"))
+            continue
         rows.append(i)
         if len(texts) >= batch_rows:
             yield _batch(source, texts, rows, text_field, "file")

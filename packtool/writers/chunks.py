@@ -54,11 +54,11 @@ def write_chunk(
     for e in encoded:
         col_ids = e.column("input_ids")
         o = col_ids.offsets.to_numpy()
-        ids.append(col_ids.flatten().to_numpy(zero_copy_only=False))
-        labels.append(e.column("labels").flatten().to_numpy(zero_copy_only=False))
+        ids.append(_own_values(col_ids))
+        labels.append(_own_values(e.column("labels")))
         if has_mask:
             if "loss_mask" in e.schema.names:
-                masks.append(e.column("loss_mask").flatten().to_numpy(zero_copy_only=False))
+                masks.append(_own_values(e.column("loss_mask")))
             else:
                 masks.append((labels[-1] != -100).astype(np.int8))
         offsets.append(o[1:] - o[0] + base)
@@ -85,6 +85,12 @@ def write_chunk(
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return meta
+
+
+def _own_values(col: pa.Array) -> np.ndarray:
+    """The values of a list column's own rows (``.values`` of a sliced column is its parent's, whole)."""
+    o = col.offsets.to_numpy()
+    return col.values.slice(int(o[0]), int(o[-1] - o[0])).to_numpy(zero_copy_only=False)
 
 
 def _cat(parts: list[np.ndarray], dtype) -> np.ndarray:
