@@ -170,7 +170,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         (Path(work) / "chunks.json").write_text(json.dumps(metas))
         store = ChunkStore(Path(work), metas)
         lengths = store.lengths()
-        plan = make_plan(lengths, config, store.locate)
+        plan = make_plan(lengths, config, store.locate, store=store)
         shard_ranges = [
             (i, a, min(a + config.shard_size, plan.num_packs))
             for i, a in enumerate(range(0, plan.num_packs, config.shard_size))
@@ -256,7 +256,7 @@ def build_manifest(
         "packed_sequence_size": n,
         "sample_format": sample_format,
         "labels": config.labels,
-        "position_ids": config.position_ids,
+        "position_ids": plan.position_ids,
         "pad_token_id": config.pad_token_id,
         "columns": ["input_ids", "labels", "position_ids", "seq_lens"]
         + (["loss_mask"] if has_loss_mask else [])

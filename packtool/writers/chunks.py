@@ -120,6 +120,25 @@ class ChunkStore:
         self.has_loss_mask = any(m["has_loss_mask"] for m in self.metas)
         self._open: dict[int, dict[str, np.ndarray]] = {}
 
+    def append_chunk(self, meta: dict) -> None:
+        """Add a chunk written after the store was opened (packs made by a custom policy)."""
+        self.metas.append(meta)
+        self.__post_init__()
+
+    def origin(self, sample: np.ndarray) -> np.ndarray:
+        """``(k,)`` int64 input index of each of ``sample``: itself, except for samples stored by a
+        custom ``pack_selected_samples`` (chunks with ``origin`` in their meta): the input they came from."""
+        sample = np.asarray(sample, dtype=np.int64)
+        if not any(m.get("origin") for m in self.metas):
+            return sample
+        out = sample.copy()
+        chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
+        for c in np.unique(chunk).tolist():
+            if self.metas[c].get("origin"):
+                sel = np.flatnonzero(chunk == c)
+                out[sel] = self.arrays(c)["origin"][sample[sel] - self.sample_starts[c]]
+        return out
+
     @property
     def num_samples(self) -> int:
         return int(self.sample_starts[-1])
@@ -130,6 +149,8 @@ class ChunkStore:
             names = ["input_ids", "labels", "offsets", "rows", "source_ids"]
             if self.metas[c]["has_loss_mask"]:
                 names.append("loss_mask")
+            if self.metas[c].get("origin"):
+                names.append("origin")
             self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r") for k in names}
         return self._open[c]
 

@@ -108,6 +108,6 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
         loss_mask=out["loss_mask"].reshape(k, n) if "loss_mask" in out else None,
         seq_lens=seq_lens,
         seq_lens_offsets=sl_offsets,
-        sample_index=plan.sample.astype(np.int64),
+        sample_index=store.origin(plan.sample),
         sample_index_offsets=plan.pack_offsets.astype(np.int64),
     )
