@@ -100,7 +100,7 @@ def _index_of(item: Any, spec: str, group: int) -> int:
     try:
         return int(item["index"])
     except (TypeError, KeyError, ValueError):
-        raise PacktoolError(
+        raise ConfigError(
             f"strategy {spec}: group {group} holds {type(item).__name__!s}, not a sample dict with 'index'"
         ) from None
 
@@ -110,18 +110,18 @@ def check_groups(
 ) -> list[np.ndarray]:
     """Validate a policy's groups for buffer ``window`` (global indices); return them as index arrays."""
     if not isinstance(groups, list | tuple):
-        raise PacktoolError(f"strategy {spec}: select_samples_to_pack must return a list of groups")
+        raise ConfigError(f"strategy {spec}: select_samples_to_pack must return a list of groups")
     pos = {int(s): i for i, s in enumerate(window.tolist())}
     where = np.full(len(window), -1, dtype=np.int64)
     out = []
     for g, group in enumerate(groups):
         if not isinstance(group, list | tuple) or not group:
-            raise PacktoolError(f"strategy {spec}: group {g} is empty or not a list")
+            raise ConfigError(f"strategy {spec}: group {g} is empty or not a list")
         idx = np.array([_index_of(item, spec, g) for item in group], dtype=np.int64)
         for s in idx.tolist():
             p = pos.get(s)
             if p is None:
-                raise PacktoolError(
+                raise ConfigError(
                     f"strategy {spec}: group {g} holds sample {s}, which is not in this buffer"
                 )
             if where[p] >= 0:
@@ -150,11 +150,11 @@ def _as_array(pack: dict, key: str, dtype, spec: str, g: int) -> np.ndarray:
     try:
         arr = np.asarray(pack[key])
     except KeyError:
-        raise PacktoolError(
+        raise ConfigError(
             f"strategy {spec}: pack_selected_samples returned no '{key}' for group {g}"
         ) from None
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise PacktoolError(
+        raise ConfigError(
             f"strategy {spec}: '{key}' of the pack for group {g} is not a 1-D integer sequence"
         )
     return arr.astype(dtype)
@@ -162,20 +162,20 @@ def _as_array(pack: dict, key: str, dtype, spec: str, g: int) -> np.ndarray:
 
 def _custom_pack(pack: Any, group: np.ndarray, n: int, spec: str, g: int) -> dict[str, np.ndarray]:
     if not isinstance(pack, dict):
-        raise PacktoolError(
+        raise ConfigError(
             f"strategy {spec}: pack_selected_samples must return a dict, got {type(pack).__name__}"
         )
     ids = _as_array(pack, "input_ids", np.int32, spec, g)
     labels = _as_array(pack, "labels", np.int32, spec, g)
     length = len(ids)
     if not 1 <= length <= n or len(labels) != length:
-        raise PacktoolError(
+        raise ConfigError(
             f"strategy {spec}: pack for group {g} has {length} input_ids and {len(labels)} labels; "
             f"both must be the same length, 1..{n}"
         )
     seq_lens = _as_array(pack, "seq_lens", np.int64, spec, g) if "seq_lens" in pack else np.array([length])
     if len(seq_lens) == 0 or seq_lens.min() < 1 or int(seq_lens.sum()) != length:
-        raise PacktoolError(
+        raise ConfigError(
             f"strategy {spec}: seq_lens of the pack for group {g} must be >= 1 and sum to {length}"
         )
     if "sample_index" in pack:
@@ -183,19 +183,19 @@ def _custom_pack(pack: Any, group: np.ndarray, n: int, spec: str, g: int) -> dic
     elif len(seq_lens) == len(group):
         index = group
     else:
-        raise PacktoolError(
+        raise ConfigError(
             f"strategy {spec}: pack for group {g} has {len(seq_lens)} seq_lens for {len(group)} samples; "
             "return sample_index (one input index per seq_lens entry)"
         )
     if len(index) != len(seq_lens):
-        raise PacktoolError(
+        raise ConfigError(
             f"strategy {spec}: pack for group {g}: sample_index and seq_lens differ in length"
         )
     out = {"input_ids": ids, "labels": labels, "seq_lens": seq_lens, "origin": index}
     if pack.get("loss_mask") is not None:
         mask = _as_array(pack, "loss_mask", np.int8, spec, g)
         if len(mask) != length:
-            raise PacktoolError(f"strategy {spec}: loss_mask of the pack for group {g} has the wrong length")
+            raise ConfigError(f"strategy {spec}: loss_mask of the pack for group {g} has the wrong length")
         out["loss_mask"] = mask
     return out
 
@@ -260,7 +260,7 @@ def plan_custom(
         except PacktoolError:
             raise
         except Exception as e:
-            raise PacktoolError(
+            raise ConfigError(
                 f"strategy {spec}: select_samples_to_pack failed: {type(e).__name__}: {e}"
             ) from e
         checked = check_groups(chosen, w, wl, n, spec, locate)
@@ -272,7 +272,7 @@ def plan_custom(
                 except PacktoolError:
                     raise
                 except Exception as e:
-                    raise PacktoolError(
+                    raise ConfigError(
                         f"strategy {spec}: pack_selected_samples failed on group {g}: {type(e).__name__}: {e}"
                     ) from e
                 made.append(_custom_pack(pack, idx, n, spec, g))
