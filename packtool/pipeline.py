@@ -67,7 +67,13 @@ def _store(work_dir: str) -> ChunkStore:
 def _write_shard(task: tuple[int, PackPlan, str, str, dict]) -> dict:
     index, plan, work_dir, out_dir, meta = task
     cfg: PackConfig = _WORKER["config"]
-    packs = build_pack_arrays(plan, _store(work_dir), cfg.pad_token_id)
+    store = _store(work_dir)
+    # one row group at a time: the temporaries of a block stay small (peak RSS) and in cache
+    step = cfg.row_group_size
+    packs = (
+        build_pack_arrays(plan.slice(a, min(a + step, plan.num_packs)), store, cfg.pad_token_id)
+        for a in range(0, plan.num_packs, step)
+    )
     name = f"packs-{index:06d}.parquet"
     path = Path(out_dir) / name
     info = write_parquet_shard(

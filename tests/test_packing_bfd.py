@@ -24,9 +24,13 @@ def lognormal_lengths(count: int, mean: float, seed: int) -> np.ndarray:
 
 
 def write_tokens(path: Path, lengths: np.ndarray) -> Path:
-    """Samples whose token ids are a global counter: every token says which sample and position it is."""
+    """Samples whose token ids are a global counter: every token says which sample and position it is.
+
+    ``large_list<int32>``, the packtool layout itself: no cast on the way in, so sliced batches reach the
+    chunk writer as slices (their ``.values`` is the whole batch's).
+    """
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    ids = pa.array(np.arange(offsets[-1], dtype=np.int64) + 1)
+    ids = pa.array(np.arange(offsets[-1], dtype=np.int32) + 1)
     pq.write_table(pa.table({"input_ids": pa.LargeListArray.from_arrays(pa.array(offsets), ids)}), path)
     return path
 
@@ -122,6 +126,7 @@ def test_same_bytes_for_any_num_proc_and_same_seed(dataset, tmp_path):
     again = pack(inp, out, *flags, "--num-proc", "1", "--seed", "0")
     assert len(one["shards"]) > 1
     assert shard_hashes(one) == shard_hashes(two) == shard_hashes(again)
+    check_packs(out, dataset[1], np.arange(len(dataset[1])))  # chunks of 500 rows slice the input batches
 
 
 def test_different_seed_different_order(dataset, tmp_path):

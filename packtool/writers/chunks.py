@@ -13,6 +13,7 @@ Each chunk is a directory ``chunk-NNNNNN/`` of flat ``.npy`` arrays (memory-mapp
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import pyarrow as pa
 
 from packtool.errors import InputError
 from packtool.readers.base import SourceBatch
+from packtool.utils import list_parts
 
 
 def chunk_dir(work_dir: str | Path, index: int) -> Path:
@@ -51,17 +53,17 @@ def write_chunk(
     ids, labels, masks = [], [], []
     base = 0
     for e in encoded:
-        col_ids = e.column("input_ids")
-        o = col_ids.offsets.to_numpy()
-        ids.append(col_ids.values.to_numpy(zero_copy_only=False))
-        labels.append(e.column("labels").values.to_numpy(zero_copy_only=False))
+        # list_parts: an encoder may return slices, whose .values is the whole child array
+        o, values = list_parts(e.column("input_ids"))
+        ids.append(values)
+        labels.append(list_parts(e.column("labels"))[1])
         if has_mask:
             if "loss_mask" in e.schema.names:
-                masks.append(e.column("loss_mask").values.to_numpy(zero_copy_only=False))
+                masks.append(list_parts(e.column("loss_mask"))[1])
             else:
                 masks.append((labels[-1] != -100).astype(np.int8))
-        offsets.append(o[1:] - o[0] + base)
-        base += int(o[-1] - o[0])
+        offsets.append(o[1:] + base)
+        base += int(o[-1])
     np.save(tmp / "input_ids.npy", _cat(ids, np.int32))
     np.save(tmp / "labels.npy", _cat(labels, np.int32))
     if has_mask:
@@ -196,3 +198,16 @@ class ChunkStore:
             out["labels"][dst] = a["labels"][src]
             if "loss_mask" in out:
                 out["loss_mask"][dst] = a["loss_mask"][src] if "loss_mask" in a else 1
+            _release(a)
+
+
+def _release(arrays: dict[str, np.ndarray]) -> None:
+    """Drop the pages of memory-mapped chunk arrays from this process's RSS (they stay in the page cache).
+
+    Shuffled packs touch every chunk in every block; without this, the whole encoded input would count
+    in the writer's resident memory by the end of a run.
+    """
+    for a in arrays.values():
+        m = getattr(a, "_mmap", None)
+        if m is not None and hasattr(mmap, "MADV_DONTNEED"):
+            m.madvise(mmap.MADV_DONTNEED)

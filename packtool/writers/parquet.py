@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -53,21 +54,37 @@ def packs_table(packs: PackArrays) -> pa.Table:
     return pa.table(cols)
 
 
-def write_parquet_shard(path: str | Path, packs: PackArrays, *, row_group_size: int, metadata: dict) -> dict:
-    """Write ``packs`` to ``path`` atomically (``path.tmp`` then rename); return the shard's row groups."""
+def write_parquet_shard(
+    path: str | Path, packs: PackArrays | Iterable[PackArrays], *, row_group_size: int, metadata: dict
+) -> dict:
+    """Write ``packs`` to ``path`` atomically (``path.tmp`` then rename); return the shard's row groups.
+
+    ``packs`` is one ``PackArrays`` or an iterable of them (e.g. one per row group, built lazily so that a
+    whole shard is never held in memory).
+    """
     path = Path(path)
-    table = packs_table(packs)
-    table = table.replace_schema_metadata({"packtool": json.dumps(metadata, sort_keys=True)})
+    blocks = [packs] if isinstance(packs, PackArrays) else packs
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(
-        table,
-        tmp,
-        row_group_size=row_group_size,
-        compression="zstd",
-        use_dictionary=["seq_lens"],
-        write_statistics=False,
-        store_schema=True,
-    )
+    writer = None
+    try:
+        for block in blocks:
+            table = packs_table(block)
+            table = table.replace_schema_metadata({"packtool": json.dumps(metadata, sort_keys=True)})
+            if writer is None:
+                writer = pq.ParquetWriter(
+                    tmp,
+                    table.schema,
+                    compression="zstd",
+                    use_dictionary=["seq_lens"],
+                    write_statistics=False,
+                    store_schema=True,
+                )
+            writer.write_table(table.cast(writer.schema), row_group_size=row_group_size)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        raise ValueError("write_parquet_shard: no packs to write")
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
