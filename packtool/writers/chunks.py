@@ -153,8 +153,51 @@ class ChunkStore:
                 names.append("loss_mask")
             if self.metas[c].get("origin"):
                 names.append("origin")
-            self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r") for k in names}
+            # plain ndarray views of the maps: slicing a np.memmap costs a subclass round trip per call
+            self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r").view(np.ndarray) for k in names}
         return self._open[c]
+
+    def pieces(self, sample: np.ndarray, start: np.ndarray, length: np.ndarray) -> dict[str, np.ndarray]:
+        """The tokens of pieces end to end, in piece order: ``input_ids``/``labels`` ``(sum(length),)`` int32,
+        and ``loss_mask`` int8 when the store has one (1 for chunks without).
+
+        One slice copy per run of pieces that are contiguous in a chunk (no per-token index arrays).
+
+        Args:
+            sample: ``(k,)`` global sample index of each piece.
+            start: ``(k,)`` offset of the piece's first token inside its sample.
+            length: ``(k,)`` tokens in the piece.
+        """
+        sample = np.asarray(sample, dtype=np.int64)
+        length = np.asarray(length, dtype=np.int64)
+        chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
+        begin = np.empty(len(sample), dtype=np.int64)
+        used = np.unique(chunk).tolist()
+        for c in used:
+            sel = np.flatnonzero(chunk == c)
+            begin[sel] = self.arrays(c)["offsets"][sample[sel] - self.sample_starts[c]] + start[sel]
+        end = begin + length
+        # merge pieces that follow each other in the same chunk (sequential plans: whole packs at once)
+        if len(sample):
+            new_run = np.ones(len(sample), dtype=bool)
+            new_run[1:] = (chunk[1:] != chunk[:-1]) | (begin[1:] != end[:-1])
+            first = np.flatnonzero(new_run)
+            last = np.append(first[1:], len(sample)) - 1
+            runs = list(zip(chunk[first].tolist(), begin[first].tolist(), end[last].tolist(), strict=True))
+        else:
+            runs = []
+        keys = ["input_ids", "labels"] + (["loss_mask"] if self.has_loss_mask else [])
+        out = {}
+        for key in keys:
+            dtype = np.int8 if key == "loss_mask" else np.int32
+            src = {c: self.arrays(c).get(key) for c in used}
+            parts = [
+                src[c][b:e] if src[c] is not None else np.ones(e - b, dtype=dtype) for c, b, e in runs
+            ]
+            out[key] = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+        for c in used:
+            _release(self.arrays(c))
+        return out
 
     def lengths(self) -> np.ndarray:
         """``(num_samples,)`` int64 tokens per sample, from the offsets alone."""
@@ -208,6 +251,6 @@ def _release(arrays: dict[str, np.ndarray]) -> None:
     in the writer's resident memory by the end of a run.
     """
     for a in arrays.values():
-        m = getattr(a, "_mmap", None)
+        m = getattr(a.base, "_mmap", None)
         if m is not None and hasattr(mmap, "MADV_DONTNEED"):
             m.madvise(mmap.MADV_DONTNEED)
