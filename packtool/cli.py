@@ -82,7 +82,16 @@ def main() -> None:
     help="Let a sample run over into the next pack instead of moving it whole.",
 )
 @click.option("--max-packs", type=int, help="Keep at most this many packs (the rest is counted, not kept).")
-@click.option("--strategy", help="Packing strategy: sequential.")
+@click.option(
+    "--strategy",
+    help="Packing strategy: bfd (default: best-fit decreasing, packs shuffled by --seed), sequential "
+    "(NeMo PackedSequence order), or module:callable naming a select_samples_to_pack policy.",
+)
+@click.option(
+    "--packing-buffer-size",
+    type=int,
+    help="Samples planned together by bfd or a custom policy (default: the whole input).",
+)
 @click.option(
     "--long-samples",
     type=click.Choice(LONG_SAMPLE_POLICIES),
@@ -91,7 +100,8 @@ def main() -> None:
 @click.option(
     "--position-ids",
     type=click.Choice(POSITION_IDS),
-    help="nemo (default: PackedSequence parity) or restart (0 at every sample piece and padding).",
+    help="nemo (PackedSequence parity; default for sequential) or restart (0 at every sample piece and "
+    "padding; default for the other strategies).",
 )
 @click.option("--num-proc", type=int, help="Processes for encoding and writing (output identical for any).")
 @click.option("--split", help="Split of a Hugging Face dataset (default train).")
@@ -132,7 +142,7 @@ def main() -> None:
 @click.option("--shard-max-bytes", type=int, help="webdataset: at most this many bytes per .tar shard.")
 @click.option("--row-group-size", type=int, help="Packs per Parquet row group (default 128).")
 @click.option("--chunk-size", type=int, help="Samples per encoding chunk (default 4096).")
-@click.option("--seed", type=int, help="Seed for strategies that shuffle.")
+@click.option("--seed", type=int, help="Seed of the pack shuffle of bfd (same seed, same bytes).")
 @click.option(
     "--on-error",
     type=click.Choice(ON_ERROR),

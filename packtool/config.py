@@ -7,7 +7,7 @@ Example::
 
     >>> cfg = PackConfig.from_dict({"packed_sequence_size": 4096, "inputs": ["data.jsonl"], "output": "out"})
     >>> cfg.strategy
-    'sequential'
+    'bfd'
 """
 
 from __future__ import annotations
@@ -65,11 +65,12 @@ class PackConfig:
     loss_on: str = "assistant"
     empty_loss: str = "drop"
     # packing
-    strategy: str = "sequential"
+    strategy: str = "bfd"  # bfd | sequential | module:callable (a custom packing policy)
+    packing_buffer_size: int | None = None  # samples per planning window (bfd, custom); None: whole input
     split_across_pack: bool = False
     max_packs: int | None = None
     long_samples: str = "error"
-    position_ids: str = "nemo"
+    position_ids: str | None = None  # None: "nemo" for sequential, "restart" for the other strategies
     pad_token_id: int = 0
     seed: int = 0
     # bad records: fail (stop with exit code 2) or skip (count by reason, log to errors.jsonl)
@@ -134,7 +135,10 @@ class PackConfig:
             if self.format != "webdataset":
                 raise ConfigError("shard_max_bytes bounds tar shards: it needs format webdataset")
         _choice("long_samples", self.long_samples, LONG_SAMPLE_POLICIES)
-        _choice("position_ids", self.position_ids, POSITION_IDS)
+        if self.packing_buffer_size is not None:
+            _positive("packing_buffer_size", self.packing_buffer_size)
+        if self.position_ids is not None:
+            _choice("position_ids", self.position_ids, POSITION_IDS)
         _choice("labels", self.labels, LABELS)
         _choice("format", self.format, FORMATS)
         _choice("sample_format", self.sample_format, SAMPLE_FORMATS)

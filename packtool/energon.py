@@ -27,8 +27,7 @@ try:
     from megatron.energon import Batch, DefaultTaskEncoder, Sample, edataclass
 except ImportError as e:  # pragma: no cover - only without the optional extra
     raise ImportError(
-        "packtool.energon needs Megatron-Energon: pip install 'packtool[energon]' "
-        f"(import failed: {e})"
+        f"packtool.energon needs Megatron-Energon: pip install 'packtool[energon]' (import failed: {e})"
     ) from e
 
 
@@ -42,6 +41,7 @@ class PackSample(Sample):
         position_ids: ``(N,)`` int32 position ids.
         seq_lens: ``(num_samples [+1],)`` int32 sample lengths, then the padding if any.
         sample_index: ``(num_samples,)`` int64 global input index of each sample (piece).
+        sample_offset: ``(num_samples,)`` int64 where each piece starts inside its sample.
         loss_mask: ``(N,)`` int8, only when the input carried a loss mask.
     """
 
@@ -50,6 +50,7 @@ class PackSample(Sample):
     position_ids: np.ndarray
     seq_lens: np.ndarray
     sample_index: np.ndarray
+    sample_offset: np.ndarray
     loss_mask: Optional[np.ndarray] = None  # noqa: UP045 - Energon's type parser reads this annotation
 
 
@@ -62,6 +63,7 @@ class PackBatch(Batch):
     position_ids: torch.Tensor  # (B, N) int32
     seq_lens: list  # B tensors (num_samples [+1],) int32
     sample_index: list  # B tensors (num_samples,) int64
+    sample_offset: list  # B tensors (num_samples,) int64
     loss_mask: Optional[torch.Tensor] = None  # noqa: UP045 - (B, N) int8
 
 
@@ -78,6 +80,7 @@ def stack_packs(samples: list[PackSample]) -> PackBatch:
         position_ids=stack("position_ids"),
         seq_lens=[torch.from_numpy(s.seq_lens) for s in samples],
         sample_index=[torch.from_numpy(s.sample_index) for s in samples],
+        sample_offset=[torch.from_numpy(s.sample_offset) for s in samples],
         loss_mask=stack("loss_mask") if samples[0].loss_mask is not None else None,
     )
 

@@ -108,12 +108,20 @@ def _store(work_dir: str) -> ChunkStore:
 def _write_shard(task: tuple[int, PackPlan, str, str, dict]) -> dict:
     index, plan, work_dir, out_dir, meta = task
     cfg: PackConfig = _WORKER["config"]
-    packs = build_pack_arrays(plan, _store(work_dir), cfg.pad_token_id)
+    store = _store(work_dir)
     if cfg.format == "webdataset":
         name = f"packs-{index:06d}.tar"
         path = Path(out_dir) / name
-        info = write_tar_shard(path, packs, first_pack=meta["first_pack"])
+        info = write_tar_shard(
+            path, build_pack_arrays(plan, store, cfg.pad_token_id), first_pack=meta["first_pack"]
+        )
     else:
+        # one row group at a time: the temporaries of a block stay small (peak RSS) and in cache
+        step = cfg.row_group_size
+        packs = (
+            build_pack_arrays(plan.slice(a, min(a + step, plan.num_packs)), store, cfg.pad_token_id)
+            for a in range(0, plan.num_packs, step)
+        )
         name = f"packs-{index:06d}.parquet"
         path = Path(out_dir) / name
         info = write_parquet_shard(
@@ -229,7 +237,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         lengths = store.lengths()
         # a too-long sample is named by the field it was read from
         field = {"text": config.text_field, "pretokenized": "input_ids"}.get(sample_format)
-        plan = make_plan(lengths, config, lambda i, f, m: store.locate(i, field or f, m))
+        plan = make_plan(lengths, config, lambda i, f, m: store.locate(i, field or f, m), store=store)
         if plan.num_packs == 0:  # an empty output would look like a finished dataset
             st = plan.stats
             raise InputError(
@@ -374,11 +382,11 @@ def build_manifest(
         "packed_sequence_size": n,
         "sample_format": sample_format,
         "labels": config.labels,
-        "position_ids": config.position_ids,
+        "position_ids": plan.position_ids,
         "pad_token_id": config.pad_token_id,
         "columns": ["input_ids", "labels", "position_ids", "seq_lens"]
         + (["loss_mask"] if has_loss_mask else [])
-        + ["sample_index"],
+        + ["sample_index", "sample_offset"],
         "tokenizer": tokenizer,
         "inputs": inputs,
         "config": config.to_dict(include_runtime=False),

@@ -41,11 +41,18 @@ def iter_row_group_packs(table: pa.Table, n: int, with_sample_index: bool = Fals
             fixed[name] = _column(table, name)[1].reshape(k, n)
     sl_off, sl = _column(table, "seq_lens")
     si = _column(table, "sample_index") if with_sample_index else None
+    so = (
+        _column(table, "sample_offset")
+        if with_sample_index and "sample_offset" in table.column_names
+        else None
+    )
     for i in range(k):
         pack = {name: arr[i] for name, arr in fixed.items()}
         pack["seq_lens"] = sl[sl_off[i] : sl_off[i + 1]]
         if si is not None:
             pack["sample_index"] = si[1][si[0][i] : si[0][i + 1]]
+        if so is not None:
+            pack["sample_offset"] = so[1][so[0][i] : so[0][i + 1]]
         yield pack
 
 
@@ -55,7 +62,8 @@ def read_packs(directory: str | Path, *, with_sample_index: bool = False) -> Ite
     Each pack is a dict of NumPy arrays in NeMo AutoModel ``PackedSequence`` layout:
     ``input_ids`` ``(N,)`` int32, ``labels`` ``(N,)`` int32, ``position_ids`` ``(N,)`` int32,
     ``seq_lens`` ``(num_samples_in_pack [+1 padding],)`` int32, and ``loss_mask`` ``(N,)`` int8 when the
-    input had one. ``with_sample_index`` adds ``sample_index``, the input index of each sample.
+    input had one. ``with_sample_index`` adds ``sample_index``, the input index of each sample, and
+    ``sample_offset``, where each piece starts inside its sample.
 
     Example::
 

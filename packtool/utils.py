@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
 
 def file_sha256(path: str | Path) -> str:
     """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
@@ -13,3 +16,50 @@ def file_sha256(path: str | Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+_NUMPY_TYPES = {
+    pa.int8(): np.int8,
+    pa.int16(): np.int16,
+    pa.int32(): np.int32,
+    pa.int64(): np.int64,
+    pa.uint8(): np.uint8,
+    pa.uint16(): np.uint16,
+    pa.uint32(): np.uint32,
+    pa.uint64(): np.uint64,
+    pa.float32(): np.float32,
+    pa.float64(): np.float64,
+}
+
+
+def np_view(arr: pa.Array) -> np.ndarray:
+    """Zero-copy read-only NumPy view of a primitive Arrow array without nulls (slices respected).
+
+    Unlike ``pa.Array.to_numpy`` it does not import pandas (~0.3 s and ~40 MB in every process).
+
+    >>> np_view(pa.array([1, 2, 3], type=pa.int32()).slice(1)).tolist()
+    [2, 3]
+    """
+    dtype = _NUMPY_TYPES.get(arr.type)
+    if dtype is None or arr.null_count:
+        return arr.to_numpy(zero_copy_only=False)
+    if len(arr) == 0:
+        return np.zeros(0, dtype=dtype)
+    offset = arr.offset * np.dtype(dtype).itemsize
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=offset)
+
+
+def list_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, values)`` of a list array: int64 offsets starting at 0 and the values they index.
+
+    Works on slices (whose ``.values`` is the whole child array and whose offsets do not start at 0).
+
+    >>> o, v = list_parts(pa.array([[1, 2], [3], [4, 5]]).slice(1))
+    >>> o.tolist(), v.tolist()
+    ([0, 1, 3], [3, 4, 5])
+    """
+    offsets = np_view(arr.offsets).astype(np.int64)
+    if len(offsets) == 0:
+        offsets = np.zeros(1, dtype=np.int64)
+    first, last = int(offsets[0]), int(offsets[-1])
+    return offsets - first, np_view(arr.values.slice(first, last - first))

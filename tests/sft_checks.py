@@ -57,10 +57,16 @@ def packed_samples(directory: str | Path) -> dict[int, dict[str, np.ndarray]]:
                 assert np.all(pack["labels"][sl] == IGNORE_INDEX)
                 continue
             piece = {name: pack[name][sl] for name in ("input_ids", "labels", "loss_mask") if name in pack}
-            sample = out.setdefault(int(pack["sample_index"][k]), {name: [] for name in piece})
-            for name, arr in piece.items():
-                sample[name].append(arr)
-    return {s: {name: np.concatenate(parts) for name, parts in d.items()} for s, d in out.items()}
+            # pieces of a split sample may come in any pack order: sample_offset puts them back in order
+            out.setdefault(int(pack["sample_index"][k]), []).append((int(pack["sample_offset"][k]), piece))
+    samples = {}
+    for s, pieces in out.items():
+        pieces.sort(key=lambda p: p[0])
+        assert [p[0] for p in pieces] == np.cumsum([0] + [len(p[1]["input_ids"]) for p in pieces])[
+            :-1
+        ].tolist()
+        samples[s] = {name: np.concatenate([p[1][name] for p in pieces]) for name in pieces[0][1]}
+    return samples
 
 
 def check_boundary_property(directory: str | Path, expected: list[dict[str, list[int]]]) -> int:

@@ -17,7 +17,7 @@ from packtool.writers.webdataset import pack_key
 from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
 
 N = 256
-FIELDS = ("input_ids", "labels", "position_ids", "seq_lens", "sample_index")
+FIELDS = ("input_ids", "labels", "position_ids", "seq_lens", "sample_index", "sample_offset")
 
 
 def _pack(out: Path, src: Path, *args: str) -> Path:

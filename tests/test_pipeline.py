@@ -148,6 +148,7 @@ def test_parquet_schema_is_the_documented_one(tmp_path):
         "position_ids": "list<element: int32>",
         "seq_lens": "list<element: int32>",
         "sample_index": "list<element: int64>",
+        "sample_offset": "list<element: int64>",
     }
     pack = next(read_packs(out, with_sample_index=True))
     assert pack["input_ids"].dtype == np.int32 and pack["input_ids"].shape == (64,)

@@ -114,6 +114,7 @@ def check_packs(case: dict, strategy: str, store: ChunkStore, tokens: list[np.nd
     for p in range(k):
         sl = packs.seq_lens[packs.seq_lens_offsets[p] : packs.seq_lens_offsets[p + 1]]
         owners = packs.sample_index[packs.sample_index_offsets[p] : packs.sample_index_offsets[p + 1]]
+        offsets = packs.sample_offset[packs.sample_index_offsets[p] : packs.sample_index_offsets[p + 1]]
         assert len(owners) >= 1 and sl.sum() == n and (sl >= 1).all()
         used = int(sl[: len(owners)].sum())
         assert len(sl) == len(owners) + (used < n)  # one trailing entry for the padding, iff any
@@ -122,17 +123,18 @@ def check_packs(case: dict, strategy: str, store: ChunkStore, tokens: list[np.nd
         if packs.loss_mask is not None:
             assert (packs.loss_mask[p][used:] == 0).all()
         at = 0
-        for s, length in zip(owners.tolist(), sl[: len(owners)].tolist(), strict=True):
+        for s, before, length in zip(
+            owners.tolist(), offsets.tolist(), sl[: len(owners)].tolist(), strict=True
+        ):
             piece = ids[at : at + length]
-            before = sum(len(x) for x in delivered.get(s, []))
-            assert (piece == kept[s][before : before + length]).all()  # in order, from where it left off
+            assert (piece == kept[s][before : before + length]).all()  # the piece sample_offset names
             assert (labels[at : at + length] == piece + LABEL_SHIFT).all()
             if packs.loss_mask is not None:
                 assert (packs.loss_mask[p][at : at + length] == piece % 2).all()
             within = np.arange(length)
             expected = within if case["position_ids"] == "restart" else (before + within) % n
             assert (pos[at : at + length] == expected).all()
-            delivered.setdefault(s, []).append(piece)
+            delivered.setdefault(s, []).append((before, piece))
             at += length
         if used < n:
             last = pos[used - 1]
@@ -143,7 +145,15 @@ def check_packs(case: dict, strategy: str, store: ChunkStore, tokens: list[np.nd
             )
             assert (pos[used:] == pad).all()
 
-    got = {s: np.concatenate(v) for s, v in delivered.items()}
+    got = {}
+    for s, pieces in delivered.items():  # pieces in sample order never overlap; without max_packs cuts,
+        pieces.sort(key=lambda x: x[0])  # they tile the sample from 0 with no gap
+        starts = [b for b, _ in pieces]
+        ends = [b + len(x) for b, x in pieces]
+        assert all(e <= b for e, b in zip(ends[:-1], starts[1:], strict=True))
+        if plan.stats.tokens_over_max_packs == 0:
+            assert starts == [0] + ends[:-1]
+        got[s] = np.concatenate([x for _, x in pieces])
     all_tokens = np.concatenate(list(got.values())) if got else np.zeros(0)
     assert len(np.unique(all_tokens)) == len(all_tokens)  # no token twice
     stats = plan.stats

@@ -28,7 +28,7 @@ BASE = [
     "--add-eos",
     "--quiet",
 ]
-NPY = {"input_ids", "labels", "position_ids", "seq_lens", "sample_index"}
+NPY = {"input_ids", "labels", "position_ids", "seq_lens", "sample_index", "sample_offset"}
 
 
 def pack(out: Path, *args: str) -> dict:

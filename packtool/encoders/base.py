@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.readers.base import SourceBatch
+from packtool.utils import np_view
 
 IGNORE_INDEX = -100
 TOKENS = pa.large_list(pa.int32())
@@ -54,8 +55,8 @@ def shifted_labels(input_ids: pa.LargeListArray) -> pa.LargeListArray:
     >>> shifted_labels(pa.array([[5, 6, 7], [8]], type=TOKENS)).to_pylist()
     [[6, 7, -100], [-100]]
     """
-    offsets = input_ids.offsets.to_numpy()
-    values = input_ids.values.to_numpy(zero_copy_only=False)
+    offsets = np_view(input_ids.offsets)
+    values = np_view(input_ids.values)
     labels = np.empty_like(values)
     labels[:-1] = values[1:]
     ends = offsets[1:][offsets[1:] > offsets[:-1]] - 1
@@ -140,8 +141,8 @@ def to_token_lists(
 
 
 def check_same_lengths(a: pa.LargeListArray, b: pa.LargeListArray, batch: SourceBatch, field: str) -> None:
-    la = np.diff(a.offsets.to_numpy())
-    lb = np.diff(b.offsets.to_numpy())
+    la = np.diff(np_view(a.offsets))
+    lb = np.diff(np_view(b.offsets))
     bad = np.flatnonzero(la != lb)
     if len(bad):
         i = int(bad[0])

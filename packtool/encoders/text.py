@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from packtool.encoders.base import TOKENS, encoded_batch, make_labels
 from packtool.errors import ConfigError
 from packtool.readers.base import SourceBatch
-from packtool.utils import file_sha256
+from packtool.utils import file_sha256, list_parts
 
 _EOS_GUESSES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]", "<|im_end|>")
 _BOS_GUESSES = ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")
@@ -152,8 +152,7 @@ def add_special(ids: pa.LargeListArray, bos: int | None, eos: int | None) -> pa.
     """
     if bos is None and eos is None:
         return ids
-    offsets = ids.offsets.to_numpy()
-    values = ids.values.to_numpy(zero_copy_only=False)
+    offsets, values = list_parts(ids)
     lengths = np.diff(offsets)
     nonempty = (lengths > 0).astype(np.int64)
     extra = nonempty * ((bos is not None) + (eos is not None))

@@ -3,6 +3,10 @@
 ``make_plan(lengths, config, locate)`` applies the long-sample policy, leaves out empty samples, runs the
 strategy named by ``config.strategy`` and cuts the plan at ``max_packs``. Every sample that is not packed
 whole is counted in ``plan.stats``.
+
+Strategies: ``bfd`` (default, ``packtool.packing.bfd``), ``sequential`` (NeMo ``PackedSequence`` order,
+``packtool.packing.sequential``) and ``module:callable`` custom policies (``packtool.packing.custom``).
+``position_ids`` left unset in the config means ``nemo`` for ``sequential`` and ``restart`` otherwise.
 """
 
 from __future__ import annotations
@@ -13,18 +17,46 @@ import numpy as np
 
 from packtool.config import PackConfig
 from packtool.errors import ConfigError, InputError
+from packtool.packing.bfd import plan_bfd
+from packtool.packing.custom import is_custom, plan_custom
 from packtool.packing.plan import PackPlan, PackStats, empty_plan
 from packtool.packing.sequential import plan_sequential
+from packtool.writers.chunks import ChunkStore
 
-__all__ = ["PackPlan", "PackStats", "STRATEGIES", "make_plan"]
+__all__ = ["PackPlan", "PackStats", "STRATEGIES", "make_plan", "resolve_position_ids"]
 
-# name -> fn(lengths, samples, n, split_across_pack, position_ids) -> PackPlan
-STRATEGIES: dict[str, Callable[..., PackPlan]] = {"sequential": plan_sequential}
+
+def _sequential(lengths, samples, n, split_across_pack, position_ids, config: PackConfig) -> PackPlan:
+    return plan_sequential(lengths, samples, n, split_across_pack, position_ids)
+
+
+def _bfd(lengths, samples, n, split_across_pack, position_ids, config: PackConfig) -> PackPlan:
+    return plan_bfd(
+        lengths, samples, n, split_across_pack, position_ids, config.packing_buffer_size, config.seed
+    )
+
+
+# name -> fn(lengths, samples, n, split_across_pack, position_ids, config) -> PackPlan
+STRATEGIES: dict[str, Callable[..., PackPlan]] = {"bfd": _bfd, "sequential": _sequential}
+
+
+def resolve_position_ids(config: PackConfig) -> str:
+    """``config.position_ids``, or when unset ``nemo`` for ``sequential`` and ``restart`` otherwise."""
+    if config.position_ids is not None:
+        return config.position_ids
+    return "nemo" if config.strategy == "sequential" else "restart"
+
 
 Locate = Callable[[int, str, str], InputError]
 
 
-def make_plan(lengths: np.ndarray, config: PackConfig, locate: Locate | None = None) -> PackPlan:
+def _plain_locate(i: int, field: str, message: str) -> InputError:
+    return InputError(f"sample {i}: {message}", field=field)
+
+
+def make_plan(
+    lengths: np.ndarray, config: PackConfig, locate: Locate | None = None, store: ChunkStore | None = None
+) -> PackPlan:
     """Plan packs for samples of token counts ``lengths`` (``(num_samples,)``, in input order).
 
     Args:
@@ -32,11 +64,20 @@ def make_plan(lengths: np.ndarray, config: PackConfig, locate: Locate | None = N
         config: uses ``packed_sequence_size``, ``strategy``, ``split_across_pack``, ``max_packs``,
             ``long_samples`` and ``position_ids``.
         locate: ``locate(i, field, message) -> InputError`` naming sample ``i``'s file and row.
+        store: the encoded samples; needed by custom (``module:callable``) strategies only.
     """
     n = config.packed_sequence_size
     lengths = np.asarray(lengths, dtype=np.int64)
-    if config.strategy not in STRATEGIES:
-        raise ConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, got {config.strategy!r}")
+    custom = is_custom(config.strategy)
+    if not custom and config.strategy not in STRATEGIES:
+        raise ConfigError(
+            f"strategy must be one of {', '.join(STRATEGIES)} or module:callable, got {config.strategy!r}"
+        )
+    if custom and config.split_across_pack:
+        raise ConfigError("split_across_pack is not available with a custom strategy (module:callable)")
+    if custom and store is None:
+        raise ConfigError("a custom strategy (module:callable) needs the encoded samples (store)")
+    position_ids = resolve_position_ids(config)
     stats = PackStats(num_samples=len(lengths))
     keep = lengths > 0
     stats.empty_samples = int((~keep).sum())
@@ -61,10 +102,22 @@ def make_plan(lengths: np.ndarray, config: PackConfig, locate: Locate | None = N
             lengths = np.minimum(lengths, n)
     samples = np.flatnonzero(keep).astype(np.int64)
     if len(samples) == 0:
-        return empty_plan(n, config.position_ids, stats)
-    plan = STRATEGIES[config.strategy](
-        lengths[samples], samples, n, config.split_across_pack, config.position_ids
-    )
+        return empty_plan(n, position_ids, stats)
+    if custom:
+        plan = plan_custom(
+            lengths[samples],
+            samples,
+            n,
+            config.strategy,
+            store,
+            locate or _plain_locate,
+            position_ids,
+            config.packing_buffer_size,
+        )
+    else:
+        plan = STRATEGIES[config.strategy](
+            lengths[samples], samples, n, config.split_across_pack, position_ids, config
+        )
     if config.max_packs is not None and plan.num_packs > config.max_packs:
         kept = plan.slice(0, config.max_packs)
         kept_tokens = np.bincount(kept.sample, weights=kept.length, minlength=len(lengths))

@@ -13,6 +13,7 @@ Each chunk is a directory ``chunk-NNNNNN/`` of flat ``.npy`` arrays (memory-mapp
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import pyarrow as pa
 from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
 from packtool.readers.base import SourceBatch
+from packtool.utils import list_parts
 
 
 def chunk_dir(work_dir: str | Path, index: int) -> Path:
@@ -52,17 +54,17 @@ def write_chunk(
     ids, labels, masks = [], [], []
     base = 0
     for e in encoded:
-        col_ids = e.column("input_ids")
-        o = col_ids.offsets.to_numpy()
-        ids.append(_own_values(col_ids))
-        labels.append(_own_values(e.column("labels")))
+        # list_parts: an encoder may return slices, whose .values is the whole child array
+        o, values = list_parts(e.column("input_ids"))
+        ids.append(values)
+        labels.append(list_parts(e.column("labels"))[1])
         if has_mask:
             if "loss_mask" in e.schema.names:
-                masks.append(_own_values(e.column("loss_mask")))
+                masks.append(list_parts(e.column("loss_mask"))[1])
             else:
                 masks.append((labels[-1] != -100).astype(np.int8))
-        offsets.append(o[1:] - o[0] + base)
-        base += int(o[-1] - o[0])
+        offsets.append(o[1:] + base)
+        base += int(o[-1])
     np.save(tmp / "input_ids.npy", _cat(ids, np.int32))
     np.save(tmp / "labels.npy", _cat(labels, np.int32))
     if has_mask:
@@ -85,12 +87,6 @@ def write_chunk(
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return meta
-
-
-def _own_values(col: pa.Array) -> np.ndarray:
-    """The values of a list column's own rows (``.values`` of a sliced column is its parent's, whole)."""
-    o = col.offsets.to_numpy()
-    return col.values.slice(int(o[0]), int(o[-1] - o[0])).to_numpy(zero_copy_only=False)
 
 
 def _cat(parts: list[np.ndarray], dtype) -> np.ndarray:
@@ -129,6 +125,25 @@ class ChunkStore:
         self.has_loss_mask = any(m["has_loss_mask"] for m in self.metas)
         self._open: dict[int, dict[str, np.ndarray]] = {}
 
+    def append_chunk(self, meta: dict) -> None:
+        """Add a chunk written after the store was opened (packs made by a custom policy)."""
+        self.metas.append(meta)
+        self.__post_init__()
+
+    def origin(self, sample: np.ndarray) -> np.ndarray:
+        """``(k,)`` int64 input index of each of ``sample``: itself, except for samples stored by a
+        custom ``pack_selected_samples`` (chunks with ``origin`` in their meta): the input they came from."""
+        sample = np.asarray(sample, dtype=np.int64)
+        if not any(m.get("origin") for m in self.metas):
+            return sample
+        out = sample.copy()
+        chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
+        for c in np.unique(chunk).tolist():
+            if self.metas[c].get("origin"):
+                sel = np.flatnonzero(chunk == c)
+                out[sel] = self.arrays(c)["origin"][sample[sel] - self.sample_starts[c]]
+        return out
+
     @property
     def num_samples(self) -> int:
         return int(self.sample_starts[-1])
@@ -139,8 +154,51 @@ class ChunkStore:
             names = ["input_ids", "labels", "offsets", "rows", "source_ids"]
             if self.metas[c]["has_loss_mask"]:
                 names.append("loss_mask")
-            self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r") for k in names}
+            if self.metas[c].get("origin"):
+                names.append("origin")
+            # plain ndarray views of the maps: slicing a np.memmap costs a subclass round trip per call
+            self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r").view(np.ndarray) for k in names}
         return self._open[c]
+
+    def pieces(self, sample: np.ndarray, start: np.ndarray, length: np.ndarray) -> dict[str, np.ndarray]:
+        """The tokens of pieces end to end, in piece order: ``input_ids``/``labels`` ``(sum(length),)`` int32,
+        and ``loss_mask`` int8 when the store has one (1 for chunks without).
+
+        One slice copy per run of pieces that are contiguous in a chunk (no per-token index arrays).
+
+        Args:
+            sample: ``(k,)`` global sample index of each piece.
+            start: ``(k,)`` offset of the piece's first token inside its sample.
+            length: ``(k,)`` tokens in the piece.
+        """
+        sample = np.asarray(sample, dtype=np.int64)
+        length = np.asarray(length, dtype=np.int64)
+        chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
+        begin = np.empty(len(sample), dtype=np.int64)
+        used = np.unique(chunk).tolist()
+        for c in used:
+            sel = np.flatnonzero(chunk == c)
+            begin[sel] = self.arrays(c)["offsets"][sample[sel] - self.sample_starts[c]] + start[sel]
+        end = begin + length
+        # merge pieces that follow each other in the same chunk (sequential plans: whole packs at once)
+        if len(sample):
+            new_run = np.ones(len(sample), dtype=bool)
+            new_run[1:] = (chunk[1:] != chunk[:-1]) | (begin[1:] != end[:-1])
+            first = np.flatnonzero(new_run)
+            last = np.append(first[1:], len(sample)) - 1
+            runs = list(zip(chunk[first].tolist(), begin[first].tolist(), end[last].tolist(), strict=True))
+        else:
+            runs = []
+        keys = ["input_ids", "labels"] + (["loss_mask"] if self.has_loss_mask else [])
+        out = {}
+        for key in keys:
+            dtype = np.int8 if key == "loss_mask" else np.int32
+            src = {c: self.arrays(c).get(key) for c in used}
+            parts = [src[c][b:e] if src[c] is not None else np.ones(e - b, dtype=dtype) for c, b, e in runs]
+            out[key] = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+        for c in used:
+            _release(self.arrays(c))
+        return out
 
     def lengths(self) -> np.ndarray:
         """``(num_samples,)`` int64 tokens per sample, from the offsets alone."""
@@ -184,3 +242,16 @@ class ChunkStore:
             out["labels"][dst] = a["labels"][src]
             if "loss_mask" in out:
                 out["loss_mask"][dst] = a["loss_mask"][src] if "loss_mask" in a else 1
+            _release(a)
+
+
+def _release(arrays: dict[str, np.ndarray]) -> None:
+    """Drop the pages of memory-mapped chunk arrays from this process's RSS (they stay in the page cache).
+
+    Shuffled packs touch every chunk in every block; without this, the whole encoded input would count
+    in the writer's resident memory by the end of a run.
+    """
+    for a in arrays.values():
+        m = getattr(a.base, "_mmap", None)
+        if m is not None and hasattr(mmap, "MADV_DONTNEED"):
+            m.madvise(mmap.MADV_DONTNEED)

@@ -8,7 +8,9 @@ Layout of one pack (NeMo AutoModel ``PackedSequence`` conventions):
 * ``seq_lens`` ``(num_pieces [+ 1],)`` int32: piece lengths, plus one entry for the padding if any, so
   ``sum(seq_lens) == N``;
 * ``loss_mask`` ``(N,)`` int8 (only if the input had one): the pieces' mask, then 0;
-* ``sample_index`` ``(num_pieces,)`` int64: the global input index of each piece's sample.
+* ``sample_index`` ``(num_pieces,)`` int64: the global input index of each piece's sample;
+* ``sample_offset`` ``(num_pieces,)`` int64: where each piece starts inside its sample (0 unless the sample
+  was split), so that the pieces of a split sample can be put back together whatever the pack order.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 from packtool.encoders.base import IGNORE_INDEX
 from packtool.packing.plan import PackPlan
-from packtool.writers.chunks import ChunkStore, ranges
+from packtool.writers.chunks import ChunkStore
 
 
 @dataclass
@@ -34,6 +36,7 @@ class PackArrays:
     seq_lens_offsets: np.ndarray  # (num_packs + 1,) int64
     sample_index: np.ndarray  # flat int64, split by plan.pack_offsets
     sample_index_offsets: np.ndarray  # (num_packs + 1,) int64
+    sample_offset: np.ndarray  # flat int64, split by sample_index_offsets
 
     @property
     def num_packs(self) -> int:
@@ -52,62 +55,69 @@ class PackArrays:
 
 
 def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) -> PackArrays:
-    """Materialize the packs of ``plan`` (usually a ``plan.slice``), tokens moved by vectorized gathers."""
+    """Materialize the packs of ``plan`` (usually a ``plan.slice`` of one row group).
+
+    Tokens are copied by ``store.pieces`` (one slice per run of contiguous pieces) into a compact buffer,
+    then into the real-token cells of the ``(k, N)`` arrays with one boolean-mask assignment; positions
+    come from one ``arange`` minus each segment's start. Temporaries are O(k * N), never per-token Python.
+    """
     n = plan.packed_sequence_size
     k = plan.num_packs
     counts = np.diff(plan.pack_offsets)
-    pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
-    # where each piece starts inside its pack: cumulative length of the pack's earlier pieces
     cs = np.zeros(len(plan.length) + 1, dtype=np.int64)
     np.cumsum(plan.length, out=cs[1:])
-    offset_in_pack = cs[:-1] - cs[plan.pack_offsets[:-1]][pack_of_piece]
-    dest = pack_of_piece * n + offset_in_pack
     used = np.diff(cs[plan.pack_offsets])
+    cols = np.arange(n, dtype=np.int64)
+    real = cols[None, :] < used[:, None]  # (k, n): cells holding a token
 
-    out = {
-        "input_ids": np.full(k * n, pad_token_id, dtype=np.int32),
-        "labels": np.full(k * n, IGNORE_INDEX, dtype=np.int32),
-    }
-    if store.has_loss_mask:
-        out["loss_mask"] = np.zeros(k * n, dtype=np.int8)
-    store.gather(plan.sample, plan.start, plan.length, dest, out)
-
-    # position ids of real tokens: index inside the piece (+ the piece's start in its sample, for nemo)
-    tok = ranges(dest, plan.length)
-    within = np.arange(len(tok), dtype=np.int64) - np.repeat(cs[:-1], plan.length)
-    cols = np.arange(n, dtype=np.int64)[None, :]
-    pad_from = used[:, None]
-    if plan.position_ids == "nemo":
-        real = (np.repeat(plan.start, plan.length) + within) % n
-        last = real[cs[plan.pack_offsets[1:]] - 1] if len(real) else np.zeros(k, dtype=np.int64)
-        pad = np.minimum(last[:, None] + 1 + cols - pad_from, n - 1)
-    else:
-        real = within
-        pad = cols - pad_from
-    position_ids = np.where(cols >= pad_from, pad, 0).astype(np.int32).reshape(-1)
-    position_ids[tok] = real
+    tokens = store.pieces(plan.sample, plan.start, plan.length)
+    input_ids = np.full((k, n), pad_token_id, dtype=np.int32)
+    input_ids[real] = tokens["input_ids"]
+    labels = np.full((k, n), IGNORE_INDEX, dtype=np.int32)
+    labels[real] = tokens["labels"]
+    loss_mask = None
+    if "loss_mask" in tokens:
+        loss_mask = np.zeros((k, n), dtype=np.int8)
+        loss_mask[real] = tokens["loss_mask"]
 
     # seq_lens: piece lengths, then the padding length if the pack is not full
     has_pad = (used < n).astype(np.int64)
     sl_offsets = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(counts + has_pad, out=sl_offsets[1:])
-    seq_lens = np.empty(sl_offsets[-1], dtype=np.int32)
+    seg_len = np.empty(sl_offsets[-1], dtype=np.int64)
+    pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
     piece_slot = (
         np.arange(len(plan.length), dtype=np.int64)
         - plan.pack_offsets[pack_of_piece]
         + sl_offsets[pack_of_piece]
     )
-    seq_lens[piece_slot] = plan.length
+    seg_len[piece_slot] = plan.length
     padded = np.flatnonzero(has_pad)
-    seq_lens[sl_offsets[padded + 1] - 1] = n - used[padded]
+    pad_slot = sl_offsets[padded + 1] - 1
+    seg_len[pad_slot] = n - used[padded]
+
+    # position ids: (segment's first position) + (index inside the segment); see PackPlan.position_ids
+    seg_first = np.zeros(len(seg_len), dtype=np.int64)
+    if plan.position_ids == "nemo":
+        seg_first[piece_slot] = plan.start
+        last_piece = plan.pack_offsets[1:][padded] - 1
+        seg_first[pad_slot] = (plan.start[last_piece] + plan.length[last_piece] - 1) % n + 1
+    seg_begin = np.zeros(len(seg_len), dtype=np.int64)
+    np.cumsum(seg_len[:-1], out=seg_begin[1:])
+    pos = np.arange(k * n, dtype=np.int64) - np.repeat(seg_begin - seg_first, seg_len)
+    if plan.position_ids == "nemo":  # runs on over a split sample modulo N; padding clamped to N - 1
+        pos = np.where(real.reshape(-1), pos % n, np.minimum(pos, n - 1))
+    position_ids = pos.astype(np.int32).reshape(k, n)
+    seq_lens = seg_len.astype(np.int32)
 
     return PackArrays(
-        input_ids=out["input_ids"].reshape(k, n),
-        labels=out["labels"].reshape(k, n),
-        position_ids=position_ids.reshape(k, n),
-        loss_mask=out["loss_mask"].reshape(k, n) if "loss_mask" in out else None,
+        input_ids=input_ids,
+        labels=labels,
+        position_ids=position_ids,
+        loss_mask=loss_mask,
         seq_lens=seq_lens,
         seq_lens_offsets=sl_offsets,
-        sample_index=plan.sample.astype(np.int64),
+        sample_index=store.origin(plan.sample),
         sample_index_offsets=plan.pack_offsets.astype(np.int64),
+        sample_offset=plan.start.astype(np.int64),
     )

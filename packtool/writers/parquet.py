@@ -11,6 +11,7 @@ position_ids   list<int32>      ``N`` position ids (convention in the manifest's
 seq_lens       list<int32>      lengths of the samples (pieces) in the pack, then the padding if any
 loss_mask      list<int8>       ``N`` values, only if the input carried a loss mask
 sample_index   list<int64>      global input index of each sample (piece) in the pack
+sample_offset  list<int64>      where each piece starts inside its sample (0 unless split)
 ============== ================ ==================================================================
 
 The file's key-value metadata ``packtool`` holds ``{"run_id", "shard", "first_pack", "packed_sequence_size"}``
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,7 @@ import pyarrow.parquet as pq
 
 from packtool.writers.packs import PackArrays
 
-COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "sample_index")
+COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "sample_index", "sample_offset")
 
 
 def _list(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.Array:
@@ -50,24 +52,41 @@ def packs_table(packs: PackArrays) -> pa.Table:
     if packs.loss_mask is not None:
         cols["loss_mask"] = _list(packs.loss_mask.reshape(-1), fixed, pa.int8())
     cols["sample_index"] = _list(packs.sample_index, packs.sample_index_offsets, pa.int64())
+    cols["sample_offset"] = _list(packs.sample_offset, packs.sample_index_offsets, pa.int64())
     return pa.table(cols)
 
 
-def write_parquet_shard(path: str | Path, packs: PackArrays, *, row_group_size: int, metadata: dict) -> dict:
-    """Write ``packs`` to ``path`` atomically (``path.tmp`` then rename); return the shard's row groups."""
+def write_parquet_shard(
+    path: str | Path, packs: PackArrays | Iterable[PackArrays], *, row_group_size: int, metadata: dict
+) -> dict:
+    """Write ``packs`` to ``path`` atomically (``path.tmp`` then rename); return the shard's row groups.
+
+    ``packs`` is one ``PackArrays`` or an iterable of them (e.g. one per row group, built lazily so that a
+    whole shard is never held in memory).
+    """
     path = Path(path)
-    table = packs_table(packs)
-    table = table.replace_schema_metadata({"packtool": json.dumps(metadata, sort_keys=True)})
+    blocks = [packs] if isinstance(packs, PackArrays) else packs
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(
-        table,
-        tmp,
-        row_group_size=row_group_size,
-        compression="zstd",
-        use_dictionary=["seq_lens"],
-        write_statistics=False,
-        store_schema=True,
-    )
+    writer = None
+    try:
+        for block in blocks:
+            table = packs_table(block)
+            table = table.replace_schema_metadata({"packtool": json.dumps(metadata, sort_keys=True)})
+            if writer is None:
+                writer = pq.ParquetWriter(
+                    tmp,
+                    table.schema,
+                    compression="zstd",
+                    use_dictionary=["seq_lens"],
+                    write_statistics=False,
+                    store_schema=True,
+                )
+            writer.write_table(table.cast(writer.schema), row_group_size=row_group_size)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        raise ValueError("write_parquet_shard: no packs to write")
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -12,6 +12,7 @@ labels.npy          int32 ``(N,)``            labels, ``-100`` where no loss is 
 loss_mask.npy       int8 ``(N,)``             only if the input carried a loss mask
 position_ids.npy    int32 ``(N,)``            position ids (convention in the manifest)
 sample_index.npy    int64 ``(num_samples,)``  global input index of each sample (piece) in the pack
+sample_offset.npy   int64 ``(num_samples,)``  where each piece starts inside its sample (0 unless split)
 seq_lens.npy        int32 ``(num_samples[+1],)`` sample lengths, then the padding if any
 =================== ========================= ========================================================
 
@@ -68,6 +69,7 @@ NPY_MEMBERS = {
     "loss_mask": np.int8,
     "position_ids": np.int32,
     "sample_index": np.int64,
+    "sample_offset": np.int64,
     "seq_lens": np.int32,
 }
 
@@ -125,7 +127,7 @@ def pack_tar_bytes(plan: PackPlan, has_loss_mask: bool) -> np.ndarray:
         sizes = np.array([_member_size(_npy_size(int(u), dtype)) for u in uniq], dtype=np.int64)
         return sizes[inv.reshape(-1)]
 
-    return fixed + ragged(n_seq_lens, "int32") + ragged(counts, "int64")
+    return fixed + ragged(n_seq_lens, "int32") + 2 * ragged(counts, "int64")  # sample_index, sample_offset
 
 
 def shard_bounds(
@@ -196,6 +198,9 @@ def write_tar_shard(path: str | Path, packs: PackArrays, *, first_pack: int) -> 
                     "position_ids.npy": _npy_bytes(packs.position_ids[i]),
                     "sample_index.npy": _npy_bytes(
                         packs.sample_index[packs.sample_index_offsets[i] : packs.sample_index_offsets[i + 1]]
+                    ),
+                    "sample_offset.npy": _npy_bytes(
+                        packs.sample_offset[packs.sample_index_offsets[i] : packs.sample_index_offsets[i + 1]]
                     ),
                     "seq_lens.npy": _npy_bytes(
                         packs.seq_lens[packs.seq_lens_offsets[i] : packs.seq_lens_offsets[i + 1]]
@@ -282,6 +287,7 @@ def read_tar_packs(
             raise PacktoolError(f"{path}: pack {key} has no {', '.join(missing)} member")
         if not with_sample_index:
             pack.pop("sample_index", None)
+            pack.pop("sample_offset", None)
         if pack["input_ids"].shape != (n,):
             shape = pack["input_ids"].shape
             raise PacktoolError(f"{path}: pack {key} has input_ids of shape {shape}, expected ({n},)")

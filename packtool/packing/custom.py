@@ -1,0 +1,290 @@
+"""Custom packing policies: ``--strategy module:callable``, the Megatron-Energon contract, offline.
+
+``module:callable`` names a function ``select_samples_to_pack(samples) -> list of groups`` (``module`` is a
+dotted module or a ``path/to/file.py``). packtool calls it once per buffer of ``packing_buffer_size``
+encoded samples (the whole input when unset), in input order. The module may also define
+``pack_selected_samples(group) -> pack``; when it does, packtool calls it on every group and writes the
+pack it returns.
+
+A **sample** is a dict:
+
+============ ======================= ==========================================================
+key          type                    meaning
+============ ======================= ==========================================================
+index        int                     global input index (what ``sample_index`` in the output says)
+length       int                     tokens in the sample (after ``--long-samples truncate``)
+input_ids    ``(length,)`` int32     read-only NumPy view of the encoded tokens
+labels       ``(length,)`` int32     read-only NumPy view of the labels (``-100``: no loss)
+loss_mask    ``(length,)`` int8      only when the input carried a loss mask
+============ ======================= ==========================================================
+
+``select_samples_to_pack`` returns a list of groups, each a list of the sample dicts it was given (any
+mapping with the same ``index`` will do). A group becomes one pack, its samples laid out in group order;
+packs are written in the order of the groups. packtool checks the result and stops with a one-line
+error naming the sample's file and row when a sample is **left out of every group** (Energon drops such
+samples silently), appears **in two groups**, or is not from the buffer, and when a **group holds more
+than N tokens** or is empty.
+
+``pack_selected_samples(group)`` (optional) returns one pack as a dict:
+
+* ``input_ids``: 1-D integer sequence of ``L <= N`` tokens; ``labels``: the same length (required);
+* ``loss_mask`` (optional): the same length, 0/1;
+* ``seq_lens`` (optional, default ``[L]``): lengths of the sequences in the pack, summing to ``L``;
+  attention and positions restart at every entry (``position_ids`` follow ``--position-ids``);
+* ``sample_index`` (optional): one input index per ``seq_lens`` entry; by default the group's indices,
+  which requires as many ``seq_lens`` entries as samples in the group.
+
+packtool pads the pack to N (``pad_token_id``, ``-100`` labels, one ``seq_lens`` entry for the padding).
+The returned tokens are kept in the scratch directory as extra encoded samples and written like any other
+pack, so the output layout, manifest and ``--num-proc`` parity are the same as for built-in strategies.
+``--split-across-pack`` is not available with a custom policy (split in ``pack_selected_samples``).
+
+Example: ``configs/custom_policy.py`` (``--strategy configs/custom_policy.py:select_samples_to_pack``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from packtool.encoders.base import load_object
+from packtool.errors import ConfigError, PacktoolError
+from packtool.packing.plan import PackPlan
+from packtool.writers.chunks import ChunkStore, chunk_dir
+
+
+def is_custom(strategy: str) -> bool:
+    return ":" in strategy
+
+
+def load_policy(
+    spec: str,
+) -> tuple[Callable[[list[dict]], list[list[dict]]], Callable[[list[dict]], Any] | None]:
+    """``select_samples_to_pack`` named by ``spec`` and the module's ``pack_selected_samples`` (or None)."""
+    select = load_object(spec)
+    if not callable(select):
+        raise ConfigError(f"strategy {spec}: not a callable")
+    module_spec = spec.rpartition(":")[0]
+    try:
+        pack_fn = load_object(f"{module_spec}:pack_selected_samples")
+    except ConfigError:
+        pack_fn = None
+    return select, pack_fn
+
+
+def buffer_samples(store: ChunkStore, samples: np.ndarray, lengths: np.ndarray) -> list[dict]:
+    """The sample dicts (see module docstring) of global indices ``samples`` with token counts ``lengths``."""
+    out = []
+    chunk = np.searchsorted(store.sample_starts, samples, side="right") - 1
+    for s, c, length in zip(samples.tolist(), chunk.tolist(), lengths.tolist(), strict=True):
+        a = store.arrays(c)
+        begin = int(a["offsets"][s - int(store.sample_starts[c])])
+        d = {
+            "index": s,
+            "length": length,
+            "input_ids": a["input_ids"][begin : begin + length],
+            "labels": a["labels"][begin : begin + length],
+        }
+        if "loss_mask" in a:
+            d["loss_mask"] = a["loss_mask"][begin : begin + length]
+        out.append(d)
+    return out
+
+
+def _index_of(item: Any, spec: str, group: int) -> int:
+    try:
+        return int(item["index"])
+    except (TypeError, KeyError, ValueError):
+        raise ConfigError(
+            f"strategy {spec}: group {group} holds {type(item).__name__!s}, not a sample dict with 'index'"
+        ) from None
+
+
+def check_groups(
+    groups: Any, window: np.ndarray, lengths: np.ndarray, n: int, spec: str, locate: Callable
+) -> list[np.ndarray]:
+    """Validate a policy's groups for buffer ``window`` (global indices); return them as index arrays."""
+    if not isinstance(groups, list | tuple):
+        raise ConfigError(f"strategy {spec}: select_samples_to_pack must return a list of groups")
+    pos = {int(s): i for i, s in enumerate(window.tolist())}
+    where = np.full(len(window), -1, dtype=np.int64)
+    out = []
+    for g, group in enumerate(groups):
+        if not isinstance(group, list | tuple) or not group:
+            raise ConfigError(f"strategy {spec}: group {g} is empty or not a list")
+        idx = np.array([_index_of(item, spec, g) for item in group], dtype=np.int64)
+        for s in idx.tolist():
+            p = pos.get(s)
+            if p is None:
+                raise ConfigError(f"strategy {spec}: group {g} holds sample {s}, which is not in this buffer")
+            if where[p] >= 0:
+                raise locate(s, "input_ids", f"sample is in two groups ({where[p]} and {g}) of {spec}")
+            where[p] = g
+        total = int(lengths[np.array([pos[s] for s in idx.tolist()])].sum())
+        if total > n:
+            raise locate(
+                int(idx[0]),
+                "input_ids",
+                f"group {g} of {spec} starting with this sample holds {total} tokens, "
+                f"more than packed_sequence_size {n}",
+            )
+        out.append(idx)
+    missing = np.flatnonzero(where < 0)
+    if len(missing):
+        raise locate(
+            int(window[missing[0]]),
+            "input_ids",
+            f"sample left out of every group by {spec} ({len(missing)} sample(s) of this buffer left out)",
+        )
+    return out
+
+
+def _as_array(pack: dict, key: str, dtype, spec: str, g: int) -> np.ndarray:
+    try:
+        arr = np.asarray(pack[key])
+    except KeyError:
+        raise ConfigError(
+            f"strategy {spec}: pack_selected_samples returned no '{key}' for group {g}"
+        ) from None
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ConfigError(f"strategy {spec}: '{key}' of the pack for group {g} is not a 1-D integer sequence")
+    return arr.astype(dtype)
+
+
+def _custom_pack(pack: Any, group: np.ndarray, n: int, spec: str, g: int) -> dict[str, np.ndarray]:
+    if not isinstance(pack, dict):
+        raise ConfigError(
+            f"strategy {spec}: pack_selected_samples must return a dict, got {type(pack).__name__}"
+        )
+    ids = _as_array(pack, "input_ids", np.int32, spec, g)
+    labels = _as_array(pack, "labels", np.int32, spec, g)
+    length = len(ids)
+    if not 1 <= length <= n or len(labels) != length:
+        raise ConfigError(
+            f"strategy {spec}: pack for group {g} has {length} input_ids and {len(labels)} labels; "
+            f"both must be the same length, 1..{n}"
+        )
+    seq_lens = _as_array(pack, "seq_lens", np.int64, spec, g) if "seq_lens" in pack else np.array([length])
+    if len(seq_lens) == 0 or seq_lens.min() < 1 or int(seq_lens.sum()) != length:
+        raise ConfigError(
+            f"strategy {spec}: seq_lens of the pack for group {g} must be >= 1 and sum to {length}"
+        )
+    if "sample_index" in pack:
+        index = _as_array(pack, "sample_index", np.int64, spec, g)
+    elif len(seq_lens) == len(group):
+        index = group
+    else:
+        raise ConfigError(
+            f"strategy {spec}: pack for group {g} has {len(seq_lens)} seq_lens for {len(group)} samples; "
+            "return sample_index (one input index per seq_lens entry)"
+        )
+    if len(index) != len(seq_lens):
+        raise ConfigError(f"strategy {spec}: pack for group {g}: sample_index and seq_lens differ in length")
+    out = {"input_ids": ids, "labels": labels, "seq_lens": seq_lens, "origin": index}
+    if pack.get("loss_mask") is not None:
+        mask = _as_array(pack, "loss_mask", np.int8, spec, g)
+        if len(mask) != length:
+            raise ConfigError(f"strategy {spec}: loss_mask of the pack for group {g} has the wrong length")
+        out["loss_mask"] = mask
+    return out
+
+
+def _write_packs_chunk(store: ChunkStore, packs: list[dict[str, np.ndarray]]) -> None:
+    """Store packs returned by pack_selected_samples as extra encoded samples (one per seq_lens entry)."""
+    index = max((m["index"] for m in store.metas), default=-1) + 1
+    final = chunk_dir(store.work_dir, index)
+    shutil.rmtree(final, ignore_errors=True)
+    final.mkdir(parents=True)
+    seq = np.concatenate([p["seq_lens"] for p in packs])
+    has_mask = any("loss_mask" in p for p in packs)
+    np.save(final / "input_ids.npy", np.concatenate([p["input_ids"] for p in packs]))
+    np.save(final / "labels.npy", np.concatenate([p["labels"] for p in packs]))
+    if has_mask:
+        masks = [p.get("loss_mask", (p["labels"] != -100).astype(np.int8)) for p in packs]
+        np.save(final / "loss_mask.npy", np.concatenate(masks))
+    np.save(final / "offsets.npy", np.concatenate([[0], np.cumsum(seq)]).astype(np.int64))
+    np.save(final / "rows.npy", np.repeat(np.arange(len(packs)), [len(p["seq_lens"]) for p in packs]))
+    np.save(final / "source_ids.npy", np.zeros(len(seq), dtype=np.int32))
+    np.save(final / "origin.npy", np.concatenate([p["origin"] for p in packs]))
+    meta = {
+        "index": index,
+        "num_samples": len(seq),
+        "num_tokens": int(seq.sum()),
+        "has_loss_mask": has_mask,
+        "sources": ["pack_selected_samples output"],
+        "row_kinds": ["pack"],
+        "origin": True,
+    }
+    (final / "meta.json").write_text(json.dumps(meta))
+    store.append_chunk(meta)
+    tmp = store.work_dir / "chunks.json.tmp"
+    tmp.write_text(json.dumps(store.metas))
+    os.replace(tmp, store.work_dir / "chunks.json")
+
+
+def plan_custom(
+    lengths: np.ndarray,
+    samples: np.ndarray,
+    n: int,
+    spec: str,
+    store: ChunkStore,
+    locate: Callable,
+    position_ids: str = "restart",
+    packing_buffer_size: int | None = None,
+) -> PackPlan:
+    """Plan packs with the policy ``spec`` over buffers of ``packing_buffer_size`` samples.
+
+    ``lengths``/``samples``: ``(num_samples,)`` int64 token counts (each <= n) and global indices of the
+    samples to pack, in input order. Returns one pack per group, in group order.
+    """
+    select, pack_fn = load_policy(spec)
+    window = packing_buffer_size or max(len(samples), 1)
+    groups: list[np.ndarray] = []
+    made: list[dict[str, np.ndarray]] = []
+    for a in range(0, len(samples), window):
+        w, wl = samples[a : a + window], lengths[a : a + window]
+        buf = buffer_samples(store, w, wl)
+        try:
+            chosen = select(buf)
+        except PacktoolError:
+            raise
+        except Exception as e:
+            raise ConfigError(
+                f"strategy {spec}: select_samples_to_pack failed: {type(e).__name__}: {e}"
+            ) from e
+        checked = check_groups(chosen, w, wl, n, spec, locate)
+        if pack_fn is not None:
+            by_index = {d["index"]: d for d in buf}
+            for g, idx in enumerate(checked, start=len(groups)):
+                try:
+                    pack = pack_fn([by_index[i] for i in idx.tolist()])
+                except PacktoolError:
+                    raise
+                except Exception as e:
+                    raise ConfigError(
+                        f"strategy {spec}: pack_selected_samples failed on group {g}: {type(e).__name__}: {e}"
+                    ) from e
+                made.append(_custom_pack(pack, idx, n, spec, g))
+        groups.extend(checked)
+    if pack_fn is None:
+        counts = np.array([len(g) for g in groups], dtype=np.int64)
+        sample = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+        pos = np.searchsorted(samples, sample)  # samples is increasing
+        length = lengths[pos]
+    else:
+        base = store.num_samples
+        if made:
+            _write_packs_chunk(store, made)
+        counts = np.array([len(p["seq_lens"]) for p in made], dtype=np.int64)
+        length = np.concatenate([p["seq_lens"] for p in made]) if made else np.zeros(0, np.int64)
+        sample = base + np.arange(len(length), dtype=np.int64)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return PackPlan(
+        n, offsets, sample, np.zeros(len(sample), dtype=np.int64), length.astype(np.int64), position_ids
+    )

@@ -1,0 +1,377 @@
+"""Benchmark ``packtool pack`` against NeMo AutoModel 0.1.2 ``PackedSequence`` and TRL ``pack_dataset``.
+
+Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one run, on the same data:
+
+* builds ``.bench/tokens-<K>.parquet``: ``K`` (default 100,000) pretokenized samples with ``input_ids`` and
+  shifted ``labels``, lengths lognormal (mean ~300 tokens, sigma 1), a tail past N = 4096;
+* times, each in its own subprocess (wall and CPU seconds from ``os.wait4``; peak RSS as the largest of
+  ``wait4``'s ``ru_maxrss`` and the summed RSS of the process tree sampled every 0.2 s):
+
+  - NeMo ``PackedSequence`` (its ``packed_sequence.py`` loaded from the 0.1.2 wheel in ``.cache/wheels``,
+    as ``tests/nemo_reference.py`` does): ``Dataset.from_parquet`` -> ``pack()`` -> ``to_parquet``, with
+    ``split_across_pack=True`` (without it, NeMo stops at the first sample longer than N);
+  - TRL ``pack_dataset`` ``bfd`` and ``bfd_split`` (``from_parquet`` -> pack -> ``to_parquet``), from a venv
+    made by this script in ``.bench/trl-venv``: ``trl`` installed with ``--no-deps``, everything else
+    (torch, datasets, transformers) seen from the running environment through a ``.pth`` file, so that no
+    second torch is ever installed;
+  - ``packtool pack`` through its CLI, ``sequential`` and ``bfd``, ``--num-proc 1`` and ``2``;
+
+  and prints wall s, CPU s, samples/s, peak RSS, packs, packs over the lower bound ``ceil(tokens / N)`` of
+  the tokens each row packed, fill rate, tokens dropped (truncated), and the speed and RSS ratios against
+  NeMo. The references' wall time stops when their output is written (they report the moment); the few
+  statistics they compute afterwards count in their CPU and RSS only.
+* end to end from raw text: ``.bench/texts-<K>.jsonl`` (``--text-samples``, default 20,000 lognormal texts
+  of the demo corpus's words) tokenized and packed by ``packtool pack --num-proc 2`` beside the tokenizer
+  alone (``encode_batch_fast`` on the same texts, 2 threads, load time excluded): the ceiling.
+
+The figures are for the machine it runs on; other work on the same cores shows up in them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / ".bench"
+N = 4096
+TRL_SPEC = "trl==1.16.0"
+
+
+# --- data ------------------------------------------------------------------------------------------------
+def lognormal_lengths(count: int, mean: float, seed: int):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    sigma = 1.0
+    return np.maximum(1, rng.lognormal(np.log(mean) - sigma**2 / 2, sigma, count)).astype(np.int64)
+
+
+def make_tokens(path: Path, samples: int, seed: int = 0) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lengths = lognormal_lengths(samples, 300, seed)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = np.random.default_rng(seed + 1).integers(0, 32000, offsets[-1], dtype=np.int32)
+    labels = np.empty_like(ids)
+    labels[:-1] = ids[1:]
+    labels[offsets[1:] - 1] = -100
+    off = pa.array(offsets)
+    table = pa.table(
+        {
+            "input_ids": pa.LargeListArray.from_arrays(off, pa.array(ids)),
+            "labels": pa.LargeListArray.from_arrays(off, pa.array(labels)),
+        }
+    )
+    tmp = path.with_suffix(".tmp")
+    pq.write_table(table, tmp, row_group_size=10_000)
+    tmp.rename(path)
+
+
+def make_texts(path: Path, samples: int, seed: int = 0) -> None:
+    import numpy as np
+
+    words = sorted(
+        {w for line in (ROOT / "data/demo/train.jsonl").open() for w in json.loads(line)["text"].split()}
+    )
+    rng = np.random.default_rng(seed)
+    counts = lognormal_lengths(samples, 230, seed + 2)  # ~1.1 tokens per word with the demo tokenizer
+    ranks = rng.zipf(1.3, int(counts.sum())) % len(words)
+    vocab = np.array(words, dtype=object)[ranks]
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        at = 0
+        for c in counts.tolist():
+            f.write(json.dumps({"text": " ".join(vocab[at : at + c])}) + "\n")
+            at += c
+    tmp.rename(path)
+
+
+# --- measuring a child process -------------------------------------------------------------------------
+def _tree_rss(root: int) -> int:
+    """Summed RSS (bytes) of ``root`` and its descendants, from /proc."""
+    parent: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parent[pid] = int(fields[1])
+        rss[pid] = int(fields[21]) * page
+    total, todo = 0, [root]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def measure(cmd: list[str], env: dict | None = None, log: Path | None = None) -> dict:
+    """Run ``cmd``; wall s, CPU s (user + system, children included) and peak RSS bytes."""
+    full_env = {**os.environ, **(env or {})}
+    log = log or BENCH / "last.log"
+    with open(log, "w") as out:
+        t0_epoch, t0 = time.time(), time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+        peak = 0
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, _tree_rss(proc.pid))
+            time.sleep(0.2)
+        wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {
+        "rc": proc.returncode,
+        "wall": wall,
+        "t0": t0_epoch,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "rss": max(peak, usage.ru_maxrss * 1024),
+        "log": str(log),
+    }
+
+
+# --- children: the references, run as `bench_pack.py --child KIND ...` ----------------------------------
+def child(kind: str, data: str, out: str, result: str) -> None:
+    Path(out).mkdir(parents=True, exist_ok=True)
+    if kind == "tokenizer":
+        import tokenizers
+
+        texts = [json.loads(line)["text"] for line in open(data)]
+        tok = tokenizers.Tokenizer.from_file(str(ROOT / "data/demo/tokenizer.json"))
+        t0 = time.perf_counter()
+        enc = tok.encode_batch_fast(texts, add_special_tokens=False)
+        seconds = time.perf_counter() - t0
+        Path(result).write_text(json.dumps({"tokens": sum(len(e.ids) for e in enc), "seconds": seconds}))
+        return
+    import pyarrow.compute as pc
+    from datasets import Dataset
+
+    ds = Dataset.from_parquet(data)
+    if kind == "nemo":
+        sys.path.insert(0, str(ROOT / "tests"))
+        from nemo_reference import load_packed_sequence_module
+
+        mod = load_packed_sequence_module()
+        packed = mod.PackedSequence(ds, "train", N, split_across_pack=True).pack()
+    else:
+        from trl.data_utils import pack_dataset
+
+        packed = pack_dataset(ds, N, strategy=kind.split(":", 1)[1])
+    packed.to_parquet(str(Path(out) / "packs.parquet"))
+    t_done = time.time()
+    lengths = pc.list_value_length(ds.data.column("input_ids"))
+    input_tokens = pc.sum(lengths).as_py()
+    if kind == "nemo":
+        tokens = input_tokens  # split_across_pack: every token is packed (the pad entry is in seq_lens)
+    else:  # TRL does not pad: the packed tokens are the lists' lengths
+        tokens = pc.sum(pc.list_value_length(packed.data.column("input_ids"))).as_py()
+    stats = {"t_done": t_done, "packs": len(packed), "tokens": tokens, "input_tokens": input_tokens}
+    Path(result).write_text(json.dumps(stats))
+
+
+def trl_python() -> tuple[str | None, str]:
+    """A venv in .bench/trl-venv with trl (--no-deps) that sees this environment's packages."""
+    venv = BENCH / "trl-venv"
+    py = venv / "bin" / "python"
+    if not (venv / ".ready").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        site = subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        Path(site, "_packtool_bench_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        proc = subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "--no-deps", TRL_SPEC], capture_output=True, text=True
+        )
+        if proc.returncode:
+            return None, f"pip install {TRL_SPEC} failed: {proc.stderr.strip().splitlines()[-1:]}"
+        (venv / ".ready").touch()
+    check = subprocess.run([str(py), "-c", "from trl.data_utils import pack_dataset"], capture_output=True)
+    if check.returncode:
+        return None, "trl.data_utils does not import: " + check.stderr.decode().strip().splitlines()[-1]
+    return str(py), ""
+
+
+# --- rows ----------------------------------------------------------------------------------------------
+def reference_row(name: str, python: str, kind: str, data: Path, samples: int) -> dict:
+    out, result = BENCH / "out" / name, BENCH / "out" / f"{name}.json"
+    result.unlink(missing_ok=True)
+    env = {"HF_DATASETS_CACHE": str(BENCH / "hf-cache" / name), "PYTHONPATH": str(ROOT)}
+    subprocess.run(["rm", "-rf", str(BENCH / "hf-cache" / name), str(out)], check=True)
+    m = measure(
+        [python, str(Path(__file__).resolve()), "--child", kind, "--data", str(data), "--out", str(out),
+         "--result", str(result)],
+        env, BENCH / f"{name}.log",
+    )  # fmt: skip
+    if m["rc"] != 0 or not result.exists():
+        return {"name": name, "error": f"exit {m['rc']}, see {m['log']}"}
+    s = json.loads(result.read_text())
+    m["wall"] = s["t_done"] - m["t0"]
+    return row(name, m, samples, s["packs"], s["tokens"], s["input_tokens"] - s["tokens"])
+
+
+def packtool_row(name: str, data: Path, samples: int, *flags: str) -> dict:
+    out = BENCH / "out" / name
+    cmd = [sys.executable, "-m", "packtool.cli", "pack", str(data), "-o", str(out), "-q", "--overwrite"]
+    m = measure(
+        cmd + ["--packed-sequence-size", str(N), *flags], {"PYTHONPATH": str(ROOT)}, BENCH / f"{name}.log"
+    )
+    if m["rc"] != 0:
+        return {"name": name, "error": f"exit {m['rc']}, see {m['log']}"}
+    s = json.loads((out / "manifest.json").read_text())["stats"]
+    dropped = s["truncated_tokens"] + s["dropped_tokens"] + s["tokens_over_max_packs"]
+    return row(name, m, samples, s["num_packs"], s["num_tokens"], dropped, input_tokens=s["input_tokens"])
+
+
+def row(name: str, m: dict, samples: int, packs: int, tokens: int, dropped: int, **extra) -> dict:
+    lower = -(-tokens // N)
+    return {
+        "name": name,
+        "wall": m["wall"],
+        "cpu": m["cpu"],
+        "samples_s": samples / m["wall"],
+        "rss": m["rss"],
+        "packs": packs,
+        "over_lb": packs - lower,
+        "fill": tokens / (packs * N) if packs else 0.0,
+        "dropped": dropped,
+        **extra,
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    ref = next((r for r in rows if r["name"].startswith("nemo") and "error" not in r), None)
+    head = (
+        f"{'run':34} {'wall s':>8} {'CPU s':>8} {'samples/s':>10} {'peak RSS':>9} {'packs':>7} "
+        f"{'>LB':>5} {'fill':>8} {'dropped':>9} {'x NeMo':>8} {'RSS/NeMo':>9}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:34} {r['error']}")
+            continue
+        speed = f"{r['samples_s'] / ref['samples_s']:.1f}x" if ref else "-"
+        rss = f"{r['rss'] / ref['rss']:.3f}" if ref else "-"
+        print(
+            f"{r['name']:34} {r['wall']:8.2f} {r['cpu']:8.2f} {r['samples_s']:10,.0f} "
+            f"{r['rss'] / 2**20:8.0f}M {r['packs']:7,} {r['over_lb']:5} {r['fill']:8.4%} "
+            f"{r['dropped']:9,} {speed:>8} {rss:>9}"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=100_000, help="pretokenized samples (default 100,000)")
+    ap.add_argument("--text-samples", type=int, default=20_000, help="texts for the end-to-end rows")
+    ap.add_argument("--no-nemo", action="store_true", help="skip NeMo PackedSequence (slowest row)")
+    ap.add_argument("--no-trl", action="store_true", help="skip TRL pack_dataset")
+    ap.add_argument("--json", help="also write the rows to this JSON file")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.data, args.out, args.result)
+        return
+
+    BENCH.mkdir(exist_ok=True)
+    (BENCH / "out").mkdir(exist_ok=True)
+    data = BENCH / f"tokens-{args.samples}.parquet"
+    if not data.exists():
+        print(f"building {data.name} ...", file=sys.stderr)
+        make_tokens(data, args.samples)
+    k = args.samples
+    rows: list[dict] = []
+    step = lambda r: (rows.append(r), print(f"  {r['name']}: done", file=sys.stderr))  # noqa: E731
+    if not args.no_nemo:
+        step(reference_row("nemo PackedSequence split", sys.executable, "nemo", data, k))
+    if not args.no_trl:
+        py, why = trl_python()
+        for strategy in ("bfd", "bfd_split"):
+            if py is None:
+                rows.append({"name": f"trl pack_dataset {strategy}", "error": why})
+            else:
+                step(reference_row(f"trl pack_dataset {strategy}", py, f"trl:{strategy}", data, k))
+    for strategy, extra in (
+        ("sequential", ["--split-across-pack"]),
+        ("bfd", ["--long-samples", "truncate"]),
+        ("bfd", ["--split-across-pack"]),
+    ):
+        tag = "split" if "--split-across-pack" in extra else "truncate"
+        for procs in (1, 2):
+            step(
+                packtool_row(
+                    f"packtool {strategy} {tag} np{procs}", data, k,
+                    "--strategy", strategy, "--num-proc", str(procs), *extra,
+                )
+            )  # fmt: skip
+    step(
+        packtool_row(
+            "packtool bfd truncate buf10k np2", data, k,
+            "--long-samples", "truncate", "--packing-buffer-size", "10000", "--num-proc", "2",
+        )
+    )  # fmt: skip
+    print(f"\npretokenized Parquet -> packed Parquet, {k:,} samples (lognormal, mean ~300), N={N}\n")
+    print_table(rows)
+
+    texts = BENCH / f"texts-{args.text_samples}.jsonl"
+    if not texts.exists():
+        print(f"building {texts.name} ...", file=sys.stderr)
+        make_texts(texts, args.text_samples)
+    result = BENCH / "out" / "tokenizer.json"
+    tm = measure(
+        [sys.executable, str(Path(__file__).resolve()), "--child", "tokenizer", "--data", str(texts),
+         "--out", str(BENCH / "out" / "tok"), "--result", str(result)],
+        {"RAYON_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "true"}, BENCH / "tokenizer.log",
+    )  # fmt: skip
+    e2e = packtool_row(
+        "packtool text np2",
+        texts,
+        args.text_samples,
+        "--tokenizer", str(ROOT / "data/demo/tokenizer.json"), "--num-proc", "2", "--split-across-pack",
+    )  # fmt: skip
+    print(f"\nend to end from raw text, {args.text_samples:,} JSONL texts, demo tokenizer, 2 cores\n")
+    if tm["rc"] != 0 or "error" in e2e:
+        print(f"failed: tokenizer exit {tm['rc']} ({tm['log']}); packtool {e2e.get('error', 'ok')}")
+    else:
+        tok = json.loads(result.read_text())
+        ceiling = tok["tokens"] / tok["seconds"]
+        ours = e2e["input_tokens"] / e2e["wall"]
+        print(f"{'run':34} {'tokens':>12} {'seconds':>8} {'tokens/s':>12} {'of ceiling':>10}")
+        print(
+            f"{'tokenizer alone (2 threads)':34} {tok['tokens']:12,} {tok['seconds']:8.2f} "
+            f"{ceiling:12,.0f} {1:10.1%}"
+        )
+        print(
+            f"{'packtool pack --num-proc 2':34} {e2e['input_tokens']:12,} {e2e['wall']:8.2f} {ours:12,.0f} "
+            f"{ours / ceiling:10.1%}"
+        )
+        rows.append({"name": "tokenizer alone", "tokens": tok["tokens"], "seconds": tok["seconds"]})
+        rows.append(e2e)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""``--strategy module:callable``: Energon-style custom packing policies through the real CLI."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool.reading import load_manifest, read_packs
+from tests.conftest import ROOT, run_cli
+
+N = 256
+EXAMPLE = ROOT / "configs" / "custom_policy.py"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> tuple[Path, np.ndarray]:
+    rng = np.random.default_rng(5)
+    lengths = np.clip(rng.lognormal(np.log(40), 0.9, 600).astype(np.int64), 1, N)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = pa.array(np.arange(offsets[-1], dtype=np.int64) + 1)
+    path = tmp_path_factory.mktemp("custom") / "tokens.parquet"
+    pq.write_table(pa.table({"input_ids": pa.LargeListArray.from_arrays(pa.array(offsets), ids)}), path)
+    return path, lengths
+
+
+def policy(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "policy.py"
+    path.write_text("import numpy as np\n\n" + textwrap.dedent(body))
+    return f"{path}:select_samples_to_pack"
+
+
+def pack(inp: Path, out: Path, strategy: str, *flags: str, check: bool = True):
+    return run_cli(
+        "pack", inp, "-o", out, "--packed-sequence-size", N, "--strategy", strategy, "-q", "--overwrite",
+        *flags, check=check, env={"PACKED_SEQUENCE_SIZE": str(N)},
+    )  # fmt: skip
+
+
+def first_fit(lengths: np.ndarray, start: int = 0) -> list[list[int]]:
+    groups, room = [], []
+    for i, length in enumerate(lengths.tolist()):
+        for g, r in enumerate(room):
+            if length <= r:
+                groups[g].append(start + i)
+                room[g] -= length
+                break
+        else:
+            groups.append([start + i])
+            room.append(N - length)
+    return groups
+
+
+def test_example_policy_packs_its_groups_in_order(dataset, tmp_path):
+    inp, lengths = dataset
+    pack(inp, tmp_path / "o", f"{EXAMPLE}:select_samples_to_pack", "--packing-buffer-size", "250")
+    got = [p["sample_index"].tolist() for p in read_packs(tmp_path / "o", with_sample_index=True)]
+    want = [g for a in range(0, len(lengths), 250) for g in first_fit(lengths[a : a + 250], a)]
+    assert got == want  # one pack per group, group order, sample order inside a group
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    for p in read_packs(tmp_path / "o", with_sample_index=True):
+        at = 0
+        for s, ln in zip(p["sample_index"].tolist(), p["seq_lens"].tolist(), strict=False):
+            assert np.array_equal(p["input_ids"][at : at + ln], np.arange(offsets[s], offsets[s + 1]) + 1)
+            assert np.array_equal(p["position_ids"][at : at + ln], np.arange(ln))
+            at += ln
+        assert p["seq_lens"].sum() == N
+    m = load_manifest(tmp_path / "o")
+    assert m["stats"]["num_tokens"] == int(lengths.sum())
+
+
+def test_sample_left_out_is_an_error_naming_it(dataset, tmp_path):
+    inp, _ = dataset
+    spec = policy(
+        tmp_path,
+        """
+        def select_samples_to_pack(samples):
+            return [[s] for s in samples if s["index"] != 17]
+        """,
+    )
+    proc = pack(inp, tmp_path / "o", spec, check=False)
+    assert proc.returncode == 2
+    assert f"{inp}, row 17, field 'input_ids'" in proc.stderr and "left out of every group" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_sample_in_two_groups_is_an_error(dataset, tmp_path):
+    inp, _ = dataset
+    spec = policy(
+        tmp_path,
+        """
+        def select_samples_to_pack(samples):
+            return [[s] for s in samples] + [[samples[3]]]
+        """,
+    )
+    proc = pack(inp, tmp_path / "o", spec, check=False)
+    assert proc.returncode == 2 and f"{inp}, row 3" in proc.stderr and "two groups" in proc.stderr
+
+
+def test_group_longer_than_n_is_an_error(dataset, tmp_path):
+    inp, _ = dataset
+    spec = policy(
+        tmp_path,
+        """
+        def select_samples_to_pack(samples):
+            return [samples]
+        """,
+    )
+    proc = pack(inp, tmp_path / "o", spec, check=False)
+    assert proc.returncode == 2 and "more than packed_sequence_size 256" in proc.stderr
+    assert f"{inp}, row 0" in proc.stderr
+
+
+def test_not_a_list_of_groups_and_split_are_rejected(dataset, tmp_path):
+    inp, _ = dataset
+    spec = policy(tmp_path, "def select_samples_to_pack(samples):\n    return None\n")
+    proc = pack(inp, tmp_path / "o", spec, check=False)
+    assert proc.returncode == 2 and "must return a list of groups" in proc.stderr
+    proc = pack(inp, tmp_path / "o", f"{EXAMPLE}:select_samples_to_pack", "--split-across-pack", check=False)
+    assert proc.returncode == 2 and "split_across_pack is not available" in proc.stderr
+    proc = pack(inp, tmp_path / "o", f"{tmp_path}/nothere.py:f", check=False)
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def test_pack_selected_samples_output_is_written(dataset, tmp_path):
+    """A pack_selected_samples that reverses each group and marks tokens: its packs are what is written."""
+    inp, lengths = dataset
+    spec = policy(
+        tmp_path,
+        f"""
+        def select_samples_to_pack(samples):
+            groups, room = [], 0
+            for s in samples:
+                if not groups or s["length"] > room:
+                    groups.append([])
+                    room = {N}
+                groups[-1].append(s)
+                room -= s["length"]
+            return groups
+
+        def pack_selected_samples(group):
+            group = group[::-1]
+            return {{
+                "input_ids": np.concatenate([s["input_ids"] for s in group]) * 2,
+                "labels": np.concatenate([s["labels"] for s in group]),
+                "seq_lens": [s["length"] for s in group],
+                "sample_index": [s["index"] for s in group],
+            }}
+        """,
+    )
+    one = tmp_path / "one"
+    pack(inp, one, spec, "--num-proc", "1", "--shard-size", "16")
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    packs = list(read_packs(one, with_sample_index=True))
+    order = np.concatenate([p["sample_index"][::-1] for p in packs])
+    assert np.array_equal(order, np.arange(len(lengths)))  # in-order groups, reversed inside a pack
+    for p in packs:
+        at = 0
+        for s, ln in zip(p["sample_index"].tolist(), p["seq_lens"].tolist(), strict=False):
+            want = 2 * (np.arange(offsets[s], offsets[s + 1]) + 1)
+            assert np.array_equal(p["input_ids"][at : at + ln], want)
+            at += ln
+        assert np.all(p["input_ids"][at:] == 0) and np.all(p["labels"][at:] == -100)
+    m1 = load_manifest(one)
+    pack(inp, one, spec, "--num-proc", "2", "--shard-size", "16")
+    m2 = load_manifest(one)
+    assert len(m1["shards"]) > 1
+    assert [s["sha256"] for s in m1["shards"]] == [s["sha256"] for s in m2["shards"]]
+
+
+def test_bad_pack_from_pack_selected_samples(dataset, tmp_path):
+    inp, _ = dataset
+    spec = policy(
+        tmp_path,
+        """
+        def select_samples_to_pack(samples):
+            return [[s] for s in samples]
+
+        def pack_selected_samples(group):
+            return {"input_ids": group[0]["input_ids"], "labels": group[0]["labels"][:-1]}
+        """,
+    )
+    proc = pack(inp, tmp_path / "o", spec, check=False)
+    assert proc.returncode == 2 and "must be the same length" in proc.stderr
