@@ -26,19 +26,45 @@ def load_manifest(directory: str | Path) -> dict:
         raise PacktoolError(f"{path}: not valid JSON ({e.msg})") from None
 
 
+def _numpy(arr: pa.Array) -> np.ndarray:
+    """Zero-copy NumPy view of an integer Arrow array without nulls (``to_numpy`` would import pandas)."""
+    if arr.null_count == 0 and pa.types.is_integer(arr.type):
+        dtype = np.dtype(str(arr.type))
+        offset = arr.offset * dtype.itemsize
+        return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr), offset=offset)
+    return arr.to_numpy(zero_copy_only=False)
+
+
 def _column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     col = table.column(name).combine_chunks()
-    return col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False)
+    return _numpy(col.offsets), _numpy(col.values)
+
+
+def table_arrays(table: pa.Table, n: int) -> dict[str, np.ndarray]:
+    """The pack columns of a table (a row group) as NumPy views, without a loop over packs.
+
+    Fixed-width columns (``input_ids``, ``labels``, ``position_ids``, ``loss_mask``; those present) come
+    back as ``(k, N)`` arrays; ``seq_lens`` as its flat values plus ``seq_lens_offsets`` ``(k + 1,)``.
+    Raises ``ValueError`` if a fixed-width column does not hold ``k * N`` values.
+    """
+    k = table.num_rows
+    out = {}
+    for name in ("input_ids", "labels", "position_ids", "loss_mask"):
+        if name in table.column_names:
+            values = _column(table, name)[1]
+            if values.size != k * n:
+                raise ValueError(f"column '{name}' holds {values.size} values, expected {k} x {n}")
+            out[name] = values.reshape(k, n)
+    out["seq_lens_offsets"], out["seq_lens"] = _column(table, "seq_lens")
+    return out
 
 
 def iter_row_group_packs(table: pa.Table, n: int, with_sample_index: bool = False) -> Iterator[dict]:
     """Packs of one Parquet table (row group) as dicts of NumPy arrays."""
     k = table.num_rows
-    fixed = {}
-    for name in ("input_ids", "labels", "position_ids", "loss_mask"):
-        if name in table.column_names:
-            fixed[name] = _column(table, name)[1].reshape(k, n)
-    sl_off, sl = _column(table, "seq_lens")
+    arrays = table_arrays(table, n)
+    sl_off, sl = arrays.pop("seq_lens_offsets"), arrays.pop("seq_lens")
+    fixed = arrays
     si = _column(table, "sample_index") if with_sample_index else None
     for i in range(k):
         pack = {name: arr[i] for name, arr in fixed.items()}
