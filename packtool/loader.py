@@ -41,6 +41,8 @@ cannot be read (missing file, corrupt Parquet, wrong row count, a shard of anoth
 from __future__ import annotations
 
 import dataclasses
+import io
+import pickle
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -77,16 +79,6 @@ IgnoreSample = SkipSample  # Megatron-Energon's other name for it
 
 
 # --- batching helpers --------------------------------------------------------------------------------
-def _empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialized tensor; in a DataLoader worker it lives in shared memory, so that sending it to the
-    main process copies nothing (what ``default_collate`` does)."""
-    if get_worker_info() is None:
-        return torch.empty(shape, dtype=dtype)
-    numel = int(np.prod(shape))
-    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel)
-    return torch.empty(0, dtype=dtype).new(storage).view(*shape)
-
-
 def _is_array(v: Any) -> bool:
     return isinstance(v, (np.ndarray, torch.Tensor))
 
@@ -121,7 +113,7 @@ def batch_stack(
         torch.Size([2, 3])
     """
     dtype = dtype or _torch_dtype(values[0])
-    return _fill(_empty((len(values), *values[0].shape), dtype), values)
+    return _fill(torch.empty((len(values), *values[0].shape), dtype=dtype), values)
 
 
 def batch_pad_stack(
@@ -136,7 +128,7 @@ def batch_pad_stack(
     """
     dtype = dtype or _torch_dtype(values[0])
     longest = max(v.shape[0] for v in values)
-    out = _empty((len(values), longest, *values[0].shape[1:]), dtype)
+    out = torch.empty((len(values), longest, *values[0].shape[1:]), dtype=dtype)
     out.fill_(pad_value)
     return _fill(out, values)
 
@@ -349,7 +341,11 @@ except ImportError:  # pragma: no cover
 # --- the dataset -------------------------------------------------------------------------------------
 @dataclass
 class _Item:
-    """What a worker sends: the stream position, the batch (or None if dropped) and what was counted."""
+    """What a worker sends: the stream position, the batch (or None if dropped) and what was counted.
+
+    Pickled (worker -> main process) with all its CPU tensors copied into one shared-memory block: one
+    file descriptor per batch instead of one per tensor, which costs the main process ~0.5 ms each.
+    """
 
     epoch: int
     index: int
@@ -361,6 +357,68 @@ class _Item:
         if hasattr(self.batch, "pin_memory"):
             self.batch = self.batch.pin_memory()
         return self
+
+    def __reduce__(self):
+        state = (self.epoch, self.index, self.batch, self.counts, self.bad_units)
+        return _rebuild_item, _pack_tensors(state)
+
+
+class _TensorPickler(pickle.Pickler):
+    def __init__(self, file) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.tensors: list[torch.Tensor] = []
+
+    def persistent_id(self, obj: Any) -> Any:
+        if (
+            isinstance(obj, torch.Tensor)
+            and obj.device.type == "cpu"
+            and obj.layout == torch.strided
+            and not obj.requires_grad
+            and type(obj) is torch.Tensor
+        ):
+            self.tensors.append(obj)
+            return len(self.tensors) - 1
+        return None
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    def __init__(self, file, views: list[torch.Tensor]) -> None:
+        super().__init__(file)
+        self.views = views
+
+    def persistent_load(self, pid: Any) -> torch.Tensor:
+        return self.views[pid]
+
+
+def _pack_tensors(obj: Any) -> tuple[bytes, torch.Tensor | None, list]:
+    """``obj`` pickled without its tensors, the tensors' bytes in one shared block, and their layout."""
+    buf = io.BytesIO()
+    pickler = _TensorPickler(buf)
+    pickler.dump(obj)
+    layout, offset = [], 0
+    for t in pickler.tensors:
+        layout.append((offset, t.dtype, tuple(t.shape)))
+        offset += -(-t.numel() * t.element_size() // 64) * 64  # 64-byte aligned
+    arena = None
+    if pickler.tensors:
+        storage = torch.empty(0, dtype=torch.uint8)._typed_storage()._new_shared(max(offset, 1))
+        arena = torch.empty(0, dtype=torch.uint8).new(storage)
+        for view, t in zip(_views(arena, layout), pickler.tensors, strict=True):
+            view.copy_(t)
+    return buf.getvalue(), arena, layout
+
+
+def _views(arena: torch.Tensor, layout: list) -> list[torch.Tensor]:
+    out = []
+    for off, dtype, shape in layout:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
+        out.append(arena[off : off + nbytes].view(dtype).view(shape))
+    return out
+
+
+def _rebuild_item(payload: bytes, arena: torch.Tensor | None, layout: list) -> _Item:
+    views = _views(arena, layout) if arena is not None else []
+    return _Item(*_TensorUnpickler(io.BytesIO(payload), views).load())
 
 
 def _dist_rank_world() -> tuple[int, int]:
