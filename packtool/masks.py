@@ -142,9 +142,13 @@ def flex_block_mask(
     partial = nonempty & ~full
 
     def ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        t = tiles.to(torch.int8).unsqueeze(1)  # (B, 1, nq, nkv)
+        # per row: the selected column indices ascending, then the others ascending (a stable
+        # partition, what BlockMask expects), placed by cumulative counts instead of a sort
+        t = tiles.to(torch.int32).unsqueeze(1)  # (B, 1, rows, cols)
         num = t.sum(-1, dtype=torch.int32)
-        idx = torch.argsort(t, dim=-1, descending=True, stable=True).to(torch.int32)
+        slot = torch.where(t.bool(), t.cumsum(-1) - 1, num.unsqueeze(-1) + (1 - t).cumsum(-1) - 1)
+        cols = torch.arange(t.shape[-1], dtype=torch.int32, device=t.device).expand_as(t)
+        idx = torch.empty_like(t).scatter_(-1, slot.long(), cols)
         return num, idx
 
     kv_num, kv_idx = ordered(partial)
@@ -154,7 +158,9 @@ def flex_block_mask(
     def document_causal(b, h, q_idx, kv_idx):
         return (doc_mod[b, q_idx] == doc_mod[b, kv_idx]) & (q_idx >= kv_idx)
 
-    return BlockMask.from_kv_blocks(
+    # the q-side (column) view of the same tiles, for the backward pass: computed here from the tiles
+    # directly, which is much cheaper than from_kv_blocks' generic transpose of the index lists
+    block_mask = BlockMask.from_kv_blocks(
         kv_num,
         kv_idx,
         full_num,
@@ -162,7 +168,11 @@ def flex_block_mask(
         BLOCK_SIZE=block_size,
         mask_mod=document_causal,
         seq_lengths=(n, n),
+        compute_q_blocks=False,
     )
+    block_mask.q_num_blocks, block_mask.q_indices = ordered(partial.transpose(1, 2))
+    block_mask.full_q_num_blocks, block_mask.full_q_indices = ordered(full.transpose(1, 2))
+    return block_mask
 
 
 def cu_seqlens_of(seq_lens: SeqLens, device=None) -> tuple[torch.Tensor, int]:
