@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.errors import PacktoolError
+from packtool.utils import list_parts
 
 PACK_FIELDS = ("input_ids", "labels", "position_ids", "seq_lens")
 
@@ -28,18 +29,34 @@ def load_manifest(directory: str | Path) -> dict:
 
 def _column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     col = table.column(name).combine_chunks()
-    offsets = col.offsets.to_numpy()
-    return offsets - offsets[0], col.flatten().to_numpy(zero_copy_only=False)
+    return list_parts(col)
+
+
+def table_arrays(table: pa.Table, n: int) -> dict[str, np.ndarray]:
+    """The pack columns of a table (a row group) as NumPy views, without a loop over packs.
+
+    Fixed-width columns (``input_ids``, ``labels``, ``position_ids``, ``loss_mask``; those present) come
+    back as ``(k, N)`` arrays; ``seq_lens`` as its flat values plus ``seq_lens_offsets`` ``(k + 1,)``.
+    Raises ``ValueError`` if a fixed-width column does not hold ``k * N`` values.
+    """
+    k = table.num_rows
+    out = {}
+    for name in ("input_ids", "labels", "position_ids", "loss_mask"):
+        if name in table.column_names:
+            values = _column(table, name)[1]
+            if values.size != k * n:
+                raise ValueError(f"column '{name}' holds {values.size} values, expected {k} x {n}")
+            out[name] = values.reshape(k, n)
+    out["seq_lens_offsets"], out["seq_lens"] = _column(table, "seq_lens")
+    return out
 
 
 def iter_row_group_packs(table: pa.Table, n: int, with_sample_index: bool = False) -> Iterator[dict]:
     """Packs of one Parquet table (row group) as dicts of NumPy arrays."""
     k = table.num_rows
-    fixed = {}
-    for name in ("input_ids", "labels", "position_ids", "loss_mask"):
-        if name in table.column_names:
-            fixed[name] = _column(table, name)[1].reshape(k, n)
-    sl_off, sl = _column(table, "seq_lens")
+    arrays = table_arrays(table, n)
+    sl_off, sl = arrays.pop("seq_lens_offsets"), arrays.pop("seq_lens")
+    fixed = arrays
     si = _column(table, "sample_index") if with_sample_index else None
     so = (
         _column(table, "sample_offset")

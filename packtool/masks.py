@@ -1,0 +1,215 @@
+"""Attention masks for packed batches, built from ``seq_lens`` with tensor ops on the input's device.
+
+A pack of ``N`` tokens holds several sequences end to end; ``seq_lens`` gives their lengths (the padding
+is one more "sequence", as in NeMo AutoModel's ``PackedSequence``, so every row sums to ``N``). Attention
+is *block-causal* (document-causal): a token sees the earlier tokens of its own sequence only.
+
+``seq_lens`` is accepted as a ``(B, S)`` integer tensor padded with ``0`` (the sentinel the loader uses),
+a 1-D tensor for one pack, or a list of 1-D tensors (NeMo's form). Three forms of the same mask:
+
+* ``block_causal_mask``: dense bool ``[B, 1, N, N]`` for SDPA / eager attention (``N^2`` memory);
+* ``flex_block_mask``: a ``torch.nn.attention.flex_attention.BlockMask``, built from the sequence
+  boundaries at block level (``O(B * (N / block_size)^2)``), never by evaluating a mask at every position;
+* ``varlen_args``: ``cu_seqlens`` / ``max_seqlen`` / ``position_ids`` for FlashAttention varlen and
+  Transformer Engine THD, where the batch is seen as ``B * N`` tokens of concatenated sequences.
+
+No function loops over sequences in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+SEQ_LENS_PAD = 0
+"""Value that pads ``seq_lens`` rows to a common width (a zero-length sequence changes nothing)."""
+
+SeqLens = torch.Tensor | Sequence[torch.Tensor]
+
+
+def padded_seq_lens(seq_lens: SeqLens, device: torch.device | str | None = None) -> torch.Tensor:
+    """``seq_lens`` as a ``(B, S)`` int64 tensor padded with ``SEQ_LENS_PAD`` (0), on ``device``.
+
+    Example::
+
+        >>> padded_seq_lens([torch.tensor([3, 2, 1]), torch.tensor([6])]).tolist()
+        [[3, 2, 1], [6, 0, 0]]
+    """
+    if isinstance(seq_lens, torch.Tensor):
+        out = seq_lens if seq_lens.dim() == 2 else seq_lens.reshape(1, -1)
+    else:
+        rows = [torch.as_tensor(s).reshape(-1) for s in seq_lens]
+        out = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=SEQ_LENS_PAD)
+    return out.to(device=device if device is not None else out.device, dtype=torch.int64)
+
+
+def sequence_starts(seq_lens: SeqLens, packed_sequence_size: int, device=None) -> tuple[torch.Tensor, ...]:
+    """Per token: index of its sequence and the position where that sequence starts, both ``(B, N)`` int64.
+
+    Example::
+
+        >>> doc, start = sequence_starts(torch.tensor([[3, 2, 1]]), 6)
+        >>> doc.tolist(), start.tolist()
+        ([[0, 0, 0, 1, 1, 2]], [[0, 0, 0, 3, 3, 5]])
+    """
+    sl = padded_seq_lens(seq_lens, device)
+    b, n = sl.shape[0], packed_sequence_size
+    ends = sl.cumsum(1)  # (B, S): exclusive end of each sequence
+    # a sequence index is the number of sequence ends at or before the position: scatter the ends, cumsum
+    marks = torch.zeros(b, n + 1, dtype=torch.int64, device=sl.device)
+    marks.scatter_add_(1, ends.clamp(max=n), torch.ones_like(ends))
+    doc = marks[:, :n].cumsum(1).clamp_(max=sl.shape[1] - 1)
+    start = (ends - sl).gather(1, doc)
+    return doc, start
+
+
+def block_causal_mask(
+    seq_lens: SeqLens, packed_sequence_size: int, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Dense block-causal mask, bool ``[B, 1, N, N]``, ``True`` where query row may attend key column.
+
+    Equal to NeMo AutoModel's ``create_block_causal_mask`` for the same ``seq_lens`` (rows summing to
+    ``N``). Built on ``device`` (default: the device of ``seq_lens``); the output is written once, by a
+    gather of precomputed row windows (or two broadcast comparisons when a sequence is very long).
+
+    Example::
+
+        >>> block_causal_mask(torch.tensor([[2, 1]]), 3)[0, 0].int().tolist()
+        [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+    """
+    _, start = sequence_starts(seq_lens, packed_sequence_size, device)
+    n, b = packed_sequence_size, start.shape[0]
+    pos = torch.arange(n, device=start.device)
+    within = pos - start  # (B, N): index of each query inside its sequence
+    rows = int(within.max()) + 1 if within.numel() else 1  # longest sequence
+    if 2 * rows <= b * n // 4:
+        # Row (b, q) of the mask is zeros(start) ones(within + 1) zeros(rest): the length-N window at
+        # offset N - start of row `within` of the pattern P[w] = zeros(N) ones(w + 1) zeros(N - 1 - w).
+        # Gathering those windows writes the output once (P is small: longest sequence x 2N bytes).
+        j = torch.arange(2 * n, device=start.device)
+        pattern = (j >= n) & (j <= n + torch.arange(rows, device=start.device).view(rows, 1))
+        windows = pattern.reshape(-1).unfold(0, n, 1)
+        offsets = (within * (2 * n) + n - start).reshape(-1)
+        return torch.index_select(windows, 0, offsets).view(b, 1, n, n)
+    # long sequences (the pattern would be large): key k is visible from query q iff start[q] <= k <= q
+    mask = torch.ge(pos.view(1, 1, n), start.unsqueeze(2))
+    mask &= torch.le(pos.view(1, n), pos.view(n, 1))
+    return mask.unsqueeze(1)
+
+
+def flex_block_mask(
+    seq_lens: SeqLens,
+    packed_sequence_size: int,
+    block_size: int = 128,
+    device: torch.device | str | None = None,
+):
+    """Document-causal ``flex_attention`` ``BlockMask`` from sequence boundaries, on ``device``.
+
+    Each ``block_size x block_size`` tile is classified from the sequence ids of its first and last
+    tokens: *empty* (above the diagonal, or no sequence shared), *full* (below the diagonal, both tiles
+    complete and inside one sequence: the kernel skips the mask function there) or *partial* (the
+    ``mask_mod`` ``same sequence & q >= kv`` decides per element). Cost ``O(B * (N / block_size)^2)``.
+    The result has one head (``H=1``, broadcast over heads) and matches what
+    ``create_block_mask(document_causal_mask_mod, B, 1, N, N, BLOCK_SIZE=block_size)`` builds.
+
+    Example::
+
+        >>> bm = flex_block_mask(torch.tensor([[256, 128, 128]]), 512)
+        >>> bm.kv_num_blocks.shape, bm.full_kv_num_blocks[0, 0].tolist()
+        (torch.Size([1, 1, 4]), [0, 1, 0, 0])
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    n = packed_sequence_size
+    doc, _ = sequence_starts(seq_lens, n, device)
+    dev = doc.device
+    nb = -(-n // block_size)
+    first = torch.arange(nb, device=dev) * block_size
+    last = torch.clamp(first + block_size, max=n) - 1
+    first_doc, last_doc = doc[:, first], doc[:, last]  # (B, nb)
+    qi = torch.arange(nb, device=dev).view(nb, 1)
+    kj = torch.arange(nb, device=dev).view(1, nb)
+    complete = (first + block_size) <= n  # (nb,)
+    # tiles (q block i, kv block j), shape (B, nq, nkv); kv docs precede q docs when j <= i
+    nonempty = (kj <= qi) & (last_doc.unsqueeze(1) >= first_doc.unsqueeze(2))
+    full = (
+        (kj < qi)
+        & (first_doc.unsqueeze(1) == last_doc.unsqueeze(2))
+        & complete.view(1, nb)
+        & complete.view(nb, 1)
+    )
+    partial = nonempty & ~full
+
+    def ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # per row: the selected column indices ascending, then the others ascending (a stable
+        # partition, what BlockMask expects), placed by cumulative counts instead of a sort
+        t = tiles.to(torch.int32).unsqueeze(1)  # (B, 1, rows, cols)
+        num = t.sum(-1, dtype=torch.int32)
+        slot = torch.where(t.bool(), t.cumsum(-1) - 1, num.unsqueeze(-1) + (1 - t).cumsum(-1) - 1)
+        cols = torch.arange(t.shape[-1], dtype=torch.int32, device=t.device).expand_as(t)
+        idx = torch.empty_like(t).scatter_(-1, slot.long(), cols)
+        return num, idx
+
+    kv_num, kv_idx = ordered(partial)
+    full_num, full_idx = ordered(full)
+    doc_mod = doc  # captured by the mask function
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (doc_mod[b, q_idx] == doc_mod[b, kv_idx]) & (q_idx >= kv_idx)
+
+    # the q-side (column) view of the same tiles, for the backward pass: computed here from the tiles
+    # directly, which is much cheaper than from_kv_blocks' generic transpose of the index lists
+    block_mask = BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=block_size,
+        mask_mod=document_causal,
+        seq_lengths=(n, n),
+        compute_q_blocks=False,
+    )
+    block_mask.q_num_blocks, block_mask.q_indices = ordered(partial.transpose(1, 2))
+    block_mask.full_q_num_blocks, block_mask.full_q_indices = ordered(full.transpose(1, 2))
+    return block_mask
+
+
+def cu_seqlens_of(seq_lens: SeqLens, device=None) -> tuple[torch.Tensor, int]:
+    """``cu_seqlens`` (int32, ``(T + 1,)``) over the non-empty sequences of all packs in order, and
+    ``max_seqlen`` (a Python int). Pack boundaries are sequence boundaries, so with the batch flattened to
+    ``B * N`` tokens this is what varlen kernels take.
+
+    Example::
+
+        >>> cu, m = cu_seqlens_of(torch.tensor([[3, 2, 1], [6, 0, 0]]))
+        >>> cu.tolist(), m
+        ([0, 3, 5, 6, 12], 6)
+    """
+    sl = padded_seq_lens(seq_lens, device).reshape(-1)
+    sl = sl[sl > 0]
+    cu = torch.zeros(sl.numel() + 1, dtype=torch.int32, device=sl.device)
+    if sl.numel() == 0:
+        return cu, 0
+    cu[1:] = torch.cumsum(sl, 0)
+    return cu, int(sl.max())
+
+
+def varlen_args(seq_lens: SeqLens, packed_sequence_size: int | None = None, device=None) -> dict:
+    """Arguments for FlashAttention ``flash_attn_varlen_func`` / Transformer Engine THD attention.
+
+    Returns ``{"cu_seqlens": (T+1,) int32, "max_seqlen": int, "position_ids": (B, N) int64}`` where
+    ``position_ids`` is each token's index inside its own sequence. ``N`` defaults to the row sum.
+
+    Example::
+
+        >>> a = varlen_args(torch.tensor([[3, 2, 1]]))
+        >>> a["cu_seqlens"].tolist(), a["max_seqlen"], a["position_ids"].tolist()
+        ([0, 3, 5, 6], 3, [[0, 1, 2, 0, 1, 0]])
+    """
+    sl = padded_seq_lens(seq_lens, device)
+    n = int(sl[0].sum()) if packed_sequence_size is None else packed_sequence_size
+    cu, max_seqlen = cu_seqlens_of(sl)
+    _, start = sequence_starts(sl, n)
+    position_ids = torch.arange(n, device=sl.device).view(1, n) - start
+    return {"cu_seqlens": cu, "max_seqlen": max_seqlen, "position_ids": position_ids}

@@ -1,0 +1,216 @@
+"""Benchmark packtool.loader and packtool.masks against references measured in the same run.
+
+    python scripts/bench_loader.py [--packs 3000] [--threads 1] [--repeats 3]
+
+Prints, for packs of N=4096 tokens written by ``packtool pack`` (Parquet, zstd, row groups of 128):
+* loader packs/s and tokens/s with 0, 1 and 2 workers (batch 8) and the time to the first batch, beside
+  the raw single-process decode speed of ``packtool.reading.read_packs`` (the reference);
+* mask build time per batch for each kind at N=4096 and N=32768, beside NeMo AutoModel's
+  ``create_block_causal_mask`` (identical output checked) and flex attention's ``create_block_mask`` with a
+  document mask function. The dense masks and ``create_block_mask`` (which evaluates the mask function
+  at all N^2 positions) take B * N^2 bytes: at N=32768 they are timed with B=1 (1 GiB), not B=8 (8 GiB).
+
+Targets (issue 6): >= 10,000 packs/s with 2 workers; first batch < 1 s; flex_block_mask >= 100x faster
+than create_block_mask at N=4096; block_causal_mask >= 10x faster than NeMo's, identical output.
+Timings are the minimum over ``--repeats`` interleaved runs; mask builds use ``--threads`` torch threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from packtool.loader import PackedDataset, get_loader  # noqa: E402
+from packtool.masks import block_causal_mask, flex_block_mask, padded_seq_lens, sequence_starts, varlen_args  # noqa: E402
+from packtool.reading import read_packs  # noqa: E402
+
+N = 4096
+
+
+def make_data(work: Path, packs: int) -> Path:
+    """Pretokenized samples (64..2048 tokens) packed by the real CLI into N=4096 packs; reused if present."""
+    out = work / f"loader-{packs}"
+    if (out / "manifest.json").exists():
+        return out
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(64, 2049, int(packs * N / 1056 * 1.02))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    tokens = rng.integers(1, 32000, int(offsets[-1])).astype(np.int32)
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / f"loader-{packs}-input.parquet"
+    pq.write_table(pa.table({"input_ids": pa.LargeListArray.from_arrays(offsets, tokens)}), src)
+    cmd = [sys.executable, "-m", "packtool.cli", "pack", str(src), "-o", str(out)]
+    cmd += ["--packed-sequence-size", str(N), "--max-packs", str(packs), "-q", "--num-proc", "2"]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return out
+
+
+def bench_loader(data: Path, workers: int, epochs: int) -> dict:
+    ds = PackedDataset(data, batch_size=8, shuffle=True, seed=0, infinite=True)
+    loader = get_loader(ds, num_workers=workers)
+    target = epochs * ds.batches_per_epoch
+    t0 = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    first = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    packs = 0
+    for _ in range(target - 1):
+        packs += len(next(it))
+    steady = time.perf_counter() - t1
+    del it
+    return {"first_batch_s": first, "packs_per_s": packs / steady, "total_s": time.perf_counter() - t0}
+
+
+def timeit(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def random_seq_lens(batch: int, n: int, seed: int) -> list[torch.Tensor]:
+    """Sequence lengths like packtool output: samples of 64..2048 tokens, then the padding."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(batch):
+        lens = rng.integers(64, 2049, n // 64 + 1)
+        ends = np.cumsum(lens)
+        k = int(np.searchsorted(ends, n, side="right"))
+        row = lens[:k].tolist()
+        rows.append(torch.tensor(row + ([n - sum(row)] if sum(row) < n else [])))
+    return rows
+
+
+def bench_masks(n: int, batch: int, dense_batch: int, repeats: int, nemo) -> dict:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    rows = random_seq_lens(batch, n, seed=n)
+    seq_lens = padded_seq_lens(rows)
+    drows, dseq = rows[:dense_batch], seq_lens[:dense_batch]
+    doc, _ = sequence_starts(dseq, n)
+
+    def document_causal(b, h, q, k):
+        return (doc[b, q] == doc[b, k]) & (q >= k)
+
+    out = {"B": batch, "dense_B": dense_batch}
+    mine = block_causal_mask(dseq, n)
+    if nemo is not None:
+        out["identical_to_nemo"] = bool(torch.equal(mine, nemo(drows)))
+    del mine
+    fns = {
+        "varlen_args": (lambda: varlen_args(seq_lens, n), batch),
+        "flex_block_mask": (lambda: flex_block_mask(seq_lens, n), batch),
+        "flex_block_mask@dense_B": (lambda: flex_block_mask(dseq, n), dense_batch),
+        "block_causal_mask": (lambda: block_causal_mask(dseq, n), dense_batch),
+        "create_block_mask": (
+            lambda: create_block_mask(document_causal, dense_batch, 1, n, n, device="cpu"),
+            dense_batch,
+        ),
+    }
+    if nemo is not None:
+        fns["nemo_create_block_causal_mask"] = (lambda: nemo(drows), dense_batch)
+    times = {k: float("inf") for k in fns}
+    for _ in range(repeats):  # interleaved, so that load on the machine hits every kind alike
+        for k, (fn, _b) in fns.items():
+            times[k] = min(times[k], timeit(fn, 1))
+    for k, (_fn, b) in fns.items():
+        out[k] = {"s_per_batch": times[k], "B": b}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--packs", type=int, default=3000, help="packs of 4096 tokens to write and read")
+    ap.add_argument("--epochs", type=int, default=2, help="epochs read per worker count")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for the mask builds")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--work", default=str(ROOT / ".bench"), help="where the data is written (reused)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+
+    data = make_data(Path(args.work), args.packs)
+    manifest = json.loads((data / "manifest.json").read_text())
+    res: dict = {"packs": manifest["stats"]["num_packs"], "N": N, "fill_rate": manifest["stats"]["fill_rate"]}
+
+    t = time.perf_counter()
+    count = sum(1 for _ in read_packs(data))
+    res["read_packs_per_s"] = count / (time.perf_counter() - t)
+    res["loader"] = {w: bench_loader(data, w, args.epochs) for w in (0, 1, 2)}
+
+    torch.set_num_threads(args.threads)
+    try:
+        from nemo_reference import load_packed_sequence_module
+
+        nemo = load_packed_sequence_module().create_block_causal_mask
+    except FileNotFoundError:
+        nemo = None
+    res["masks"] = {
+        4096: bench_masks(4096, 8, 8, args.repeats, nemo),
+        32768: bench_masks(32768, 8, 1, max(1, args.repeats - 1), nemo),
+    }
+    if args.json:
+        print(json.dumps(res, indent=1, default=str))
+        return
+    report(res, args)
+
+
+def report(res: dict, args) -> None:
+    print(
+        f"data: {res['packs']} packs of N={res['N']} (fill {res['fill_rate']:.3f}), torch {torch.__version__}"
+    )
+    ref = res["read_packs_per_s"]
+    print(f"reference read_packs (1 process, no batching): {ref:,.0f} packs/s")
+    print(f"{'workers':>8} {'first batch':>12} {'packs/s':>10} {'tokens/s':>14} {'x read_packs':>13}")
+    for w, r in res["loader"].items():
+        pps = r["packs_per_s"]
+        print(f"{w:>8} {r['first_batch_s']:>11.3f}s {pps:>10,.0f} {pps * N:>14,.0f} {pps / ref:>12.2f}x")
+    print(f"mask build per batch (torch threads: {args.threads}; min of {args.repeats})")
+    for n, m in res["masks"].items():
+        print(f"  N={n}")
+        for k, v in m.items():
+            if isinstance(v, dict):
+                print(f"    {k:<32} B={v['B']:<2} {v['s_per_batch'] * 1e3:>10.2f} ms")
+        if "identical_to_nemo" in m:
+            print(f"    block_causal_mask identical to NeMo's: {m['identical_to_nemo']}")
+        cbm, flex = m["create_block_mask"]["s_per_batch"], m["flex_block_mask@dense_B"]["s_per_batch"]
+        print(f"    flex_block_mask vs create_block_mask (B={m['dense_B']}): {cbm / flex:,.0f}x faster")
+        if "nemo_create_block_causal_mask" in m:
+            nemo = m["nemo_create_block_causal_mask"]["s_per_batch"]
+            print(
+                f"    block_causal_mask vs NeMo: {nemo / m['block_causal_mask']['s_per_batch']:.1f}x faster"
+            )
+    two = res["loader"][2]
+    m4 = res["masks"][4096]
+    checks = [
+        ("loader >= 10,000 packs/s with 2 workers", two["packs_per_s"] >= 10_000),
+        ("first batch < 1 s (2 workers)", two["first_batch_s"] < 1.0),
+        (
+            "flex_block_mask >= 100x create_block_mask at N=4096",
+            m4["create_block_mask"]["s_per_batch"] / m4["flex_block_mask@dense_B"]["s_per_batch"] >= 100,
+        ),
+    ]
+    if "nemo_create_block_causal_mask" in m4:
+        ratio = m4["nemo_create_block_causal_mask"]["s_per_batch"] / m4["block_causal_mask"]["s_per_batch"]
+        checks.append(("block_causal_mask >= 10x NeMo, identical", ratio >= 10 and m4["identical_to_nemo"]))
+    for name, ok in checks:
+        print(f"target {'MET ' if ok else 'MISS'}  {name}")
+
+
+if __name__ == "__main__":
+    main()

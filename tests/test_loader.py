@@ -1,0 +1,367 @@
+"""packtool.loader on real packtool output (built with the CLI): sharding, order, resume, faults, stages."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from packtool.errors import InputError
+from packtool.loader import (
+    IgnoreSample,
+    PackedBatch,
+    PackedDataset,
+    SkipSample,
+    batch_pad_stack,
+    batch_stack,
+    default_batch,
+    epoch_plan,
+    get_loader,
+)
+from packtool.masks import block_causal_mask, varlen_args
+from packtool.reading import read_packs
+from tests.conftest import run_cli, write_jsonl
+
+N = 64
+# more workers than this machine's cores is what the layout tests need, not a mistake
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    """~200 packs of 64 tokens in 5 shards of 40, row groups of 7 (units of 7 and 5 packs)."""
+    root = tmp_path_factory.mktemp("loader")
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(300):
+        n = int(rng.integers(3, 60))
+        rows.append(
+            {"input_ids": rng.integers(1, 1000, n).tolist(), "loss_mask": rng.integers(0, 2, n).tolist()}
+        )
+    src = write_jsonl(root / "in.jsonl", rows)
+    out = root / "out"
+    run_cli(
+        "pack", src, "-o", out, "--packed-sequence-size", N, "--row-group-size", 7, "--shard-size", 40, "-q"
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def packs(packed) -> list[dict]:
+    return list(read_packs(packed))
+
+
+def stream(loader, limit: int | None = None) -> list[np.ndarray]:
+    """The pack_index rows of the batches the loader yields (up to ``limit`` batches)."""
+    out = []
+    for batch in loader:
+        out.append(batch.pack_index.numpy().copy())
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def flat(batches: list[np.ndarray]) -> list[int]:
+    return [int(p) for b in batches for p in b]
+
+
+# --- sharding --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("world_size,num_workers", [(1, 0), (1, 2), (2, 1), (2, 3), (3, 2)])
+def test_every_pack_once_per_epoch_across_ranks_and_workers(packed, packs, world_size, num_workers):
+    seen, per_rank = [], []
+    for rank in range(world_size):
+        ds = PackedDataset(packed, batch_size=4, shuffle=True, seed=1, rank=rank, world_size=world_size)
+        batches = stream(get_loader(ds, num_workers=num_workers))
+        per_rank.append(len(batches))
+        seen += flat(batches)
+    total = len(packs)
+    nb = total // (world_size * 4)
+    assert per_rank == [nb] * world_size  # equal batch counts: no DDP hang at the epoch's end
+    assert len(seen) == len(set(seen)) == world_size * nb * 4  # no pack twice
+    assert total - len(seen) < world_size * 4  # only the remainder is left out
+    assert set(seen) <= set(range(total))
+
+
+def test_every_pack_returned_over_epochs_and_content_matches(packed, packs):
+    ds = PackedDataset(packed, batch_size=4, shuffle=True, seed=0)
+    loader = get_loader(ds, num_workers=2)
+    seen = set()
+    for _ in range(3):  # the left-out remainder differs from epoch to epoch when shuffled
+        for batch in loader:
+            for row, p in enumerate(batch.pack_index.tolist()):
+                seen.add(p)
+                ref = packs[p]
+                assert torch.equal(batch.input_ids[row], torch.from_numpy(ref["input_ids"]).long())
+                assert torch.equal(batch.labels[row], torch.from_numpy(ref["labels"]).long())
+                assert torch.equal(batch.position_ids[row], torch.from_numpy(ref["position_ids"]).long())
+                assert torch.equal(batch.loss_mask[row], torch.from_numpy(ref["loss_mask"]).long())
+                k = len(ref["seq_lens"])
+                assert batch.seq_lens[row, :k].tolist() == ref["seq_lens"].tolist()
+                assert (batch.seq_lens[row, k:] == 0).all()
+    assert loader.state_dict()["epoch"] == 3
+    assert seen == set(range(len(packs)))
+
+
+def test_webdataset_shards_stream_the_same_packs(packed, packs, tmp_path):
+    src = packed.parent / "in.jsonl"
+    out = tmp_path / "wds"
+    run_cli(
+        "pack",
+        src,
+        "-o",
+        out,
+        "--packed-sequence-size",
+        N,
+        "--shard-size",
+        40,
+        "--format",
+        "webdataset",
+        "-q",
+    )
+    ds = PackedDataset(out, batch_size=4, shuffle=True, seed=3)
+    seen = []
+    for batch in get_loader(ds, num_workers=2):
+        for row, p in enumerate(batch.pack_index.tolist()):
+            seen.append(p)
+            assert torch.equal(batch.input_ids[row], torch.from_numpy(packs[p]["input_ids"]).long())
+            assert torch.equal(batch.loss_mask[row], torch.from_numpy(packs[p]["loss_mask"]).long())
+    assert len(seen) == len(set(seen)) >= len(packs) - 4
+
+
+def test_batch_fields(packed):
+    ds = PackedDataset(packed, batch_size=4, shuffle=False)
+    batch = next(iter(get_loader(ds, num_workers=0)))
+    assert isinstance(batch, PackedBatch) and len(batch) == 4 and batch.packed_sequence_size == N
+    for name in ("input_ids", "labels", "position_ids", "loss_mask"):
+        t = getattr(batch, name)
+        assert t.shape == (4, N) and t.dtype == torch.int64
+    assert batch.seq_lens.dtype == torch.int32 and (batch.seq_lens.sum(1) == N).all()
+    ref = varlen_args(batch.seq_lens, N)
+    assert torch.equal(batch.cu_seqlens, ref["cu_seqlens"]) and batch.max_seqlen == ref["max_seqlen"]
+    assert batch.attention_mask is None and batch.block_mask is None  # no mask unless asked
+    assert batch.pack_index.tolist() == [0, 1, 2, 3]  # shuffle=False, one lane: file order
+
+
+@pytest.mark.parametrize("mask", ["dense", "flex"])
+def test_to_builds_the_chosen_mask_on_the_device(packed, mask):
+    batch = next(iter(get_loader(PackedDataset(packed, batch_size=2, mask=mask), num_workers=0)))
+    assert batch.attention_mask is None and batch.block_mask is None  # not built in the loader
+    moved = batch.to("cpu")
+    dense = block_causal_mask(batch.seq_lens, N)
+    if mask == "dense":
+        assert torch.equal(moved.attention_mask, dense) and moved.block_mask is None
+    else:
+        assert moved.attention_mask is None
+        assert moved.block_mask.seq_lengths == (N, N) and moved.block_mask.kv_num_blocks.shape[0] == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs an accelerator")
+def test_pin_memory(packed):
+    batch = next(iter(get_loader(PackedDataset(packed, batch_size=2), num_workers=1, pin_memory=True)))
+    assert batch.input_ids.is_pinned()
+
+
+# --- order ----------------------------------------------------------------------------------------
+def test_shuffle_is_deterministic_per_seed_and_epoch(packed):
+    def epochs(seed, n=2, workers=0):
+        loader = get_loader(PackedDataset(packed, batch_size=4, seed=seed, lanes=2), num_workers=workers)
+        return [flat(stream(loader)) for _ in range(n)]
+
+    a = epochs(0)
+    assert a == epochs(0, workers=2)  # same seed, same stream, whatever the process layout
+    assert a[0] != a[1]  # a new order each epoch
+    assert a[0] != epochs(1, n=1)[0]
+    assert sorted(a[0]) != a[0]
+
+
+def test_stream_is_defined_by_lanes_not_workers(packed):
+    streams = [
+        flat(stream(get_loader(PackedDataset(packed, batch_size=3, seed=5, lanes=3), num_workers=w)))
+        for w in (0, 1, 2, 3, 4)
+    ]
+    assert all(s == streams[0] for s in streams)
+
+
+def test_unshuffled_single_lane_is_file_order(packed, packs):
+    got = flat(stream(get_loader(PackedDataset(packed, batch_size=5, shuffle=False), num_workers=0)))
+    assert got == list(range(len(packs) // 5 * 5))
+
+
+def test_epoch_plan_shuffle_buffer_moves_packs_locally():
+    sizes = np.full(50, 10)
+    plan = epoch_plan(
+        sizes, epoch=0, seed=0, shuffle=False, shuffle_buffer=0, rank=0, world_size=1, batch_size=10, lanes=1
+    )
+    assert plan.reshape(-1).tolist() == list(range(500))
+    shuffled = epoch_plan(
+        sizes, epoch=0, seed=0, shuffle=True, shuffle_buffer=16, rank=0, world_size=1, batch_size=10, lanes=1
+    ).reshape(-1)
+    assert sorted(shuffled.tolist()) == list(range(500))
+    # inside a lane a pack moves less than the buffer away from its place in the unit order
+    order = np.random.default_rng([0, 0]).permutation(50)
+    unit_order_pos = np.empty(500, dtype=np.int64)
+    unit_order_pos[(order[:, None] * 10 + np.arange(10)).reshape(-1)] = np.arange(500)
+    assert np.abs(unit_order_pos[shuffled] - np.arange(500)).max() < 16
+
+
+# --- resume ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("save_workers", [0, 1, 2])
+def test_resume_equals_uninterrupted_stream(packed, save_workers):
+    def make(workers):
+        return get_loader(PackedDataset(packed, batch_size=4, seed=3, infinite=True), num_workers=workers)
+
+    nb = PackedDataset(packed, batch_size=4).batches_per_epoch
+    total = nb + 7  # crosses an epoch boundary
+    reference = stream(make(save_workers), total)
+    for load_workers in (0, 1, 2, 3):
+        cut = 5 + load_workers * 3
+        first = make(save_workers)
+        head = stream(first, cut)
+        state = json.loads(json.dumps(first.state_dict()))  # survives a JSON checkpoint
+        second = make(load_workers)
+        second.load_state_dict(state)
+        tail = stream(second, total - cut)
+        assert [b.tolist() for b in head + tail] == [b.tolist() for b in reference], (
+            save_workers,
+            load_workers,
+        )
+
+
+def test_resume_in_epoch_mode_finishes_the_epoch_then_continues(packed):
+    def make(workers):
+        return get_loader(PackedDataset(packed, batch_size=4, seed=9), num_workers=workers)
+
+    ref = make(2)
+    epoch0, epoch1 = flat(stream(ref)), flat(stream(ref))
+    first = make(2)
+    head = flat(stream(first, 3))
+    second = make(1)
+    second.load_state_dict(first.state_dict())
+    rest = flat(stream(second))
+    assert head + rest == epoch0
+    assert flat(stream(second)) == epoch1
+
+
+def test_breaking_out_keeps_the_cursor(packed):
+    loader = get_loader(PackedDataset(packed, batch_size=4, seed=2), num_workers=2)
+    full = flat(stream(get_loader(PackedDataset(packed, batch_size=4, seed=2, lanes=2), num_workers=0)))
+    a = flat(stream(loader, 2))  # prefetched batches beyond these two are not counted
+    b = flat(stream(loader))
+    assert a + b == full
+
+
+def test_state_of_another_stream_is_refused(packed):
+    state = get_loader(PackedDataset(packed, batch_size=4, seed=0), num_workers=0).state_dict()
+    for kwargs in ({"batch_size": 5}, {"seed": 1}, {"shuffle": False}, {"world_size": 2}):
+        loader = get_loader(PackedDataset(packed, **{"batch_size": 4, "seed": 0, **kwargs}), num_workers=0)
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            loader.load_state_dict(state)
+
+
+# --- faults ---------------------------------------------------------------------------------------
+def damaged_copy(packed: Path, tmp_path: Path, how: str) -> tuple[Path, str, int]:
+    out = tmp_path / "out"
+    shutil.copytree(packed, out)
+    shard = json.loads((out / "manifest.json").read_text())["shards"][1]
+    path = out / shard["path"]
+    if how == "missing":
+        path.unlink()
+    else:  # keep the footer (schema, row groups), zero every data page
+        data = bytearray(path.read_bytes())
+        pages_end = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+        data[4:pages_end] = bytes(pages_end - 4)
+        path.write_bytes(bytes(data))
+    first = json.loads((out / "manifest.json").read_text())["shards"][0]["num_packs"]
+    return out, shard["path"], first
+
+
+@pytest.mark.parametrize("how", ["missing", "corrupt"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_bad_shard_fails_by_default(packed, tmp_path, how, num_workers):
+    out, name, _ = damaged_copy(packed, tmp_path, how)
+    loader = get_loader(PackedDataset(out, batch_size=4, shuffle=False), num_workers=num_workers)
+    with pytest.raises(InputError, match=rf"{name}, row group \d+: cannot read packs"):
+        stream(loader)
+
+
+@pytest.mark.parametrize("how", ["missing", "corrupt"])
+def test_bad_shard_skipped_and_counted(packed, packs, tmp_path, how):
+    out, name, first = damaged_copy(packed, tmp_path, how)
+    shard1 = set(range(first, first + 40))
+    ds = PackedDataset(out, batch_size=4, seed=4, on_error="skip")
+    loader = get_loader(ds, num_workers=2)
+    got = flat(stream(loader))
+    planned = set(ds.plan(0).reshape(-1).tolist())
+    assert len(got) == len(set(got))
+    assert set(got) == planned - shard1  # all the readable packs, none of the bad shard
+    assert loader.stats["bad_packs"] == len(planned & shard1) > 0
+    assert sorted(loader.stats["bad_units"]) == sorted(f"{name}#{i}" for i in range(6))
+    assert loader.state_dict()["stats"]["bad_packs"] == loader.stats["bad_packs"]
+
+
+# --- task encoder stages --------------------------------------------------------------------------
+class DropOdd:
+    """Drops packs with an odd pack_index, and every batch whose first pack index is a multiple of 6."""
+
+    def encode_sample(self, pack):
+        assert isinstance(pack["input_ids"], torch.Tensor) and pack["input_ids"].shape == (N,)
+        if pack["pack_index"] % 2:
+            raise SkipSample()
+        return pack
+
+    def encode_batch(self, raw):
+        if raw["pack_index"][0] % 6 == 0:
+            raise IgnoreSample()
+        return raw
+
+
+def test_skip_sample_drops_and_counts(packed):
+    ds = PackedDataset(packed, batch_size=4, seed=0, task_encoder=DropOdd())
+    loader = get_loader(ds, num_workers=2)
+    got = list(loader)
+    plan = ds.plan(0)
+    odd = int((plan % 2).sum())
+    evens = [row[row % 2 == 0] for row in plan]
+    dropped_batches = sum(1 for e in evens if len(e) == 0 or e[0] % 6 == 0)
+    assert loader.stats["skipped_packs"] == odd
+    assert loader.stats["skipped_batches"] == dropped_batches > 0
+    assert len(got) == len(plan) - dropped_batches
+    assert all(isinstance(b, dict) and all(p % 2 == 0 for p in b["pack_index"]) for b in got)
+    assert loader.state_dict()["batch"] == 0 and loader.state_dict()["epoch"] == 1
+
+
+def test_custom_batch_stage(packed):
+    class Encoder:
+        def batch(self, packs):
+            return {"ids": batch_stack([p["input_ids"] for p in packs]), "n": len(packs)}
+
+        def encode_batch(self, raw):
+            return raw["ids"], raw["n"]
+
+    ids, n = next(
+        iter(get_loader(PackedDataset(packed, batch_size=3, task_encoder=Encoder()), num_workers=1))
+    )
+    assert ids.shape == (3, N) and ids.dtype == torch.int32 and n == 3  # the pack's dtype kept
+
+
+def test_batch_helpers():
+    ragged = [np.array([3, 2, 1], dtype=np.int32), np.array([6], dtype=np.int32)]
+    assert batch_pad_stack(ragged).tolist() == [[3, 2, 1], [6, 0, 0]]
+    assert batch_pad_stack([torch.tensor([1]), torch.tensor([1, 2])], pad_value=-1).tolist() == [
+        [1, -1],
+        [1, 2],
+    ]
+    raw = default_batch(
+        [{"input_ids": np.arange(3, dtype=np.int32), "seq_lens": r, "tag": "x"} for r in ragged]
+    )
+    assert raw["input_ids"].dtype == torch.int64 and raw["seq_lens"].dtype == torch.int32
+    assert raw["tag"] == ["x", "x"]
+
+
+def test_too_few_packs_is_a_clear_error(packed):
+    with pytest.raises(ValueError, match="cannot fill one batch"):
+        PackedDataset(packed, batch_size=1000)

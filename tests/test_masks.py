@@ -1,0 +1,210 @@
+"""packtool.masks against slow obvious references, NeMo AutoModel's mask, flex attention's own builder, and
+a tiny causal self-attention layer run on packed batches versus on each sample alone."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from packtool.masks import (
+    block_causal_mask,
+    flex_block_mask,
+    padded_seq_lens,
+    sequence_starts,
+    varlen_args,
+)
+from tests.nemo_reference import find_wheel, load_packed_sequence_module
+
+
+def random_seq_lens(batch: int, n: int, max_len: int, seed: int) -> list[torch.Tensor]:
+    """Rows of random lengths summing to ``n`` (the last one is the padding, as in packtool output)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(batch):
+        lens, total = [], 0
+        while total < n:
+            x = min(int(torch.randint(1, max_len + 1, (), generator=g)), n - total)
+            lens.append(x)
+            total += x
+        rows.append(torch.tensor(lens))
+    return rows
+
+
+def slow_mask(rows: list[torch.Tensor], n: int) -> torch.Tensor:
+    """The definition, element by element: q sees k iff same sequence and k <= q."""
+    out = torch.zeros(len(rows), 1, n, n, dtype=torch.bool)
+    for b, lens in enumerate(rows):
+        seq = []
+        for i, length in enumerate(lens.tolist()):
+            seq += [i] * length
+        for q in range(n):
+            for k in range(q + 1):
+                out[b, 0, q, k] = seq[q] == seq[k]
+    return out
+
+
+CASES = [(1, 7, 7, 0), (3, 40, 12, 1), (2, 64, 64, 2), (4, 130, 25, 3), (2, 256, 300, 4)]
+
+
+@pytest.mark.parametrize("batch,n,max_len,seed", CASES)
+def test_block_causal_mask_matches_definition(batch, n, max_len, seed):
+    rows = random_seq_lens(batch, n, max_len, seed)
+    expected = slow_mask(rows, n)
+    assert torch.equal(block_causal_mask(rows, n), expected)
+    assert torch.equal(block_causal_mask(padded_seq_lens(rows), n), expected)  # padded with 0
+    assert torch.equal(block_causal_mask(padded_seq_lens(rows).int(), n, device="cpu"), expected)
+
+
+@pytest.mark.skipif(find_wheel() is None, reason="NeMo AutoModel wheel not fetched (make install)")
+@pytest.mark.parametrize("batch,n,max_len,seed", CASES + [(8, 512, 100, 5), (2, 512, 512, 6)])
+def test_block_causal_mask_equals_nemo(batch, n, max_len, seed):
+    nemo = load_packed_sequence_module().create_block_causal_mask
+    rows = random_seq_lens(batch, n, max_len, seed)
+    assert torch.equal(block_causal_mask(rows, n), nemo(rows))
+
+
+@pytest.mark.parametrize("batch,n,max_len,seed", CASES)
+def test_varlen_args_match_definition(batch, n, max_len, seed):
+    rows = random_seq_lens(batch, n, max_len, seed)
+    out = varlen_args(padded_seq_lens(rows), n)
+    lens = [x for r in rows for x in r.tolist()]
+    cu = [0]
+    for x in lens:
+        cu.append(cu[-1] + x)
+    assert out["cu_seqlens"].dtype == torch.int32 and out["cu_seqlens"].tolist() == cu
+    assert out["max_seqlen"] == max(lens)
+    expected = [[p for x in r.tolist() for p in range(x)] for r in rows]
+    assert out["position_ids"].tolist() == expected
+
+
+def dense_of(block_mask, doc: torch.Tensor, n: int) -> torch.Tensor:
+    """Element-level form of a BlockMask: full tiles all True, partial tiles as the mask_mod says."""
+    qb, kb = block_mask.BLOCK_SIZE
+
+    def tiles(num, idx):
+        if num is None:
+            return torch.zeros(doc.shape[0], 1, idx.shape[-2], idx.shape[-1], dtype=torch.bool)
+        cols = torch.arange(idx.shape[-1])
+        dense = torch.zeros(*idx.shape, dtype=torch.bool)
+        valid = cols < num.unsqueeze(-1)
+        dense.scatter_(-1, idx.long(), valid)
+        return dense
+
+    def expand(t):
+        return t.repeat_interleave(qb, -2).repeat_interleave(kb, -1)[..., :n, :n]
+
+    full = expand(tiles(block_mask.full_kv_num_blocks, block_mask.full_kv_indices))
+    partial = expand(tiles(block_mask.kv_num_blocks, block_mask.kv_indices))
+    b = torch.arange(doc.shape[0]).view(-1, 1, 1, 1)
+    q = torch.arange(n).view(1, 1, n, 1)
+    k = torch.arange(n).view(1, 1, 1, n)
+    return full | (partial & block_mask.mask_mod(b, 0, q, k))
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 128])
+@pytest.mark.parametrize("batch,n,max_len,seed", CASES)
+def test_flex_block_mask_equals_dense_and_create_block_mask(batch, n, max_len, seed, block_size):
+    rows = random_seq_lens(batch, n, max_len, seed)
+    bm = flex_block_mask(rows, n, block_size=block_size)
+    doc, _ = sequence_starts(rows, n)
+    assert torch.equal(dense_of(bm, doc, n), block_causal_mask(rows, n))
+
+    def document_causal(b, h, q, k):
+        return (doc[b, q] == doc[b, k]) & (q >= k)
+
+    ref = create_block_mask(document_causal, batch, 1, n, n, device="cpu", BLOCK_SIZE=block_size)
+    for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+        assert torch.equal(getattr(bm, name), getattr(ref, name)), name
+    assert torch.equal(bm.to_dense(), ref.to_dense())
+    assert bm.seq_lengths == ref.seq_lengths == (n, n)
+
+
+# --- a tiny model step ------------------------------------------------------------------------------
+class CausalSelfAttention(torch.nn.Module):
+    """One attention layer with rotary positions; ``attend(q, k, v)`` is the packed-attention kernel."""
+
+    def __init__(self, dim: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.hd = heads, dim // heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.out = torch.nn.Linear(dim, dim)
+
+    def rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        half = self.hd // 2
+        freq = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))
+        ang = pos.unsqueeze(-1).float() * freq  # (B, S, half)
+        cos, sin = ang.cos().unsqueeze(1), ang.sin().unsqueeze(1)
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
+        q, k = self.rope(q, pos), self.rope(k, pos)
+        y = attend(q, k, v)  # (B, H, S, hd)
+        return self.out(y.transpose(1, 2).reshape(b, s, -1))
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
+def test_model_step_on_packed_batch_equals_each_sample_alone():
+    torch.manual_seed(0)
+    n, dim = 96, 16
+    rows = random_seq_lens(3, n, 40, seed=7)
+    seq_lens = padded_seq_lens(rows)
+    layer = CausalSelfAttention(dim)
+    x = torch.randn(3, n, dim)
+    va = varlen_args(seq_lens, n)
+    pos = va["position_ids"]
+
+    def run_alone():  # each sample alone: plain causal attention at positions 0..len-1
+        out = torch.empty_like(x).view(-1, dim)
+        cu = va["cu_seqlens"].tolist()
+        for a, b in zip(cu[:-1], cu[1:], strict=True):
+            seg = x.reshape(-1, dim)[a:b].unsqueeze(0)
+            y = layer(seg, torch.arange(b - a).unsqueeze(0), lambda q, k, v: sdpa(q, k, v, is_causal=True))
+            out[a:b] = y[0]
+        return out.view_as(x)
+
+    dense = block_causal_mask(seq_lens, n)
+    kernels = {
+        "dense": lambda q, k, v: sdpa(q, k, v, attn_mask=dense),
+        "flex": lambda q, k, v: flex_attention(q, k, v, block_mask=flex_block_mask(seq_lens, n, 16)),
+        "varlen": lambda q, k, v: varlen_reference(q, k, v, va["cu_seqlens"], n),
+    }
+    with torch.no_grad():  # flex_attention has no CPU backward
+        alone = run_alone()
+        for name, attend in kernels.items():
+            torch.testing.assert_close(layer(x, pos, attend), alone, atol=1e-5, rtol=1e-5, msg=name)
+
+    # a training step: the packed batch's gradients equal those of the samples run one by one
+    weight = torch.randn_like(x)
+
+    def grads(fn):
+        layer.zero_grad()
+        (fn() * weight).sum().backward()
+        return [p.grad.clone() for p in layer.parameters()]
+
+    for g_packed, g_alone in zip(
+        grads(lambda: layer(x, pos, kernels["dense"])), grads(run_alone), strict=True
+    ):
+        torch.testing.assert_close(g_packed, g_alone, atol=1e-4, rtol=1e-4)
+
+
+def sdpa(q, k, v, **kw):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
+
+
+def varlen_reference(q, k, v, cu_seqlens, n):
+    """What a varlen kernel computes from ``cu_seqlens`` on the batch flattened to B*N tokens (THD)."""
+    b, h, _, d = q.shape
+    qf, kf, vf = (t.transpose(1, 2).reshape(b * n, h, d) for t in (q, k, v))
+    out = torch.empty_like(qf)
+    cu = cu_seqlens.tolist()
+    for a, e in zip(cu[:-1], cu[1:], strict=True):
+        s = torch.einsum("qhd,khd->hqk", qf[a:e], kf[a:e]) / math.sqrt(d)
+        s = s.masked_fill(~torch.ones(e - a, e - a, dtype=torch.bool).tril(), float("-inf"))
+        out[a:e] = torch.einsum("hqk,khd->qhd", s.softmax(-1), vf[a:e])
+    return out.view(b, n, h, d).transpose(1, 2)
