@@ -33,6 +33,7 @@ lint: install
 
 bench: install
 	$(BIN)/python scripts/bench_pack.py
+	$(BIN)/python scripts/bench_memory.py
 
 clean:
 	rm -rf out .cache .pytest_cache

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from packtool.config import (
+    ENGINES,
     FORMATS,
     LABELS,
     LONG_SAMPLE_POLICIES,
@@ -86,6 +87,8 @@ def main() -> None:
     help="nemo (default: PackedSequence parity) or restart (0 at every sample piece and padding).",
 )
 @click.option("--num-proc", type=int, help="Processes for encoding and writing (output identical for any).")
+@click.option("--engine", type=click.Choice(ENGINES), help="Where encoding and writing run: local or ray.")
+@click.option("--ray-address", help="Ray cluster to join with --engine ray (default: start a local Ray).")
 @click.option("--split", help="Split of a Hugging Face dataset (default train).")
 @click.option("--text-field", help="Field holding the text (default text).")
 @click.option("--sample-format", type=click.Choice(SAMPLE_FORMATS), help="How records are encoded.")

@@ -26,10 +26,11 @@ POSITION_IDS = ("nemo", "restart")
 LABELS = ("shifted", "unshifted")
 FORMATS = ("parquet",)
 SAMPLE_FORMATS = ("auto", "text", "pretokenized")
+ENGINES = ("local", "ray")
 
 # Keys that change how a job runs, never what it writes. They are left out of the manifest so that
 # the output is byte-identical for any number of processes.
-RUNTIME_KEYS = ("num_proc", "quiet", "overwrite", "engine")
+RUNTIME_KEYS = ("num_proc", "quiet", "overwrite", "engine", "ray_address")
 
 
 @dataclass
@@ -69,6 +70,7 @@ class PackConfig:
     # running
     num_proc: int = 1
     engine: str = "local"
+    ray_address: str | None = None  # with engine ray: the cluster to join; None starts a local Ray
     overwrite: bool = False
     quiet: bool = False
 
@@ -114,6 +116,7 @@ class PackConfig:
         _choice("labels", self.labels, LABELS)
         _choice("format", self.format, FORMATS)
         _choice("sample_format", self.sample_format, SAMPLE_FORMATS)
+        _choice("engine", self.engine, ENGINES)
         if not isinstance(self.pad_token_id, int) or isinstance(self.pad_token_id, bool):
             raise ConfigError(f"pad_token_id must be an integer, got {self.pad_token_id!r}")
         return self

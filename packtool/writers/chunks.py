@@ -7,7 +7,10 @@ Each chunk is a directory ``chunk-NNNNNN/`` of flat ``.npy`` arrays (memory-mapp
 * ``rows.npy`` / ``source_ids.npy``: where each sample came from (for error messages);
 * ``meta.json``: sources, row kinds and counts, written last: a chunk without it is incomplete.
 
-``ChunkStore`` opens all chunks and moves pieces of samples into pack arrays with vectorized gathers.
+``ChunkStore`` opens chunks on demand and moves pieces of samples into pack arrays with vectorized
+gathers. It keeps at most ``max_open`` chunks mapped (least recently used first out): every mapping holds a
+file descriptor and the pages it touched count in the process's resident memory, so keeping all of them
+would make memory (and open files) grow with the input.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -112,25 +116,31 @@ class ChunkStore:
 
     work_dir: Path
     metas: list[dict]
+    max_open: int = 8
+    _open: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
         counts = np.array([m["num_samples"] for m in self.metas], dtype=np.int64)
         self.sample_starts = np.concatenate([[0], np.cumsum(counts)])
         self.has_loss_mask = any(m["has_loss_mask"] for m in self.metas)
-        self._open: dict[int, dict[str, np.ndarray]] = {}
 
     @property
     def num_samples(self) -> int:
         return int(self.sample_starts[-1])
 
     def arrays(self, c: int) -> dict[str, np.ndarray]:
-        if c not in self._open:
-            d = chunk_dir(self.work_dir, self.metas[c]["index"])
-            names = ["input_ids", "labels", "offsets", "rows", "source_ids"]
-            if self.metas[c]["has_loss_mask"]:
-                names.append("loss_mask")
-            self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r") for k in names}
+        """The memory-mapped arrays of chunk ``c`` (position in ``metas``)."""
+        if c in self._open:
+            self._open.move_to_end(c)
+            return self._open[c]
+        while len(self._open) >= self.max_open:
+            self._open.popitem(last=False)  # unmapped (and its descriptor closed) once unreferenced
+        d = chunk_dir(self.work_dir, self.metas[c]["index"])
+        names = ["input_ids", "labels", "offsets", "rows", "source_ids"]
+        if self.metas[c]["has_loss_mask"]:
+            names.append("loss_mask")
+        self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r") for k in names}
         return self._open[c]
 
     def lengths(self) -> np.ndarray:
