@@ -40,7 +40,11 @@ def _one_line_errors(fn):
             click.echo(f"packtool: error: {e}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
-            click.echo("packtool: interrupted; no output was left behind", err=True)
+            click.echo(
+                "packtool: interrupted; no complete-looking output was left behind "
+                "(run the same command again to resume)",
+                err=True,
+            )
             sys.exit(130)
         except OSError as e:
             click.echo(f"packtool: error: {e.filename or ''}: {e.strerror or e}", err=True)

@@ -10,7 +10,13 @@
   vectorized copies and writes them; the manifest is written last and the directory renamed into place.
 
 Chunk and shard boundaries depend only on the config, never on the number of processes, so the output
-is byte-identical for every ``num_proc``.
+is byte-identical for every ``num_proc`` and engine.
+
+**Resuming.** The run's identity (``run_id``: config minus runtime keys, input names and sizes, tokenizer
+identity; plus the input files' modification times) is recorded in ``<output>.partial/_work/run.json``. A
+run started again with the same command after being killed (SIGKILL included) finds it, skips the chunks
+whose ``meta.json`` exists (it still streams past their records, but does not encode them again) and the
+shards whose ``_work/shards/packs-NNNNNN.json`` exists, and writes the same bytes as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import hashlib
 import itertools
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,13 +37,14 @@ from packtool import __version__
 from packtool.config import PackConfig
 from packtool.encoders import build_encoder, resolve_sample_format
 from packtool.engines import make_engine
-from packtool.errors import InputError
+from packtool.errors import InputError, PacktoolError
 from packtool.packing import PackPlan, make_plan
 from packtool.readers import expand_inputs, read_inputs
 from packtool.readers.base import SourceBatch
 from packtool.utils import file_sha256
 from packtool.writers import OutputDir, build_pack_arrays, write_chunk, write_parquet_shard
-from packtool.writers.chunks import ChunkStore
+from packtool.writers.chunks import ChunkStore, read_chunk_meta
+from packtool.writers.output import write_json_atomic
 
 FORMAT_VERSION = 1
 
@@ -74,7 +82,7 @@ def _write_shard(task: tuple[int, PackPlan, str, str, dict]) -> dict:
         path, packs, row_group_size=cfg.row_group_size, metadata={**meta, "shard": index}
     )
     used = int(plan.length.sum())
-    return {
+    info = {
         "path": name,
         "num_packs": plan.num_packs,
         "num_tokens": used,
@@ -82,6 +90,32 @@ def _write_shard(task: tuple[int, PackPlan, str, str, dict]) -> dict:
         "sha256": file_sha256(path),
         **info,
     }
+    write_json_atomic(_shard_record(work_dir, index), info)  # the shard is done: a resumed run skips it
+    return info
+
+
+def _shard_record(work_dir: str, index: int) -> Path:
+    return Path(work_dir) / "shards" / f"packs-{index:06d}.json"
+
+
+def _finished_shard(work_dir: str, out_dir: str, index: int) -> dict | None:
+    """The record of shard ``index`` if an earlier attempt of this run wrote it whole, else None."""
+    record = _shard_record(work_dir, index)
+    if not record.exists():
+        return None
+    info = json.loads(record.read_text())
+    shard = Path(out_dir) / info["path"]
+    return info if shard.exists() and shard.stat().st_size == info["bytes"] else None
+
+
+def _fault(step: str, done: int) -> None:
+    """Test hook: ``PACKTOOL_TEST_KILL=STEP:N`` SIGKILLs this process once N items of STEP are done.
+
+    STEP is ``encode`` (chunks) or ``write`` (shards); it lets the tests kill a job at a chosen point.
+    """
+    spec = os.environ.get("PACKTOOL_TEST_KILL")
+    if spec and spec == f"{step}:{done}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # --- the driver ----------------------------------------------------------------------------------------
@@ -121,8 +155,27 @@ def input_fingerprint(inputs: list[str]) -> list[dict]:
     return out
 
 
+def input_stamps(inputs: list[str]) -> list[list]:
+    """``[path, size, mtime_ns]`` of every input file: a resumed run must see the very same files."""
+    out = []
+    for _kind, source, files in expand_inputs(inputs):
+        paths = files or ([source] if Path(source).is_file() else [])
+        if Path(source).is_dir() and not files:
+            paths = sorted(str(p) for p in Path(source).rglob("*") if p.is_file())
+        for p in paths:
+            st = os.stat(p)
+            out.append([str(p), st.st_size, st.st_mtime_ns])
+        if not paths:
+            out.append([source, None, None])
+    return out
+
+
 def run_pack(config: PackConfig, *, progress: bool | None = None) -> dict:
-    """Run ``packtool pack`` for ``config``; return the manifest. Raises ``PacktoolError`` subclasses."""
+    """Run ``packtool pack`` for ``config``; return the manifest. Raises ``PacktoolError`` subclasses.
+
+    On bad input or options (exit code 2) the partial directory is removed; on any other failure or
+    interrupt it is kept, so that the same command resumes the run.
+    """
     config.validate()
     show = (not config.quiet) if progress is None else progress
     out = OutputDir(config.output, overwrite=config.overwrite).open()
@@ -130,9 +183,17 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> dict:
         manifest = _run(config, out, show)
         out.commit(manifest)
         return manifest
-    except BaseException:
-        out.abort()
+    except PacktoolError as e:
+        out.abort(keep=e.exit_code != 2)
         raise
+    except BaseException:
+        out.abort(keep=True)
+        raise
+
+
+def _note(config: PackConfig, message: str) -> None:
+    if not config.quiet:
+        print(f"packtool: {message}", file=sys.stderr, flush=True)
 
 
 def _progress(show: bool, **kw):
@@ -156,17 +217,38 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         json.dumps([config_dict, identity, fingerprint, FORMAT_VERSION], sort_keys=True, default=str).encode()
     ).hexdigest()[:16]
 
+    resume = out.begin({"run_id": run_id, "inputs": input_stamps(config.inputs)})
+    if resume is not None and not resume["resumed"]:
+        _note(
+            config,
+            f"{out.partial} holds an interrupted run of another job (config, inputs or "
+            "tokenizer differ); starting afresh",
+        )
+    resumed = bool(resume and resume["resumed"])
+    if resumed:
+        _note(config, f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
+
     engine = make_engine(config, _init_worker, (config.to_dict(), sample_format))
     with engine:
+        done: dict[int, dict] = {}  # chunks finished by an earlier attempt of this run
+
+        def encode_tasks():
+            for i, chunk in enumerate(chunked(itertools.chain([first], batches), config.chunk_size)):
+                meta = read_chunk_meta(work, i) if resumed else None
+                if meta is not None and meta["num_samples"] == sum(b.num_rows for b in chunk):
+                    done[i] = meta
+                    bar.update(meta["num_samples"])
+                    continue
+                yield (i, chunk, work)
+
         metas = []
         with _progress(show, desc="encode", unit=" samples") as bar:
-            tasks = (
-                (i, chunk, work)
-                for i, chunk in enumerate(chunked(itertools.chain([first], batches), config.chunk_size))
-            )
-            for meta in engine.map(_encode_chunk, tasks):
+            for meta in engine.map(_encode_chunk, encode_tasks()):
                 metas.append(meta)
                 bar.update(meta["num_samples"])
+                _fault("encode", len(metas))
+        metas = sorted([*metas, *done.values()], key=lambda m: m["index"])
+        assert [m["index"] for m in metas] == list(range(len(metas)))
         (Path(work) / "chunks.json").write_text(json.dumps(metas))
         store = ChunkStore(Path(work), metas)
         lengths = store.lengths()
@@ -180,12 +262,28 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
             "packed_sequence_size": config.packed_sequence_size,
             "format_version": FORMAT_VERSION,
         }
-        shards = []
+        finished = {}
+        if resumed:
+            finished = {i: f for i, _, _ in shard_ranges if (f := _finished_shard(work, str(out.partial), i))}
+            _note(
+                config,
+                f"resumed: {len(done)} of {len(metas)} chunks and {len(finished)} of "
+                f"{len(shard_ranges)} shards were already done",
+            )
+        (Path(work) / "shards").mkdir(exist_ok=True)
+        written = []
         with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
-            tasks = ((i, plan.slice(a, b), work, str(out.partial), meta) for i, a, b in shard_ranges)
+            bar.update(sum(f["num_packs"] for f in finished.values()))
+            tasks = (
+                (i, plan.slice(a, b), work, str(out.partial), meta)
+                for i, a, b in shard_ranges
+                if i not in finished
+            )
             for info in engine.map(_write_shard, tasks):
-                shards.append(info)
+                written.append(info)
                 bar.update(info["num_packs"])
+                _fault("write", len(written))
+        shards = sorted([*written, *finished.values()], key=lambda f: f["path"])
     return build_manifest(
         config,
         plan,

@@ -7,6 +7,9 @@ Each chunk is a directory ``chunk-NNNNNN/`` of flat ``.npy`` arrays (memory-mapp
 * ``rows.npy`` / ``source_ids.npy``: where each sample came from (for error messages);
 * ``meta.json``: sources, row kinds and counts, written last: a chunk without it is incomplete.
 
+A chunk is written in ``chunk-NNNNNN.tmp-PID/`` and renamed into place, so ``chunk-NNNNNN/meta.json``
+exists only for a whole chunk: a resumed run reuses those and rewrites the others.
+
 ``ChunkStore`` opens chunks on demand and moves pieces of samples into pack arrays with vectorized
 gathers. It keeps at most ``max_open`` chunks mapped (least recently used first out): every mapping holds a
 file descriptor and the pages it touched count in the process's resident memory, so keeping all of them
@@ -38,7 +41,7 @@ def write_chunk(
 ) -> dict:
     """Write one encoded chunk (the encoder's output for ``batches``) and return its meta."""
     final = chunk_dir(work_dir, index)
-    tmp = final.with_name(final.name + ".tmp")
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     sources: list[str] = []

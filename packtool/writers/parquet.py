@@ -54,11 +54,11 @@ def packs_table(packs: PackArrays) -> pa.Table:
 
 
 def write_parquet_shard(path: str | Path, packs: PackArrays, *, row_group_size: int, metadata: dict) -> dict:
-    """Write ``packs`` to ``path`` atomically (``path.tmp`` then rename); return the shard's row groups."""
+    """Write ``packs`` to ``path`` atomically (``NAME.tmp-PID``, renamed); return the shard's row groups."""
     path = Path(path)
     table = packs_table(packs)
     table = table.replace_schema_metadata({"packtool": json.dumps(metadata, sort_keys=True)})
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     pq.write_table(
         table,
         tmp,
