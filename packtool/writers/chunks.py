@@ -86,8 +86,16 @@ def write_chunk(
         "row_kinds": row_kinds,
     }
     (tmp / "meta.json").write_text(json.dumps(meta))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    # A chunk's bytes depend only on its records, so if another writer finished it meanwhile (a task of a
+    # killed run still in flight on a cluster while the run is resumed), keep theirs and drop ours.
+    if not (final / "meta.json").exists():
+        shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not (final / "meta.json").exists():
+                raise
+    shutil.rmtree(tmp, ignore_errors=True)
     return meta
 
 

@@ -151,7 +151,7 @@ def _take_lock(lock_path: Path, final: Path) -> int:
 
 def write_json_atomic(path: str | Path, data: dict) -> None:
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
         json.dump(data, f, indent=2, sort_keys=False)
         f.write("\n")
