@@ -13,10 +13,11 @@ Chunk and shard boundaries depend only on the config, never on the number of pro
 is byte-identical for every ``num_proc`` and engine.
 
 **Resuming.** The run's identity (``run_id``: config minus runtime keys, input names and sizes, tokenizer
-identity; plus the input files' modification times) is recorded in ``<output>.partial/_work/run.json``. A
-run started again with the same command after being killed (SIGKILL included) finds it, skips the chunks
-whose ``meta.json`` exists (it still streams past their records, but does not encode them again) and the
-shards whose ``_work/shards/packs-NNNNNN.json`` exists, and writes the same bytes as an uninterrupted run.
+identity; plus the input files' modification times and packtool's version) is recorded in
+``<output>.partial/_work/run.json``. A run started again with the same command after being killed
+(SIGKILL included) or interrupted finds it, skips the chunks whose ``meta.json`` exists (it still
+streams past their records, but does not encode them again) and the shards whose
+``_work/shards/packs-NNNNNN.json`` exists, and writes the same bytes as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from packtool import __version__
 from packtool.config import PackConfig
 from packtool.encoders import build_encoder, resolve_sample_format
 from packtool.engines import make_engine
-from packtool.errors import InputError, PacktoolError
+from packtool.errors import InputError
 from packtool.packing import PackPlan, make_plan
 from packtool.readers import expand_inputs, read_inputs
 from packtool.readers.base import SourceBatch
@@ -173,8 +174,9 @@ def input_stamps(inputs: list[str]) -> list[list]:
 def run_pack(config: PackConfig, *, progress: bool | None = None) -> dict:
     """Run ``packtool pack`` for ``config``; return the manifest. Raises ``PacktoolError`` subclasses.
 
-    On bad input or options (exit code 2) the partial directory is removed; on any other failure or
-    interrupt it is kept, so that the same command resumes the run.
+    On every error it reports (bad input or options, disk full, internal error) the partial directory is
+    removed: nothing is left behind. When the job is interrupted (Ctrl-C) or killed it is kept, so that the
+    same command resumes the run.
     """
     config.validate()
     show = (not config.quiet) if progress is None else progress
@@ -183,10 +185,10 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> dict:
         manifest = _run(config, out, show)
         out.commit(manifest)
         return manifest
-    except PacktoolError as e:
-        out.abort(keep=e.exit_code != 2)
+    except Exception:
+        out.abort()
         raise
-    except BaseException:
+    except BaseException:  # KeyboardInterrupt: keep the finished work for a resume
         out.abort(keep=True)
         raise
 
@@ -217,7 +219,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         json.dumps([config_dict, identity, fingerprint, FORMAT_VERSION], sort_keys=True, default=str).encode()
     ).hexdigest()[:16]
 
-    resume = out.begin({"run_id": run_id, "inputs": input_stamps(config.inputs)})
+    resume = out.begin({"run_id": run_id, "inputs": input_stamps(config.inputs), "packtool": __version__})
     if resume is not None and not resume["resumed"]:
         _note(
             config,

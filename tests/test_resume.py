@@ -91,8 +91,9 @@ def test_resume_does_not_redo_finished_chunks_or_shards(reference, out):
     assert files(out) == ref
 
 
-def test_external_sigkill_of_a_multiprocess_job(reference, out, tmp_path):
-    """Kill the driver of a ``--num-proc 2`` job when chunk 3 appears: its workers die with it."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_external_kill_of_a_multiprocess_job(reference, out, sig):
+    """Kill (or Ctrl-C) the driver of a ``--num-proc 2`` job when chunk 3 appears; resume it."""
     _, ref = reference
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "packtool.cli", "pack", str(DEMO / "train.jsonl"), "-o", str(out), *ARGS]
@@ -101,8 +102,10 @@ def test_external_sigkill_of_a_multiprocess_job(reference, out, tmp_path):
     deadline = time.monotonic() + 120
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the job ended before it could be killed"
+    assert proc.poll() is None, "the job ended before it could be killed"
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == (-signal.SIGKILL if sig == signal.SIGKILL else 130)
+    assert (out.with_name("out.partial") / "_work" / "run.json").exists() and not out.exists()
     time.sleep(0.5)
     assert not _processes_writing(out), "a worker outlived its killed driver"
     proc = pack(out, "--num-proc", "2")

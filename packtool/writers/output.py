@@ -10,8 +10,8 @@ Resuming: ``begin(identity)`` records the run's identity in ``_work/run.json``. 
 identity (same config minus runtime keys, inputs and tokenizer: see ``packtool.pipeline``) finds the
 partial directory and keeps what it holds (finished chunks and shards are skipped by the pipeline); a run
 with another identity wipes it and starts afresh. The partial directory is kept when a run is killed or
-fails for a reason outside its input (interrupt, disk full, internal error), and removed when it fails on
-bad input or options, whose fix changes the identity anyway.
+interrupted, and removed on every error packtool reports (bad input or options, disk full, internal
+error): after an error nothing is left behind.
 """
 
 from __future__ import annotations
