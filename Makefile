@@ -34,6 +34,7 @@ lint: install
 bench: install
 	$(BIN)/python scripts/bench_pack.py
 	$(BIN)/python scripts/bench_loader.py
+	$(BIN)/python scripts/bench_memory.py
 
 clean:
 	rm -rf out .cache .pytest_cache

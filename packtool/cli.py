@@ -18,6 +18,7 @@ import click
 
 from packtool.config import (
     EMPTY_LOSS_POLICIES,
+    ENGINES,
     FORMATS,
     LABELS,
     LONG_SAMPLE_POLICIES,
@@ -46,7 +47,11 @@ def _one_line_errors(fn):
             click.echo(f"packtool: error: {_one_line(e)}", err=True)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
-            click.echo("packtool: interrupted; no output was left behind", err=True)
+            click.echo(
+                "packtool: interrupted; no complete-looking output was left behind "
+                "(run the same command again to resume)",
+                err=True,
+            )
             sys.exit(130)
         except OSError as e:
             click.echo(f"packtool: error: {e.filename or ''}: {e.strerror or e}", err=True)
@@ -104,6 +109,8 @@ def main() -> None:
     "padding; default for the other strategies).",
 )
 @click.option("--num-proc", type=int, help="Processes for encoding and writing (output identical for any).")
+@click.option("--engine", type=click.Choice(ENGINES), help="Where encoding and writing run: local or ray.")
+@click.option("--ray-address", help="Ray cluster to join with --engine ray (default: start a local Ray).")
 @click.option("--split", help="Split of a Hugging Face dataset (default train).")
 @click.option("--text-field", help="Field holding the text (default text).")
 @click.option("--sample-format", type=click.Choice(SAMPLE_FORMATS), help="How records are encoded.")

@@ -28,10 +28,11 @@ FORMATS = ("parquet", "webdataset")
 SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat")
 LOSS_ON = ("assistant", "last", "all")
 EMPTY_LOSS_POLICIES = ("drop", "keep", "error")
+ENGINES = ("local", "ray")
 
 # Keys that say where and how a job runs, never what it writes. They are left out of the manifest (and
 # the run_id) so that the output is byte-identical for any number of processes, and wherever it is written.
-RUNTIME_KEYS = ("output", "num_proc", "quiet", "overwrite", "engine")
+RUNTIME_KEYS = ("output", "num_proc", "quiet", "overwrite", "engine", "ray_address")
 
 
 @dataclass
@@ -84,6 +85,7 @@ class PackConfig:
     # running
     num_proc: int = 1
     engine: str = "local"
+    ray_address: str | None = None  # with engine ray: the cluster to join; None starts a local Ray
     overwrite: bool = False
     quiet: bool = False
 
@@ -145,6 +147,7 @@ class PackConfig:
         _choice("loss_on", self.loss_on, LOSS_ON)
         _choice("empty_loss", self.empty_loss, EMPTY_LOSS_POLICIES)
         _choice("on_error", self.on_error, ON_ERROR)
+        _choice("engine", self.engine, ENGINES)
         if not isinstance(self.pad_token_id, int) or isinstance(self.pad_token_id, bool):
             raise ConfigError(f"pad_token_id must be an integer, got {self.pad_token_id!r}")
         return self

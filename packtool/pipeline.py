@@ -10,7 +10,14 @@
   vectorized copies and writes them; the manifest is written last and the directory renamed into place.
 
 Chunk and shard boundaries depend only on the config, never on the number of processes, so the output
-is byte-identical for every ``num_proc``.
+is byte-identical for every ``num_proc`` and engine.
+
+**Resuming.** The run's identity (``run_id``: config minus runtime keys, input names and sizes, tokenizer
+identity; plus the input files' modification times and packtool's version) is recorded in
+``<output>.partial/_work/run.json``. A run started again with the same command after being killed
+(SIGKILL included) or interrupted finds it, skips the chunks whose ``meta.json`` exists (it still
+streams past their records, but does not encode them again) and the shards whose
+``_work/shards/packs-NNNNNN.json`` exists, and writes the same bytes as an uninterrupted run.
 
 Bad records (``on_error``) are handled by one ``ErrorSink`` per place they arise: the readers' (this
 process, in input order) and one per encoded chunk (returned in the chunk's meta, merged in chunk order).
@@ -25,6 +32,7 @@ import hashlib
 import itertools
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +51,8 @@ from packtool.readers import expand_inputs, read_inputs
 from packtool.readers.base import SourceBatch
 from packtool.utils import file_sha256
 from packtool.writers import OutputDir, build_pack_arrays, write_chunk, write_parquet_shard, write_tar_shard
-from packtool.writers.chunks import ChunkStore
+from packtool.writers.chunks import ChunkStore, read_chunk_meta
+from packtool.writers.output import write_json_atomic
 from packtool.writers.webdataset import shard_bounds, write_dataset_index
 
 FORMAT_VERSION = 1
@@ -128,7 +137,7 @@ def _write_shard(task: tuple[int, PackPlan, str, str, dict]) -> dict:
             path, packs, row_group_size=cfg.row_group_size, metadata={**meta, "shard": index}
         )
     used = int(plan.length.sum())
-    return {
+    info = {
         "path": name,
         "first_pack": meta["first_pack"],
         "num_packs": plan.num_packs,
@@ -137,6 +146,32 @@ def _write_shard(task: tuple[int, PackPlan, str, str, dict]) -> dict:
         "sha256": file_sha256(path),
         **info,
     }
+    write_json_atomic(_shard_record(work_dir, index), info)  # the shard is done: a resumed run skips it
+    return info
+
+
+def _shard_record(work_dir: str, index: int) -> Path:
+    return Path(work_dir) / "shards" / f"packs-{index:06d}.json"
+
+
+def _finished_shard(work_dir: str, out_dir: str, index: int) -> dict | None:
+    """The record of shard ``index`` if an earlier attempt of this run wrote it whole, else None."""
+    record = _shard_record(work_dir, index)
+    if not record.exists():
+        return None
+    info = json.loads(record.read_text())
+    shard = Path(out_dir) / info["path"]
+    return info if shard.exists() and shard.stat().st_size == info["bytes"] else None
+
+
+def _fault(step: str, done: int) -> None:
+    """Test hook: ``PACKTOOL_TEST_KILL=STEP:N`` SIGKILLs this process once N items of STEP are done.
+
+    STEP is ``encode`` (chunks) or ``write`` (shards); it lets the tests kill a job at a chosen point.
+    """
+    spec = os.environ.get("PACKTOOL_TEST_KILL")
+    if spec and spec == f"{step}:{done}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # --- the driver ----------------------------------------------------------------------------------------
@@ -176,8 +211,28 @@ def input_fingerprint(inputs: list[str]) -> list[dict]:
     return out
 
 
+def input_stamps(inputs: list[str]) -> list[list]:
+    """``[path, size, mtime_ns]`` of every input file: a resumed run must see the very same files."""
+    out = []
+    for _kind, source, files in expand_inputs(inputs):
+        paths = files or ([source] if Path(source).is_file() else [])
+        if Path(source).is_dir() and not files:
+            paths = sorted(str(p) for p in Path(source).rglob("*") if p.is_file())
+        for p in paths:
+            st = os.stat(p)
+            out.append([str(p), st.st_size, st.st_mtime_ns])
+        if not paths:
+            out.append([source, None, None])
+    return out
+
+
 def run_pack(config: PackConfig, *, progress: bool | None = None) -> dict:
-    """Run ``packtool pack`` for ``config``; return the manifest. Raises ``PacktoolError`` subclasses."""
+    """Run ``packtool pack`` for ``config``; return the manifest. Raises ``PacktoolError`` subclasses.
+
+    On every error it reports (bad input or options, disk full, internal error) the partial directory is
+    removed: nothing is left behind. When the job is interrupted (Ctrl-C) or killed it is kept, so that the
+    same command resumes the run.
+    """
     config.validate()
     show = (not config.quiet) if progress is None else progress
     out = OutputDir(config.output, overwrite=config.overwrite).open()
@@ -191,9 +246,17 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> dict:
         raise PacktoolError(
             f"{config.output}: cannot write the output ({detail}; is the disk full?); nothing was left behind"
         ) from e
-    except BaseException:
+    except Exception:
         out.abort()
         raise
+    except BaseException:  # KeyboardInterrupt: keep the finished work for a resume
+        out.abort(keep=True)
+        raise
+
+
+def _note(config: PackConfig, message: str) -> None:
+    if not config.quiet:
+        print(f"packtool: {message}", file=sys.stderr, flush=True)
 
 
 def _progress(show: bool, **kw):
@@ -218,17 +281,38 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         json.dumps([config_dict, identity, fingerprint, FORMAT_VERSION], sort_keys=True, default=str).encode()
     ).hexdigest()[:16]
 
+    resume = out.begin({"run_id": run_id, "inputs": input_stamps(config.inputs), "packtool": __version__})
+    if resume is not None and not resume["resumed"]:
+        _note(
+            config,
+            f"{out.partial} holds an interrupted run of another job (config, inputs or "
+            "tokenizer differ); starting afresh",
+        )
+    resumed = bool(resume and resume["resumed"])
+    if resumed:
+        _note(config, f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
+
     engine = make_engine(config, _init_worker, (config.to_dict(), sample_format))
     with engine:
+        done: dict[int, dict] = {}  # chunks finished by an earlier attempt of this run
+
+        def encode_tasks():
+            for i, chunk in enumerate(chunked(itertools.chain([first], batches), config.chunk_size)):
+                meta = read_chunk_meta(work, i) if resumed else None
+                if meta is not None and meta["num_samples"] == sum(b.num_rows for b in chunk):
+                    done[i] = meta
+                    bar.update(meta["num_samples"])
+                    continue
+                yield (i, chunk, work)
+
         metas = []
         with _progress(show, desc="encode", unit=" samples") as bar:
-            tasks = (
-                (i, chunk, work)
-                for i, chunk in enumerate(chunked(itertools.chain([first], batches), config.chunk_size))
-            )
-            for meta in engine.map(_encode_chunk, tasks):
+            for meta in engine.map(_encode_chunk, encode_tasks()):
                 metas.append(meta)
                 bar.update(meta["num_samples"])
+                _fault("encode", len(metas))
+        metas = sorted([*metas, *done.values()], key=lambda m: m["index"])
+        assert [m["index"] for m in metas] == list(range(len(metas)))
         skipped = _merge_skipped(config, sink, metas)
         (Path(work) / "chunks.json").write_text(json.dumps(metas))
         store = ChunkStore(Path(work), metas)
@@ -256,15 +340,28 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
             "packed_sequence_size": config.packed_sequence_size,
             "format_version": FORMAT_VERSION,
         }
-        shards = []
+        finished = {}
+        if resumed:
+            finished = {i: f for i, _, _ in shard_ranges if (f := _finished_shard(work, str(out.partial), i))}
+            _note(
+                config,
+                f"resumed: {len(done)} of {len(metas)} chunks and {len(finished)} of "
+                f"{len(shard_ranges)} shards were already done",
+            )
+        (Path(work) / "shards").mkdir(exist_ok=True)
+        written = []
         with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
+            bar.update(sum(f["num_packs"] for f in finished.values()))
             tasks = (
                 (i, plan.slice(a, b), work, str(out.partial), {**meta, "first_pack": a})
                 for i, a, b in shard_ranges
+                if i not in finished
             )
             for info in engine.map(_write_shard, tasks):
-                shards.append(info)
+                written.append(info)
                 bar.update(info["num_packs"])
+                _fault("write", len(written))
+        shards = sorted([*written, *finished.values()], key=lambda f: f["path"])
     if skipped.total:
         with open(out.partial / ERRORS_LOG, "w") as f:
             f.writelines(json.dumps(e) + "\n" for e in skipped.entries)

@@ -2,12 +2,18 @@
 
 ``map(fn, tasks)`` yields results in task order, with at most ``2 * num_proc`` tasks in flight, so a
 stream of input chunks is never read far ahead of the workers (bounded memory). Workers are started
-with ``spawn`` (no inherited threads or tokenizer state) and run ``initializer(*initargs)`` once.
+with ``spawn`` (no inherited threads or tokenizer state) and run ``initializer(*initargs)`` once. On
+Linux a worker is killed when its parent dies (``PR_SET_PDEATHSIG``), so a killed job leaves no worker
+behind that could still write into the output directory while the job is resumed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
+import signal
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -44,8 +50,8 @@ class LocalEngine:
             self._pool = ProcessPoolExecutor(
                 self.num_proc,
                 mp_context=mp.get_context("spawn"),
-                initializer=self.initializer,
-                initargs=self.initargs,
+                initializer=_start_worker,
+                initargs=(os.getpid(), self.initializer, self.initargs),
             )
         in_flight: deque[Future] = deque()
         try:
@@ -63,3 +69,14 @@ class LocalEngine:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def _start_worker(parent: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
+    """Worker start-up: die with the parent (Linux), then run the engine's initializer."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+    if initializer is not None:
+        initializer(*initargs)

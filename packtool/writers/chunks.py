@@ -7,7 +7,13 @@ Each chunk is a directory ``chunk-NNNNNN/`` of flat ``.npy`` arrays (memory-mapp
 * ``rows.npy`` / ``source_ids.npy``: where each sample came from (for error messages);
 * ``meta.json``: sources, row kinds and counts, written last: a chunk without it is incomplete.
 
-``ChunkStore`` opens all chunks and moves pieces of samples into pack arrays with vectorized gathers.
+A chunk is written in ``chunk-NNNNNN.tmp-PID/`` and renamed into place, so ``chunk-NNNNNN/meta.json``
+exists only for a whole chunk: a resumed run reuses those and rewrites the others.
+
+``ChunkStore`` opens chunks on demand and moves pieces of samples into pack arrays with vectorized
+gathers. It keeps at most ``max_open`` chunks mapped (least recently used first out): every mapping holds a
+file descriptor and the pages it touched count in the process's resident memory, so keeping all of them
+would make memory (and open files) grow with the input.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import json
 import mmap
 import os
 import shutil
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +44,7 @@ def write_chunk(
 ) -> dict:
     """Write one encoded chunk (the encoder's output for ``batches``) and return its meta."""
     final = chunk_dir(work_dir, index)
-    tmp = final.with_name(final.name + ".tmp")
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     sources: list[str] = []
@@ -84,8 +91,16 @@ def write_chunk(
         "row_kinds": row_kinds,
     }
     (tmp / "meta.json").write_text(json.dumps(meta))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    # A chunk's bytes depend only on its records, so if another writer finished it meanwhile (a task of a
+    # killed run still in flight on a cluster while the run is resumed), keep theirs and drop ours.
+    if not (final / "meta.json").exists():
+        shutil.rmtree(final, ignore_errors=True)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not (final / "meta.json").exists():
+                raise
+    shutil.rmtree(tmp, ignore_errors=True)
     return meta
 
 
@@ -117,13 +132,14 @@ class ChunkStore:
 
     work_dir: Path
     metas: list[dict]
+    max_open: int = 8
+    _open: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
         counts = np.array([m["num_samples"] for m in self.metas], dtype=np.int64)
         self.sample_starts = np.concatenate([[0], np.cumsum(counts)])
         self.has_loss_mask = any(m["has_loss_mask"] for m in self.metas)
-        self._open: dict[int, dict[str, np.ndarray]] = {}
 
     def append_chunk(self, meta: dict) -> None:
         """Add a chunk written after the store was opened (packs made by a custom policy)."""
@@ -149,15 +165,20 @@ class ChunkStore:
         return int(self.sample_starts[-1])
 
     def arrays(self, c: int) -> dict[str, np.ndarray]:
-        if c not in self._open:
-            d = chunk_dir(self.work_dir, self.metas[c]["index"])
-            names = ["input_ids", "labels", "offsets", "rows", "source_ids"]
-            if self.metas[c]["has_loss_mask"]:
-                names.append("loss_mask")
-            if self.metas[c].get("origin"):
-                names.append("origin")
-            # plain ndarray views of the maps: slicing a np.memmap costs a subclass round trip per call
-            self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r").view(np.ndarray) for k in names}
+        """The memory-mapped arrays of chunk ``c`` (position in ``metas``)."""
+        if c in self._open:
+            self._open.move_to_end(c)
+            return self._open[c]
+        while len(self._open) >= self.max_open:
+            self._open.popitem(last=False)  # unmapped (and its descriptor closed) once unreferenced
+        d = chunk_dir(self.work_dir, self.metas[c]["index"])
+        names = ["input_ids", "labels", "offsets", "rows", "source_ids"]
+        if self.metas[c]["has_loss_mask"]:
+            names.append("loss_mask")
+        if self.metas[c].get("origin"):
+            names.append("origin")
+        # plain ndarray views of the maps: slicing a np.memmap costs a subclass round trip per call
+        self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r").view(np.ndarray) for k in names}
         return self._open[c]
 
     def pieces(self, sample: np.ndarray, start: np.ndarray, length: np.ndarray) -> dict[str, np.ndarray]:
@@ -190,14 +211,22 @@ class ChunkStore:
         else:
             runs = []
         keys = ["input_ids", "labels"] + (["loss_mask"] if self.has_loss_mask else [])
-        out = {}
-        for key in keys:
-            dtype = np.int8 if key == "loss_mask" else np.int32
-            src = {c: self.arrays(c).get(key) for c in used}
-            parts = [src[c][b:e] if src[c] is not None else np.ones(e - b, dtype=dtype) for c, b, e in runs]
-            out[key] = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-        for c in used:
-            _release(self.arrays(c))
+        total = int(length.sum())
+        out = {k: np.empty(total, dtype=np.int8 if k == "loss_mask" else np.int32) for k in keys}
+        by_chunk: dict[int, list[tuple[int, int, int]]] = {}
+        pos = 0
+        for c, b, e in runs:
+            by_chunk.setdefault(c, []).append((pos, b, e))
+            pos += e - b
+        # one chunk mapped at a time: holding every used chunk's maps would hold their file descriptors
+        for c, chunk_runs in by_chunk.items():
+            a = self.arrays(c)
+            for key in keys:
+                src = a.get(key)
+                for p, b, e in chunk_runs:
+                    out[key][p : p + e - b] = src[b:e] if src is not None else 1
+            _release(a)
+            del a
         return out
 
     def lengths(self) -> np.ndarray:

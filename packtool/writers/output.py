@@ -1,9 +1,17 @@
-"""The output directory, written atomically.
+"""The output directory, written atomically, and resumable.
 
-A run works in ``<output>.partial/`` (its scratch space in ``_work/``, guarded by a lock so that a second
-job on the same output is refused) and renames it to ``<output>`` only when every shard and the manifest
-are whole. An interrupted run therefore never leaves a directory that looks complete. With
-``overwrite`` an existing output is replaced only at that final rename.
+A run works in ``<output>.partial/`` (its scratch space in ``_work/``, guarded by a lock ``<output>.lock``
+so that a second job on the same output is refused) and renames it to ``<output>`` only when every shard
+and the manifest are whole. An interrupted run therefore never leaves a directory that looks complete: no
+``manifest.json`` exists until the end. With ``overwrite`` an existing output is replaced only at that
+final rename.
+
+Resuming: ``begin(identity)`` records the run's identity in ``_work/run.json``. A later run with the same
+identity (same config minus runtime keys, inputs and tokenizer: see ``packtool.pipeline``) finds the
+partial directory and keeps what it holds (finished chunks and shards are skipped by the pipeline); a run
+with another identity wipes it and starts afresh. The partial directory is kept when a run is killed or
+interrupted, and removed on every error packtool reports (bad input or options, disk full, internal
+error): after an error nothing is left behind.
 """
 
 from __future__ import annotations
@@ -28,7 +36,10 @@ class OutputDir:
         self._lock_fd: int | None = None
 
     def open(self) -> OutputDir:
-        """Check the destination, take the lock and create a fresh ``.partial`` directory."""
+        """Check the destination and take the lock (``ConfigError`` if another job holds it).
+
+        The ``.partial`` directory is left as it is: ``begin`` decides whether to resume it.
+        """
         if self.final.exists() and not self.overwrite:
             raise ConfigError(f"{self.final}: output directory exists; pass --overwrite to replace it")
         if self.final.exists() and not self.final.is_dir():
@@ -42,20 +53,33 @@ class OutputDir:
             ) from None
         if not os.access(parent, os.W_OK):
             raise ConfigError(f"{parent}: not writable")
-        lock_path = self.final.with_name(self.final.name + ".lock")
-        self._lock_fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-            raise ConfigError(
-                f"{self.final}: another packtool job is writing this output directory "
-                f"(lock {lock_path} is held)"
-            ) from None
+        self._lock_fd = _take_lock(self.final.with_name(self.final.name + ".lock"), self.final)
+        return self
+
+    def begin(self, identity: dict) -> dict | None:
+        """Resume the partial directory if it was left by a run of the same ``identity``, else wipe it.
+
+        Returns ``None`` when starting afresh with nothing there, else ``{"resumed": bool}`` saying
+        whether the partial work is reused (``False``: it belonged to another job and was wiped).
+        """
+        run_file = self.work / "run.json"
+        previous = None
+        if self.partial.exists():
+            try:
+                previous = json.loads(run_file.read_text())
+            except (OSError, ValueError):
+                previous = {}
+        if previous is not None and previous == json.loads(json.dumps(identity)):
+            for tmp in [*self.partial.glob("*.tmp*"), *self.work.glob("*.tmp*")]:  # a killed run's
+                if tmp.is_dir():  # half-written chunk or shard
+                    shutil.rmtree(tmp)
+                else:
+                    tmp.unlink()
+            return {"resumed": True}
         shutil.rmtree(self.partial, ignore_errors=True)
         self.work.mkdir(parents=True)
-        return self
+        write_json_atomic(run_file, identity)
+        return None if previous is None else {"resumed": False}
 
     def path(self, name: str) -> Path:
         return self.partial / name
@@ -63,6 +87,8 @@ class OutputDir:
     def commit(self, manifest: dict) -> None:
         """Write the manifest last, drop the scratch space, and move the whole directory into place."""
         shutil.rmtree(self.work, ignore_errors=True)
+        for tmp in self.partial.glob("*.tmp*"):
+            tmp.unlink()
         write_json_atomic(self.partial / MANIFEST, manifest)
         old = None
         if self.final.exists():
@@ -84,15 +110,48 @@ class OutputDir:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def abort(self) -> None:
-        """Remove the partial directory after a failure (nothing that looks complete is left)."""
-        shutil.rmtree(self.partial, ignore_errors=True)
+    def abort(self, keep: bool = False) -> None:
+        """Release the lock after a failure; remove the partial directory unless ``keep`` (to resume).
+
+        Either way nothing that looks complete is left: the manifest is only written by ``commit``.
+        """
+        if not keep:
+            shutil.rmtree(self.partial, ignore_errors=True)
         self.close()
+
+
+def _take_lock(lock_path: Path, final: Path) -> int:
+    """``flock`` ``lock_path`` without waiting; return its descriptor, or raise a ``ConfigError``.
+
+    The holder removes the lock file when it finishes, so a lock taken on a file that was just removed
+    (or replaced) is not a lock: check that the path still names the locked file, else try again.
+    """
+    while True:
+        fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            who = f"pid {holder}" if holder.isdigit() else "another process"
+            raise ConfigError(
+                f"{final}: another packtool job ({who}) is writing this output directory; "
+                f"wait for it to finish (lock {lock_path})"
+            ) from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return fd
+        os.close(fd)
 
 
 def write_json_atomic(path: str | Path, data: dict) -> None:
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
         json.dump(data, f, indent=2, sort_keys=False)
         f.write("\n")

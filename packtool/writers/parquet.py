@@ -59,14 +59,14 @@ def packs_table(packs: PackArrays) -> pa.Table:
 def write_parquet_shard(
     path: str | Path, packs: PackArrays | Iterable[PackArrays], *, row_group_size: int, metadata: dict
 ) -> dict:
-    """Write ``packs`` to ``path`` atomically (``path.tmp`` then rename); return the shard's row groups.
+    """Write ``packs`` to ``path`` atomically (``NAME.tmp-PID``, renamed); return the shard's row groups.
 
     ``packs`` is one ``PackArrays`` or an iterable of them (e.g. one per row group, built lazily so that a
     whole shard is never held in memory).
     """
     path = Path(path)
     blocks = [packs] if isinstance(packs, PackArrays) else packs
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     writer = None
     try:
         for block in blocks:

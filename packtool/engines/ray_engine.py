@@ -1,0 +1,116 @@
+"""``RayEngine``: runs the pipeline's encode and write steps as Ray tasks, on one machine or a cluster.
+
+It has ``LocalEngine``'s interface, ``map(fn, tasks)`` yielding results in task order with a bounded number
+of tasks in flight (``2 x`` the cluster's CPUs), so the pipeline does not change with the engine and the
+output bytes do not either: chunk and shard boundaries come from the config, never from the cluster.
+
+* ``ray_address`` given: join that cluster (``ray.init(address=...)``); packtool's own code is shipped with
+  the job (``runtime_env py_modules``), so the cluster needs only packtool's dependencies. Input, scratch
+  and output paths must be on storage that every node sees (a shared filesystem).
+* no address: start a local Ray with ``num_proc`` CPUs and no dashboard, shut down at the end.
+* a Ray already initialized in this process (a notebook, a test) is used as it is.
+
+Each Ray worker process runs ``initializer(*initargs)`` once (the encoder is built once per process, as
+with local workers). A task's ``PacktoolError`` (bad input naming its file and row) is raised again in the
+driver as itself, so errors read the same with every engine.
+
+Example::
+
+    with RayEngine(None, 2, init, (cfg,)) as engine:
+        results = list(engine.map(fn, tasks))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import pickle
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from packtool.errors import ConfigError, PacktoolError
+
+_READY: dict[str, str] = {}  # in a Ray worker: the initializer key it has run
+
+
+def _call(key: str, initializer: Callable[..., None] | None, initargs: tuple, fn: Callable, task: Any) -> Any:
+    if _READY.get("key") != key:
+        if initializer is not None:
+            initializer(*initargs)
+        _READY["key"] = key
+    return fn(task)
+
+
+class RayEngine:
+    name = "ray"
+
+    def __init__(
+        self,
+        address: str | None = None,
+        num_proc: int = 1,
+        initializer: Callable[..., None] | None = None,
+        initargs: tuple = (),
+    ) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("--engine ray needs Ray: pip install 'packtool[ray]'") from None
+        self._ray = ray
+        self._started = False
+        if not ray.is_initialized():
+            quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+            if address:
+                import packtool
+
+                try:
+                    ray.init(
+                        address=address,
+                        runtime_env={"py_modules": [str(Path(packtool.__file__).parent)]},
+                        **quiet,
+                    )
+                except (ConnectionError, RuntimeError, ValueError) as e:
+                    raise ConfigError(f"ray_address {address}: cannot join the Ray cluster: {e}") from None
+            else:
+                ray.init(address="local", num_cpus=num_proc, include_dashboard=False, **quiet)
+            self._started = True
+        self.initializer, self.initargs = initializer, initargs
+        self._key = hashlib.sha256(pickle.dumps((initializer, initargs))).hexdigest()
+        self._remote = ray.remote(num_cpus=1, max_retries=0)(_call)
+        self.max_in_flight = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+
+    def __enter__(self) -> RayEngine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def map(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
+        """Apply ``fn`` to every task as a Ray task; results come back in task order."""
+        ray = self._ray
+        in_flight: deque = deque()
+        submit = self._remote.remote
+        try:
+            for task in tasks:
+                in_flight.append(submit(self._key, self.initializer, self.initargs, fn, task))
+                if len(in_flight) >= self.max_in_flight:
+                    yield self._get(in_flight.popleft())
+            while in_flight:
+                yield self._get(in_flight.popleft())
+        finally:
+            for ref in in_flight:
+                ray.cancel(ref, force=True)
+
+    def _get(self, ref: Any) -> Any:
+        try:
+            return self._ray.get(ref)
+        except self._ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, PacktoolError):
+                raise e.cause from None
+            raise
+
+    def close(self) -> None:
+        if self._started:
+            self._ray.shutdown()
+            self._started = False

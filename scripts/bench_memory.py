@@ -1,0 +1,163 @@
+"""Peak memory of ``packtool pack`` at 1x and 4x input size: it must not grow with the token count.
+
+Builds pretokenized Parquet inputs of ``--samples`` and ``4 * --samples`` samples (lengths lognormal, mean
+about 300 tokens, ids uniform in a 32k vocabulary; default row groups, i.e. one row group per 1Mi rows, as
+a user's file would have), packs each with the real CLI in a child process, and reports:
+
+* ``peak_rss``: the largest resident set of the packtool process or any of its workers
+  (``getrusage(RUSAGE_CHILDREN).ru_maxrss`` of a wrapper process that runs only that job);
+* ``peak_tree_rss``: the largest sum of resident sets over the packtool process and its workers, polled
+  from ``/proc`` every 20 ms;
+* the ratio 4x / 1x of each, and the size of the lengths array (``num_samples * 8`` bytes), which is the
+  part of the driver's memory that is allowed to grow.
+
+Run ``python scripts/bench_memory.py [--samples 100000] [--num-proc 1]`` (``make bench`` runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The wrapper runs one packtool job and prints the peak RSS of its descendants (KiB on Linux).
+WRAPPER = (
+    "import resource, subprocess, sys; rc = subprocess.call(sys.argv[1:]); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)"
+)
+
+
+def make_input(path: Path, num_samples: int, seed: int = 0) -> int:
+    """Pretokenized Parquet of ``num_samples`` rows; returns the number of tokens."""
+    rng = np.random.default_rng(seed)
+    # lognormal(mu, sigma) has mean exp(mu + sigma^2 / 2): 5.5 and 0.6 give about 293 tokens
+    lengths = np.clip(rng.lognormal(5.5, 0.6, num_samples).astype(np.int64), 1, 2048)
+    offsets = np.zeros(num_samples + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = rng.integers(0, 32000, int(offsets[-1]), dtype=np.int32)
+    col = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(ids))
+    pq.write_table(pa.table({"input_ids": col}), path, compression="zstd")
+    return int(offsets[-1])
+
+
+def _tree_rss_kib(root: int) -> int:
+    """Sum of VmRSS over ``root`` and its descendants, from /proc (0 if it is gone)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        pid, ppid = int(entry), int(fields.get("PPid", "0").strip())
+        children.setdefault(ppid, []).append(pid)
+        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
+    total, stack = 0, [root]
+    while stack:
+        pid = stack.pop()
+        total += rss.get(pid, 0)
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def measure(input_path: Path, out: Path, num_proc: int, n: int, engine: str) -> dict:
+    cmd = [
+        sys.executable, "-c", WRAPPER,
+        sys.executable, "-m", "packtool.cli", "pack", str(input_path), "--output", str(out),
+        "--packed-sequence-size", str(n), "--num-proc", str(num_proc), "--engine", engine,
+        "--quiet", "--overwrite",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak_tree = 0
+    done = threading.Event()
+
+    def poll() -> None:
+        nonlocal peak_tree
+        while not done.is_set():
+            peak_tree = max(peak_tree, _tree_rss_kib(proc.pid))
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    stdout, stderr = proc.communicate()
+    done.set()
+    poller.join()
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"packtool failed ({proc.returncode}):\n{stderr}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {
+        "peak_rss_mib": int(stdout.strip().splitlines()[-1]) / 1024,
+        "peak_tree_rss_mib": peak_tree / 1024,
+        "seconds": seconds,
+        "num_samples": manifest["stats"]["num_samples"],
+        "num_tokens": manifest["stats"]["input_tokens"],
+        "num_packs": manifest["stats"]["num_packs"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=100_000, help="samples at 1x (4x is also run)")
+    ap.add_argument("--num-proc", type=int, default=1)
+    ap.add_argument("--packed-sequence-size", type=int, default=4096)
+    ap.add_argument("--engine", default="local")
+    ap.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
+    args = ap.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="packtool-bench-memory-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = []
+        for scale in (1, 4):
+            src = work / f"input-{scale}x.parquet"
+            tokens = make_input(src, args.samples * scale, seed=scale)
+            r = measure(src, work / f"out-{scale}x", args.num_proc, args.packed_sequence_size, args.engine)
+            r.update(scale=scale, input_mib=src.stat().st_size / 2**20)
+            r["lengths_mib"] = r["num_samples"] * 8 / 2**20
+            assert r["num_tokens"] == tokens
+            rows.append(r)
+            shutil.rmtree(work / f"out-{scale}x", ignore_errors=True)
+        print(f"bench_memory: engine={args.engine} num_proc={args.num_proc} N={args.packed_sequence_size}")
+        print(
+            f"{'scale':>5} {'samples':>9} {'tokens':>12} {'input MiB':>9} {'lengths MiB':>11} "
+            f"{'peak RSS MiB':>12} {'tree RSS MiB':>12} {'seconds':>8}"
+        )
+        for r in rows:
+            print(
+                f"{r['scale']:>4}x {r['num_samples']:>9,} {r['num_tokens']:>12,} {r['input_mib']:>9.1f} "
+                f"{r['lengths_mib']:>11.2f} {r['peak_rss_mib']:>12.1f} {r['peak_tree_rss_mib']:>12.1f} "
+                f"{r['seconds']:>8.1f}"
+            )
+        a, b = rows
+        print(
+            f"ratio 4x/1x: tokens {b['num_tokens'] / a['num_tokens']:.2f}, "
+            f"peak RSS {b['peak_rss_mib'] / a['peak_rss_mib']:.2f}, "
+            f"tree RSS {b['peak_tree_rss_mib'] / a['peak_tree_rss_mib']:.2f}, "
+            f"growth {b['peak_rss_mib'] - a['peak_rss_mib']:.1f} MiB for "
+            f"{b['lengths_mib'] - a['lengths_mib']:.1f} MiB more lengths"
+        )
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

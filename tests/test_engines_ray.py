@@ -1,0 +1,104 @@
+"""``--engine ray`` writes the same bytes as ``--engine local``, through the real CLI on a real local Ray.
+
+One Ray instance is started for the module (``ray.init`` in the test process, 2 CPUs); the CLI runs join
+it with ``--ray-address``, as jobs join a cluster. One test lets the CLI start its own local Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray  # noqa: E402  (a dev dependency: the Ray engine is tested in CI, never skipped)
+
+from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli
+
+TEXT_ARGS = [
+    str(DEMO / "train.jsonl"), "--tokenizer", str(DEMO_TOKENIZER), "--add-eos",
+    "--packed-sequence-size", "512", "--long-samples", "truncate",
+    "--chunk-size", "150", "--shard-size", "25", "--row-group-size", "10",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
+    try:
+        yield ctx.address_info["gcs_address"]
+    finally:
+        ray.shutdown()
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def local_then_ray(out: Path, args: list[str], ray_args: list[str]) -> tuple[dict, dict]:
+    """Pack with the local engine, then with Ray to the same path (the path is in the manifest)."""
+    run_cli("pack", *args, "-o", str(out), "-q", "--num-proc", "2")
+    local = files(out)
+    shutil.rmtree(out)
+    run_cli("pack", *args, "-o", str(out), "-q", "--engine", "ray", *ray_args)
+    return local, files(out)
+
+
+def test_ray_equals_local_text(tmp_path, ray_address):
+    local, on_ray = local_then_ray(tmp_path / "out", TEXT_ARGS, ["--ray-address", ray_address])
+    assert len(local) > 10 and local == on_ray  # several shards + manifest
+
+
+def test_ray_equals_local_pretokenized_split(tmp_path, ray_address):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 700, 600)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(rng.integers(1, 999, offsets[-1])))
+    mask = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(rng.integers(0, 2, offsets[-1])))
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"input_ids": ids, "loss_mask": mask}), src, row_group_size=100)
+    args = [str(src), "--packed-sequence-size", "256", "--split-across-pack", "--chunk-size", "64",
+            "--shard-size", "100"]  # fmt: skip
+    local, on_ray = local_then_ray(tmp_path / "out", args, ["--ray-address", ray_address, "--num-proc", "2"])
+    assert len(local) > 5 and local == on_ray
+
+
+def test_ray_reports_bad_input_like_local(tmp_path, ray_address):
+    bad = tmp_path / "bad.jsonl"
+    rows = [f'{{"input_ids": [1, 2, {i}]}}\n' for i in range(300)] + ['{"input_ids": [1, -5]}\n']
+    bad.write_text("".join(rows))
+    args = ["pack", str(bad), "--packed-sequence-size", "64", "-o", str(tmp_path / "o"), "-q"]
+    local = run_cli(*args, check=False)
+    on_ray = run_cli(*args, "--engine", "ray", "--ray-address", ray_address, check=False)
+    assert local.returncode == on_ray.returncode == 2
+    assert "bad.jsonl, line 301, field 'input_ids': negative token id: -5" in local.stderr
+    assert on_ray.stderr == local.stderr and local.stderr.count("\n") == 1
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
+
+
+def test_ray_job_killed_and_resumed(tmp_path, ray_address):
+    out = tmp_path / "out"
+    run_cli("pack", *TEXT_ARGS, "-o", str(out), "-q")
+    local = files(out)
+    shutil.rmtree(out)
+    ray_args = ["--engine", "ray", "--ray-address", ray_address]
+    kill = {"PACKTOOL_TEST_KILL": "write:2"}
+    killed = run_cli("pack", *TEXT_ARGS, "-o", str(out), *ray_args, check=False, env=kill)
+    assert killed.returncode == -9 and not out.exists()
+    resumed = run_cli("pack", *TEXT_ARGS, "-o", str(out), *ray_args)
+    # Ray tasks already in flight when the driver died may still have finished their shards
+    done = re.search(r"resumed: 7 of 7 chunks and (\d+) of (\d+) shards were already done", resumed.stderr)
+    assert done and 2 <= int(done.group(1)) < int(done.group(2)), resumed.stderr
+    assert files(out) == local
+
+
+def test_ray_starts_a_local_ray_without_address(tmp_path, ray_address):
+    """No --ray-address: the CLI starts (and stops) a Ray of its own, next to the module's one."""
+    args = [str(DEMO / "train.jsonl"), "--tokenizer", str(DEMO_TOKENIZER), "--packed-sequence-size", "2048",
+            "--split-across-pack", "--chunk-size", "300"]  # fmt: skip
+    local, on_ray = local_then_ray(tmp_path / "out", args, [])
+    assert local == on_ray
