@@ -63,7 +63,7 @@ MASKS = ("varlen", "dense", "flex")
 ON_ERROR = ("fail", "skip")
 STATE_VERSION = 1
 PACK_COLUMNS = ("input_ids", "labels", "position_ids", "loss_mask")  # the (N,) columns of a pack
-ID_FIELDS = PACK_COLUMNS  # widened to int64 by the default batch
+WIDE_FIELDS = PACK_COLUMNS  # kept as stored (int32 / int8) on the host, widened to int64 by PackedBatch.to
 
 
 class SkipSample(Exception):
@@ -141,9 +141,10 @@ def batch_list(values: Sequence[Any]) -> list:
 def default_batch(packs: list[dict]) -> dict[str, Any]:
     """The default ``batch`` stage: a dict with one entry per key of the packs.
 
-    Arrays/tensors are stacked (pad-stacked when their lengths differ): ``input_ids``, ``labels``,
-    ``position_ids``, ``loss_mask`` as int64 ``(B, N)``; ``seq_lens`` as int32 ``(B, max_seqs)`` padded with
-    ``SEQ_LENS_PAD`` (0); other arrays keep their dtype. Everything else becomes a list.
+    Arrays/tensors are stacked (pad-stacked when their lengths differ), keeping their dtype: ``input_ids``,
+    ``labels``, ``position_ids`` int32 and ``loss_mask`` int8 ``(B, N)`` as stored (``PackedBatch.to``
+    widens them to int64 on the device); ``seq_lens`` as int32 ``(B, max_seqs)`` padded with
+    ``SEQ_LENS_PAD`` (0). Everything else becomes a list.
     """
     out: dict[str, Any] = {}
     for key in packs[0]:
@@ -151,7 +152,7 @@ def default_batch(packs: list[dict]) -> dict[str, Any]:
         if not all(_is_array(v) for v in values):
             out[key] = batch_list(values)
             continue
-        dtype = torch.int64 if key in ID_FIELDS else torch.int32 if key == "seq_lens" else None
+        dtype = torch.int32 if key == "seq_lens" else None
         if all(v.shape == values[0].shape for v in values):
             out[key] = batch_stack(values, dtype)
         else:
@@ -163,16 +164,26 @@ def default_batch(packs: list[dict]) -> dict[str, Any]:
 class PackedBatch:
     """One batch of ``B`` packs of ``N`` tokens.
 
-    * ``input_ids``, ``labels``, ``position_ids``: ``(B, N)`` int64 (``labels`` is ``-100`` where no loss);
+    On the host (as the loader yields it) the token tensors keep the stored dtypes, half the bytes to move
+    between processes and to the device; ``to(device)`` widens them to int64 there, as trainers expect:
+
+    * ``input_ids``, ``labels``, ``position_ids``: ``(B, N)`` int32 on the host, int64 after ``to()``
+      (``labels`` is ``-100`` where no loss);
     * ``seq_lens``: ``(B, max_seqs)`` int32, each row the pack's sequence lengths (the padding, if any, is
       the last one) then ``SEQ_LENS_PAD`` = 0; every row sums to ``N``;
     * ``cu_seqlens``: ``(T + 1,)`` int32 and ``max_seqlen`` (int): the ``T`` non-empty sequences of the
       batch flattened to ``B * N`` tokens, for varlen kernels (FlashAttention, TE THD);
-    * ``loss_mask``: ``(B, N)`` int64 or ``None`` when the data has none;
+    * ``loss_mask``: ``(B, N)`` int8 on the host, int64 after ``to()``; ``None`` when the data has none;
     * ``pack_index``: ``(B,)`` int64, each pack's index in the output directory (shard order);
     * ``mask``: which mask ``to()`` / ``build_mask()`` builds: ``"varlen"`` (none beyond ``cu_seqlens``),
       ``"dense"`` (``attention_mask``, bool ``[B, 1, N, N]``) or ``"flex"`` (``block_mask``, a
       ``flex_attention.BlockMask``).
+
+    Example::
+
+        >>> batch = next(iter(loader))  # doctest: +SKIP
+        >>> batch.input_ids.dtype, batch.to("cuda").input_ids.dtype  # doctest: +SKIP
+        (torch.int32, torch.int64)
     """
 
     input_ids: torch.Tensor
@@ -195,9 +206,9 @@ class PackedBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> PackedBatch:
+    def _map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> PackedBatch:
         changes = {
-            f.name: fn(getattr(self, f.name))
+            f.name: fn(f.name, getattr(self, f.name))
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
@@ -205,11 +216,20 @@ class PackedBatch:
 
     def pin_memory(self) -> PackedBatch:
         """A copy with every tensor in pinned memory (``DataLoader(pin_memory=True)`` calls this)."""
-        return self._map(lambda t: t.pin_memory())
+        return self._map(lambda name, t: t.pin_memory())
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
-        """A copy on ``device``, with the mask of kind ``self.mask`` built there."""
-        moved = self._map(lambda t: t.to(device, non_blocking=non_blocking))
+        """A copy on ``device``, with the mask of kind ``self.mask`` built there.
+
+        ``input_ids``, ``labels``, ``position_ids`` and ``loss_mask`` arrive as int64 (copied at their
+        host dtype, widened on the device); the other tensors keep their dtype.
+        """
+
+        def move(name: str, t: torch.Tensor) -> torch.Tensor:
+            t = t.to(device, non_blocking=non_blocking)
+            return t.to(torch.int64) if name in WIDE_FIELDS else t
+
+        moved = self._map(move)
         if self.block_mask is not None:
             moved.block_mask = self.block_mask.to(device)
         return moved.build_mask()
@@ -572,6 +592,8 @@ class _UnitReader:
         self.encode_sample = getattr(te, "encode_sample", None)
         self.batch_fn = getattr(te, "batch", None) or default_batch
         self.encode_batch = getattr(te, "encode_batch", None) or self.default_encode_batch
+        # no per-pack stage: batches are gathered from the decoded units with array ops
+        self.fast = self.encode_sample is None and self.batch_fn is default_batch
 
     def start_epoch(self, epoch: int, plan: np.ndarray, batches: np.ndarray) -> None:
         self.epoch, self.plan = epoch, plan
@@ -599,32 +621,52 @@ class _UnitReader:
         self.cache[u] = arrays
         return arrays
 
+    def units_of_batch(self, units: np.ndarray) -> dict[int, dict | None]:
+        """Decode (or take from the cache) each unit of a batch once, in order of first use; drop a unit
+        from the cache once its last pack of the epoch is used."""
+        uniq, first, counts = np.unique(units, return_index=True, return_counts=True)
+        out = {}
+        for j in np.argsort(first, kind="stable").tolist():
+            u = int(uniq[j])
+            out[u] = self.unit(u)
+            self.remaining[u] -= counts[j]
+            if self.remaining[u] == 0:
+                self.cache.pop(u, None)
+        return out
+
     def item(self, epoch: int, index: int) -> _Item:
         ds = self.ds
         counts = {"skipped_packs": 0, "skipped_batches": 0, "bad_packs": 0}
-        packs = []
         ids = self.plan[index]
         units = np.searchsorted(ds.unit_first, ids, side="right") - 1
-        for pid, u in zip(ids.tolist(), units.tolist(), strict=True):
-            arrays = self.unit(u)
-            self.remaining[u] -= 1
-            if self.remaining[u] == 0:
-                self.cache.pop(u, None)
-            if arrays is None:
-                counts["bad_packs"] += 1
-                continue
-            pack = _pack(arrays, pid - int(ds.unit_first[u]), pid, tensors=self.encode_sample is not None)
-            if self.encode_sample is not None:
+        decoded = self.units_of_batch(units)
+        good = np.array([decoded[u] is not None for u in units.tolist()], dtype=bool)
+        counts["bad_packs"] = int(len(ids) - good.sum())
+        ids, units = ids[good], units[good]
+        rows = ids - ds.unit_first[units]
+        raw = None
+        if self.fast and len(ids):
+            raw = gather_batch(decoded, units, rows, ids)  # what default_batch makes, without pack dicts
+        elif len(ids):
+            packs = []
+            for pid, u, row in zip(ids.tolist(), units.tolist(), rows.tolist(), strict=True):
+                pack = _pack(decoded[u], row, pid, tensors=self.encode_sample is not None)
+                if self.encode_sample is not None:
+                    try:
+                        pack = self.encode_sample(pack)
+                    except SkipSample:
+                        counts["skipped_packs"] += 1
+                        continue
+                packs.append(pack)
+            if packs:
                 try:
-                    pack = self.encode_sample(pack)
+                    raw = self.batch_fn(packs)
                 except SkipSample:
-                    counts["skipped_packs"] += 1
-                    continue
-            packs.append(pack)
+                    raw = None
         batch = None
-        if packs:
+        if raw is not None:
             try:
-                batch = self.encode_batch(self.batch_fn(packs))
+                batch = self.encode_batch(raw)
             except SkipSample:
                 batch = None
         if batch is None:
@@ -639,7 +681,7 @@ class _UnitReader:
 
     def default_encode_batch(self, raw: dict) -> PackedBatch:
         seq_lens = raw["seq_lens"]
-        cu, max_seqlen = cu_seqlens_of(seq_lens)
+        cu, max_seqlen = _host_cu_seqlens(seq_lens)
         pack_index = raw.get("pack_index")
         return PackedBatch(
             input_ids=raw["input_ids"],
@@ -656,6 +698,48 @@ class _UnitReader:
 
 
 _BATCH_KEYS = {"input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "pack_index"}
+
+
+def gather_batch(decoded: dict[int, dict], units: np.ndarray, rows: np.ndarray, ids: np.ndarray) -> dict:
+    """The default raw batch of packs ``rows`` of ``units`` (``default_batch`` of their pack dicts).
+
+    ``decoded`` maps a unit to its ``table_arrays``. One fancy-indexing copy per unit and column (no
+    per-pack dicts): ``(B, N)`` columns keep their stored dtype; ``seq_lens`` is int32 ``(B, max_seqs)``
+    padded with ``SEQ_LENS_PAD``; ``pack_index`` is the list of pack indices.
+    """
+    k = len(units)
+    groups = [(u, np.flatnonzero(units == u)) for u in np.unique(units).tolist()]
+    first = decoded[int(units[0])]
+    out: dict[str, Any] = {}
+    for name in PACK_COLUMNS:
+        if name in first:
+            col = np.empty((k, first[name].shape[1]), dtype=first[name].dtype)
+            for u, pos in groups:
+                col[pos] = decoded[u][name][rows[pos]]
+            out[name] = torch.from_numpy(col)
+    starts, lens = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
+    for u, pos in groups:
+        off = decoded[u]["seq_lens_offsets"]
+        starts[pos] = off[rows[pos]]
+        lens[pos] = off[rows[pos] + 1] - starts[pos]
+    seq_lens = np.full((k, max(1, int(lens.max()))), SEQ_LENS_PAD, dtype=np.int32)
+    for u, pos in groups:
+        values = decoded[u]["seq_lens"][ranges(starts[pos], lens[pos])]
+        seq_lens[np.repeat(pos, lens[pos]), ranges(np.zeros(len(pos)), lens[pos])] = values
+    out["seq_lens"] = torch.from_numpy(seq_lens)
+    out["pack_index"] = ids.tolist()
+    return out
+
+
+def _host_cu_seqlens(seq_lens: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``cu_seqlens_of`` for a CPU tensor, in NumPy (a few times cheaper for one batch)."""
+    if seq_lens.device.type != "cpu" or seq_lens.dim() != 2:
+        return cu_seqlens_of(seq_lens)
+    flat = seq_lens.numpy().reshape(-1)
+    flat = flat[flat > 0]
+    cu = np.zeros(flat.size + 1, dtype=np.int32)
+    np.cumsum(flat, out=cu[1:])
+    return torch.from_numpy(cu), int(flat.max()) if flat.size else 0
 
 
 def _pack(arrays: dict, row: int, pack_index: int, tensors: bool) -> dict:
