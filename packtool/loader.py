@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import multiprocessing
 import pickle
+import uuid
 import warnings
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -379,13 +381,12 @@ except ImportError:  # pragma: no cover
 
 
 # --- the dataset -------------------------------------------------------------------------------------
+PARCEL_BATCHES = 4  # batches a DataLoader worker sends at once (one DataLoader item)
+
+
 @dataclass
 class _Item:
-    """What a worker sends: the stream position, the batch (or None if dropped) and what was counted.
-
-    Pickled (worker -> main process) with all its CPU tensors copied into one shared-memory block: one
-    file descriptor per batch instead of one per tensor, which costs the main process ~0.5 ms each.
-    """
+    """One batch of the stream: its position, the batch (or None if dropped) and what was counted."""
 
     epoch: int
     index: int
@@ -393,14 +394,100 @@ class _Item:
     counts: dict
     bad_units: list
 
-    def pin_memory(self) -> _Item:
-        if hasattr(self.batch, "pin_memory"):
-            self.batch = self.batch.pin_memory()
+
+@dataclass
+class _Parcel:
+    """What a worker sends in one DataLoader item: its next ``PARCEL_BATCHES`` batches (fewer at the end).
+
+    Every DataLoader item costs the main process a fixed amount (index and result queues, their feeder
+    threads, a thread switch): sending a few batches at once divides it. The main process puts the
+    batches back in stream order. Pickled with all CPU tensors copied into a free slot of the worker's
+    ``_Ring`` (see there); without a ring (a plain ``DataLoader`` over the dataset) or a free slot big
+    enough, into one new shared-memory block instead (one file descriptor per parcel, not one per tensor,
+    but each still costs the main process a connection to the worker, ~1-3 ms).
+    """
+
+    worker: int
+    items: list[_Item]
+
+    def pin_memory(self) -> _Parcel:
+        for item in self.items:
+            if hasattr(item.batch, "pin_memory"):
+                item.batch = item.batch.pin_memory()
         return self
 
     def __reduce__(self):
-        state = (self.epoch, self.index, self.batch, self.counts, self.bad_units)
-        return _rebuild_item, _pack_tensors(state)
+        state = (self.worker, self.items)
+        if _RING is not None:
+            sent = _RING.send(state)
+            if sent is not None:
+                return _rebuild_ring_parcel, sent
+        return _rebuild_parcel, _pack_tensors(state)
+
+
+class _Ring:
+    """A worker's shared-memory slots that carry batches to the main process.
+
+    Sharing a new block per batch costs a file-descriptor transfer each time, through a connection from
+    the main process to the worker (~1-3 ms, which capped the loader at a few hundred batches/s). A
+    ring is allocated once per worker and iteration (its descriptor sent once, with the first batch);
+    each batch's tensors are copied into a free slot and only ``(slot, layout)`` goes through the queue.
+    The main process copies the batch out of the slot while unpickling it and hands the slot back
+    through ``free`` (a pipe, which also orders the copy before the worker's next write), so a batch
+    the training loop keeps never aliases memory the worker reuses. No free slot, or a batch bigger
+    than a slot: the batch goes the per-batch way.
+    """
+
+    def __init__(self, token: str, worker: int, free: Any, slots: int) -> None:
+        self.token, self.worker, self.free, self.slots = token, worker, free, slots
+        self.buf: torch.Tensor | None = None
+        self.slot_bytes = 0
+        self.announced = False
+
+    def send(self, obj: Any) -> tuple | None:
+        payload, tensors = _split_tensors(obj)
+        layout, nbytes = _layout(tensors)
+        if self.buf is None:  # sized from the first batch, with room for longer seq_lens rows
+            self.slot_bytes = -(-max(nbytes + nbytes // 4, 1 << 16) // 4096) * 4096
+            self.buf = torch.empty(self.slots * self.slot_bytes, dtype=torch.uint8).share_memory_()
+        if nbytes > self.slot_bytes or self.free.empty():
+            return None
+        slot = self.free.get()
+        base = slot * self.slot_bytes
+        for view, t in zip(_views(self.buf[base : base + nbytes], layout), tensors, strict=True):
+            view.copy_(t)
+        ring = None if self.announced else self.buf
+        self.announced = True
+        return payload, self.token, self.worker, ring, base, nbytes, layout, slot
+
+
+_RING: _Ring | None = None  # in a DataLoader worker of a PackedLoader: its ring
+_MAIN_RINGS: dict[tuple[str, int], torch.Tensor] = {}  # in the main process: (token, worker) -> ring
+_MAIN_FREE: dict[str, list] = {}  # in the main process: token -> each worker's free-slot queue
+
+
+def _rebuild_ring_parcel(
+    payload: bytes,
+    token: str,
+    worker: int,
+    ring: torch.Tensor | None,
+    base: int,
+    nbytes: int,
+    layout: list,
+    slot: int,
+) -> _Parcel:
+    if ring is not None:
+        _MAIN_RINGS[(token, worker)] = ring
+    ring = _MAIN_RINGS.get((token, worker))
+    free = _MAIN_FREE.get(token)
+    if ring is None or free is None:
+        raise RuntimeError("a batch of a loader iteration that has ended")
+    own = torch.empty(nbytes, dtype=torch.uint8)
+    # NumPy's copy is one memcpy; torch's copy_ of this size may wake intra-op threads, which on a busy
+    # machine (the workers decoding) costs milliseconds
+    np.copyto(own.numpy(), ring[base : base + nbytes].numpy())
+    free[worker].put(slot)
+    return _Parcel(*_TensorUnpickler(io.BytesIO(payload), _views(own, layout)).load())
 
 
 class _TensorPickler(pickle.Pickler):
@@ -430,35 +517,44 @@ class _TensorUnpickler(pickle.Unpickler):
         return self.views[pid]
 
 
-def _pack_tensors(obj: Any) -> tuple[bytes, torch.Tensor | None, list]:
-    """``obj`` pickled without its tensors, the tensors' bytes in one shared block, and their layout."""
+def _split_tensors(obj: Any) -> tuple[bytes, list[torch.Tensor]]:
+    """``obj`` pickled without its (plain CPU) tensors, and those tensors in pickling order."""
     buf = io.BytesIO()
     pickler = _TensorPickler(buf)
     pickler.dump(obj)
+    return buf.getvalue(), pickler.tensors
+
+
+def _layout(tensors: list[torch.Tensor]) -> tuple[list, int]:
+    """Where each tensor goes in one block (64-byte aligned offsets, dtype, shape) and the block's size."""
     layout, offset = [], 0
-    for t in pickler.tensors:
-        layout.append((offset, t.dtype, tuple(t.shape)))
-        offset += -(-t.numel() * t.element_size() // 64) * 64  # 64-byte aligned
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        layout.append((offset, nbytes, t.dtype, tuple(t.shape)))
+        offset += -(-nbytes // 64) * 64
+    return layout, offset
+
+
+def _pack_tensors(obj: Any) -> tuple[bytes, torch.Tensor | None, list]:
+    """``obj`` pickled without its tensors, the tensors' bytes in one shared block, and their layout."""
+    payload, tensors = _split_tensors(obj)
+    layout, offset = _layout(tensors)
     arena = None
-    if pickler.tensors:
+    if tensors:
         storage = torch.empty(0, dtype=torch.uint8)._typed_storage()._new_shared(max(offset, 1))
         arena = torch.empty(0, dtype=torch.uint8).new(storage)
-        for view, t in zip(_views(arena, layout), pickler.tensors, strict=True):
+        for view, t in zip(_views(arena, layout), tensors, strict=True):
             view.copy_(t)
-    return buf.getvalue(), arena, layout
+    return payload, arena, layout
 
 
 def _views(arena: torch.Tensor, layout: list) -> list[torch.Tensor]:
-    out = []
-    for off, dtype, shape in layout:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
-        out.append(arena[off : off + nbytes].view(dtype).view(shape))
-    return out
+    return [arena[off : off + nbytes].view(dtype).view(shape) for off, nbytes, dtype, shape in layout]
 
 
-def _rebuild_item(payload: bytes, arena: torch.Tensor | None, layout: list) -> _Item:
+def _rebuild_parcel(payload: bytes, arena: torch.Tensor | None, layout: list) -> _Parcel:
     views = _views(arena, layout) if arena is not None else []
-    return _Item(*_TensorUnpickler(io.BytesIO(payload), views).load())
+    return _Parcel(*_TensorUnpickler(io.BytesIO(payload), views).load())
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -544,6 +640,8 @@ class PackedDataset(IterableDataset):
         columns = self.manifest.get("columns") or ["input_ids", "labels", "position_ids", "seq_lens"]
         self.columns = [c for c in (*PACK_COLUMNS, "seq_lens") if c in columns]
         self._start = (0, 0)  # (epoch, batch) where the next iteration starts; set by the loader
+        self._transport: tuple | None = None  # (token, free-slot queue per worker, slots); set by the loader
+        self._parcel_batches = 1  # batches per DataLoader item; set by the loader
 
     # the stream -------------------------------------------------------------------------------------
     def plan(self, epoch: int, lanes: int | None = None) -> np.ndarray:
@@ -560,23 +658,32 @@ class PackedDataset(IterableDataset):
             lanes=lanes or self.lanes or 1,
         )
 
-    def __iter__(self) -> Iterator[_Item]:
+    def __iter__(self) -> Iterator[_Parcel]:
+        global _RING
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None and self._transport is not None and len(self._transport[1]) == nw:
+            token, free, slots = self._transport
+            _RING = _Ring(token, wid, free[wid], slots)
         e0, i0 = self._start
         nb = self.batches_per_epoch
         reader = _UnitReader(self)
-        s = wid
-        while True:
-            e, i = e0 + (i0 + s) // nb, (i0 + s) % nb
-            if e != e0 and not self.infinite:
-                return
-            if e != reader.epoch:
-                g0 = (e - e0) * nb - i0  # stream position of batch 0 of epoch e
-                mine = np.arange(max(g0, 0), g0 + nb)
-                reader.start_epoch(e, self.plan(e), mine[mine % nw == wid] - g0)
-            yield reader.item(e, i)
-            s += nw
+        s, done = wid, False
+        while not done:
+            items = []
+            while len(items) < self._parcel_batches:
+                e, i = e0 + (i0 + s) // nb, (i0 + s) % nb
+                if e != e0 and not self.infinite:
+                    done = True
+                    break
+                if e != reader.epoch:
+                    g0 = (e - e0) * nb - i0  # stream position of batch 0 of epoch e
+                    mine = np.arange(max(g0, 0), g0 + nb)
+                    reader.start_epoch(e, self.plan(e), mine[mine % nw == wid] - g0)
+                items.append(reader.item(e, i))
+                s += nw
+            if items:
+                yield _Parcel(wid, items)
 
 
 class _UnitReader:
@@ -773,6 +880,8 @@ class PackedLoader:
             raise ValueError("persistent_workers is not supported: workers are restarted at each iter()")
         self.dataset, self.num_workers = dataset, num_workers
         self.lanes = dataset.lanes or max(1, num_workers)
+        # ring slots per worker: the parcels a worker may have in flight (prefetch_factor), then slack
+        self.ring_slots = (dataloader_kwargs.get("prefetch_factor") or 2) + 2
         self.dataloader = DataLoader(
             dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity, **dataloader_kwargs
         )
@@ -792,10 +901,21 @@ class PackedLoader:
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
         ds._start, ds.lanes = (self.epoch, self.batch), self.lanes
+        ds._parcel_batches = PARCEL_BATCHES if self.num_workers > 0 else 1
         nb = ds.batches_per_epoch
+        token = None
+        if self.num_workers > 0:
+            token = uuid.uuid4().hex
+            ctx = self.dataloader.multiprocessing_context or multiprocessing.get_context()
+            free = [ctx.SimpleQueue() for _ in range(self.num_workers)]
+            for q in free:
+                for slot in range(self.ring_slots):
+                    q.put(slot)
+            _MAIN_FREE[token] = free
+            ds._transport = (token, free, self.ring_slots)
         self._iterating = True
         try:
-            for item in self.dataloader:
+            for item in self._items():
                 if (item.epoch, item.index) != (self.epoch, self.batch):
                     raise RuntimeError(
                         f"loader stream out of order: got batch {item.index} of epoch {item.epoch}, "
@@ -813,6 +933,23 @@ class PackedLoader:
                     yield item.batch
         finally:
             self._iterating = False
+            ds._transport = None
+            if token is not None and _MAIN_FREE is not None:  # (None when finalized at interpreter exit)
+                _MAIN_FREE.pop(token, None)
+                for key in [k for k in _MAIN_RINGS if k[0] == token]:
+                    del _MAIN_RINGS[key]
+
+    def _items(self) -> Iterator[_Item]:
+        """The DataLoader's parcels unpacked in stream order: batch ``s`` (from the start of this
+        iteration) comes from worker ``s % num_workers``, whose parcels hold its batches in order."""
+        nw = max(1, self.num_workers)
+        pending: list[deque] = [deque() for _ in range(nw)]
+        s = 0
+        for parcel in self.dataloader:
+            pending[parcel.worker].extend(parcel.items)
+            while pending[s % nw]:
+                yield pending[s % nw].popleft()
+                s += 1
 
     def state_dict(self) -> dict:
         """The global cursor and what defines the stream (a small JSON-able dict)."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -58,21 +60,33 @@ def make_data(work: Path, packs: int) -> Path:
     return out
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its reaped children (the DataLoader workers)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def bench_loader(data: Path, workers: int, epochs: int) -> dict:
+    """Wall-clock packs/s after the first batch, and CPU seconds per 1,000 packs over the whole run
+    (workers included, start-up too): the second does not depend on what else runs on the machine."""
     ds = PackedDataset(data, batch_size=8, shuffle=True, seed=0, infinite=True)
     loader = get_loader(ds, num_workers=workers)
     target = epochs * ds.batches_per_epoch
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     it = iter(loader)
-    next(it)
+    packs = len(next(it))
     first = time.perf_counter() - t0
     t1 = time.perf_counter()
-    packs = 0
     for _ in range(target - 1):
         packs += len(next(it))
     steady = time.perf_counter() - t1
-    del it
-    return {"first_batch_s": first, "packs_per_s": packs / steady, "total_s": time.perf_counter() - t0}
+    del it  # joins the workers: their CPU time is counted from here
+    return {
+        "first_batch_s": first,
+        "packs_per_s": (packs - 8) / steady,
+        "total_s": time.perf_counter() - t0,
+        "cpu_s_per_1k_packs": (cpu_seconds() - c0) / packs * 1000,
+    }
 
 
 def timeit(fn, repeats: int) -> float:
@@ -148,9 +162,11 @@ def main() -> None:
     manifest = json.loads((data / "manifest.json").read_text())
     res: dict = {"packs": manifest["stats"]["num_packs"], "N": N, "fill_rate": manifest["stats"]["fill_rate"]}
 
-    t = time.perf_counter()
+    c, t = cpu_seconds(), time.perf_counter()
     count = sum(1 for _ in read_packs(data))
     res["read_packs_per_s"] = count / (time.perf_counter() - t)
+    res["read_packs_cpu_s_per_1k_packs"] = (cpu_seconds() - c) / count * 1000
+    res["load_average"] = os.getloadavg()
     res["loader"] = {w: bench_loader(data, w, args.epochs) for w in (0, 1, 2)}
 
     torch.set_num_threads(args.threads)
@@ -174,12 +190,25 @@ def report(res: dict, args) -> None:
     print(
         f"data: {res['packs']} packs of N={res['N']} (fill {res['fill_rate']:.3f}), torch {torch.__version__}"
     )
+    print(
+        f"load average before the loader runs: {', '.join(f'{x:.2f}' for x in res['load_average'])}"
+        f" on {os.cpu_count()} cores"
+    )
     ref = res["read_packs_per_s"]
-    print(f"reference read_packs (1 process, no batching): {ref:,.0f} packs/s")
-    print(f"{'workers':>8} {'first batch':>12} {'packs/s':>10} {'tokens/s':>14} {'x read_packs':>13}")
+    print(
+        f"reference read_packs (1 process, no batching): {ref:,.0f} packs/s, "
+        f"{res['read_packs_cpu_s_per_1k_packs']:.3f} CPU s / 1k packs"
+    )
+    print(
+        f"{'workers':>8} {'first batch':>12} {'packs/s':>10} {'tokens/s':>14} {'x read_packs':>13}"
+        f" {'CPU s/1k packs':>15}"
+    )
     for w, r in res["loader"].items():
         pps = r["packs_per_s"]
-        print(f"{w:>8} {r['first_batch_s']:>11.3f}s {pps:>10,.0f} {pps * N:>14,.0f} {pps / ref:>12.2f}x")
+        print(
+            f"{w:>8} {r['first_batch_s']:>11.3f}s {pps:>10,.0f} {pps * N:>14,.0f} {pps / ref:>12.2f}x"
+            f" {r['cpu_s_per_1k_packs']:>15.3f}"
+        )
     print(f"mask build per batch (torch threads: {args.threads}; min of {args.repeats})")
     for n, m in res["masks"].items():
         print(f"  N={n}")

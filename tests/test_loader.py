@@ -136,7 +136,8 @@ def test_batch_fields(packed):
     ds = PackedDataset(packed, batch_size=4, shuffle=False)
     batch = next(iter(get_loader(ds, num_workers=0)))
     assert isinstance(batch, PackedBatch) and len(batch) == 4 and batch.packed_sequence_size == N
-    host = {"input_ids": torch.int32, "labels": torch.int32, "position_ids": torch.int32, "loss_mask": torch.int8}
+    host = {"input_ids": torch.int32, "labels": torch.int32, "position_ids": torch.int32}
+    host["loss_mask"] = torch.int8
     moved = batch.to("cpu")
     for name, dtype in host.items():
         t, m = getattr(batch, name), getattr(moved, name)
