@@ -46,6 +46,7 @@ import multiprocessing
 import pickle
 import uuid
 import warnings
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -426,16 +427,17 @@ class _Parcel:
 
 
 class _Ring:
-    """A worker's shared-memory slots that carry batches to the main process.
+    """A worker's shared-memory slots that carry parcels to the main process.
 
-    Sharing a new block per batch costs a file-descriptor transfer each time, through a connection from
+    Sharing a new block per parcel costs a file-descriptor transfer each time, through a connection from
     the main process to the worker (~1-3 ms, which capped the loader at a few hundred batches/s). A
-    ring is allocated once per worker and iteration (its descriptor sent once, with the first batch);
-    each batch's tensors are copied into a free slot and only ``(slot, layout)`` goes through the queue.
-    The main process copies the batch out of the slot while unpickling it and hands the slot back
-    through ``free`` (a pipe, which also orders the copy before the worker's next write), so a batch
-    the training loop keeps never aliases memory the worker reuses. No free slot, or a batch bigger
-    than a slot: the batch goes the per-batch way.
+    ring is allocated once per worker and iteration (its descriptor sent once, with the first parcel);
+    each parcel's tensors are copied into a free slot and only ``(slot, layout)`` goes through the queue.
+    In the main process the batches' tensors are views of the slot (no copy); when the last of them is
+    freed, the slot goes back to the worker through ``free`` (a pipe, which also orders the training
+    loop's reads before the worker's next write), so a batch never sees memory the worker reuses. With
+    no free slot (the training loop keeps many batches alive) or a parcel bigger than a slot, the parcel
+    goes the per-parcel way instead: slower, same result.
     """
 
     def __init__(self, token: str, worker: int, free: Any, slots: int) -> None:
@@ -462,7 +464,7 @@ class _Ring:
 
 
 _RING: _Ring | None = None  # in a DataLoader worker of a PackedLoader: its ring
-_MAIN_RINGS: dict[tuple[str, int], torch.Tensor] = {}  # in the main process: (token, worker) -> ring
+_MAIN_RINGS: dict[tuple[str, int], np.ndarray] = {}  # in the main process: (token, worker) -> ring
 _MAIN_FREE: dict[str, list] = {}  # in the main process: token -> each worker's free-slot queue
 
 
@@ -477,16 +479,16 @@ def _rebuild_ring_parcel(
     slot: int,
 ) -> _Parcel:
     if ring is not None:
-        _MAIN_RINGS[(token, worker)] = ring
+        _MAIN_RINGS[(token, worker)] = ring.numpy()
     ring = _MAIN_RINGS.get((token, worker))
     free = _MAIN_FREE.get(token)
     if ring is None or free is None:
         raise RuntimeError("a batch of a loader iteration that has ended")
-    own = torch.empty(nbytes, dtype=torch.uint8)
-    # NumPy's copy is one memcpy; torch's copy_ of this size may wake intra-op threads, which on a busy
-    # machine (the workers decoding) costs milliseconds
-    np.copyto(own.numpy(), ring[base : base + nbytes].numpy())
-    free[worker].put(slot)
+    # the batches are views of the slot, through one NumPy array made for this parcel: the slot goes
+    # back to the worker when the last tensor viewing it is freed
+    block = ring[base : base + nbytes]
+    weakref.finalize(block, free[worker].put, slot)
+    own = torch.from_numpy(block)
     return _Parcel(*_TensorUnpickler(io.BytesIO(payload), _views(own, layout)).load())
 
 
@@ -880,8 +882,9 @@ class PackedLoader:
             raise ValueError("persistent_workers is not supported: workers are restarted at each iter()")
         self.dataset, self.num_workers = dataset, num_workers
         self.lanes = dataset.lanes or max(1, num_workers)
-        # ring slots per worker: the parcels a worker may have in flight (prefetch_factor), then slack
-        self.ring_slots = (dataloader_kwargs.get("prefetch_factor") or 2) + 2
+        # ring slots per worker: the parcels a worker may have in flight (prefetch_factor), the one being
+        # yielded, one waiting in stream order, then slack for batches the training loop still holds
+        self.ring_slots = (dataloader_kwargs.get("prefetch_factor") or 2) + 4
         self.dataloader = DataLoader(
             dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity, **dataloader_kwargs
         )

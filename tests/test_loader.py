@@ -151,6 +151,28 @@ def test_batch_fields(packed):
     assert batch.pack_index.tolist() == [0, 1, 2, 3]  # shuffle=False, one lane: file order
 
 
+@pytest.mark.parametrize("keep", ["all", "none"])
+def test_batches_kept_or_dropped_hold_their_own_data(packed, packs, keep):
+    """Batches from workers live in shared-memory slots the workers reuse once a batch is freed: a loop
+    that keeps every batch (more than the slots: the workers fall back to new blocks) and one that drops
+    each at once (slots reused many times) both see exactly the stored packs, checked after the epoch."""
+    loader = get_loader(PackedDataset(packed, batch_size=2, seed=4), num_workers=2)
+    kept, seen = [], []
+    for batch in loader:
+        if keep == "all":
+            kept.append(batch)
+        else:
+            seen.append((batch.pack_index.clone(), batch.input_ids.clone(), batch.seq_lens.clone()))
+    if keep == "all":
+        seen = [(b.pack_index, b.input_ids, b.seq_lens) for b in kept]
+    assert len(seen) == len(packs) // 2
+    for pack_index, ids, seq_lens in seen:
+        for row, p in enumerate(pack_index.tolist()):
+            assert torch.equal(ids[row], torch.from_numpy(packs[p]["input_ids"]))
+            k = len(packs[p]["seq_lens"])
+            assert seq_lens[row, :k].tolist() == packs[p]["seq_lens"].tolist()
+
+
 @pytest.mark.parametrize("mask", ["dense", "flex"])
 def test_to_builds_the_chosen_mask_on_the_device(packed, mask):
     batch = next(iter(get_loader(PackedDataset(packed, batch_size=2, mask=mask), num_workers=0)))
