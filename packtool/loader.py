@@ -410,6 +410,7 @@ class _Parcel:
 
     worker: int
     items: list[_Item]
+    held: list | None = None  # in the worker: the ring slot the parcel was built in ([slot, bytes used])
 
     def pin_memory(self) -> _Parcel:
         for item in self.items:
@@ -420,7 +421,7 @@ class _Parcel:
     def __reduce__(self):
         state = (self.worker, self.items)
         if _RING is not None:
-            sent = _RING.send(state)
+            sent = _RING.send(state, self.held)
             if sent is not None:
                 return _rebuild_ring_parcel, sent
         return _rebuild_parcel, _pack_tensors(state)
@@ -440,27 +441,62 @@ class _Ring:
     goes the per-parcel way instead: slower, same result.
     """
 
-    def __init__(self, token: str, worker: int, free: Any, slots: int) -> None:
+    def __init__(self, token: str, worker: int, free: Any, slots: int, slot_bytes: int) -> None:
         self.token, self.worker, self.free, self.slots = token, worker, free, slots
+        self.slot_bytes = -(-slot_bytes // 4096) * 4096
         self.buf: torch.Tensor | None = None
-        self.slot_bytes = 0
+        self.array: np.ndarray | None = None  # the same memory, for NumPy views
+        self.cur: list | None = None  # [slot, bytes used] of the parcel being built
         self.announced = False
 
-    def send(self, obj: Any) -> tuple | None:
-        payload, tensors = _split_tensors(obj)
-        layout, nbytes = _layout(tensors)
-        if self.buf is None:  # sized from the first batch, with room for longer seq_lens rows
-            self.slot_bytes = -(-max(nbytes + nbytes // 4, 1 << 16) // 4096) * 4096
+    def reserve(self) -> list | None:
+        """Worker's main thread, as a parcel starts: take a free slot (``[slot, 0]``), or None if none."""
+        if self.buf is None:
             self.buf = torch.empty(self.slots * self.slot_bytes, dtype=torch.uint8).share_memory_()
-        if nbytes > self.slot_bytes or self.free.empty():
+            self.array = self.buf.numpy()
+        self.cur = None if self.free.empty() else [self.free.get(), 0]
+        return self.cur
+
+    def alloc(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An uninitialized array for the parcel being built: in its slot if there is room (so that
+        sending it is no copy), else in ordinary memory."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        cur = self.cur
+        if cur is None or cur[1] + nbytes > self.slot_bytes:
+            return np.empty(shape, dtype=dtype)
+        base = cur[0] * self.slot_bytes + cur[1]
+        cur[1] += -(-nbytes // 64) * 64
+        return self.array[base : base + nbytes].view(dtype).reshape(shape)
+
+    def send(self, obj: Any, held: list | None) -> tuple | None:
+        """Feeder thread: ``obj``'s tensors placed in slot ``held`` (those built there stay, the others
+        are copied after them) and what the main process needs to view them; None if no slot or room."""
+        if held is None:
             return None
-        slot = self.free.get()
-        base = slot * self.slot_bytes
-        for view, t in zip(_views(self.buf[base : base + nbytes], layout), tensors, strict=True):
+        slot, used = held
+        payload, tensors = _split_tensors(obj)
+        lo, base = slot * self.slot_bytes, self.buf.data_ptr()
+        layout, copies, end = [], [], used
+        for t in tensors:
+            nbytes = t.numel() * t.element_size()
+            at = t.data_ptr() - base - lo
+            if t.is_contiguous() and 0 <= at and at + nbytes <= used:  # built in this slot
+                layout.append((at, nbytes, t.dtype, tuple(t.shape)))
+            else:
+                layout.append((end, nbytes, t.dtype, tuple(t.shape)))
+                copies.append(t)
+                end += -(-nbytes // 64) * 64
+        if end > self.slot_bytes:
+            self.free.put(slot)  # give the slot back: this parcel goes the per-parcel way
+            return None
+        block = self.buf[lo : lo + end]
+        moved = [entry for entry in layout if entry[0] >= used]
+        for view, t in zip(_views(block, moved), copies, strict=True):
             view.copy_(t)
         ring = None if self.announced else self.buf
         self.announced = True
-        return payload, self.token, self.worker, ring, base, nbytes, layout, slot
+        return payload, self.token, self.worker, ring, lo, end, layout, slot
 
 
 _RING: _Ring | None = None  # in a DataLoader worker of a PackedLoader: its ring
@@ -664,14 +700,22 @@ class PackedDataset(IterableDataset):
         global _RING
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        ring = None
         if info is not None and self._transport is not None and len(self._transport[1]) == nw:
             token, free, slots = self._transport
-            _RING = _Ring(token, wid, free[wid], slots)
+            # a slot holds a parcel of 4-byte token columns, with room for seq_lens and the rest
+            row_bytes = 4 * len(self.columns) * self.packed_sequence_size * self.batch_size
+            ring = _RING = _Ring(
+                token, wid, free[wid], slots, 5 * row_bytes * self._parcel_batches // 4 + 65536
+            )
         e0, i0 = self._start
         nb = self.batches_per_epoch
         reader = _UnitReader(self)
         s, done = wid, False
         while not done:
+            held = ring.reserve() if ring is not None else None
+            # the default stages build the batch straight into the parcel's slot
+            reader.alloc = ring.alloc if held is not None and reader.default_stages else np.empty
             items = []
             while len(items) < self._parcel_batches:
                 e, i = e0 + (i0 + s) // nb, (i0 + s) % nb
@@ -685,7 +729,9 @@ class PackedDataset(IterableDataset):
                 items.append(reader.item(e, i))
                 s += nw
             if items:
-                yield _Parcel(wid, items)
+                yield _Parcel(wid, items, held)
+            elif held is not None:
+                ring.free.put(held[0])
 
 
 class _UnitReader:
@@ -703,6 +749,8 @@ class _UnitReader:
         self.encode_batch = getattr(te, "encode_batch", None) or self.default_encode_batch
         # no per-pack stage: batches are gathered from the decoded units with array ops
         self.fast = self.encode_sample is None and self.batch_fn is default_batch
+        self.default_stages = self.fast and getattr(te, "encode_batch", None) is None
+        self.alloc: Callable[[tuple[int, ...], Any], np.ndarray] = np.empty  # for the gathered arrays
 
     def start_epoch(self, epoch: int, plan: np.ndarray, batches: np.ndarray) -> None:
         self.epoch, self.plan = epoch, plan
@@ -733,12 +781,11 @@ class _UnitReader:
     def units_of_batch(self, units: np.ndarray) -> dict[int, dict | None]:
         """Decode (or take from the cache) each unit of a batch once, in order of first use; drop a unit
         from the cache once its last pack of the epoch is used."""
-        uniq, first, counts = np.unique(units, return_index=True, return_counts=True)
+        listed = units.tolist()
         out = {}
-        for j in np.argsort(first, kind="stable").tolist():
-            u = int(uniq[j])
+        for u in dict.fromkeys(listed):  # a batch's few units, in order of first use
             out[u] = self.unit(u)
-            self.remaining[u] -= counts[j]
+            self.remaining[u] -= listed.count(u)
             if self.remaining[u] == 0:
                 self.cache.pop(u, None)
         return out
@@ -755,7 +802,7 @@ class _UnitReader:
         rows = ids - ds.unit_first[units]
         raw = None
         if self.fast and len(ids):
-            raw = gather_batch(decoded, units, rows, ids)  # what default_batch makes, without pack dicts
+            raw = gather_batch(decoded, units, rows, ids, self.alloc)  # = default_batch, no pack dicts
         elif len(ids):
             packs = []
             for pid, u, row in zip(ids.tolist(), units.tolist(), rows.tolist(), strict=True):
@@ -809,20 +856,27 @@ class _UnitReader:
 _BATCH_KEYS = {"input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "pack_index"}
 
 
-def gather_batch(decoded: dict[int, dict], units: np.ndarray, rows: np.ndarray, ids: np.ndarray) -> dict:
+def gather_batch(
+    decoded: dict[int, dict],
+    units: np.ndarray,
+    rows: np.ndarray,
+    ids: np.ndarray,
+    alloc: Callable[[tuple[int, ...], Any], np.ndarray] = np.empty,
+) -> dict:
     """The default raw batch of packs ``rows`` of ``units`` (``default_batch`` of their pack dicts).
 
     ``decoded`` maps a unit to its ``table_arrays``. One fancy-indexing copy per unit and column (no
     per-pack dicts): ``(B, N)`` columns keep their stored dtype; ``seq_lens`` is int32 ``(B, max_seqs)``
-    padded with ``SEQ_LENS_PAD``; ``pack_index`` is the list of pack indices.
+    padded with ``SEQ_LENS_PAD``; ``pack_index`` is the list of pack indices. The arrays are made by
+    ``alloc(shape, dtype)`` (a worker passes its ring's, to build the batch in shared memory).
     """
     k = len(units)
-    groups = [(u, np.flatnonzero(units == u)) for u in np.unique(units).tolist()]
+    groups = [(u, np.flatnonzero(units == u)) for u in dict.fromkeys(units.tolist())]
     first = decoded[int(units[0])]
     out: dict[str, Any] = {}
     for name in PACK_COLUMNS:
         if name in first:
-            col = np.empty((k, first[name].shape[1]), dtype=first[name].dtype)
+            col = alloc((k, first[name].shape[1]), first[name].dtype)
             for u, pos in groups:
                 col[pos] = decoded[u][name][rows[pos]]
             out[name] = torch.from_numpy(col)
@@ -831,10 +885,18 @@ def gather_batch(decoded: dict[int, dict], units: np.ndarray, rows: np.ndarray, 
         off = decoded[u]["seq_lens_offsets"]
         starts[pos] = off[rows[pos]]
         lens[pos] = off[rows[pos] + 1] - starts[pos]
-    seq_lens = np.full((k, max(1, int(lens.max()))), SEQ_LENS_PAD, dtype=np.int32)
+    width = max(1, int(lens.max()))
+    seq_lens = alloc((k, width), np.int32)
+    cols = np.arange(width)
+    valid = cols < lens[:, None]  # (B, width): which entries are a pack's own
+    src = starts[:, None] + cols  # where each entry would come from (masked by valid)
     for u, pos in groups:
-        values = decoded[u]["seq_lens"][ranges(starts[pos], lens[pos])]
-        seq_lens[np.repeat(pos, lens[pos]), ranges(np.zeros(len(pos)), lens[pos])] = values
+        values = decoded[u]["seq_lens"]
+        if len(values):
+            got = values[np.minimum(src[pos], len(values) - 1)]
+            seq_lens[pos] = np.where(valid[pos], got, SEQ_LENS_PAD)
+        else:
+            seq_lens[pos] = SEQ_LENS_PAD
     out["seq_lens"] = torch.from_numpy(seq_lens)
     out["pack_index"] = ids.tolist()
     return out
