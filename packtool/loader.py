@@ -42,9 +42,12 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import multiprocessing
 import pickle
+import uuid
 import warnings
-from collections import OrderedDict
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +66,7 @@ MASKS = ("varlen", "dense", "flex")
 ON_ERROR = ("fail", "skip")
 STATE_VERSION = 1
 PACK_COLUMNS = ("input_ids", "labels", "position_ids", "loss_mask")  # the (N,) columns of a pack
-ID_FIELDS = PACK_COLUMNS  # widened to int64 by the default batch
+WIDE_FIELDS = PACK_COLUMNS  # kept as stored (int32 / int8) on the host, widened to int64 by PackedBatch.to
 
 
 class SkipSample(Exception):
@@ -141,9 +144,10 @@ def batch_list(values: Sequence[Any]) -> list:
 def default_batch(packs: list[dict]) -> dict[str, Any]:
     """The default ``batch`` stage: a dict with one entry per key of the packs.
 
-    Arrays/tensors are stacked (pad-stacked when their lengths differ): ``input_ids``, ``labels``,
-    ``position_ids``, ``loss_mask`` as int64 ``(B, N)``; ``seq_lens`` as int32 ``(B, max_seqs)`` padded with
-    ``SEQ_LENS_PAD`` (0); other arrays keep their dtype. Everything else becomes a list.
+    Arrays/tensors are stacked (pad-stacked when their lengths differ), keeping their dtype: ``input_ids``,
+    ``labels``, ``position_ids`` int32 and ``loss_mask`` int8 ``(B, N)`` as stored (``PackedBatch.to``
+    widens them to int64 on the device); ``seq_lens`` as int32 ``(B, max_seqs)`` padded with
+    ``SEQ_LENS_PAD`` (0). Everything else becomes a list.
     """
     out: dict[str, Any] = {}
     for key in packs[0]:
@@ -151,7 +155,7 @@ def default_batch(packs: list[dict]) -> dict[str, Any]:
         if not all(_is_array(v) for v in values):
             out[key] = batch_list(values)
             continue
-        dtype = torch.int64 if key in ID_FIELDS else torch.int32 if key == "seq_lens" else None
+        dtype = torch.int32 if key == "seq_lens" else None
         if all(v.shape == values[0].shape for v in values):
             out[key] = batch_stack(values, dtype)
         else:
@@ -163,16 +167,26 @@ def default_batch(packs: list[dict]) -> dict[str, Any]:
 class PackedBatch:
     """One batch of ``B`` packs of ``N`` tokens.
 
-    * ``input_ids``, ``labels``, ``position_ids``: ``(B, N)`` int64 (``labels`` is ``-100`` where no loss);
+    On the host (as the loader yields it) the token tensors keep the stored dtypes, half the bytes to move
+    between processes and to the device; ``to(device)`` widens them to int64 there, as trainers expect:
+
+    * ``input_ids``, ``labels``, ``position_ids``: ``(B, N)`` int32 on the host, int64 after ``to()``
+      (``labels`` is ``-100`` where no loss);
     * ``seq_lens``: ``(B, max_seqs)`` int32, each row the pack's sequence lengths (the padding, if any, is
       the last one) then ``SEQ_LENS_PAD`` = 0; every row sums to ``N``;
     * ``cu_seqlens``: ``(T + 1,)`` int32 and ``max_seqlen`` (int): the ``T`` non-empty sequences of the
       batch flattened to ``B * N`` tokens, for varlen kernels (FlashAttention, TE THD);
-    * ``loss_mask``: ``(B, N)`` int64 or ``None`` when the data has none;
+    * ``loss_mask``: ``(B, N)`` int8 on the host, int64 after ``to()``; ``None`` when the data has none;
     * ``pack_index``: ``(B,)`` int64, each pack's index in the output directory (shard order);
     * ``mask``: which mask ``to()`` / ``build_mask()`` builds: ``"varlen"`` (none beyond ``cu_seqlens``),
       ``"dense"`` (``attention_mask``, bool ``[B, 1, N, N]``) or ``"flex"`` (``block_mask``, a
       ``flex_attention.BlockMask``).
+
+    Example::
+
+        >>> batch = next(iter(loader))  # doctest: +SKIP
+        >>> batch.input_ids.dtype, batch.to("cuda").input_ids.dtype  # doctest: +SKIP
+        (torch.int32, torch.int64)
     """
 
     input_ids: torch.Tensor
@@ -195,9 +209,9 @@ class PackedBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> PackedBatch:
+    def _map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> PackedBatch:
         changes = {
-            f.name: fn(getattr(self, f.name))
+            f.name: fn(f.name, getattr(self, f.name))
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
@@ -205,11 +219,20 @@ class PackedBatch:
 
     def pin_memory(self) -> PackedBatch:
         """A copy with every tensor in pinned memory (``DataLoader(pin_memory=True)`` calls this)."""
-        return self._map(lambda t: t.pin_memory())
+        return self._map(lambda name, t: t.pin_memory())
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
-        """A copy on ``device``, with the mask of kind ``self.mask`` built there."""
-        moved = self._map(lambda t: t.to(device, non_blocking=non_blocking))
+        """A copy on ``device``, with the mask of kind ``self.mask`` built there.
+
+        ``input_ids``, ``labels``, ``position_ids`` and ``loss_mask`` arrive as int64 (copied at their
+        host dtype, widened on the device); the other tensors keep their dtype.
+        """
+
+        def move(name: str, t: torch.Tensor) -> torch.Tensor:
+            t = t.to(device, non_blocking=non_blocking)
+            return t.to(torch.int64) if name in WIDE_FIELDS else t
+
+        moved = self._map(move)
         if self.block_mask is not None:
             moved.block_mask = self.block_mask.to(device)
         return moved.build_mask()
@@ -359,13 +382,12 @@ except ImportError:  # pragma: no cover
 
 
 # --- the dataset -------------------------------------------------------------------------------------
+PARCEL_BATCHES = 4  # batches a DataLoader worker sends at once (one DataLoader item)
+
+
 @dataclass
 class _Item:
-    """What a worker sends: the stream position, the batch (or None if dropped) and what was counted.
-
-    Pickled (worker -> main process) with all its CPU tensors copied into one shared-memory block: one
-    file descriptor per batch instead of one per tensor, which costs the main process ~0.5 ms each.
-    """
+    """One batch of the stream: its position, the batch (or None if dropped) and what was counted."""
 
     epoch: int
     index: int
@@ -373,14 +395,137 @@ class _Item:
     counts: dict
     bad_units: list
 
-    def pin_memory(self) -> _Item:
-        if hasattr(self.batch, "pin_memory"):
-            self.batch = self.batch.pin_memory()
+
+@dataclass
+class _Parcel:
+    """What a worker sends in one DataLoader item: its next ``PARCEL_BATCHES`` batches (fewer at the end).
+
+    Every DataLoader item costs the main process a fixed amount (index and result queues, their feeder
+    threads, a thread switch): sending a few batches at once divides it. The main process puts the
+    batches back in stream order. Pickled with all CPU tensors copied into a free slot of the worker's
+    ``_Ring`` (see there); without a ring (a plain ``DataLoader`` over the dataset) or a free slot big
+    enough, into one new shared-memory block instead (one file descriptor per parcel, not one per tensor,
+    but each still costs the main process a connection to the worker, ~1-3 ms).
+    """
+
+    worker: int
+    items: list[_Item]
+    held: list | None = None  # in the worker: the ring slot the parcel was built in ([slot, bytes used])
+
+    def pin_memory(self) -> _Parcel:
+        for item in self.items:
+            if hasattr(item.batch, "pin_memory"):
+                item.batch = item.batch.pin_memory()
         return self
 
     def __reduce__(self):
-        state = (self.epoch, self.index, self.batch, self.counts, self.bad_units)
-        return _rebuild_item, _pack_tensors(state)
+        state = (self.worker, self.items)
+        if _RING is not None:
+            sent = _RING.send(state, self.held)
+            if sent is not None:
+                return _rebuild_ring_parcel, sent
+        return _rebuild_parcel, _pack_tensors(state)
+
+
+class _Ring:
+    """A worker's shared-memory slots that carry parcels to the main process.
+
+    Sharing a new block per parcel costs a file-descriptor transfer each time, through a connection from
+    the main process to the worker (~1-3 ms, which capped the loader at a few hundred batches/s). A
+    ring is allocated once per worker and iteration (its descriptor sent once, with the first parcel);
+    each parcel's tensors are copied into a free slot and only ``(slot, layout)`` goes through the queue.
+    In the main process the batches' tensors are views of the slot (no copy); when the last of them is
+    freed, the slot goes back to the worker through ``free`` (a pipe, which also orders the training
+    loop's reads before the worker's next write), so a batch never sees memory the worker reuses. With
+    no free slot (the training loop keeps many batches alive) or a parcel bigger than a slot, the parcel
+    goes the per-parcel way instead: slower, same result.
+    """
+
+    def __init__(self, token: str, worker: int, free: Any, slots: int, slot_bytes: int) -> None:
+        self.token, self.worker, self.free, self.slots = token, worker, free, slots
+        self.slot_bytes = -(-slot_bytes // 4096) * 4096
+        self.buf: torch.Tensor | None = None
+        self.array: np.ndarray | None = None  # the same memory, for NumPy views
+        self.cur: list | None = None  # [slot, bytes used] of the parcel being built
+        self.announced = False
+
+    def reserve(self) -> list | None:
+        """Worker's main thread, as a parcel starts: take a free slot (``[slot, 0]``), or None if none."""
+        if self.buf is None:
+            self.buf = torch.empty(self.slots * self.slot_bytes, dtype=torch.uint8).share_memory_()
+            self.array = self.buf.numpy()
+        self.cur = None if self.free.empty() else [self.free.get(), 0]
+        return self.cur
+
+    def alloc(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An uninitialized array for the parcel being built: in its slot if there is room (so that
+        sending it is no copy), else in ordinary memory."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        cur = self.cur
+        if cur is None or cur[1] + nbytes > self.slot_bytes:
+            return np.empty(shape, dtype=dtype)
+        base = cur[0] * self.slot_bytes + cur[1]
+        cur[1] += -(-nbytes // 64) * 64
+        return self.array[base : base + nbytes].view(dtype).reshape(shape)
+
+    def send(self, obj: Any, held: list | None) -> tuple | None:
+        """Feeder thread: ``obj``'s tensors placed in slot ``held`` (those built there stay, the others
+        are copied after them) and what the main process needs to view them; None if no slot or room."""
+        if held is None:
+            return None
+        slot, used = held
+        payload, tensors = _split_tensors(obj)
+        lo, base = slot * self.slot_bytes, self.buf.data_ptr()
+        layout, copies, end = [], [], used
+        for t in tensors:
+            nbytes = t.numel() * t.element_size()
+            at = t.data_ptr() - base - lo
+            if t.is_contiguous() and 0 <= at and at + nbytes <= used:  # built in this slot
+                layout.append((at, nbytes, t.dtype, tuple(t.shape)))
+            else:
+                layout.append((end, nbytes, t.dtype, tuple(t.shape)))
+                copies.append(t)
+                end += -(-nbytes // 64) * 64
+        if end > self.slot_bytes:
+            self.free.put(slot)  # give the slot back: this parcel goes the per-parcel way
+            return None
+        block = self.buf[lo : lo + end]
+        moved = [entry for entry in layout if entry[0] >= used]
+        for view, t in zip(_views(block, moved), copies, strict=True):
+            view.copy_(t)
+        ring = None if self.announced else self.buf
+        self.announced = True
+        return payload, self.token, self.worker, ring, lo, end, layout, slot
+
+
+_RING: _Ring | None = None  # in a DataLoader worker of a PackedLoader: its ring
+_MAIN_RINGS: dict[tuple[str, int], np.ndarray] = {}  # in the main process: (token, worker) -> ring
+_MAIN_FREE: dict[str, list] = {}  # in the main process: token -> each worker's free-slot queue
+
+
+def _rebuild_ring_parcel(
+    payload: bytes,
+    token: str,
+    worker: int,
+    ring: torch.Tensor | None,
+    base: int,
+    nbytes: int,
+    layout: list,
+    slot: int,
+) -> _Parcel:
+    if ring is not None:
+        _MAIN_RINGS[(token, worker)] = ring.numpy()
+    ring = _MAIN_RINGS.get((token, worker))
+    free = _MAIN_FREE.get(token)
+    if ring is None or free is None:
+        raise RuntimeError("a batch of a loader iteration that has ended")
+    # the batches are views of the slot, through one NumPy array made for this parcel: the slot goes
+    # back to the worker when the last tensor viewing it is freed
+    block = ring[base : base + nbytes]
+    weakref.finalize(block, free[worker].put, slot)
+    own = torch.from_numpy(block)
+    return _Parcel(*_TensorUnpickler(io.BytesIO(payload), _views(own, layout)).load())
 
 
 class _TensorPickler(pickle.Pickler):
@@ -410,35 +555,44 @@ class _TensorUnpickler(pickle.Unpickler):
         return self.views[pid]
 
 
-def _pack_tensors(obj: Any) -> tuple[bytes, torch.Tensor | None, list]:
-    """``obj`` pickled without its tensors, the tensors' bytes in one shared block, and their layout."""
+def _split_tensors(obj: Any) -> tuple[bytes, list[torch.Tensor]]:
+    """``obj`` pickled without its (plain CPU) tensors, and those tensors in pickling order."""
     buf = io.BytesIO()
     pickler = _TensorPickler(buf)
     pickler.dump(obj)
+    return buf.getvalue(), pickler.tensors
+
+
+def _layout(tensors: list[torch.Tensor]) -> tuple[list, int]:
+    """Where each tensor goes in one block (64-byte aligned offsets, dtype, shape) and the block's size."""
     layout, offset = [], 0
-    for t in pickler.tensors:
-        layout.append((offset, t.dtype, tuple(t.shape)))
-        offset += -(-t.numel() * t.element_size() // 64) * 64  # 64-byte aligned
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        layout.append((offset, nbytes, t.dtype, tuple(t.shape)))
+        offset += -(-nbytes // 64) * 64
+    return layout, offset
+
+
+def _pack_tensors(obj: Any) -> tuple[bytes, torch.Tensor | None, list]:
+    """``obj`` pickled without its tensors, the tensors' bytes in one shared block, and their layout."""
+    payload, tensors = _split_tensors(obj)
+    layout, offset = _layout(tensors)
     arena = None
-    if pickler.tensors:
+    if tensors:
         storage = torch.empty(0, dtype=torch.uint8)._typed_storage()._new_shared(max(offset, 1))
         arena = torch.empty(0, dtype=torch.uint8).new(storage)
-        for view, t in zip(_views(arena, layout), pickler.tensors, strict=True):
+        for view, t in zip(_views(arena, layout), tensors, strict=True):
             view.copy_(t)
-    return buf.getvalue(), arena, layout
+    return payload, arena, layout
 
 
 def _views(arena: torch.Tensor, layout: list) -> list[torch.Tensor]:
-    out = []
-    for off, dtype, shape in layout:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=dtype).element_size()
-        out.append(arena[off : off + nbytes].view(dtype).view(shape))
-    return out
+    return [arena[off : off + nbytes].view(dtype).view(shape) for off, nbytes, dtype, shape in layout]
 
 
-def _rebuild_item(payload: bytes, arena: torch.Tensor | None, layout: list) -> _Item:
+def _rebuild_parcel(payload: bytes, arena: torch.Tensor | None, layout: list) -> _Parcel:
     views = _views(arena, layout) if arena is not None else []
-    return _Item(*_TensorUnpickler(io.BytesIO(payload), views).load())
+    return _Parcel(*_TensorUnpickler(io.BytesIO(payload), views).load())
 
 
 def _dist_rank_world() -> tuple[int, int]:
@@ -524,6 +678,8 @@ class PackedDataset(IterableDataset):
         columns = self.manifest.get("columns") or ["input_ids", "labels", "position_ids", "seq_lens"]
         self.columns = [c for c in (*PACK_COLUMNS, "seq_lens") if c in columns]
         self._start = (0, 0)  # (epoch, batch) where the next iteration starts; set by the loader
+        self._transport: tuple | None = None  # (token, free-slot queue per worker, slots); set by the loader
+        self._parcel_batches = 1  # batches per DataLoader item; set by the loader
 
     # the stream -------------------------------------------------------------------------------------
     def plan(self, epoch: int, lanes: int | None = None) -> np.ndarray:
@@ -540,23 +696,42 @@ class PackedDataset(IterableDataset):
             lanes=lanes or self.lanes or 1,
         )
 
-    def __iter__(self) -> Iterator[_Item]:
+    def __iter__(self) -> Iterator[_Parcel]:
+        global _RING
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        ring = None
+        if info is not None and self._transport is not None and len(self._transport[1]) == nw:
+            token, free, slots = self._transport
+            # a slot holds a parcel of 4-byte token columns, with room for seq_lens and the rest
+            row_bytes = 4 * len(self.columns) * self.packed_sequence_size * self.batch_size
+            ring = _RING = _Ring(
+                token, wid, free[wid], slots, 5 * row_bytes * self._parcel_batches // 4 + 65536
+            )
         e0, i0 = self._start
         nb = self.batches_per_epoch
         reader = _UnitReader(self)
-        s = wid
-        while True:
-            e, i = e0 + (i0 + s) // nb, (i0 + s) % nb
-            if e != e0 and not self.infinite:
-                return
-            if e != reader.epoch:
-                g0 = (e - e0) * nb - i0  # stream position of batch 0 of epoch e
-                mine = np.arange(max(g0, 0), g0 + nb)
-                reader.start_epoch(e, self.plan(e), mine[mine % nw == wid] - g0)
-            yield reader.item(e, i)
-            s += nw
+        s, done = wid, False
+        while not done:
+            held = ring.reserve() if ring is not None else None
+            # the default stages build the batch straight into the parcel's slot
+            reader.alloc = ring.alloc if held is not None and reader.default_stages else np.empty
+            items = []
+            while len(items) < self._parcel_batches:
+                e, i = e0 + (i0 + s) // nb, (i0 + s) % nb
+                if e != e0 and not self.infinite:
+                    done = True
+                    break
+                if e != reader.epoch:
+                    g0 = (e - e0) * nb - i0  # stream position of batch 0 of epoch e
+                    mine = np.arange(max(g0, 0), g0 + nb)
+                    reader.start_epoch(e, self.plan(e), mine[mine % nw == wid] - g0)
+                items.append(reader.item(e, i))
+                s += nw
+            if items:
+                yield _Parcel(wid, items, held)
+            elif held is not None:
+                ring.free.put(held[0])
 
 
 class _UnitReader:
@@ -572,6 +747,10 @@ class _UnitReader:
         self.encode_sample = getattr(te, "encode_sample", None)
         self.batch_fn = getattr(te, "batch", None) or default_batch
         self.encode_batch = getattr(te, "encode_batch", None) or self.default_encode_batch
+        # no per-pack stage: batches are gathered from the decoded units with array ops
+        self.fast = self.encode_sample is None and self.batch_fn is default_batch
+        self.default_stages = self.fast and getattr(te, "encode_batch", None) is None
+        self.alloc: Callable[[tuple[int, ...], Any], np.ndarray] = np.empty  # for the gathered arrays
 
     def start_epoch(self, epoch: int, plan: np.ndarray, batches: np.ndarray) -> None:
         self.epoch, self.plan = epoch, plan
@@ -599,32 +778,51 @@ class _UnitReader:
         self.cache[u] = arrays
         return arrays
 
+    def units_of_batch(self, units: np.ndarray) -> dict[int, dict | None]:
+        """Decode (or take from the cache) each unit of a batch once, in order of first use; drop a unit
+        from the cache once its last pack of the epoch is used."""
+        listed = units.tolist()
+        out = {}
+        for u in dict.fromkeys(listed):  # a batch's few units, in order of first use
+            out[u] = self.unit(u)
+            self.remaining[u] -= listed.count(u)
+            if self.remaining[u] == 0:
+                self.cache.pop(u, None)
+        return out
+
     def item(self, epoch: int, index: int) -> _Item:
         ds = self.ds
         counts = {"skipped_packs": 0, "skipped_batches": 0, "bad_packs": 0}
-        packs = []
         ids = self.plan[index]
         units = np.searchsorted(ds.unit_first, ids, side="right") - 1
-        for pid, u in zip(ids.tolist(), units.tolist(), strict=True):
-            arrays = self.unit(u)
-            self.remaining[u] -= 1
-            if self.remaining[u] == 0:
-                self.cache.pop(u, None)
-            if arrays is None:
-                counts["bad_packs"] += 1
-                continue
-            pack = _pack(arrays, pid - int(ds.unit_first[u]), pid, tensors=self.encode_sample is not None)
-            if self.encode_sample is not None:
+        decoded = self.units_of_batch(units)
+        good = np.array([decoded[u] is not None for u in units.tolist()], dtype=bool)
+        counts["bad_packs"] = int(len(ids) - good.sum())
+        ids, units = ids[good], units[good]
+        rows = ids - ds.unit_first[units]
+        raw = None
+        if self.fast and len(ids):
+            raw = gather_batch(decoded, units, rows, ids, self.alloc)  # = default_batch, no pack dicts
+        elif len(ids):
+            packs = []
+            for pid, u, row in zip(ids.tolist(), units.tolist(), rows.tolist(), strict=True):
+                pack = _pack(decoded[u], row, pid, tensors=self.encode_sample is not None)
+                if self.encode_sample is not None:
+                    try:
+                        pack = self.encode_sample(pack)
+                    except SkipSample:
+                        counts["skipped_packs"] += 1
+                        continue
+                packs.append(pack)
+            if packs:
                 try:
-                    pack = self.encode_sample(pack)
+                    raw = self.batch_fn(packs)
                 except SkipSample:
-                    counts["skipped_packs"] += 1
-                    continue
-            packs.append(pack)
+                    raw = None
         batch = None
-        if packs:
+        if raw is not None:
             try:
-                batch = self.encode_batch(self.batch_fn(packs))
+                batch = self.encode_batch(raw)
             except SkipSample:
                 batch = None
         if batch is None:
@@ -639,7 +837,7 @@ class _UnitReader:
 
     def default_encode_batch(self, raw: dict) -> PackedBatch:
         seq_lens = raw["seq_lens"]
-        cu, max_seqlen = cu_seqlens_of(seq_lens)
+        cu, max_seqlen = _host_cu_seqlens(seq_lens)
         pack_index = raw.get("pack_index")
         return PackedBatch(
             input_ids=raw["input_ids"],
@@ -656,6 +854,63 @@ class _UnitReader:
 
 
 _BATCH_KEYS = {"input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "pack_index"}
+
+
+def gather_batch(
+    decoded: dict[int, dict],
+    units: np.ndarray,
+    rows: np.ndarray,
+    ids: np.ndarray,
+    alloc: Callable[[tuple[int, ...], Any], np.ndarray] = np.empty,
+) -> dict:
+    """The default raw batch of packs ``rows`` of ``units`` (``default_batch`` of their pack dicts).
+
+    ``decoded`` maps a unit to its ``table_arrays``. One fancy-indexing copy per unit and column (no
+    per-pack dicts): ``(B, N)`` columns keep their stored dtype; ``seq_lens`` is int32 ``(B, max_seqs)``
+    padded with ``SEQ_LENS_PAD``; ``pack_index`` is the list of pack indices. The arrays are made by
+    ``alloc(shape, dtype)`` (a worker passes its ring's, to build the batch in shared memory).
+    """
+    k = len(units)
+    groups = [(u, np.flatnonzero(units == u)) for u in dict.fromkeys(units.tolist())]
+    first = decoded[int(units[0])]
+    out: dict[str, Any] = {}
+    for name in PACK_COLUMNS:
+        if name in first:
+            col = alloc((k, first[name].shape[1]), first[name].dtype)
+            for u, pos in groups:
+                col[pos] = decoded[u][name][rows[pos]]
+            out[name] = torch.from_numpy(col)
+    starts, lens = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
+    for u, pos in groups:
+        off = decoded[u]["seq_lens_offsets"]
+        starts[pos] = off[rows[pos]]
+        lens[pos] = off[rows[pos] + 1] - starts[pos]
+    width = max(1, int(lens.max()))
+    seq_lens = alloc((k, width), np.int32)
+    cols = np.arange(width)
+    valid = cols < lens[:, None]  # (B, width): which entries are a pack's own
+    src = starts[:, None] + cols  # where each entry would come from (masked by valid)
+    for u, pos in groups:
+        values = decoded[u]["seq_lens"]
+        if len(values):
+            got = values[np.minimum(src[pos], len(values) - 1)]
+            seq_lens[pos] = np.where(valid[pos], got, SEQ_LENS_PAD)
+        else:
+            seq_lens[pos] = SEQ_LENS_PAD
+    out["seq_lens"] = torch.from_numpy(seq_lens)
+    out["pack_index"] = ids.tolist()
+    return out
+
+
+def _host_cu_seqlens(seq_lens: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``cu_seqlens_of`` for a CPU tensor, in NumPy (a few times cheaper for one batch)."""
+    if seq_lens.device.type != "cpu" or seq_lens.dim() != 2:
+        return cu_seqlens_of(seq_lens)
+    flat = seq_lens.numpy().reshape(-1)
+    flat = flat[flat > 0]
+    cu = np.zeros(flat.size + 1, dtype=np.int32)
+    np.cumsum(flat, out=cu[1:])
+    return torch.from_numpy(cu), int(flat.max()) if flat.size else 0
 
 
 def _pack(arrays: dict, row: int, pack_index: int, tensors: bool) -> dict:
@@ -689,6 +944,9 @@ class PackedLoader:
             raise ValueError("persistent_workers is not supported: workers are restarted at each iter()")
         self.dataset, self.num_workers = dataset, num_workers
         self.lanes = dataset.lanes or max(1, num_workers)
+        # ring slots per worker: the parcels a worker may have in flight (prefetch_factor), the one being
+        # yielded, one waiting in stream order, then slack for batches the training loop still holds
+        self.ring_slots = (dataloader_kwargs.get("prefetch_factor") or 2) + 4
         self.dataloader = DataLoader(
             dataset, batch_size=None, num_workers=num_workers, collate_fn=_identity, **dataloader_kwargs
         )
@@ -708,10 +966,21 @@ class PackedLoader:
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
         ds._start, ds.lanes = (self.epoch, self.batch), self.lanes
+        ds._parcel_batches = PARCEL_BATCHES if self.num_workers > 0 else 1
         nb = ds.batches_per_epoch
+        token = None
+        if self.num_workers > 0:
+            token = uuid.uuid4().hex
+            ctx = self.dataloader.multiprocessing_context or multiprocessing.get_context()
+            free = [ctx.SimpleQueue() for _ in range(self.num_workers)]
+            for q in free:
+                for slot in range(self.ring_slots):
+                    q.put(slot)
+            _MAIN_FREE[token] = free
+            ds._transport = (token, free, self.ring_slots)
         self._iterating = True
         try:
-            for item in self.dataloader:
+            for item in self._items():
                 if (item.epoch, item.index) != (self.epoch, self.batch):
                     raise RuntimeError(
                         f"loader stream out of order: got batch {item.index} of epoch {item.epoch}, "
@@ -729,6 +998,23 @@ class PackedLoader:
                     yield item.batch
         finally:
             self._iterating = False
+            ds._transport = None
+            if token is not None and _MAIN_FREE is not None:  # (None when finalized at interpreter exit)
+                _MAIN_FREE.pop(token, None)
+                for key in [k for k in _MAIN_RINGS if k[0] == token]:
+                    del _MAIN_RINGS[key]
+
+    def _items(self) -> Iterator[_Item]:
+        """The DataLoader's parcels unpacked in stream order: batch ``s`` (from the start of this
+        iteration) comes from worker ``s % num_workers``, whose parcels hold its batches in order."""
+        nw = max(1, self.num_workers)
+        pending: list[deque] = [deque() for _ in range(nw)]
+        s = 0
+        for parcel in self.dataloader:
+            pending[parcel.worker].extend(parcel.items)
+            while pending[s % nw]:
+                yield pending[s % nw].popleft()
+                s += 1
 
     def state_dict(self) -> dict:
         """The global cursor and what defines the stream (a small JSON-able dict)."""

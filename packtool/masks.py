@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 SEQ_LENS_PAD = 0
@@ -70,8 +71,15 @@ def block_causal_mask(
     """Dense block-causal mask, bool ``[B, 1, N, N]``, ``True`` where query row may attend key column.
 
     Equal to NeMo AutoModel's ``create_block_causal_mask`` for the same ``seq_lens`` (rows summing to
-    ``N``). Built on ``device`` (default: the device of ``seq_lens``); the output is written once, by a
-    gather of precomputed row windows (or two broadcast comparisons when a sequence is very long).
+    ``N``). Built on ``device`` (default: the device of ``seq_lens``).
+
+    How: every ``True`` of row ``q`` lies in the band of the ``W`` columns ending at the diagonal
+    (``W`` = the longest sequence of the batch), so the output starts as zeros and only that band is
+    written: row ``q`` of the band is the length-``W`` window at offset ``within[q]`` (the query's index in
+    its sequence) of the small pattern ``zeros(W - 1) ones(W)``, gathered with one ``index_select`` per
+    pack into a strided view of the output. On CPU the zeros come from NumPy's ``calloc`` (pages the
+    kernel zeroes on first touch, in transparent huge pages where enabled), so the ``B * N * N`` bytes are
+    not written twice; what is left is about the cost of the kernel zeroing them.
 
     Example::
 
@@ -79,23 +87,27 @@ def block_causal_mask(
         [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
     """
     _, start = sequence_starts(seq_lens, packed_sequence_size, device)
-    n, b = packed_sequence_size, start.shape[0]
-    pos = torch.arange(n, device=start.device)
-    within = pos - start  # (B, N): index of each query inside its sequence
-    rows = int(within.max()) + 1 if within.numel() else 1  # longest sequence
-    if 2 * rows <= b * n // 4:
-        # Row (b, q) of the mask is zeros(start) ones(within + 1) zeros(rest): the length-N window at
-        # offset N - start of row `within` of the pattern P[w] = zeros(N) ones(w + 1) zeros(N - 1 - w).
-        # Gathering those windows writes the output once (P is small: longest sequence x 2N bytes).
-        j = torch.arange(2 * n, device=start.device)
-        pattern = (j >= n) & (j <= n + torch.arange(rows, device=start.device).view(rows, 1))
-        windows = pattern.reshape(-1).unfold(0, n, 1)
-        offsets = (within * (2 * n) + n - start).reshape(-1)
-        return torch.index_select(windows, 0, offsets).view(b, 1, n, n)
-    # long sequences (the pattern would be large): key k is visible from query q iff start[q] <= k <= q
-    mask = torch.ge(pos.view(1, 1, n), start.unsqueeze(2))
-    mask &= torch.le(pos.view(1, n), pos.view(n, 1))
-    return mask.unsqueeze(1)
+    n, b, dev = packed_sequence_size, start.shape[0], start.device
+    within = torch.arange(n, device=dev) - start  # (B, N): index of each query inside its sequence
+    w = int(within.max()) + 1 if within.numel() else 1  # longest sequence: the band's width
+    if dev.type == "cpu":
+        flat = torch.from_numpy(np.zeros(b * n * n, dtype=np.bool_))
+    else:
+        flat = torch.zeros(b * n * n, dtype=torch.bool, device=dev)
+    mask = flat.view(b, 1, n, n)
+    if b == 0 or n == 0:
+        return mask
+    mask[:, 0, 0, 0] = True  # row 0 is [1, 0, ...]; rows 1.. are written through the band
+    # band[p, q - 1, d] = mask[p, 0, q, q - (W - 1) + d] for rows q >= 1: row stride N + 1 walks the
+    # diagonal; columns left of 0 fall at the end of row q - 1, above its diagonal (False there, too)
+    band = flat.as_strided((b, n - 1, w), (n * n, n + 1, 1), n + 2 - w)
+    pattern = torch.zeros(2 * w - 1, dtype=torch.bool, device=dev)
+    pattern[w - 1 :] = True
+    windows = pattern.unfold(0, w, 1)  # (W, W): row k is zeros(W - 1 - k) ones(k + 1)
+    rows = within[:, 1:]
+    for p in range(b):  # one gather per pack: the bands of all packs are not one 2-D strided view
+        torch.index_select(windows, 0, rows[p], out=band[p])
+    return mask
 
 
 def flex_block_mask(

@@ -28,8 +28,9 @@ def load_manifest(directory: str | Path) -> dict:
 
 
 def _column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
-    col = table.column(name).combine_chunks()
-    return list_parts(col)
+    col = table.column(name)
+    # a row group read is one chunk: combine_chunks would copy it anyway
+    return list_parts(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
 
 
 def table_arrays(table: pa.Table, n: int) -> dict[str, np.ndarray]:

@@ -4,11 +4,15 @@
 
 Prints, for packs of N=4096 tokens written by ``packtool pack`` (Parquet, zstd, row groups of 128):
 * loader packs/s and tokens/s with 0, 1 and 2 workers (batch 8) and the time to the first batch, beside
-  the raw single-process decode speed of ``packtool.reading.read_packs`` (the reference);
+  the raw single-process decode speed of ``packtool.reading.read_packs`` (the reference), and the CPU
+  seconds per 1,000 packs of each (workers included), which other jobs on the machine do not change much;
 * mask build time per batch for each kind at N=4096 and N=32768, beside NeMo AutoModel's
   ``create_block_causal_mask`` (identical output checked) and flex attention's ``create_block_mask`` with a
   document mask function. The dense masks and ``create_block_mask`` (which evaluates the mask function
   at all N^2 positions) take B * N^2 bytes: at N=32768 they are timed with B=1 (1 GiB), not B=8 (8 GiB).
+  Two floor rows time what a dense builder must at least do: ``torch.ones`` of the output (one write
+  pass through torch's allocator), and fresh zeroed memory with only the diagonal set (the one True of
+  every row; the kernel zeroes each page it touches), the least any correct builder can write.
 
 Targets (issue 6): >= 10,000 packs/s with 2 workers; first batch < 1 s; flex_block_mask >= 100x faster
 than create_block_mask at N=4096; block_causal_mask >= 10x faster than NeMo's, identical output.
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -58,21 +64,33 @@ def make_data(work: Path, packs: int) -> Path:
     return out
 
 
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its reaped children (the DataLoader workers)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def bench_loader(data: Path, workers: int, epochs: int) -> dict:
+    """Wall-clock packs/s after the first batch, and CPU seconds per 1,000 packs over the whole run
+    (workers included, start-up too): the second does not depend on what else runs on the machine."""
     ds = PackedDataset(data, batch_size=8, shuffle=True, seed=0, infinite=True)
     loader = get_loader(ds, num_workers=workers)
     target = epochs * ds.batches_per_epoch
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     it = iter(loader)
-    next(it)
+    packs = len(next(it))
     first = time.perf_counter() - t0
     t1 = time.perf_counter()
-    packs = 0
     for _ in range(target - 1):
         packs += len(next(it))
     steady = time.perf_counter() - t1
-    del it
-    return {"first_batch_s": first, "packs_per_s": packs / steady, "total_s": time.perf_counter() - t0}
+    del it  # joins the workers: their CPU time is counted from here
+    return {
+        "first_batch_s": first,
+        "packs_per_s": (packs - 8) / steady,
+        "total_s": time.perf_counter() - t0,
+        "cpu_s_per_1k_packs": (cpu_seconds() - c0) / packs * 1000,
+    }
 
 
 def timeit(fn, repeats: int) -> float:
@@ -95,6 +113,14 @@ def random_seq_lens(batch: int, n: int, seed: int) -> list[torch.Tensor]:
         row = lens[:k].tolist()
         rows.append(torch.tensor(row + ([n - sum(row)] if sum(row) < n else [])))
     return rows
+
+
+def touched_zeros(b: int, n: int) -> torch.Tensor:
+    """Floor for any dense block-causal ``[B, 1, N, N]`` bool mask: fresh zeroed memory with its diagonal
+    set, the one True every row has (the kernel zeroes each page, or huge page, on first touch)."""
+    out = torch.from_numpy(np.zeros(b * n * n, dtype=np.bool_)).view(b, n, n)
+    out.diagonal(dim1=1, dim2=2).fill_(True)
+    return out.unsqueeze(1)
 
 
 def bench_masks(n: int, batch: int, dense_batch: int, repeats: int, nemo) -> dict:
@@ -125,6 +151,9 @@ def bench_masks(n: int, batch: int, dense_batch: int, repeats: int, nemo) -> dic
     }
     if nemo is not None:
         fns["nemo_create_block_causal_mask"] = (lambda: nemo(drows), dense_batch)
+    # floors: the least any builder of the dense output can do (write or zero B * N^2 fresh bytes once)
+    fns["floor: torch.ones"] = (lambda: torch.ones(dense_batch, 1, n, n, dtype=torch.bool), dense_batch)
+    fns["floor: zeros + diagonal"] = (lambda: touched_zeros(dense_batch, n), dense_batch)
     times = {k: float("inf") for k in fns}
     for _ in range(repeats):  # interleaved, so that load on the machine hits every kind alike
         for k, (fn, _b) in fns.items():
@@ -148,9 +177,11 @@ def main() -> None:
     manifest = json.loads((data / "manifest.json").read_text())
     res: dict = {"packs": manifest["stats"]["num_packs"], "N": N, "fill_rate": manifest["stats"]["fill_rate"]}
 
-    t = time.perf_counter()
+    c, t = cpu_seconds(), time.perf_counter()
     count = sum(1 for _ in read_packs(data))
     res["read_packs_per_s"] = count / (time.perf_counter() - t)
+    res["read_packs_cpu_s_per_1k_packs"] = (cpu_seconds() - c) / count * 1000
+    res["load_average"] = os.getloadavg()
     res["loader"] = {w: bench_loader(data, w, args.epochs) for w in (0, 1, 2)}
 
     torch.set_num_threads(args.threads)
@@ -174,12 +205,25 @@ def report(res: dict, args) -> None:
     print(
         f"data: {res['packs']} packs of N={res['N']} (fill {res['fill_rate']:.3f}), torch {torch.__version__}"
     )
+    print(
+        f"load average before the loader runs: {', '.join(f'{x:.2f}' for x in res['load_average'])}"
+        f" on {os.cpu_count()} cores"
+    )
     ref = res["read_packs_per_s"]
-    print(f"reference read_packs (1 process, no batching): {ref:,.0f} packs/s")
-    print(f"{'workers':>8} {'first batch':>12} {'packs/s':>10} {'tokens/s':>14} {'x read_packs':>13}")
+    print(
+        f"reference read_packs (1 process, no batching): {ref:,.0f} packs/s, "
+        f"{res['read_packs_cpu_s_per_1k_packs']:.3f} CPU s / 1k packs"
+    )
+    print(
+        f"{'workers':>8} {'first batch':>12} {'packs/s':>10} {'tokens/s':>14} {'x read_packs':>13}"
+        f" {'CPU s/1k packs':>15}"
+    )
     for w, r in res["loader"].items():
         pps = r["packs_per_s"]
-        print(f"{w:>8} {r['first_batch_s']:>11.3f}s {pps:>10,.0f} {pps * N:>14,.0f} {pps / ref:>12.2f}x")
+        print(
+            f"{w:>8} {r['first_batch_s']:>11.3f}s {pps:>10,.0f} {pps * N:>14,.0f} {pps / ref:>12.2f}x"
+            f" {r['cpu_s_per_1k_packs']:>15.3f}"
+        )
     print(f"mask build per batch (torch threads: {args.threads}; min of {args.repeats})")
     for n, m in res["masks"].items():
         print(f"  N={n}")
@@ -192,8 +236,10 @@ def report(res: dict, args) -> None:
         print(f"    flex_block_mask vs create_block_mask (B={m['dense_B']}): {cbm / flex:,.0f}x faster")
         if "nemo_create_block_causal_mask" in m:
             nemo = m["nemo_create_block_causal_mask"]["s_per_batch"]
+            floor = m["floor: zeros + diagonal"]["s_per_batch"]
             print(
                 f"    block_causal_mask vs NeMo: {nemo / m['block_causal_mask']['s_per_batch']:.1f}x faster"
+                f" (NeMo / zeros + diagonal floor: {nemo / floor:.1f}x)"
             )
     two = res["loader"][2]
     m4 = res["masks"][4096]

@@ -95,10 +95,10 @@ def test_every_pack_returned_over_epochs_and_content_matches(packed, packs):
             for row, p in enumerate(batch.pack_index.tolist()):
                 seen.add(p)
                 ref = packs[p]
-                assert torch.equal(batch.input_ids[row], torch.from_numpy(ref["input_ids"]).long())
-                assert torch.equal(batch.labels[row], torch.from_numpy(ref["labels"]).long())
-                assert torch.equal(batch.position_ids[row], torch.from_numpy(ref["position_ids"]).long())
-                assert torch.equal(batch.loss_mask[row], torch.from_numpy(ref["loss_mask"]).long())
+                assert torch.equal(batch.input_ids[row], torch.from_numpy(ref["input_ids"]))
+                assert torch.equal(batch.labels[row], torch.from_numpy(ref["labels"]))
+                assert torch.equal(batch.position_ids[row], torch.from_numpy(ref["position_ids"]))
+                assert torch.equal(batch.loss_mask[row], torch.from_numpy(ref["loss_mask"]))
                 k = len(ref["seq_lens"])
                 assert batch.seq_lens[row, :k].tolist() == ref["seq_lens"].tolist()
                 assert (batch.seq_lens[row, k:] == 0).all()
@@ -127,8 +127,8 @@ def test_webdataset_shards_stream_the_same_packs(packed, packs, tmp_path):
     for batch in get_loader(ds, num_workers=2):
         for row, p in enumerate(batch.pack_index.tolist()):
             seen.append(p)
-            assert torch.equal(batch.input_ids[row], torch.from_numpy(packs[p]["input_ids"]).long())
-            assert torch.equal(batch.loss_mask[row], torch.from_numpy(packs[p]["loss_mask"]).long())
+            assert torch.equal(batch.input_ids[row], torch.from_numpy(packs[p]["input_ids"]))
+            assert torch.equal(batch.loss_mask[row], torch.from_numpy(packs[p]["loss_mask"]))
     assert len(seen) == len(set(seen)) >= len(packs) - 4
 
 
@@ -136,14 +136,41 @@ def test_batch_fields(packed):
     ds = PackedDataset(packed, batch_size=4, shuffle=False)
     batch = next(iter(get_loader(ds, num_workers=0)))
     assert isinstance(batch, PackedBatch) and len(batch) == 4 and batch.packed_sequence_size == N
-    for name in ("input_ids", "labels", "position_ids", "loss_mask"):
-        t = getattr(batch, name)
-        assert t.shape == (4, N) and t.dtype == torch.int64
-    assert batch.seq_lens.dtype == torch.int32 and (batch.seq_lens.sum(1) == N).all()
+    host = {"input_ids": torch.int32, "labels": torch.int32, "position_ids": torch.int32}
+    host["loss_mask"] = torch.int8
+    moved = batch.to("cpu")
+    for name, dtype in host.items():
+        t, m = getattr(batch, name), getattr(moved, name)
+        assert t.shape == (4, N) and t.dtype == dtype  # the stored dtype on the host
+        assert m.dtype == torch.int64 and torch.equal(m, t.long())  # widened by to()
+    assert batch.seq_lens.dtype == moved.seq_lens.dtype == torch.int32 and (batch.seq_lens.sum(1) == N).all()
+    assert moved.cu_seqlens.dtype == torch.int32 and moved.pack_index.dtype == torch.int64
     ref = varlen_args(batch.seq_lens, N)
     assert torch.equal(batch.cu_seqlens, ref["cu_seqlens"]) and batch.max_seqlen == ref["max_seqlen"]
     assert batch.attention_mask is None and batch.block_mask is None  # no mask unless asked
     assert batch.pack_index.tolist() == [0, 1, 2, 3]  # shuffle=False, one lane: file order
+
+
+@pytest.mark.parametrize("keep", ["all", "none"])
+def test_batches_kept_or_dropped_hold_their_own_data(packed, packs, keep):
+    """Batches from workers live in shared-memory slots the workers reuse once a batch is freed: a loop
+    that keeps every batch (more than the slots: the workers fall back to new blocks) and one that drops
+    each at once (slots reused many times) both see exactly the stored packs, checked after the epoch."""
+    loader = get_loader(PackedDataset(packed, batch_size=2, seed=4), num_workers=2)
+    kept, seen = [], []
+    for batch in loader:
+        if keep == "all":
+            kept.append(batch)
+        else:
+            seen.append((batch.pack_index.clone(), batch.input_ids.clone(), batch.seq_lens.clone()))
+    if keep == "all":
+        seen = [(b.pack_index, b.input_ids, b.seq_lens) for b in kept]
+    assert len(seen) == len(packs) // 2
+    for pack_index, ids, seq_lens in seen:
+        for row, p in enumerate(pack_index.tolist()):
+            assert torch.equal(ids[row], torch.from_numpy(packs[p]["input_ids"]))
+            k = len(packs[p]["seq_lens"])
+            assert seq_lens[row, :k].tolist() == packs[p]["seq_lens"].tolist()
 
 
 @pytest.mark.parametrize("mask", ["dense", "flex"])
@@ -358,7 +385,7 @@ def test_batch_helpers():
     raw = default_batch(
         [{"input_ids": np.arange(3, dtype=np.int32), "seq_lens": r, "tag": "x"} for r in ragged]
     )
-    assert raw["input_ids"].dtype == torch.int64 and raw["seq_lens"].dtype == torch.int32
+    assert raw["input_ids"].dtype == torch.int32 and raw["seq_lens"].dtype == torch.int32  # dtypes kept
     assert raw["tag"] == ["x", "x"]
 
 

@@ -58,6 +58,21 @@ def test_block_causal_mask_matches_definition(batch, n, max_len, seed):
     assert torch.equal(block_causal_mask(padded_seq_lens(rows).int(), n, device="cpu"), expected)
 
 
+@pytest.mark.parametrize(
+    "rows,n",
+    [([[1]], 1), ([[9]], 9), ([[1] * 9], 9), ([[9], [1] * 9, [4, 5]], 9), ([[2, 0, 3], [5, 0, 0]], 5)],
+)
+def test_block_causal_mask_extremes(rows, n):
+    """One sequence filling the pack (band = whole row), all length 1 (band of one), zero-length pads."""
+    rows = [torch.tensor(r) for r in rows]
+    expected = slow_mask(rows, n)
+    mask = block_causal_mask(padded_seq_lens(rows), n)
+    assert torch.equal(mask, expected) and mask.is_contiguous() and mask.dtype == torch.bool
+    again = block_causal_mask(padded_seq_lens(rows), n)
+    mask.fill_(False)  # each call returns its own writable memory
+    assert torch.equal(again, expected)
+
+
 @pytest.mark.skipif(find_wheel() is None, reason="NeMo AutoModel wheel not fetched (make install)")
 @pytest.mark.parametrize("batch,n,max_len,seed", CASES + [(8, 512, 100, 5), (2, 512, 512, 6)])
 def test_block_causal_mask_equals_nemo(batch, n, max_len, seed):
