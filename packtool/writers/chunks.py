@@ -113,6 +113,20 @@ def read_chunk_meta(work_dir: str | Path, index: int) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _default_max_open() -> int:
+    """Chunks to keep mapped: each map holds a descriptor (up to 7 per chunk); leave room for the rest
+    of the process (shards, pipes, Parquet files) under the soft open-file limit."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 8
+    if soft == resource.RLIM_INFINITY:
+        return 64
+    return max(1, min(64, (soft - 64) // 8))
+
+
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, s + l)`` for every ``(s, l)``, vectorized.
 
@@ -132,14 +146,18 @@ class ChunkStore:
 
     work_dir: Path
     metas: list[dict]
-    max_open: int = 8
+    max_open: int | None = None  # chunks mapped at once (default: what the open-file limit allows, <= 64)
     _open: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
+    _maps: dict = field(default_factory=dict, init=False, repr=False)
+    _headers: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
         counts = np.array([m["num_samples"] for m in self.metas], dtype=np.int64)
         self.sample_starts = np.concatenate([[0], np.cumsum(counts)])
         self.has_loss_mask = any(m["has_loss_mask"] for m in self.metas)
+        if self.max_open is None:
+            self.max_open = _default_max_open()
 
     def append_chunk(self, meta: dict) -> None:
         """Add a chunk written after the store was opened (packs made by a custom policy)."""
@@ -170,16 +188,58 @@ class ChunkStore:
             self._open.move_to_end(c)
             return self._open[c]
         while len(self._open) >= self.max_open:
-            self._open.popitem(last=False)  # unmapped (and its descriptor closed) once unreferenced
+            old, _ = self._open.popitem(last=False)  # unmapped (and its descriptor closed) once unreferenced
+            self._maps.pop(old, None)
         d = chunk_dir(self.work_dir, self.metas[c]["index"])
         names = ["input_ids", "labels", "offsets", "rows", "source_ids"]
         if self.metas[c]["has_loss_mask"]:
             names.append("loss_mask")
         if self.metas[c].get("origin"):
             names.append("origin")
-        # plain ndarray views of the maps: slicing a np.memmap costs a subclass round trip per call
-        self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r").view(np.ndarray) for k in names}
-        return self._open[c]
+        arrays, maps = {}, []
+        for k in names:
+            arrays[k], m = self._map(d / f"{k}.npy")
+            if m is not None:
+                maps.append(m)
+        self._open[c], self._maps[c] = arrays, maps
+        return arrays
+
+    def _map(self, path: Path) -> tuple[np.ndarray, mmap.mmap | None]:
+        """A read-only ``.npy`` array mapped from ``path``, and its map.
+
+        A plain ndarray over an ``mmap`` (``np.load(mmap_mode=...)`` parses the header with ``ast`` on
+        every call, and slicing a ``np.memmap`` costs a subclass round trip): shuffled packs reopen chunks
+        in every block, so the headers are parsed once per run and kept.
+        """
+        key = str(path)
+        with open(path, "rb") as f:
+            head = self._headers.get(key)
+            if head is None:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                else:  # not written by write_chunk
+                    return np.load(path, mmap_mode="r").view(np.ndarray), None
+                assert not fortran or len(shape) <= 1
+                head = self._headers[key] = (shape, dtype, f.tell())
+            shape, dtype, offset = head
+            count = int(np.prod(shape))
+            if count == 0:
+                return np.zeros(shape, dtype=dtype), None
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return np.frombuffer(m, dtype=dtype, count=count, offset=offset).reshape(shape), m
+
+    def release(self, c: int) -> None:
+        """Drop the pages of chunk ``c``'s maps from this process's RSS (they stay in the page cache).
+
+        Shuffled packs touch every chunk in every block; without this, the whole encoded input would count
+        in the writer's resident memory by the end of a run.
+        """
+        if hasattr(mmap, "MADV_DONTNEED"):
+            for m in self._maps.get(c, ()):
+                m.madvise(mmap.MADV_DONTNEED)
 
     def pieces(self, sample: np.ndarray, start: np.ndarray, length: np.ndarray) -> dict[str, np.ndarray]:
         """The tokens of pieces end to end, in piece order: ``input_ids``/``labels`` ``(sum(length),)`` int32,
@@ -225,7 +285,7 @@ class ChunkStore:
                 src = a.get(key)
                 for p, b, e in chunk_runs:
                     out[key][p : p + e - b] = src[b:e] if src is not None else 1
-            _release(a)
+            self.release(c)
             del a
         return out
 
@@ -271,16 +331,4 @@ class ChunkStore:
             out["labels"][dst] = a["labels"][src]
             if "loss_mask" in out:
                 out["loss_mask"][dst] = a["loss_mask"][src] if "loss_mask" in a else 1
-            _release(a)
-
-
-def _release(arrays: dict[str, np.ndarray]) -> None:
-    """Drop the pages of memory-mapped chunk arrays from this process's RSS (they stay in the page cache).
-
-    Shuffled packs touch every chunk in every block; without this, the whole encoded input would count
-    in the writer's resident memory by the end of a run.
-    """
-    for a in arrays.values():
-        m = getattr(a.base, "_mmap", None)
-        if m is not None and hasattr(mmap, "MADV_DONTNEED"):
-            m.madvise(mmap.MADV_DONTNEED)
+            self.release(int(c))
