@@ -252,42 +252,77 @@ class ChunkStore:
             start: ``(k,)`` offset of the piece's first token inside its sample.
             length: ``(k,)`` tokens in the piece.
         """
-        sample = np.asarray(sample, dtype=np.int64)
         length = np.asarray(length, dtype=np.int64)
+        dest = np.zeros(len(length), dtype=np.int64)
+        np.cumsum(length[:-1], out=dest[1:])
+        total = int(length.sum())
+        out = {k: np.empty(total, dtype=np.int8 if k == "loss_mask" else np.int32) for k in self.keys}
+        self.pieces_into(sample, start, length, dest, out)
+        return out
+
+    @property
+    def keys(self) -> list[str]:
+        """The token columns a chunk holds: ``input_ids``, ``labels`` (and ``loss_mask``)."""
+        return ["input_ids", "labels"] + (["loss_mask"] if self.has_loss_mask else [])
+
+    def pieces_into(
+        self,
+        sample: np.ndarray,
+        start: np.ndarray,
+        length: np.ndarray,
+        dest: np.ndarray,
+        out: dict[str, np.ndarray],
+    ) -> None:
+        """Copy piece ``i`` to ``out[k][dest[i] : dest[i] + length[i]]`` for every key ``k`` of ``out``.
+
+        One slice copy per run of pieces that are contiguous both in a chunk and in ``out`` (sequential
+        plans: a whole pack at once), straight from the chunk's map into ``out``: no staging buffer, no
+        per-token index arrays. ``out`` holds flat arrays (e.g. ``(k * N,)`` views of the pack arrays).
+        """
+        sample = np.asarray(sample, dtype=np.int64)
+        start = np.asarray(start, dtype=np.int64)
+        length = np.asarray(length, dtype=np.int64)
+        dest = np.asarray(dest, dtype=np.int64)
+        if not len(sample):
+            return
         chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
         begin = np.empty(len(sample), dtype=np.int64)
-        used = np.unique(chunk).tolist()
-        for c in used:
+        for c in np.unique(chunk).tolist():
             sel = np.flatnonzero(chunk == c)
             begin[sel] = self.arrays(c)["offsets"][sample[sel] - self.sample_starts[c]] + start[sel]
         end = begin + length
-        # merge pieces that follow each other in the same chunk (sequential plans: whole packs at once)
-        if len(sample):
-            new_run = np.ones(len(sample), dtype=bool)
-            new_run[1:] = (chunk[1:] != chunk[:-1]) | (begin[1:] != end[:-1])
-            first = np.flatnonzero(new_run)
-            last = np.append(first[1:], len(sample)) - 1
-            runs = list(zip(chunk[first].tolist(), begin[first].tolist(), end[last].tolist(), strict=True))
-        else:
-            runs = []
-        keys = ["input_ids", "labels"] + (["loss_mask"] if self.has_loss_mask else [])
-        total = int(length.sum())
-        out = {k: np.empty(total, dtype=np.int8 if k == "loss_mask" else np.int32) for k in keys}
-        by_chunk: dict[int, list[tuple[int, int, int]]] = {}
-        pos = 0
-        for c, b, e in runs:
-            by_chunk.setdefault(c, []).append((pos, b, e))
-            pos += e - b
-        # one chunk mapped at a time: holding every used chunk's maps would hold their file descriptors
-        for c, chunk_runs in by_chunk.items():
+        new_run = np.ones(len(sample), dtype=bool)
+        new_run[1:] = (
+            (chunk[1:] != chunk[:-1]) | (begin[1:] != end[:-1]) | (dest[1:] != dest[:-1] + length[:-1])
+        )
+        first = np.flatnonzero(new_run)
+        last = np.append(first[1:], len(sample)) - 1
+        run_chunk = chunk[first]
+        # runs grouped by chunk (stable): one chunk mapped at a time, holding every used chunk's maps would
+        # hold their file descriptors
+        order = np.argsort(run_chunk, kind="stable")
+        bounds = np.flatnonzero(np.diff(run_chunk[order])) + 1
+        for group in np.split(order, bounds):
+            c = int(run_chunk[group[0]])
             a = self.arrays(c)
-            for key in keys:
+            runs = list(
+                zip(
+                    dest[first[group]].tolist(),
+                    begin[first[group]].tolist(),
+                    end[last[group]].tolist(),
+                    strict=True,
+                )
+            )
+            for key, dst in out.items():
                 src = a.get(key)
-                for p, b, e in chunk_runs:
-                    out[key][p : p + e - b] = src[b:e] if src is not None else 1
+                if src is None:  # a chunk without loss_mask: every token is trained
+                    for p, b, e in runs:
+                        dst[p : p + e - b] = 1
+                    continue
+                for p, b, e in runs:
+                    dst[p : p + e - b] = src[b:e]
             self.release(c)
             del a
-        return out
 
     def lengths(self) -> np.ndarray:
         """``(num_samples,)`` int64 tokens per sample, from the offsets alone."""
