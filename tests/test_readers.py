@@ -158,3 +158,62 @@ def test_lazy_parquet_corrupt_data_is_reported_where_it_is_read(tmp_path):
     pieces = list(read_inputs([str(path)], lazy=True))  # the footer is fine
     with pytest.raises(InputError, match="corrupt Parquet data after row 0"):
         pieces[0].load()
+
+
+def _batches(path, **kw):
+    from packtool.errors import ErrorSink
+    from packtool.readers.jsonl import _read_lines
+
+    def flat(batches):  # records and line numbers, or the error
+        try:
+            bs = [(b.batch.to_pylist(), b.rows.tolist()) for b in batches]
+        except InputError as e:
+            return str(e)
+        # a key is absent or None depending on which batch it was read in (a batch has the union of its
+        # records' keys): the same record either way
+        records = [{k: v for k, v in r.items() if v is not None} for b, _ in bs for r in b]
+        return records, [n for _, ns in bs for n in ns]
+
+    fast = flat(read_inputs([str(path)], **kw))
+    return fast, flat(_read_lines(str(path), 2048, ErrorSink(), "text"))
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # plain text and token lists: parsed by pyarrow.json
+        [{"text": f"t{i}", "input_ids": [i, i + 1]} for i in range(3000)],
+        # a type pyarrow.json would infer differently (timestamp, double, int beyond int64): line by line
+        [{"text": "2020-01-01"}, {"text": "b"}],
+        [{"text": "a", "score": 1.5}],
+        [{"input_ids": [1, 2**70]}],
+        # blank lines, a surrogate escape: line by line
+        [{"text": "a"}, None, {"text": "b"}],
+        [{"text": "\\ud83d\\ude00"}],
+        # chat messages with keys missing in some turns
+        [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "x": 1}]}],
+    ],
+)
+def test_jsonl_fast_path_reads_what_the_line_by_line_path_reads(tmp_path, lines):
+    path = tmp_path / "a.jsonl"
+    text = "\n".join("" if r is None else json.dumps(r) for r in lines).replace("\\\\u", "\\u")
+    path.write_text(text + "\n")
+    fast, slow = _batches(path)
+    assert fast == slow
+    if not isinstance(fast, str):  # [1, 2**70] is an error, the same on both paths
+        assert len(fast[0]) == sum(r is not None for r in lines)
+
+
+def test_jsonl_fast_path_hands_over_mid_file(tmp_path, monkeypatch):
+    # a field that first appears after many blocks: the first blocks come from pyarrow.json,
+    # the rest line by line from the first line not read, with the same records and line numbers
+    import packtool.readers.jsonl as jsonl
+
+    monkeypatch.setattr(jsonl, "ARROW_BLOCK", 1 << 12)
+    rows = [{"text": f"t{i}", "n": i} for i in range(3000)] + [{"text": "x", "n": 1, "late": "field"}]
+    path = write_jsonl(tmp_path / "a.jsonl", rows)
+    fast, slow = _batches(path)
+    assert fast == slow and len(fast[0]) == 3001 and fast[1][-1] == 3001
+    state: dict = {}
+    got = sum(b.num_rows for b in jsonl._read_arrow(str(path), 2048, state))
+    assert 0 < got < 3000 and not state  # pyarrow.json read the first blocks, then handed over
