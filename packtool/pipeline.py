@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from packtool import __version__
 from packtool.config import PackConfig
@@ -68,11 +69,11 @@ def _init_worker(config: dict, sample_format: str) -> None:
 
 
 def _encode_chunk(task: tuple[int, list[SourceBatch], str]) -> dict:
-    index, batches, work_dir = task
+    index, pieces, work_dir = task
     encoder = _WORKER["encoder"]
     sink = ErrorSink(_WORKER["config"].on_error)
     kept, encoded = [], []
-    for b in batches:
+    for b in (b for piece in pieces for b in piece.load()):  # lazy Parquet rows are read here
         good, enc = encode_checked(encoder, b, sink)
         if good.num_rows:
             kept.append(good)
@@ -80,6 +81,12 @@ def _encode_chunk(task: tuple[int, list[SourceBatch], str]) -> dict:
     meta = write_chunk(work_dir, index, kept, encoded)
     meta["skipped"] = sink.to_dict()
     return meta
+
+
+def _encode_chunks(tasks: list[tuple[int, list[SourceBatch], str]]) -> list[dict]:
+    """Several consecutive chunks in one task: a worker reading lazy Parquet rows then continues one
+    stream through them instead of decoding the row groups that other workers' chunks share."""
+    return [_encode_chunk(t) for t in tasks]
 
 
 def encode_checked(encoder, batch: SourceBatch, sink: ErrorSink) -> tuple[SourceBatch, pa.RecordBatch | None]:
@@ -183,13 +190,7 @@ def chunked(batches: Iterator[SourceBatch], chunk_size: int) -> Iterator[list[So
         start = 0
         while start < b.num_rows:
             take = min(chunk_size - size, b.num_rows - start)
-            piece = (
-                b
-                if (start == 0 and take == b.num_rows)
-                else SourceBatch(
-                    b.source, b.batch.slice(start, take), b.rows[start : start + take], b.row_kind
-                )
-            )
+            piece = b if (start == 0 and take == b.num_rows) else b.slice(start, take)
             chunk.append(piece)
             size += take
             start += take
@@ -198,6 +199,26 @@ def chunked(batches: Iterator[SourceBatch], chunk_size: int) -> Iterator[list[So
                 chunk, size = [], 0
     if chunk:
         yield chunk
+
+
+def _batched(items: Iterator, n: int) -> Iterator[list]:
+    while batch := list(itertools.islice(items, n)):
+        yield batch
+
+
+def _task_group(config: PackConfig, lazy: bool) -> int:
+    """Chunks per encode task: 1 unless workers read lazy Parquet rows, where a worker given consecutive
+    chunks reads them as one stream; then about 4 tasks per worker (input rows known from the footers),
+    at most 8 chunks each. Only how work is handed out depends on ``num_proc``, never a chunk's bytes."""
+    if not lazy or config.num_proc <= 1:
+        return 1
+    rows = 0
+    for kind, source, _ in expand_inputs(config.inputs):
+        if kind != "parquet":
+            return 1
+        rows += pq.ParquetFile(source).metadata.num_rows
+    chunks = -(-rows // config.chunk_size)
+    return max(1, min(8, -(-chunks // (4 * config.num_proc))))
 
 
 def input_fingerprint(inputs: list[str]) -> list[dict]:
@@ -267,11 +288,15 @@ def _progress(show: bool, **kw):
 
 def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
     sink = ErrorSink(config.on_error)  # bad records met while reading
-    batches = read_inputs(config.inputs, split=config.split, text_field=config.text_field, sink=sink)
+    # local workers read their own Parquet rows (lazy); a Ray cluster's nodes may not see the input files
+    lazy = config.engine == "local"
+    batches = read_inputs(
+        config.inputs, split=config.split, text_field=config.text_field, sink=sink, lazy=lazy
+    )
     first = next(batches, None)
     if first is None:
         raise InputError(_nothing_left(sink), source=", ".join(config.inputs), code="empty_input")
-    sample_format = resolve_sample_format(config, first.batch.schema.names)
+    sample_format = resolve_sample_format(config, first.schema.names)
     encoder = build_encoder(config, sample_format)  # fail fast here on a bad tokenizer spec
     work = str(out.work)
     fingerprint = input_fingerprint(config.inputs)
@@ -306,11 +331,13 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
                 yield (i, chunk, work)
 
         metas = []
+        group = _task_group(config, lazy)
         with _progress(show, desc="encode", unit=" samples") as bar:
-            for meta in engine.map(_encode_chunk, encode_tasks()):
-                metas.append(meta)
-                bar.update(meta["num_samples"])
-                _fault("encode", len(metas))
+            for group_metas in engine.map(_encode_chunks, _batched(encode_tasks(), group)):
+                for meta in group_metas:
+                    metas.append(meta)
+                    bar.update(meta["num_samples"])
+                    _fault("encode", len(metas))
         metas = sorted([*metas, *done.values()], key=lambda m: m["index"])
         assert [m["index"] for m in metas] == list(range(len(metas)))
         skipped = _merge_skipped(config, sink, metas)

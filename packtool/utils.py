@@ -63,3 +63,47 @@ def list_parts(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         offsets = np.zeros(1, dtype=np.int64)
     first, last = int(offsets[0]), int(offsets[-1])
     return offsets - first, np_view(arr.values.slice(first, last - first))
+
+
+_ARROW_TYPES = {np.dtype(v): k for k, v in _NUMPY_TYPES.items()}
+
+
+def arrow_array(values: np.ndarray, type_: pa.DataType | None = None) -> pa.Array:
+    """Arrow array over a 1-D NumPy array (zero-copy when it is contiguous and of ``type_``'s dtype).
+
+    ``pa.array`` imports pandas on its first call (~0.4 s of CPU in every process that packs); this does
+    not.
+
+    >>> arrow_array(np.array([1, 2, 3]), pa.int32()).to_pylist()
+    [1, 2, 3]
+    """
+    values = np.asarray(values)
+    if type_ is None:
+        type_ = _ARROW_TYPES[values.dtype]
+    values = np.ascontiguousarray(values, dtype=_NUMPY_TYPES[type_])
+    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(values)])
+
+
+def large_lists(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType) -> pa.LargeListArray:
+    """``large_list<value_type>`` from int64 ``(n + 1,)`` offsets and flat values, without pandas.
+
+    >>> large_lists(np.array([0, 2, 3]), np.array([5, 6, 7]), pa.int32()).to_pylist()
+    [[5, 6], [7]]
+    """
+    return pa.LargeListArray.from_arrays(arrow_array(offsets, pa.int64()), arrow_array(values, value_type))
+
+
+def token_lists(ids: list[list[int]]) -> pa.LargeListArray:
+    """``large_list<int32>`` from Python lists of token ids (a tokenizer's output), via NumPy.
+
+    Faster than ``pa.array(ids, type=...)`` (no per-list type dispatch) and it does not import pandas.
+
+    >>> token_lists([[1, 2], [], [3]]).to_pylist()
+    [[1, 2], [], [3]]
+    """
+    import itertools
+
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)), out=offsets[1:])
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
+    return large_lists(offsets, flat, pa.int32())

@@ -67,6 +67,37 @@ def test_output_is_byte_identical_for_any_num_proc(tmp_path, split):
         assert outs[0][name] == outs[1][name], name
 
 
+@pytest.mark.parametrize("strategy", ["sequential", "bfd"])
+def test_parquet_inputs_read_by_the_workers_give_the_same_bytes(tmp_path, strategy):
+    # Parquet rows are read where they are encoded: row groups (37 rows) cut across chunks (50 rows) and
+    # files; one process, or two workers each given runs of chunks, write the same bytes, with every token
+    import pyarrow as pa
+
+    rng = np.random.default_rng(3)
+    samples = [rng.integers(1, 30000, size=int(n)).tolist() for n in rng.integers(1, 200, size=300)]
+    for k, part in enumerate((samples[:170], samples[170:])):
+        pq.write_table(pa.table({"input_ids": part}), tmp_path / f"p{k}.parquet", row_group_size=37)
+    outs = []
+    for num_proc in (1, 2):
+        out = tmp_path / f"out{num_proc}"
+        run_cli(
+            "pack", tmp_path / "p*.parquet", "-o", out, "--packed-sequence-size", 256, "--strategy", strategy,
+            "--split-across-pack", "--chunk-size", 50, "--shard-size", 10, "--num-proc", num_proc, "-q",
+        )  # fmt: skip
+        outs.append(_files(out))
+    assert outs[0].keys() == outs[1].keys() and len(outs[0]) > 3
+    for name in outs[0]:
+        assert outs[0][name] == outs[1][name], name
+    pieces: dict[int, list] = {}
+    for pack in read_packs(tmp_path / "out1", with_sample_index=True):
+        at = 0
+        for i, off, n in zip(pack["sample_index"], pack["sample_offset"], pack["seq_lens"], strict=False):
+            pieces.setdefault(int(i), []).append((int(off), pack["input_ids"][at : at + n].tolist()))
+            at += n
+    rebuilt = [sum((t for _, t in sorted(pieces[i])), []) for i in range(len(samples))]
+    assert rebuilt == samples
+
+
 def test_manifest_describes_the_run(tmp_path):
     src = _pretokenized(tmp_path)
     out = tmp_path / "out"

@@ -119,3 +119,101 @@ def test_every_format_packs_the_same_through_the_cli(tmp_path, fmt):
     )
     packed = packed[packed != 0]
     assert packed.tolist() == [t for r in rows for t in r["input_ids"]]
+
+
+def test_lazy_parquet_rows_read_the_same_records_in_any_order(tmp_path):
+    # row groups of 7 rows; pieces cut anywhere, read forwards, backwards and skipping ahead (the cursor
+    # continues its stream, decodes and skips inside a row group, or reopens at another row group)
+    path = tmp_path / "a.parquet"
+    ids = [list(range(i % 5 + 1)) for i in range(40)]
+    pq.write_table(pa.table({"input_ids": ids, "n": list(range(40))}), path, row_group_size=7)
+    (piece,) = [p for p in read_inputs([str(path)], lazy=True)][:1]
+    assert piece.num_rows == 7 and piece.schema.names == ["input_ids", "n"]
+    whole = [p for p in read_inputs([str(path)], lazy=True)]
+    assert sum(p.num_rows for p in whole) == 40 and all(p.row_kind == "row" for p in whole)
+    cuts = [(0, 3), (3, 10), (13, 1), (30, 10), (2, 5), (20, 4), (24, 1), (39, 1), (0, 40)]
+    for start, n in cuts:
+        g = next(i for i, p in enumerate(whole) if p.start <= start < p.start + p.num_rows)
+        lazy = whole[g].slice(start - whole[g].start, n)
+        got = lazy.load() if lazy.num_rows == n else None
+        if got is None:  # a piece longer than its row group: read as the reader's consumer would
+            from packtool.readers.parquet import ParquetRows
+
+            got = ParquetRows(str(path), start, n, whole[0].schema).load()
+        assert sum(b.num_rows for b in got) == n
+        assert [r for b in got for r in b.batch.column("n").to_pylist()] == list(range(start, start + n))
+        assert [r for b in got for r in b.rows.tolist()] == list(range(start, start + n))
+        assert [r for b in got for r in b.batch.column("input_ids").to_pylist()] == ids[start : start + n]
+
+
+def test_lazy_parquet_corrupt_data_is_reported_where_it_is_read(tmp_path):
+    path = tmp_path / "a.parquet"
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, 1000, 50).tolist() for _ in range(400)]
+    pq.write_table(pa.table({"input_ids": ids}), path, row_group_size=200, compression="none")
+    data = bytearray(path.read_bytes())
+    assert len(data) > 20_000
+    data[8:4000] = b"\xff" * 3992  # the first row group's first page (header included), footer intact
+    path.write_bytes(bytes(data))
+    pieces = list(read_inputs([str(path)], lazy=True))  # the footer is fine
+    with pytest.raises(InputError, match="corrupt Parquet data after row 0"):
+        pieces[0].load()
+
+
+def _batches(path, **kw):
+    from packtool.errors import ErrorSink
+    from packtool.readers.jsonl import _read_lines
+
+    def flat(batches):  # records and line numbers, or the error
+        try:
+            bs = [(b.batch.to_pylist(), b.rows.tolist()) for b in batches]
+        except InputError as e:
+            return str(e)
+        # a key is absent or None depending on which batch it was read in (a batch has the union of its
+        # records' keys): the same record either way
+        records = [{k: v for k, v in r.items() if v is not None} for b, _ in bs for r in b]
+        return records, [n for _, ns in bs for n in ns]
+
+    fast = flat(read_inputs([str(path)], **kw))
+    return fast, flat(_read_lines(str(path), 2048, ErrorSink(), "text"))
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # plain text and token lists: parsed by pyarrow.json
+        [{"text": f"t{i}", "input_ids": [i, i + 1]} for i in range(3000)],
+        # a type pyarrow.json would infer differently (timestamp, double, int beyond int64): line by line
+        [{"text": "2020-01-01"}, {"text": "b"}],
+        [{"text": "a", "score": 1.5}],
+        [{"input_ids": [1, 2**70]}],
+        # blank lines, a surrogate escape: line by line
+        [{"text": "a"}, None, {"text": "b"}],
+        [{"text": "\\ud83d\\ude00"}],
+        # chat messages with keys missing in some turns
+        [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "x": 1}]}],
+    ],
+)
+def test_jsonl_fast_path_reads_what_the_line_by_line_path_reads(tmp_path, lines):
+    path = tmp_path / "a.jsonl"
+    text = "\n".join("" if r is None else json.dumps(r) for r in lines).replace("\\\\u", "\\u")
+    path.write_text(text + "\n")
+    fast, slow = _batches(path)
+    assert fast == slow
+    if not isinstance(fast, str):  # [1, 2**70] is an error, the same on both paths
+        assert len(fast[0]) == sum(r is not None for r in lines)
+
+
+def test_jsonl_fast_path_hands_over_mid_file(tmp_path, monkeypatch):
+    # a field that first appears after many blocks: the first blocks come from pyarrow.json,
+    # the rest line by line from the first line not read, with the same records and line numbers
+    import packtool.readers.jsonl as jsonl
+
+    monkeypatch.setattr(jsonl, "ARROW_BLOCK", 1 << 12)
+    rows = [{"text": f"t{i}", "n": i} for i in range(3000)] + [{"text": "x", "n": 1, "late": "field"}]
+    path = write_jsonl(tmp_path / "a.jsonl", rows)
+    fast, slow = _batches(path)
+    assert fast == slow and len(fast[0]) == 3001 and fast[1][-1] == 3001
+    state: dict = {}
+    got = sum(b.num_rows for b in jsonl._read_arrow(str(path), 2048, state))
+    assert 0 < got < 3000 and not state  # pyarrow.json read the first blocks, then handed over

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.readers.base import SourceBatch
-from packtool.utils import np_view
+from packtool.utils import arrow_array, np_view
 
 IGNORE_INDEX = -100
 TOKENS = pa.large_list(pa.int32())
@@ -61,7 +61,7 @@ def shifted_labels(input_ids: pa.LargeListArray) -> pa.LargeListArray:
     labels[:-1] = values[1:]
     ends = offsets[1:][offsets[1:] > offsets[:-1]] - 1
     labels[ends] = IGNORE_INDEX
-    return pa.LargeListArray.from_arrays(input_ids.offsets, pa.array(labels, type=pa.int32()))
+    return pa.LargeListArray.from_arrays(input_ids.offsets, arrow_array(labels, pa.int32()))
 
 
 def make_labels(input_ids: pa.LargeListArray, convention: str) -> pa.LargeListArray:
@@ -108,7 +108,7 @@ def to_token_lists(
     values = values.cast(pa.large_list(values.type.value_type))
     # Only this array's own values, offsets from 0: a column sliced at a chunk boundary still holds (and
     # .values returns) the whole reader batch's values, which must neither be checked nor copied here.
-    off = values.offsets.to_numpy()
+    off = np_view(values.offsets).astype(np.int64)
     flat = values.values.slice(int(off[0]), int(off[-1] - off[0]))
     offsets = off - off[0]
 
@@ -122,7 +122,7 @@ def to_token_lists(
         flat = flat.cast(pa.int64())
     if pa.types.is_floating(flat.type):
         # JSON rows like [1, 2.5] make the whole column float: name the row with a non-integer value
-        f = flat.to_numpy(zero_copy_only=False)
+        f = np_view(flat)
         bad = np.flatnonzero((f != np.floor(f)) | (np.abs(f) >= 2**31))  # also NaN and inf
         if len(bad):
             raise batch.error(
@@ -134,10 +134,10 @@ def to_token_lists(
     lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
     mm = pc.min_max(flat)
     if len(flat) and (mm["min"].as_py() < lo or mm["max"].as_py() > hi):
-        arr = flat.to_numpy()
+        arr = np_view(flat)
         bad = int(np.flatnonzero((arr < lo) | (arr > hi))[0])
         raise batch.error(row_of(bad), field, f"value {arr[bad]} does not fit in int32", "token_out_of_range")
-    return pa.LargeListArray.from_arrays(pa.array(offsets), flat.cast(type_.value_type))
+    return pa.LargeListArray.from_arrays(arrow_array(offsets, pa.int64()), flat.cast(type_.value_type))
 
 
 def check_same_lengths(a: pa.LargeListArray, b: pa.LargeListArray, batch: SourceBatch, field: str) -> None:

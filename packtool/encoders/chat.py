@@ -45,11 +45,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packtool.encoders.base import TOKENS
 from packtool.encoders.masking import apply_empty_loss, loss_columns
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError
 from packtool.readers.base import SourceBatch
+from packtool.utils import token_lists
 
 SHAREGPT_ROLES = {
     "human": "user",
@@ -235,7 +235,7 @@ class ChatEncoder:
             for a, b in sp:  # tokens whose first character lies in [a, b)
                 t[np.searchsorted(st, a, side="left") : np.searchsorted(st, b, side="left")] = 1
             trained.append(t)
-        ids = pa.array(ids, type=TOKENS)
+        ids = token_lists(ids)
         flat = np.concatenate(trained) if trained else np.zeros(0, dtype=np.int8)
         labels, loss_mask = loss_columns(ids, flat, self.labels)
         return apply_empty_loss(batch, ids, labels, loss_mask, self.empty_loss, field)

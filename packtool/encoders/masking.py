@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from packtool.encoders.base import IGNORE_INDEX, MASK, TOKENS, encoded_batch
 from packtool.readers.base import SourceBatch
+from packtool.utils import arrow_array, large_lists, np_view
 
 EMPTY_LOSS_META = b"packtool.empty_loss_samples"
 
@@ -47,8 +48,8 @@ def loss_columns(
     >>> loss_columns(ids, np.array([0, 0, 1, 1, 0, 1]), "unshifted")[0].to_pylist()
     [[-100, -100, 7, 8], [-100, 10]]
     """
-    offsets = input_ids.offsets.to_numpy()
-    values = input_ids.values.to_numpy(zero_copy_only=False)
+    offsets = np_view(input_ids.offsets)
+    values = np_view(input_ids.values)
     base = int(offsets[0])
     values = values[base : int(offsets[-1])]
     trained = np.asarray(trained, dtype=bool)
@@ -64,10 +65,10 @@ def loss_columns(
     else:
         target = trained
         labels = np.where(trained, values, IGNORE_INDEX).astype(np.int32)
-    new_offsets = pa.array(offsets - base, type=pa.int64())
+    new_offsets = arrow_array(offsets - base, pa.int64())
     return (
-        pa.LargeListArray.from_arrays(new_offsets, pa.array(labels, type=pa.int32())),
-        pa.LargeListArray.from_arrays(new_offsets, pa.array(target.astype(np.int8), type=pa.int8())),
+        pa.LargeListArray.from_arrays(new_offsets, arrow_array(labels, pa.int32())),
+        pa.LargeListArray.from_arrays(new_offsets, arrow_array(target, pa.int8())),
     )
 
 
@@ -86,9 +87,9 @@ def apply_empty_loss(
     raises ``InputError`` naming its file, row and ``field``. The number of such samples is stored in the
     schema metadata under ``packtool.empty_loss_samples`` under every policy.
     """
-    offsets = input_ids.offsets.to_numpy()
+    offsets = np_view(input_ids.offsets)
     lengths = np.diff(offsets)
-    mask = loss_mask.values.to_numpy(zero_copy_only=False)[int(offsets[0]) : int(offsets[-1])]
+    mask = np_view(loss_mask.values)[int(offsets[0]) : int(offsets[-1])]
     per_sample = np.add.reduceat(mask.astype(np.int64), offsets[:-1] - offsets[0]) if len(mask) else None
     if per_sample is None:
         empty = np.zeros(len(lengths), dtype=bool)
@@ -106,11 +107,11 @@ def apply_empty_loss(
         new_lengths = np.where(empty, 0, lengths)
         new_offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(new_lengths, out=new_offsets[1:])
-        off = pa.array(new_offsets)
+        off = arrow_array(new_offsets, pa.int64())
 
         def cut(col: pa.LargeListArray, type_: pa.DataType) -> pa.LargeListArray:
-            flat = col.values.to_numpy(zero_copy_only=False)[int(offsets[0]) : int(offsets[-1])]
-            return pa.LargeListArray.from_arrays(off, pa.array(flat[keep], type=type_.value_type))
+            flat = np_view(col.values)[int(offsets[0]) : int(offsets[-1])]
+            return pa.LargeListArray.from_arrays(off, arrow_array(flat[keep], type_.value_type))
 
         input_ids, labels, loss_mask = cut(input_ids, TOKENS), cut(labels, TOKENS), cut(loss_mask, MASK)
     rb = encoded_batch(input_ids, labels, loss_mask)
@@ -137,7 +138,7 @@ def concat_lists(
     >>> ids.to_pylist(), part.tolist()
     ([[1, 2, 4], [3]], [0, 0, 1, 0])
     """
-    offs = [p.offsets.to_numpy() - p.offsets.to_numpy()[0] for p in parts]
+    offs = [np_view(p.offsets) - np_view(p.offsets)[0] for p in parts]
     lengths = np.stack([np.diff(o) for o in offs])  # (num_parts, num_rows)
     row_len = lengths.sum(axis=0)
     new_offsets = np.zeros(lengths.shape[1] + 1, dtype=np.int64)
@@ -146,10 +147,10 @@ def concat_lists(
     part_of = np.empty(int(new_offsets[-1]), dtype=np.int8)
     before = np.zeros(lengths.shape[1], dtype=np.int64)  # tokens of earlier parts in the same row
     for k, (p, o) in enumerate(zip(parts, offs, strict=True)):
-        vals = p.values.to_numpy(zero_copy_only=False)[p.offsets.to_numpy()[0] :][: int(o[-1])]
+        vals = np_view(p.values)[np_view(p.offsets)[0] :][: int(o[-1])]
         shift = np.repeat(new_offsets[:-1] + before - o[:-1], lengths[k])
         dest = np.arange(len(vals), dtype=np.int64) + shift
         out[dest] = vals
         part_of[dest] = k
         before += lengths[k]
-    return pa.LargeListArray.from_arrays(pa.array(new_offsets), pa.array(out, type=pa.int32())), part_of
+    return large_lists(new_offsets, out, pa.int32()), part_of

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from packtool.encoders.base import MASK, check_same_lengths, encoded_batch, make_labels, to_token_lists
 from packtool.readers.base import SourceBatch
+from packtool.utils import np_view
 
 
 class PretokenizedEncoder:
@@ -47,10 +48,10 @@ class PretokenizedEncoder:
         limit = self.vocab_size if self.vocab_size is not None else None
         if lo >= 0 and (limit is None or hi < limit):
             return
-        arr = flat.to_numpy()
+        arr = np_view(flat)
         bad = (arr < 0) if limit is None else ((arr < 0) | (arr >= limit))
         pos = int(bad.argmax())
-        row = int(ids.offsets.to_numpy().searchsorted(pos, side="right") - 1)
+        row = int(np_view(ids.offsets).searchsorted(pos, side="right") - 1)
         if arr[pos] < 0:
             what, code = "negative token id", "negative_token_id"
         else:

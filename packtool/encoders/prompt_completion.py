@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packtool.encoders.base import TOKENS
 from packtool.encoders.masking import apply_empty_loss, concat_lists, loss_columns
 from packtool.encoders.text import HFTokenizer, TextEncoder, add_special, text_column
 from packtool.errors import ConfigError
 from packtool.readers.base import SourceBatch
+from packtool.utils import arrow_array, np_view, token_lists
 
 ALPACA = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "
@@ -123,16 +123,16 @@ class PromptCompletionEncoder:
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         prompts = self.prompts(batch)
         completions = text_column(batch, self.completion_field)
-        prompt_ids = pa.array(self.tokenizer.encode_batch(prompts), type=TOKENS)
-        completion_ids = pa.array(self.tokenizer.encode_batch(completions), type=TOKENS)
+        prompt_ids = token_lists(self.tokenizer.encode_batch(prompts))
+        completion_ids = token_lists(self.tokenizer.encode_batch(completions))
         ids, part = concat_lists([prompt_ids, completion_ids])
         trained = np.ones(len(part), dtype=np.int32) if self.train_on_prompt else (part == 1).astype(np.int32)
         if self.bos_id is not None or self.eos_id is not None:
-            flags = pa.LargeListArray.from_arrays(ids.offsets, pa.array(trained, type=pa.int32()))
+            flags = pa.LargeListArray.from_arrays(ids.offsets, arrow_array(trained, pa.int32()))
             # BOS never trained, EOS always (the model learns to stop)
             bos_flag = None if self.bos_id is None else 0
             eos_flag = None if self.eos_id is None else 1
-            trained = add_special(flags, bos_flag, eos_flag).values.to_numpy()
+            trained = np_view(add_special(flags, bos_flag, eos_flag).values)
             ids = add_special(ids, self.bos_id, self.eos_id)
         labels, loss_mask = loss_columns(ids, trained, self.labels)
         return apply_empty_loss(batch, ids, labels, loss_mask, self.empty_loss, self.completion_field)

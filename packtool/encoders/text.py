@@ -15,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from packtool.encoders.base import TOKENS, encoded_batch, make_labels
+from packtool.encoders.base import encoded_batch, make_labels
 from packtool.errors import ConfigError
 from packtool.readers.base import SourceBatch
-from packtool.utils import file_sha256, list_parts
+from packtool.utils import file_sha256, large_lists, list_parts, token_lists
 
 _EOS_GUESSES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]", "<|im_end|>")
 _BOS_GUESSES = ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")
@@ -147,7 +147,7 @@ def _load_tokenizer_file(path: Path):
 def add_special(ids: pa.LargeListArray, bos: int | None, eos: int | None) -> pa.LargeListArray:
     """Prepend ``bos`` and/or append ``eos`` to every non-empty list, vectorized.
 
-    >>> add_special(pa.array([[5, 6], []], type=TOKENS), 1, 2).to_pylist()
+    >>> add_special(pa.array([[5, 6], []], type=pa.large_list(pa.int32())), 1, 2).to_pylist()
     [[1, 5, 6, 2], []]
     """
     if bos is None and eos is None:
@@ -167,7 +167,7 @@ def add_special(ids: pa.LargeListArray, bos: int | None, eos: int | None) -> pa.
         out[starts] = bos
     if eos is not None:
         out[new_offsets[1:][lengths > 0] - 1] = eos
-    return pa.LargeListArray.from_arrays(pa.array(new_offsets), pa.array(out, type=pa.int32()))
+    return large_lists(new_offsets, out, pa.int32())
 
 
 class TextEncoder:
@@ -201,7 +201,7 @@ class TextEncoder:
 
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         texts = text_column(batch, self.text_field)
-        ids = pa.array(self.tokenizer.encode_batch(texts), type=TOKENS)
+        ids = token_lists(self.tokenizer.encode_batch(texts))
         ids = add_special(ids, self.bos_id, self.eos_id)
         return encoded_batch(ids, make_labels(ids, self.labels))
 

@@ -87,9 +87,16 @@ def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
 
 
 def read_inputs(
-    inputs: list[str], *, split: str = "train", text_field: str = "text", sink: ErrorSink | None = None
+    inputs: list[str],
+    *,
+    split: str = "train",
+    text_field: str = "text",
+    sink: ErrorSink | None = None,
+    lazy: bool = False,
 ) -> Iterator[SourceBatch]:
     """Stream every input as ``SourceBatch`` objects, in order.
+
+    With ``lazy``, Parquet files yield ``ParquetRows`` (row ranges read later by ``load()``) instead.
 
     Bad records go to ``sink`` (default: raise ``InputError``); a file that cannot be read at all raises
     ``InputError`` under every policy.
@@ -99,7 +106,7 @@ def read_inputs(
         if kind == "jsonl":
             batches = read_jsonl(source, sink=sink, text_field=text_field)
         elif kind == "parquet":
-            batches = read_parquet(source)
+            batches = read_parquet(source, lazy=lazy)
         elif kind == "text":
             batches = read_text_lines(source, text_field=text_field, sink=sink)
         elif kind == "text_dir":

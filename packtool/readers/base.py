@@ -37,6 +37,20 @@ class SourceBatch:
     def num_rows(self) -> int:
         return self.batch.num_rows
 
+    @property
+    def schema(self) -> pa.Schema:
+        return self.batch.schema
+
+    def slice(self, offset: int, length: int) -> SourceBatch:
+        """Records ``offset .. offset + length - 1`` (zero-copy)."""
+        return SourceBatch(
+            self.source, self.batch.slice(offset, length), self.rows[offset : offset + length], self.row_kind
+        )
+
+    def load(self) -> list[SourceBatch]:
+        """Itself (a ``ParquetRows`` read lazily answers the same call with the rows it names)."""
+        return [self]
+
     def where(self, i: int) -> str:
         """Human-readable location of record ``i`` of this batch, e.g. ``line 12``."""
         return f"{self.row_kind} {int(self.rows[i])}"

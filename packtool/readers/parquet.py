@@ -1,8 +1,19 @@
-"""Parquet files -> ``SourceBatch`` stream, one row group slice at a time."""
+"""Parquet files -> ``SourceBatch`` stream, one row group slice at a time.
+
+Two ways to read:
+
+* ``read_parquet(path)`` reads the records here and yields ``SourceBatch`` objects;
+* ``read_parquet(path, lazy=True)`` reads only the footer and yields ``ParquetRows`` (a row range, no
+  data): the process that encodes a chunk reads its rows itself (``ParquetRows.load``). With
+  ``--num-proc > 1`` the tokens then go from the file to the worker that encodes them, instead of being
+  decoded by the driver and pickled through a pipe (which cost more than encoding pretokenized input).
+"""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -11,18 +22,32 @@ import pyarrow.parquet as pq
 from packtool.errors import InputError
 from packtool.readers.base import SourceBatch
 
+BATCH_ROWS = 8192
 
-def read_parquet(path: str, batch_rows: int = 8192) -> Iterator[SourceBatch]:
-    """Yield batches of at most ``batch_rows`` rows; rows are 0-based in error messages.
 
-    The file is read as a buffered stream (``pre_buffer=False``, 1 MiB reads): by default pyarrow loads a
-    whole row group before the first batch, and writers default to row groups of 1Mi rows, so memory
-    would grow with the file (e.g. 390 MiB instead of 160 MiB for a 210 MiB file of 117M tokens).
-    """
+def _open(path: str) -> pq.ParquetFile:
+    """The file as a buffered stream (``pre_buffer=False``, 1 MiB reads): by default pyarrow loads a whole
+    row group before the first batch, and writers default to row groups of 1Mi rows, so memory would grow
+    with the file (e.g. 390 MiB instead of 160 MiB for a 210 MiB file of 117M tokens)."""
     try:
-        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+        return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"not a readable Parquet file: {_one_line(e)}", source=path) from None
+
+
+def read_parquet(path: str, batch_rows: int = BATCH_ROWS, lazy: bool = False) -> Iterator[SourceBatch]:
+    """Yield batches of at most ``batch_rows`` rows (``ParquetRows``, one per row group, if ``lazy``);
+    rows are 0-based in error messages."""
+    pf = _open(path)
+    if lazy:
+        md, schema = pf.metadata, pf.schema_arrow
+        row = 0
+        for g in range(md.num_row_groups):
+            n = md.row_group(g).num_rows
+            if n:
+                yield ParquetRows(path, row, n, schema)
+            row += n
+        return
     row = 0
     try:
         for batch in pf.iter_batches(batch_size=batch_rows):
@@ -30,6 +55,97 @@ def read_parquet(path: str, batch_rows: int = 8192) -> Iterator[SourceBatch]:
             row += batch.num_rows
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"corrupt Parquet data after row {row}: {_one_line(e)}", source=path) from None
+
+
+@dataclass
+class ParquetRows:
+    """Rows ``[start, start + num_rows)`` of the Parquet file ``source``, not read yet.
+
+    It stands for a ``SourceBatch`` until ``load()`` reads it (``num_rows``, ``source``, ``row_kind``,
+    ``schema`` and ``slice`` are the same); pickling it costs a few bytes whatever the rows hold.
+
+    >>> # rows 100..149 of a file, read where they are encoded
+    >>> # piece = ParquetRows("train.parquet", 100, 50, schema); batches = piece.load()
+    """
+
+    source: str
+    start: int
+    num_rows: int
+    schema: pa.Schema
+    row_kind: str = "row"
+
+    def slice(self, offset: int, length: int) -> ParquetRows:
+        length = min(length, self.num_rows - offset)
+        return ParquetRows(self.source, self.start + offset, length, self.schema)
+
+    def load(self) -> list[SourceBatch]:
+        """The rows as ``SourceBatch`` objects (several if they span row groups or read batches)."""
+        cursor = _CURSORS.pop(self.source, None) or _Cursor(self.source)
+        _CURSORS[self.source] = cursor  # most recently used last
+        while len(_CURSORS) > _MAX_CURSORS:
+            _CURSORS.popitem(last=False)
+        return cursor.read(self.start, self.num_rows)
+
+
+_CURSORS: OrderedDict[str, _Cursor] = OrderedDict()  # per process: consecutive pieces continue a stream
+_MAX_CURSORS = 4
+
+
+class _Cursor:
+    """A read position in one Parquet file: reading the rows that follow the last ones read continues the
+    same stream; any other start reopens the stream at the row group holding it (and skips to the row)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pf = _open(path)
+        md = self.pf.metadata
+        sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+        self.group_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        self.stream: Iterator[pa.RecordBatch] | None = None
+        self.pos = 0  # row of the file the stream's next row is
+        self.pending: pa.RecordBatch | None = None  # rows read but not handed out yet (they start at pos)
+
+    def _seek(self, start: int) -> None:
+        g = int(np.searchsorted(self.group_starts, start, side="right") - 1)
+        groups = list(range(g, len(self.group_starts) - 1))
+        self.stream = self.pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups)
+        self.pos, self.pending = int(self.group_starts[g]), None
+
+    def _next(self) -> pa.RecordBatch:
+        if self.pending is not None:
+            b, self.pending = self.pending, None
+            return b
+        try:
+            return next(self.stream)
+        except StopIteration:
+            raise InputError(
+                f"fewer rows than its metadata says (row {self.pos})", source=self.path
+            ) from None
+        except (pa.ArrowException, OSError) as e:
+            self.stream = None
+            raise InputError(
+                f"corrupt Parquet data after row {self.pos}: {_one_line(e)}", source=self.path
+            ) from None
+
+    def read(self, start: int, num_rows: int) -> list[SourceBatch]:
+        group_start = int(self.group_starts[np.searchsorted(self.group_starts, start, side="right") - 1])
+        if self.stream is None or start < self.pos or group_start > self.pos:
+            self._seek(start)  # else the rows up to start are in this row group: decode and skip them
+        out, end = [], start + num_rows
+        while self.pos < end:
+            b = self._next()
+            lo, hi = max(start - self.pos, 0), min(end - self.pos, b.num_rows)
+            if hi < b.num_rows:
+                self.pending = b.slice(hi)
+            if lo < hi:
+                a = self.pos + lo
+                out.append(
+                    SourceBatch(
+                        self.path, b.slice(lo, hi - lo), np.arange(a, a + hi - lo, dtype=np.int64), "row"
+                    )
+                )
+            self.pos += hi
+        return out
 
 
 def _one_line(e: Exception) -> str:

@@ -113,6 +113,20 @@ def read_chunk_meta(work_dir: str | Path, index: int) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _default_max_open() -> int:
+    """Chunks to keep mapped: each map holds a descriptor (up to 7 per chunk); leave room for the rest
+    of the process (shards, pipes, Parquet files) under the soft open-file limit."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 8
+    if soft == resource.RLIM_INFINITY:
+        return 64
+    return max(1, min(64, (soft - 64) // 8))
+
+
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, s + l)`` for every ``(s, l)``, vectorized.
 
@@ -132,14 +146,18 @@ class ChunkStore:
 
     work_dir: Path
     metas: list[dict]
-    max_open: int = 8
+    max_open: int | None = None  # chunks mapped at once (default: what the open-file limit allows, <= 64)
     _open: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
+    _maps: dict = field(default_factory=dict, init=False, repr=False)
+    _headers: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
         counts = np.array([m["num_samples"] for m in self.metas], dtype=np.int64)
         self.sample_starts = np.concatenate([[0], np.cumsum(counts)])
         self.has_loss_mask = any(m["has_loss_mask"] for m in self.metas)
+        if self.max_open is None:
+            self.max_open = _default_max_open()
 
     def append_chunk(self, meta: dict) -> None:
         """Add a chunk written after the store was opened (packs made by a custom policy)."""
@@ -170,16 +188,58 @@ class ChunkStore:
             self._open.move_to_end(c)
             return self._open[c]
         while len(self._open) >= self.max_open:
-            self._open.popitem(last=False)  # unmapped (and its descriptor closed) once unreferenced
+            old, _ = self._open.popitem(last=False)  # unmapped (and its descriptor closed) once unreferenced
+            self._maps.pop(old, None)
         d = chunk_dir(self.work_dir, self.metas[c]["index"])
         names = ["input_ids", "labels", "offsets", "rows", "source_ids"]
         if self.metas[c]["has_loss_mask"]:
             names.append("loss_mask")
         if self.metas[c].get("origin"):
             names.append("origin")
-        # plain ndarray views of the maps: slicing a np.memmap costs a subclass round trip per call
-        self._open[c] = {k: np.load(d / f"{k}.npy", mmap_mode="r").view(np.ndarray) for k in names}
-        return self._open[c]
+        arrays, maps = {}, []
+        for k in names:
+            arrays[k], m = self._map(d / f"{k}.npy")
+            if m is not None:
+                maps.append(m)
+        self._open[c], self._maps[c] = arrays, maps
+        return arrays
+
+    def _map(self, path: Path) -> tuple[np.ndarray, mmap.mmap | None]:
+        """A read-only ``.npy`` array mapped from ``path``, and its map.
+
+        A plain ndarray over an ``mmap`` (``np.load(mmap_mode=...)`` parses the header with ``ast`` on
+        every call, and slicing a ``np.memmap`` costs a subclass round trip): shuffled packs reopen chunks
+        in every block, so the headers are parsed once per run and kept.
+        """
+        key = str(path)
+        with open(path, "rb") as f:
+            head = self._headers.get(key)
+            if head is None:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                else:  # not written by write_chunk
+                    return np.load(path, mmap_mode="r").view(np.ndarray), None
+                assert not fortran or len(shape) <= 1
+                head = self._headers[key] = (shape, dtype, f.tell())
+            shape, dtype, offset = head
+            count = int(np.prod(shape))
+            if count == 0:
+                return np.zeros(shape, dtype=dtype), None
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return np.frombuffer(m, dtype=dtype, count=count, offset=offset).reshape(shape), m
+
+    def release(self, c: int) -> None:
+        """Drop the pages of chunk ``c``'s maps from this process's RSS (they stay in the page cache).
+
+        Shuffled packs touch every chunk in every block; without this, the whole encoded input would count
+        in the writer's resident memory by the end of a run.
+        """
+        if hasattr(mmap, "MADV_DONTNEED"):
+            for m in self._maps.get(c, ()):
+                m.madvise(mmap.MADV_DONTNEED)
 
     def pieces(self, sample: np.ndarray, start: np.ndarray, length: np.ndarray) -> dict[str, np.ndarray]:
         """The tokens of pieces end to end, in piece order: ``input_ids``/``labels`` ``(sum(length),)`` int32,
@@ -192,42 +252,77 @@ class ChunkStore:
             start: ``(k,)`` offset of the piece's first token inside its sample.
             length: ``(k,)`` tokens in the piece.
         """
-        sample = np.asarray(sample, dtype=np.int64)
         length = np.asarray(length, dtype=np.int64)
+        dest = np.zeros(len(length), dtype=np.int64)
+        np.cumsum(length[:-1], out=dest[1:])
+        total = int(length.sum())
+        out = {k: np.empty(total, dtype=np.int8 if k == "loss_mask" else np.int32) for k in self.keys}
+        self.pieces_into(sample, start, length, dest, out)
+        return out
+
+    @property
+    def keys(self) -> list[str]:
+        """The token columns a chunk holds: ``input_ids``, ``labels`` (and ``loss_mask``)."""
+        return ["input_ids", "labels"] + (["loss_mask"] if self.has_loss_mask else [])
+
+    def pieces_into(
+        self,
+        sample: np.ndarray,
+        start: np.ndarray,
+        length: np.ndarray,
+        dest: np.ndarray,
+        out: dict[str, np.ndarray],
+    ) -> None:
+        """Copy piece ``i`` to ``out[k][dest[i] : dest[i] + length[i]]`` for every key ``k`` of ``out``.
+
+        One slice copy per run of pieces that are contiguous both in a chunk and in ``out`` (sequential
+        plans: a whole pack at once), straight from the chunk's map into ``out``: no staging buffer, no
+        per-token index arrays. ``out`` holds flat arrays (e.g. ``(k * N,)`` views of the pack arrays).
+        """
+        sample = np.asarray(sample, dtype=np.int64)
+        start = np.asarray(start, dtype=np.int64)
+        length = np.asarray(length, dtype=np.int64)
+        dest = np.asarray(dest, dtype=np.int64)
+        if not len(sample):
+            return
         chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
         begin = np.empty(len(sample), dtype=np.int64)
-        used = np.unique(chunk).tolist()
-        for c in used:
+        for c in np.unique(chunk).tolist():
             sel = np.flatnonzero(chunk == c)
             begin[sel] = self.arrays(c)["offsets"][sample[sel] - self.sample_starts[c]] + start[sel]
         end = begin + length
-        # merge pieces that follow each other in the same chunk (sequential plans: whole packs at once)
-        if len(sample):
-            new_run = np.ones(len(sample), dtype=bool)
-            new_run[1:] = (chunk[1:] != chunk[:-1]) | (begin[1:] != end[:-1])
-            first = np.flatnonzero(new_run)
-            last = np.append(first[1:], len(sample)) - 1
-            runs = list(zip(chunk[first].tolist(), begin[first].tolist(), end[last].tolist(), strict=True))
-        else:
-            runs = []
-        keys = ["input_ids", "labels"] + (["loss_mask"] if self.has_loss_mask else [])
-        total = int(length.sum())
-        out = {k: np.empty(total, dtype=np.int8 if k == "loss_mask" else np.int32) for k in keys}
-        by_chunk: dict[int, list[tuple[int, int, int]]] = {}
-        pos = 0
-        for c, b, e in runs:
-            by_chunk.setdefault(c, []).append((pos, b, e))
-            pos += e - b
-        # one chunk mapped at a time: holding every used chunk's maps would hold their file descriptors
-        for c, chunk_runs in by_chunk.items():
+        new_run = np.ones(len(sample), dtype=bool)
+        new_run[1:] = (
+            (chunk[1:] != chunk[:-1]) | (begin[1:] != end[:-1]) | (dest[1:] != dest[:-1] + length[:-1])
+        )
+        first = np.flatnonzero(new_run)
+        last = np.append(first[1:], len(sample)) - 1
+        run_chunk = chunk[first]
+        # runs grouped by chunk (stable): one chunk mapped at a time, holding every used chunk's maps would
+        # hold their file descriptors
+        order = np.argsort(run_chunk, kind="stable")
+        bounds = np.flatnonzero(np.diff(run_chunk[order])) + 1
+        for group in np.split(order, bounds):
+            c = int(run_chunk[group[0]])
             a = self.arrays(c)
-            for key in keys:
+            runs = list(
+                zip(
+                    dest[first[group]].tolist(),
+                    begin[first[group]].tolist(),
+                    end[last[group]].tolist(),
+                    strict=True,
+                )
+            )
+            for key, dst in out.items():
                 src = a.get(key)
-                for p, b, e in chunk_runs:
-                    out[key][p : p + e - b] = src[b:e] if src is not None else 1
-            _release(a)
+                if src is None:  # a chunk without loss_mask: every token is trained
+                    for p, b, e in runs:
+                        dst[p : p + e - b] = 1
+                    continue
+                for p, b, e in runs:
+                    dst[p : p + e - b] = src[b:e]
+            self.release(c)
             del a
-        return out
 
     def lengths(self) -> np.ndarray:
         """``(num_samples,)`` int64 tokens per sample, from the offsets alone."""
@@ -271,16 +366,4 @@ class ChunkStore:
             out["labels"][dst] = a["labels"][src]
             if "loss_mask" in out:
                 out["loss_mask"][dst] = a["loss_mask"][src] if "loss_mask" in a else 1
-            _release(a)
-
-
-def _release(arrays: dict[str, np.ndarray]) -> None:
-    """Drop the pages of memory-mapped chunk arrays from this process's RSS (they stay in the page cache).
-
-    Shuffled packs touch every chunk in every block; without this, the whole encoded input would count
-    in the writer's resident memory by the end of a run.
-    """
-    for a in arrays.values():
-        m = getattr(a.base, "_mmap", None)
-        if m is not None and hasattr(mmap, "MADV_DONTNEED"):
-            m.madvise(mmap.MADV_DONTNEED)
+            self.release(int(c))

@@ -57,9 +57,10 @@ class PackArrays:
 def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) -> PackArrays:
     """Materialize the packs of ``plan`` (usually a ``plan.slice`` of one row group).
 
-    Tokens are copied by ``store.pieces`` (one slice per run of contiguous pieces) into a compact buffer,
-    then into the real-token cells of the ``(k, N)`` arrays with one boolean-mask assignment; positions
-    come from one ``arange`` minus each segment's start. Temporaries are O(k * N), never per-token Python.
+    Tokens are copied by ``store.pieces_into`` straight from the chunks' maps into the ``(k, N)`` arrays
+    (one slice per run of pieces contiguous in a chunk and in the pack), over arrays filled with the
+    padding values; positions come from one ``arange`` minus each segment's start. Temporaries are
+    O(k * N), never per-token Python.
     """
     n = plan.packed_sequence_size
     k = plan.num_packs
@@ -67,25 +68,24 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
     cs = np.zeros(len(plan.length) + 1, dtype=np.int64)
     np.cumsum(plan.length, out=cs[1:])
     used = np.diff(cs[plan.pack_offsets])
-    cols = np.arange(n, dtype=np.int64)
-    real = cols[None, :] < used[:, None]  # (k, n): cells holding a token
+    pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
+    # piece i lands in row pack_of_piece[i], after the pieces before it in its pack
+    dest = pack_of_piece * n + cs[:-1] - cs[plan.pack_offsets[:-1]][pack_of_piece]
 
-    tokens = store.pieces(plan.sample, plan.start, plan.length)
     input_ids = np.full((k, n), pad_token_id, dtype=np.int32)
-    input_ids[real] = tokens["input_ids"]
     labels = np.full((k, n), IGNORE_INDEX, dtype=np.int32)
-    labels[real] = tokens["labels"]
+    out = {"input_ids": input_ids.reshape(-1), "labels": labels.reshape(-1)}
     loss_mask = None
-    if "loss_mask" in tokens:
+    if store.has_loss_mask:
         loss_mask = np.zeros((k, n), dtype=np.int8)
-        loss_mask[real] = tokens["loss_mask"]
+        out["loss_mask"] = loss_mask.reshape(-1)
+    store.pieces_into(plan.sample, plan.start, plan.length, dest, out)
 
     # seq_lens: piece lengths, then the padding length if the pack is not full
     has_pad = (used < n).astype(np.int64)
     sl_offsets = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(counts + has_pad, out=sl_offsets[1:])
     seg_len = np.empty(sl_offsets[-1], dtype=np.int64)
-    pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
     piece_slot = (
         np.arange(len(plan.length), dtype=np.int64)
         - plan.pack_offsets[pack_of_piece]
@@ -104,10 +104,15 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
         seg_first[pad_slot] = (plan.start[last_piece] + plan.length[last_piece] - 1) % n + 1
     seg_begin = np.zeros(len(seg_len), dtype=np.int64)
     np.cumsum(seg_len[:-1], out=seg_begin[1:])
-    pos = np.arange(k * n, dtype=np.int64) - np.repeat(seg_begin - seg_first, seg_len)
+    # int32 arithmetic when every position fits (always, unless a split sample is over 2**31 tokens long)
+    dtype = np.int32 if k * n + int(seg_first.max(initial=0)) < 2**31 else np.int64
+    pos = np.arange(k * n, dtype=dtype) - np.repeat((seg_begin - seg_first).astype(dtype), seg_len)
     if plan.position_ids == "nemo":  # runs on over a split sample modulo N; padding clamped to N - 1
-        pos = np.where(real.reshape(-1), pos % n, np.minimum(pos, n - 1))
-    position_ids = pos.astype(np.int32).reshape(k, n)
+        if np.any(seg_first[piece_slot] + plan.length > n):  # a piece whose positions pass N
+            real = np.arange(n)[None, :] < used[:, None]
+            pos = np.where(real.reshape(-1), pos % n, pos)
+        np.minimum(pos, n - 1, out=pos)  # real cells are < N by now: only the padding changes
+    position_ids = pos.astype(np.int32, copy=False).reshape(k, n)
     seq_lens = seg_len.astype(np.int32)
 
     return PackArrays(

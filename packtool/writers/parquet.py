@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packtool.utils import arrow_array
 from packtool.writers.packs import PackArrays
 
 COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "sample_index", "sample_offset")
@@ -36,8 +37,8 @@ COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "samp
 
 def _list(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.Array:
     if offsets[-1] < np.iinfo(np.int32).max:
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type))
-    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type))
+        return pa.ListArray.from_arrays(arrow_array(offsets, pa.int32()), arrow_array(values, value_type))
+    return pa.LargeListArray.from_arrays(arrow_array(offsets, pa.int64()), arrow_array(values, value_type))
 
 
 def packs_table(packs: PackArrays) -> pa.Table:
