@@ -158,17 +158,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
 
     engine = make_engine(config, _init_worker, (config.to_dict(), sample_format))
     with engine:
-        metas = []
-        with _progress(show, desc="encode", unit=" samples") as bar:
-            tasks = (
-                (i, chunk, work)
-                for i, chunk in enumerate(chunked(itertools.chain([first], batches), config.chunk_size))
-            )
-            for meta in engine.map(_encode_chunk, tasks):
-                metas.append(meta)
-                bar.update(meta["num_samples"])
-        (Path(work) / "chunks.json").write_text(json.dumps(metas))
-        store = ChunkStore(Path(work), metas)
+        store = encode_to_chunks(config, itertools.chain([first], batches), work, engine, show)
         lengths = store.lengths()
         plan = make_plan(lengths, config, store.locate)
         shard_ranges = [
@@ -197,6 +187,21 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         fingerprint,
         has_loss_mask=store.has_loss_mask,
     )
+
+
+def encode_to_chunks(
+    config: PackConfig, batches: Iterator[SourceBatch], work: str, engine: Any, show: bool
+) -> ChunkStore:
+    """The encode step: ``batches`` -> encoded chunks in ``work`` (by ``engine``, whose workers were
+    started with ``_init_worker``). Shared by ``packtool pack`` and ``packtool verify --source``."""
+    metas = []
+    with _progress(show, desc="encode", unit=" samples") as bar:
+        tasks = ((i, chunk, work) for i, chunk in enumerate(chunked(batches, config.chunk_size)))
+        for meta in engine.map(_encode_chunk, tasks):
+            metas.append(meta)
+            bar.update(meta["num_samples"])
+    (Path(work) / "chunks.json").write_text(json.dumps(metas))
+    return ChunkStore(Path(work), metas)
 
 
 def _histogram(values: np.ndarray, edges: np.ndarray) -> dict:
