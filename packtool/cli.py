@@ -25,7 +25,7 @@ from packtool.config import (
     PackConfig,
     load_config_file,
 )
-from packtool.errors import PacktoolError
+from packtool.errors import ConfigError, PacktoolError
 
 
 def _one_line_errors(fn):
@@ -153,7 +153,7 @@ def inspect(
     from packtool.inspect import inspect_report, pack_report, plot_report, render_pack, render_report
 
     if pack_index is None and (decode or tokenizer):
-        raise click.UsageError("--decode and --tokenizer go with --pack I")
+        raise ConfigError("--decode and --tokenizer go with --pack I")
     if pack_index is not None:
         report = pack_report(directory, pack_index, decode=decode, tokenizer=tokenizer)
         if as_json:
@@ -193,7 +193,7 @@ def verify(directory: str, inputs: tuple[str, ...], source: bool, as_json: bool,
     from packtool.verify import verify_output
 
     if inputs and not source:
-        raise click.UsageError("input paths after DIRECTORY are the source: pass --source")
+        raise ConfigError("input paths after DIRECTORY are the source: pass --source")
     report = verify_output(directory, source=list(inputs) if source else None, progress=not quiet)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

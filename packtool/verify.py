@@ -367,37 +367,30 @@ def _check_packs(
     sl, slo = packs.seq_lens.astype(np.int64), packs.seq_lens_offsets
     npieces = np.diff(packs.sample_index_offsets)
     nsl = np.diff(slo)
-    sums = np.add.reduceat(sl, slo[:-1]) if len(sl) else np.zeros(k, dtype=np.int64)
-    sums[nsl == 0] = 0
-    for i in np.flatnonzero(sums != n)[:MAX_LISTED]:
-        report.add(
-            "seq_lens",
-            f"sum(seq_lens) = {sums[i]}, expected {n}",
-            shard=name,
-            pack=first + int(i),
-            field="seq_lens",
-        )
-    for i in np.flatnonzero(np.add.reduceat(sl <= 0, slo[:-1]) if len(sl) else [])[:MAX_LISTED]:
-        if nsl[i]:
-            report.add(
-                "seq_lens",
-                "holds a zero or negative length",
-                shard=name,
-                pack=first + int(i),
-                field="seq_lens",
-            )
+    csl = np.concatenate([[0], np.cumsum(sl)])
+    sums = csl[slo[1:]] - csl[slo[:-1]]
+    nonpos = np.concatenate([[0], np.cumsum(sl <= 0)])
     has_pad = nsl - npieces
-    for i in np.flatnonzero((has_pad < 0) | (has_pad > 1) | (npieces == 0))[:MAX_LISTED]:
-        report.add(
-            "sample_index",
-            f"{npieces[i]} sample_index entries for {nsl[i]} seq_lens entries",
-            shard=name,
-            pack=first + int(i),
-            field="sample_index",
-        )
-    if report.counts["seq_lens"] or report.counts["sample_index"]:
-        return np.zeros(k, dtype=np.int64)  # layout broken: the checks below would only repeat it
-    pad_len = np.where(has_pad == 1, sl[np.maximum(slo[1:] - 1, 0)], 0)
+    layout = {
+        "seq_lens": [
+            (sums != n, lambda i: f"sum(seq_lens) = {sums[i]}, expected {n}"),
+            (nonpos[slo[1:]] > nonpos[slo[:-1]], lambda i: "holds a zero or negative length"),
+        ],
+        "sample_index": [
+            (
+                (has_pad < 0) | (has_pad > 1) | (npieces == 0),
+                lambda i: f"{npieces[i]} sample_index entries for {nsl[i]} seq_lens entries",
+            )
+        ],
+    }
+    broken = np.zeros(k, dtype=bool)
+    for col, tests in layout.items():
+        for bad, message in tests:
+            broken |= bad
+            for i in np.flatnonzero(bad)[:MAX_LISTED]:
+                report.add(col, message(i), shard=name, pack=first + int(i), field=col)
+    # a pack whose layout is broken is reported once, above; the checks below look at the others
+    pad_len = np.where((has_pad == 1) & ~broken, sl[np.clip(slo[1:] - 1, 0, max(len(sl) - 1, 0))], 0)
     used = n - pad_len
     cols = np.arange(n)[None, :]
     pad = cols >= used[:, None]
@@ -408,13 +401,12 @@ def _check_packs(
     if packs.loss_mask is not None:
         checks.append(("loss_mask", packs.loss_mask, 0, "loss_mask on padding is not 0"))
     for col, arr, want, message in checks:
-        for i in np.flatnonzero((pad & (arr != want)).any(axis=1))[:MAX_LISTED]:
+        for i in np.flatnonzero((pad & (arr != want)).any(axis=1) & ~broken)[:MAX_LISTED]:
             report.add(f"padding {col}", message, shard=name, pack=first + int(i), field=col)
     real = ~pad
     ids = packs.input_ids
-    low = 0
-    bad_vocab = real & ((ids < low) | (ids >= vocab_size) if vocab_size else (ids < low))
-    for i in np.flatnonzero(bad_vocab.any(axis=1))[:MAX_LISTED]:
+    bad_vocab = real & ((ids < 0) | (ids >= vocab_size) if vocab_size else (ids < 0))
+    for i in np.flatnonzero(bad_vocab.any(axis=1))[:MAX_LISTED]:  # any pack: the ids are there
         j = int(np.flatnonzero(bad_vocab[i])[0])
         report.add(
             "vocab",
@@ -430,12 +422,13 @@ def _check_packs(
         csl = np.cumsum(sl)
         ends = csl - np.repeat(np.r_[0, csl][slo[:-1]], nsl)  # end of every seq_lens entry, 1..n
         piece_end = np.zeros((k, n + 1), dtype=bool)
-        piece_end[np.repeat(np.arange(k), nsl), ends] = True
+        whole = np.repeat(~broken, nsl)
+        piece_end[np.repeat(np.arange(k), nsl)[whole], ends[whole]] = True
         last = piece_end[:, 1:]  # last[i, j]: token j is the last of its piece
         shifted = manifest.get("labels", "shifted") == "shifted"
         target = np.concatenate([ids[:, 1:], ids[:, -1:]], axis=1) if shifted else ids
         bad = real & ~(last & shifted) & (packs.labels != IGNORE_INDEX) & (packs.labels != target)
-        for i in np.flatnonzero(bad.any(axis=1))[:MAX_LISTED]:
+        for i in np.flatnonzero(bad.any(axis=1) & ~broken)[:MAX_LISTED]:
             j = int(np.flatnonzero(bad[i])[0])
             report.add(
                 "labels",
