@@ -81,9 +81,10 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
                     warnings.append(f"{entry['path']}: metadata unreadable ({str(e).splitlines()[0]})")
                 else:
                     for key, value in own.items():
-                        if key in entry and value != entry[key]:
+                        recorded = m["run_id"] if key == "run_id" else entry.get(key, value)
+                        if value != recorded:
                             warnings.append(
-                                f"{entry['path']}: {key} {value} in the file, {entry[key]} in the manifest"
+                                f"{entry['path']}: {key} {value} in the file, {recorded} in the manifest"
                             )
         shards.append(sh)
     report = {

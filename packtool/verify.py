@@ -280,9 +280,12 @@ def _parquet_open(
 
 
 def _parquet_summary(path: Path) -> dict:
-    """Packs and row groups from the Parquet footer alone (no page is read)."""
-    md = pq.ParquetFile(path).metadata
+    """Packs, row groups and run_id from the Parquet footer alone (no page is read)."""
+    pf = pq.ParquetFile(path)
+    md = pf.metadata
+    raw = (pf.schema_arrow.metadata or {}).get(b"packtool")
     return {
+        "run_id": json.loads(raw).get("run_id") if raw else None,
         "num_packs": md.num_rows,
         "row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)],
     }

@@ -94,6 +94,17 @@ def test_full_and_fast_notice_a_manifest_that_lies(out: Path, tmp_path: Path):
     ]
 
 
+def test_fast_path_notices_a_manifest_from_another_run(out: Path, tmp_path: Path):
+    bad = Path(shutil.copytree(out, tmp_path / "bad"))
+    m = json.loads((bad / "manifest.json").read_text())
+    real, m["run_id"] = m["run_id"], "0123456789abcdef"
+    (bad / "manifest.json").write_text(json.dumps(m))
+    warnings = inspect_json(bad)["warnings"]
+    assert f"packs-000000.parquet: run_id {real} in the file, 0123456789abcdef in the manifest" in warnings
+    assert len(warnings) == 3  # one per shard
+    assert "warning:" in run_cli("inspect", bad).stdout
+
+
 def test_plot_writes_a_png(out: Path, tmp_path: Path):
     png = tmp_path / "hist.png"
     proc = run_cli("inspect", out, "--plot", png)
