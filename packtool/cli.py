@@ -28,7 +28,7 @@ from packtool.config import (
     PackConfig,
     load_config_file,
 )
-from packtool.errors import ON_ERROR, PacktoolError
+from packtool.errors import ON_ERROR, ConfigError, PacktoolError
 
 
 def _one_line(e: BaseException) -> str:
@@ -191,16 +191,76 @@ def pack(inputs: tuple[str, ...], config_file: str | None, format_: str | None, 
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Also write the histograms to this PNG file.")
+@click.option("--full", is_flag=True, help="Read every pack and recompute the figures from the data.")
+@click.option("--pack", "pack_index", type=int, help="Show pack I (0-based): its seq_lens and samples.")
+@click.option("--decode", is_flag=True, help="With --pack: the text of each sample, via the run's tokenizer.")
+@click.option("--tokenizer", help="With --decode: use this tokenizer instead of the manifest's.")
 @_one_line_errors
-def inspect(directory: str, as_json: bool) -> None:
-    """Show fill rate, padding, counts and per-shard figures of a packtool output DIRECTORY."""
-    from packtool.inspect import inspect_report, render_report
+def inspect(
+    directory: str,
+    as_json: bool,
+    plot: str | None,
+    full: bool,
+    pack_index: int | None,
+    decode: bool,
+    tokenizer: str | None,
+) -> None:
+    """Show fill rate, padding, counts, per-shard figures and histograms of a packtool output DIRECTORY.
 
-    report = inspect_report(directory)
+    Fast: from the manifest and the shards' metadata, unless --full.
+    """
+    from packtool.inspect import inspect_report, pack_report, plot_report, render_pack, render_report
+
+    if pack_index is None and (decode or tokenizer):
+        raise ConfigError("--decode and --tokenizer go with --pack I")
+    if pack_index is not None:
+        report = pack_report(directory, pack_index, decode=decode, tokenizer=tokenizer)
+        if as_json:
+            click.echo(json.dumps(report, indent=2))
+        else:
+            render_pack(report)
+        return
+    report = inspect_report(directory, full=full)
+    if plot:
+        plot_report(report, plot)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         render_report(report)
+        if plot:
+            click.echo(f"histograms written to {plot}", err=True)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.argument("inputs", nargs=-1)
+@click.option(
+    "--source",
+    is_flag=True,
+    help="Also re-read and re-encode the source (INPUTS, or the manifest's inputs if none are given) with "
+    "the run's config and prove every kept sample's tokens are in the packs exactly once.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar while re-encoding the source.")
+@_one_line_errors
+def verify(directory: str, inputs: tuple[str, ...], source: bool, as_json: bool, quiet: bool) -> None:
+    """Check that a packtool output DIRECTORY is whole: shards, sizes, sha256, run_id, index, packs.
+
+    Prints OK, or every problem with its shard, pack and field. Exit code: 0 OK, 1 problems found,
+    2 bad options or unreadable source input.
+    """
+    from packtool.verify import verify_output
+
+    if inputs and not source:
+        raise ConfigError("input paths after DIRECTORY are the source: pass --source")
+    report = verify_output(directory, source=list(inputs) if source else None, progress=not quiet)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for line in report.lines():
+            click.echo(line)
+    sys.exit(0 if report.ok else 1)
 
 
 if __name__ == "__main__":

@@ -439,6 +439,21 @@ def _nothing_left(sink: ErrorSink) -> str:
     return f"no record left: all {sink.total} were skipped as bad input ({reasons})"
 
 
+def encode_to_chunks(
+    config: PackConfig, batches: Iterator[SourceBatch], work: str, engine: Any, show: bool
+) -> ChunkStore:
+    """The encode step: ``batches`` -> encoded chunks in ``work`` (by ``engine``, whose workers were
+    started with ``_init_worker``). Shared by ``packtool pack`` and ``packtool verify --source``."""
+    metas = []
+    with _progress(show, desc="encode", unit=" samples") as bar:
+        tasks = ((i, chunk, work) for i, chunk in enumerate(chunked(batches, config.chunk_size)))
+        for meta in engine.map(_encode_chunk, tasks):
+            metas.append(meta)
+            bar.update(meta["num_samples"])
+    (Path(work) / "chunks.json").write_text(json.dumps(metas))
+    return ChunkStore(Path(work), metas)
+
+
 def _histogram(values: np.ndarray, edges: np.ndarray) -> dict:
     counts, edges = np.histogram(values, bins=edges)
     return {"edges": [int(e) for e in edges], "counts": [int(c) for c in counts]}

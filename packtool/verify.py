@@ -1,0 +1,674 @@
+"""``packtool verify``: prove that an output directory is whole, and (``--source``) that nothing was lost.
+
+Three layers of checks, each problem reported with its shard, pack and field:
+
+* **files**: the manifest parses and is packtool's; every shard it names exists with the recorded size
+  and sha256; no shard file lies in the directory that the manifest does not name.
+* **format** (one ``ShardFormat`` per shard format, so a new format adds one entry to ``SHARD_FORMATS``):
+  the shard parses, carries this manifest's ``run_id`` (a manifest from another run is caught here),
+  holds the recorded number of packs, and its index agrees with it (for Parquet: the recorded
+  ``row_groups``). The format then hands its packs over as ``PackArrays`` batches.
+* **packs** (format-independent, vectorized per batch): every fixed-width column has ``N`` values,
+  ``sum(seq_lens) == N``, ``seq_lens`` and ``sample_index`` agree, padding carries ``pad_token_id`` and
+  labels ``-100``, labels are aligned with ``input_ids`` (text input), token ids lie inside the
+  tokenizer's vocabulary, per-shard and total token counts match the manifest.
+
+With ``--source``, the inputs are read and encoded again by the pipeline's own reader and encoder under
+the manifest's ``config``, and every piece in the packs is compared token by token (``input_ids``,
+``labels``, ``loss_mask``) with the source sample named by its ``sample_index``. Pieces of a sample are
+reassembled in the order they appear; a sample whose tokens appear twice overruns its length and is
+reported. Every sample with no tokens in the packs must be one the manifest counts (empty, dropped,
+over ``max_packs``), every sample packed short must be truncated or cut at ``max_packs``, and the counts
+must equal the manifest's ``stats``.
+
+Example::
+
+    >>> report = verify_output("out/demo")  # doctest: +SKIP
+    >>> report.ok, report.problems[:1]  # doctest: +SKIP
+    (True, [])
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from packtool.encoders.base import IGNORE_INDEX
+from packtool.reading import load_manifest
+from packtool.utils import file_sha256
+from packtool.writers.chunks import ChunkStore, ranges
+from packtool.writers.output import MANIFEST
+from packtool.writers.packs import PackArrays
+
+# problems of one kind listed in full up to this many; the rest are counted
+MAX_LISTED = 10
+
+
+@dataclass
+class Problem:
+    """One finding: where (``shard``, global ``pack`` index, ``field``) and what."""
+
+    message: str
+    shard: str | None = None
+    pack: int | None = None
+    field: str | None = None
+    kind: str = "other"
+
+    def __str__(self) -> str:
+        where = [w for w in (self.shard, None if self.pack is None else f"pack {self.pack}") if w]
+        if self.field:
+            where.append(f"field '{self.field}'")
+        return f"{', '.join(where)}: {self.message}" if where else self.message
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "shard": self.shard,
+            "pack": self.pack,
+            "field": self.field,
+            "message": self.message,
+        }
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify_output`` found. ``ok`` is True when no problem was found."""
+
+    directory: str
+    problems: list[Problem] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)  # problems per kind, listed or not
+    checked: dict = field(default_factory=dict)  # figures of what was checked (packs, tokens, ...)
+
+    @property
+    def ok(self) -> bool:
+        return not self.counts
+
+    def add(
+        self,
+        kind: str,
+        message: str,
+        *,
+        shard: str | None = None,
+        pack: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.counts[kind] += 1
+        if self.counts[kind] <= MAX_LISTED:
+            self.problems.append(Problem(message, shard, pack, field, kind))
+
+    def lines(self) -> list[str]:
+        """The human report: one line per listed problem, then what was left unlisted, then a verdict."""
+        out = [f"problem: {p}" for p in self.problems]
+        for kind, n in self.counts.items():
+            if n > MAX_LISTED:
+                out.append(f"... and {n - MAX_LISTED} more problem(s) of kind '{kind}'")
+        c = self.checked
+        what = ", ".join(f"{k}: {v:,}" for k, v in c.items() if isinstance(v, int))
+        if self.ok:
+            out.append(f"OK: {self.directory} ({what})")
+        else:
+            total = sum(self.counts.values())
+            out.append(f"FAILED: {self.directory}: {total:,} problem(s) ({what} checked)")
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "directory": self.directory,
+            "ok": self.ok,
+            "problem_counts": dict(self.counts),
+            "problems": [p.to_dict() for p in self.problems],
+            "checked": self.checked,
+        }
+
+
+# --- formats ------------------------------------------------------------------------------------------
+ShardOpener = Callable[[Path, dict, dict, VerifyReport, int], Iterator[tuple[int, PackArrays]]]
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    """How ``verify`` (and ``inspect --full``) reads one shard format.
+
+    Attributes:
+        shard_glob: pattern of this format's shard files in an output directory (to find shards the
+            manifest does not name).
+        index_files: ``entry -> [file names]``: index files that belong to a manifest shard entry.
+        open: ``(path, entry, manifest, report, shard_index) -> iterator of (first pack in shard,
+            PackArrays)``;
+            checks what is specific to the format (parsing, run_id, pack count, index), reports problems
+            on ``report`` and yields the packs it could read.
+    """
+
+    shard_glob: str
+    index_files: Callable[[dict], list[str]]
+    open: ShardOpener
+    summary: Callable[[Path], dict] | None = None  # cheap figures from the shard's own metadata
+
+
+def _shard_meta_problems(
+    meta: dict | None, entry: dict, manifest: dict, index: int, report: VerifyReport, name: str
+) -> None:
+    """Compare a shard's own ``packtool`` metadata with the manifest (any format)."""
+    if meta is None:
+        report.add("run_id", "shard carries no packtool metadata (not written by packtool?)", shard=name)
+        return
+    if meta.get("run_id") != manifest.get("run_id"):
+        report.add(
+            "run_id",
+            f"shard belongs to run {meta.get('run_id')}, the manifest to run {manifest.get('run_id')} "
+            "(a manifest or shard from another run)",
+            shard=name,
+            field="run_id",
+        )
+    if meta.get("shard") is not None and meta.get("shard") != index:
+        report.add(
+            "shard",
+            f"shard metadata says shard {meta.get('shard')}, manifest lists it as {index}",
+            shard=name,
+            field="shard",
+        )
+    if meta.get("packed_sequence_size") not in (None, manifest["packed_sequence_size"]):
+        report.add(
+            "packed_sequence_size",
+            f"shard has packed_sequence_size {meta.get('packed_sequence_size')}, manifest "
+            f"{manifest['packed_sequence_size']}",
+            shard=name,
+            field="packed_sequence_size",
+        )
+
+
+def _fixed(
+    offsets: np.ndarray, values: np.ndarray, n: int, first: int, name: str, col: str, report: VerifyReport
+) -> np.ndarray | None:
+    """A list column whose every row must hold ``n`` values, as ``(rows, n)``; None (reported) if not."""
+    lens = np.diff(offsets)
+    bad = np.flatnonzero(lens != n)
+    for i in bad[:MAX_LISTED]:
+        report.add(
+            "length",
+            f"has {lens[i]} values, expected packed_sequence_size {n}",
+            shard=name,
+            pack=first + int(i),
+            field=col,
+        )
+    if len(bad):
+        return None
+    return values[offsets[0] : offsets[-1]].reshape(len(lens), n)
+
+
+def _list_column(table, col: str) -> tuple[np.ndarray, np.ndarray]:
+    arr = table.column(col).combine_chunks()
+    return arr.offsets.to_numpy().astype(np.int64), arr.values.to_numpy(zero_copy_only=False)
+
+
+def _parquet_open(
+    path: Path, entry: dict, manifest: dict, report: VerifyReport, index: int = 0
+) -> Iterator[tuple[int, PackArrays]]:
+    name = entry["path"]
+    n = manifest["packed_sequence_size"]
+    try:
+        pf = pq.ParquetFile(path)
+        md = pf.metadata
+    except Exception as e:  # any parse failure of a damaged file
+        report.add("parse", f"does not parse as Parquet: {str(e).splitlines()[0]}", shard=name)
+        return
+    raw = (pf.schema_arrow.metadata or {}).get(b"packtool")
+    try:
+        meta = json.loads(raw) if raw else None
+    except ValueError:
+        meta = None
+    _shard_meta_problems(meta, entry, manifest, index, report, name)
+    if md.num_rows != entry.get("num_packs"):
+        report.add(
+            "num_packs",
+            f"holds {md.num_rows} packs, manifest says {entry.get('num_packs')}",
+            shard=name,
+            field="num_packs",
+        )
+    groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+    if "row_groups" in entry and groups != entry["row_groups"]:
+        report.add(
+            "index",
+            f"row groups {groups} differ from the manifest's index {entry['row_groups']} (stale index)",
+            shard=name,
+            field="row_groups",
+        )
+    need = [c for c in manifest.get("columns", []) if c not in pf.schema_arrow.names]
+    if need:
+        report.add("columns", f"missing column(s) {', '.join(need)}", shard=name)
+        return
+    first = 0
+    for rg, rows in enumerate(groups):
+        try:
+            table = pf.read_row_group(rg)
+        except Exception as e:
+            report.add(
+                "parse", f"row group {rg} does not parse: {str(e).splitlines()[0]}", shard=name, pack=first
+            )
+            first += rows
+            continue
+        fixed = {}
+        for col in ("input_ids", "labels", "position_ids", "loss_mask"):
+            if col in table.column_names:
+                fixed[col] = _fixed(*_list_column(table, col), n, first, name, col, report)
+        if any(v is None for v in fixed.values()):
+            first += rows
+            continue
+        sl_off, sl = _list_column(table, "seq_lens")
+        si_off, si = _list_column(table, "sample_index")
+        so = _list_column(table, "sample_offset")[1] if "sample_offset" in table.column_names else None
+        yield (
+            first,
+            PackArrays(
+                input_ids=fixed["input_ids"],
+                labels=fixed["labels"],
+                position_ids=fixed["position_ids"],
+                loss_mask=fixed.get("loss_mask"),
+                seq_lens=sl[sl_off[0] : sl_off[-1]],
+                seq_lens_offsets=sl_off - sl_off[0],
+                sample_index=si[si_off[0] : si_off[-1]],
+                sample_index_offsets=si_off - si_off[0],
+                # where each piece starts in its sample (bfd shuffles packs, so pack order does not say)
+                sample_offset=None if so is None else so[si_off[0] : si_off[-1]],
+            ),
+        )
+        first += rows
+
+
+def _parquet_summary(path: Path) -> dict:
+    """Packs, row groups and run_id from the Parquet footer alone (no page is read)."""
+    pf = pq.ParquetFile(path)
+    md = pf.metadata
+    raw = (pf.schema_arrow.metadata or {}).get(b"packtool")
+    return {
+        "run_id": json.loads(raw).get("run_id") if raw else None,
+        "num_packs": md.num_rows,
+        "row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)],
+    }
+
+
+SHARD_FORMATS: dict[str, ShardFormat] = {
+    "parquet": ShardFormat("*.parquet", lambda entry: [], _parquet_open, _parquet_summary),
+}
+
+
+def shard_format(manifest: dict) -> ShardFormat:
+    from packtool.errors import PacktoolError
+
+    fmt = manifest.get("shard_format", "parquet")
+    if fmt not in SHARD_FORMATS:
+        raise PacktoolError(
+            f"shard format {fmt!r} is not known to this packtool (known: {', '.join(SHARD_FORMATS)})"
+        )
+    return SHARD_FORMATS[fmt]
+
+
+def iter_batches(
+    directory: str | Path, manifest: dict, report: VerifyReport
+) -> Iterator[tuple[int, dict, int, PackArrays]]:
+    """Every readable batch of packs: ``(shard index, shard entry, global index of first pack, packs)``."""
+    fmt = shard_format(manifest)
+    base = 0
+    for i, entry in enumerate(manifest["shards"]):
+        path = Path(directory) / entry["path"]
+        if path.exists():
+            for first, packs in fmt.open(path, entry, manifest, report, i):
+                yield i, entry, base + first, packs
+        base += int(entry.get("num_packs", 0))
+
+
+# --- checks -------------------------------------------------------------------------------------------
+def _check_files(directory: Path, manifest: dict, report: VerifyReport, fmt: ShardFormat) -> None:
+    named = set()
+    for entry in manifest["shards"]:
+        name = entry["path"]
+        named.add(name)
+        named.update(fmt.index_files(entry))
+        path = directory / name
+        if not path.exists():
+            report.add("missing", "shard named in the manifest is missing", shard=name)
+            continue
+        size = path.stat().st_size
+        if size != entry.get("bytes"):
+            how = "truncated" if size < entry.get("bytes", 0) else "grown"
+            report.add(
+                "size",
+                f"{size:,} bytes, manifest says {entry.get('bytes'):,} ({how})",
+                shard=name,
+                field="bytes",
+            )
+        if file_sha256(path) != entry.get("sha256"):
+            report.add(
+                "sha256",
+                "sha256 differs from the manifest's (the file was changed)",
+                shard=name,
+                field="sha256",
+            )
+    for path in sorted(directory.glob(fmt.shard_glob)):
+        if path.name not in named:
+            report.add(
+                "unlisted", "shard file is not in the manifest (left from another run?)", shard=path.name
+            )
+
+
+def _check_packs(
+    packs: PackArrays,
+    first: int,
+    name: str,
+    manifest: dict,
+    report: VerifyReport,
+    vocab_size: int | None,
+    text_labels: bool,
+) -> np.ndarray:
+    """Format-independent checks of a batch of packs; returns ``(k,)`` real tokens per pack."""
+    k, n = packs.input_ids.shape
+    pad_id = manifest.get("pad_token_id", 0)
+    sl, slo = packs.seq_lens.astype(np.int64), packs.seq_lens_offsets
+    npieces = np.diff(packs.sample_index_offsets)
+    nsl = np.diff(slo)
+    csl = np.concatenate([[0], np.cumsum(sl)])
+    sums = csl[slo[1:]] - csl[slo[:-1]]
+    nonpos = np.concatenate([[0], np.cumsum(sl <= 0)])
+    has_pad = nsl - npieces
+    layout = {
+        "seq_lens": [
+            (sums != n, lambda i: f"sum(seq_lens) = {sums[i]}, expected {n}"),
+            (nonpos[slo[1:]] > nonpos[slo[:-1]], lambda i: "holds a zero or negative length"),
+        ],
+        "sample_index": [
+            (
+                (has_pad < 0) | (has_pad > 1) | (npieces == 0),
+                lambda i: f"{npieces[i]} sample_index entries for {nsl[i]} seq_lens entries",
+            )
+        ],
+    }
+    broken = np.zeros(k, dtype=bool)
+    for col, tests in layout.items():
+        for bad, message in tests:
+            broken |= bad
+            for i in np.flatnonzero(bad)[:MAX_LISTED]:
+                report.add(col, message(i), shard=name, pack=first + int(i), field=col)
+    # a pack whose layout is broken is reported once, above; the checks below look at the others
+    pad_len = np.where((has_pad == 1) & ~broken, sl[np.clip(slo[1:] - 1, 0, max(len(sl) - 1, 0))], 0)
+    used = n - pad_len
+    cols = np.arange(n)[None, :]
+    pad = cols >= used[:, None]
+    checks = [
+        ("input_ids", packs.input_ids, pad_id, "padding is not pad_token_id"),
+        ("labels", packs.labels, IGNORE_INDEX, "label on padding is not -100"),
+    ]
+    if packs.loss_mask is not None:
+        checks.append(("loss_mask", packs.loss_mask, 0, "loss_mask on padding is not 0"))
+    for col, arr, want, message in checks:
+        for i in np.flatnonzero((pad & (arr != want)).any(axis=1) & ~broken)[:MAX_LISTED]:
+            report.add(f"padding {col}", message, shard=name, pack=first + int(i), field=col)
+    real = ~pad
+    ids = packs.input_ids
+    bad_vocab = real & ((ids < 0) | (ids >= vocab_size) if vocab_size else (ids < 0))
+    for i in np.flatnonzero(bad_vocab.any(axis=1))[:MAX_LISTED]:  # any pack: the ids are there
+        j = int(np.flatnonzero(bad_vocab[i])[0])
+        report.add(
+            "vocab",
+            f"token id {ids[i, j]} at position {j} is outside the vocabulary"
+            + (f" (size {vocab_size})" if vocab_size else ""),
+            shard=name,
+            pack=first + int(i),
+            field="input_ids",
+        )
+    if text_labels:
+        # inside a piece, label j is -100 or the id the labels convention names; a piece's last label
+        # may point past the pack (split or truncated samples), so it is not checked
+        csl = np.cumsum(sl)
+        ends = csl - np.repeat(np.r_[0, csl][slo[:-1]], nsl)  # end of every seq_lens entry, 1..n
+        piece_end = np.zeros((k, n + 1), dtype=bool)
+        whole = np.repeat(~broken, nsl)
+        piece_end[np.repeat(np.arange(k), nsl)[whole], ends[whole]] = True
+        last = piece_end[:, 1:]  # last[i, j]: token j is the last of its piece
+        shifted = manifest.get("labels", "shifted") == "shifted"
+        target = np.concatenate([ids[:, 1:], ids[:, -1:]], axis=1) if shifted else ids
+        bad = real & ~(last & shifted) & (packs.labels != IGNORE_INDEX) & (packs.labels != target)
+        for i in np.flatnonzero(bad.any(axis=1) & ~broken)[:MAX_LISTED]:
+            j = int(np.flatnonzero(bad[i])[0])
+            report.add(
+                "labels",
+                f"label {packs.labels[i, j]} at position {j} is not aligned with input_ids "
+                f"({manifest.get('labels', 'shifted')} labels expect {target[i, j]} or -100)",
+                shard=name,
+                pack=first + int(i),
+                field="labels",
+            )
+    return used
+
+
+def verify_output(
+    directory: str | Path, *, source: list[str] | None = None, progress: bool = False
+) -> VerifyReport:
+    """Check the output directory ``directory``; with ``source``, re-encode those inputs and prove that
+    every kept sample's tokens are in the packs exactly once (see module docstring)."""
+    directory = Path(directory)
+    report = VerifyReport(str(directory))
+    report.checked.update(shards=0, packs=0, tokens=0)
+    try:
+        manifest = load_manifest(directory)
+    except Exception as e:
+        report.add("manifest", str(e), field=MANIFEST)
+        return report
+    for key in ("run_id", "packed_sequence_size", "shards", "stats"):
+        if key not in manifest:
+            report.add("manifest", f"manifest has no '{key}'", shard=MANIFEST, field=key)
+    if not report.ok:
+        return report
+    fmt = shard_format(manifest)
+    _check_files(directory, manifest, report, fmt)
+    tok = manifest.get("tokenizer") or {}
+    vocab_size = tok.get("vocab_size")
+    text_labels = manifest.get("sample_format") == "text" and tok.get("kind") == "huggingface"
+    source_check = _SourceCheck.start(manifest, source, report, progress) if source is not None else None
+    num_packs = num_tokens = 0
+    shard_tokens: Counter = Counter()
+    shard_packs: Counter = Counter()
+    try:
+        for i, entry, first, packs in iter_batches(directory, manifest, report):
+            used = _check_packs(packs, first, entry["path"], manifest, report, vocab_size, text_labels)
+            shard_tokens[i] += int(used.sum())
+            shard_packs[i] += packs.num_packs
+            num_packs += packs.num_packs
+            num_tokens += int(used.sum())
+            if source_check is not None:
+                source_check.add(packs, used, first, entry["path"])
+        for i, entry in enumerate(manifest["shards"]):
+            if shard_packs[i] == entry.get("num_packs") and shard_tokens[i] != entry.get("num_tokens"):
+                report.add(
+                    "num_tokens",
+                    f"holds {shard_tokens[i]:,} tokens, manifest says {entry.get('num_tokens'):,}",
+                    shard=entry["path"],
+                    field="num_tokens",
+                )
+        stats = manifest["stats"]
+        recorded = sum(int(e.get("num_packs", 0)) for e in manifest["shards"])
+        if recorded != stats.get("num_packs"):
+            report.add(
+                "num_packs",
+                f"shards list {recorded:,} packs, stats say {stats.get('num_packs'):,}",
+                shard=MANIFEST,
+                field="num_packs",
+            )
+        if source_check is not None:
+            source_check.finish()
+    finally:
+        if source_check is not None:
+            source_check.close()
+    report.checked.update(shards=len(manifest["shards"]), packs=num_packs, tokens=num_tokens)
+    return report
+
+
+# --- the source check ---------------------------------------------------------------------------------
+@dataclass
+class _SourceCheck:
+    """Re-encoded source samples, and how many tokens of each the packs have delivered so far."""
+
+    manifest: dict
+    report: VerifyReport
+    store: ChunkStore
+    lengths: np.ndarray  # (num_samples,) tokens per source sample
+    seen: np.ndarray  # (num_samples,) tokens found in the packs so far
+    tmp: tempfile.TemporaryDirectory
+
+    @classmethod
+    def start(cls, manifest: dict, inputs: list[str], report: VerifyReport, progress: bool) -> _SourceCheck:
+        import itertools
+
+        from packtool.config import PackConfig
+        from packtool.encoders import build_encoder, resolve_sample_format
+        from packtool.engines import make_engine
+        from packtool.errors import InputError
+        from packtool.pipeline import _init_worker, encode_to_chunks
+        from packtool.readers import read_inputs
+
+        values = dict(manifest["config"])
+        values["inputs"] = list(inputs) or values.get("inputs", [])
+        config = PackConfig.from_dict(values, origin=f"{MANIFEST} config")
+        batches = read_inputs(config.inputs, split=config.split, text_field=config.text_field)
+        first = next(batches, None)
+        if first is None:
+            raise InputError("input holds no records", source=", ".join(config.inputs))
+        sample_format = resolve_sample_format(config, first.batch.schema.names)
+        encoder = build_encoder(config, sample_format)
+        ident, recorded = encoder.identity(), manifest.get("tokenizer") or {}
+        if ident.get("sha256") != recorded.get("sha256"):
+            report.add(
+                "source",
+                f"tokenizer {ident.get('name')} (sha256 {str(ident.get('sha256'))[:12]}) is "
+                f"not the one of the run (sha256 {str(recorded.get('sha256'))[:12]})",
+                shard=MANIFEST,
+                field="tokenizer",
+            )
+        tmp = tempfile.TemporaryDirectory(prefix="packtool-verify-")
+        engine = make_engine(config, _init_worker, (config.to_dict(), sample_format))
+        with engine:
+            store = encode_to_chunks(config, itertools.chain([first], batches), tmp.name, engine, progress)
+        lengths = store.lengths().astype(np.int64)
+        return cls(manifest, report, store, lengths, np.zeros(len(lengths), dtype=np.int64), tmp)
+
+    def where(self, sample: int) -> str:
+        """``file, line L`` of source sample ``sample``."""
+        e = self.store.locate(sample, "input_ids", "")
+        return f"{e.source}, {e.row_kind} {e.row}"
+
+    def close(self) -> None:
+        self.store._open.clear()
+        self.tmp.cleanup()
+
+    def add(self, packs: PackArrays, used: np.ndarray, first: int, name: str) -> None:
+        """Compare every piece of a batch of packs with its source sample."""
+        k, n = packs.input_ids.shape
+        npieces = np.diff(packs.sample_index_offsets)
+        sl, slo = packs.seq_lens.astype(np.int64), packs.seq_lens_offsets
+        # piece lengths: the first npieces entries of each pack's seq_lens
+        piece_slot = ranges(slo[:-1], npieces)
+        length = sl[piece_slot] if len(piece_slot) == len(packs.sample_index) else None
+        if length is None or np.any(length <= 0):
+            return  # broken layout, already reported by the structure checks
+        sample = packs.sample_index.astype(np.int64)
+        pack = np.repeat(np.arange(k, dtype=np.int64), npieces)
+        cs = np.concatenate([[0], np.cumsum(length)])
+        dest = pack * n + cs[:-1] - cs[packs.sample_index_offsets[:-1]][pack]
+        bad = (sample < 0) | (sample >= len(self.lengths))
+        for j in np.flatnonzero(bad)[:MAX_LISTED]:
+            self.report.add(
+                "source",
+                f"sample_index {sample[j]} is not a sample of the source ({len(self.lengths):,} samples)",
+                shard=name,
+                pack=first + int(pack[j]),
+                field="sample_index",
+            )
+        ok = ~bad
+        offsets = None if packs.sample_offset is None else packs.sample_offset.astype(np.int64)[ok]
+        sample, length, dest, pack = sample[ok], length[ok], dest[ok], pack[ok]
+        # offset of each piece inside its sample: tokens of earlier pieces, this batch included
+        order = np.argsort(sample, kind="stable")
+        s_sorted, l_sorted = sample[order], length[order]
+        csum = np.cumsum(l_sorted) - l_sorted
+        group_start = np.flatnonzero(np.r_[True, s_sorted[1:] != s_sorted[:-1]])
+        before = np.empty_like(csum)
+        before[order] = csum - np.repeat(csum[group_start], np.diff(np.r_[group_start, len(s_sorted)]))
+        start = self.seen[sample] + before if offsets is None else offsets
+        np.add.at(self.seen, sample, length)
+        over = (start + length > self.lengths[sample]) | (self.seen[sample] > self.lengths[sample])
+        for j in np.flatnonzero(over)[:MAX_LISTED]:
+            self.report.add(
+                "source",
+                f"sample {sample[j]} has more tokens in the packs than in the source "
+                f"({self.lengths[sample[j]]}): duplicated?",
+                shard=name,
+                pack=first + int(pack[j]),
+                field="input_ids",
+            )
+        keep = ~over
+        sample, length, dest, start, pack = sample[keep], length[keep], dest[keep], start[keep], pack[keep]
+        want = {"input_ids": np.zeros(k * n, dtype=np.int32), "labels": np.zeros(k * n, dtype=np.int32)}
+        if packs.loss_mask is not None:
+            want["loss_mask"] = np.zeros(k * n, dtype=np.int8)
+        self.store.gather(sample, start, length, dest, want)
+        pos = ranges(dest, length)
+        piece_of_token = np.repeat(np.arange(len(sample)), length)
+        got = {"input_ids": packs.input_ids, "labels": packs.labels, "loss_mask": packs.loss_mask}
+        for col, expected in want.items():
+            diff = np.flatnonzero(got[col].reshape(-1)[pos] != expected[pos])
+            pieces = np.unique(piece_of_token[diff])
+            for j in pieces[:MAX_LISTED]:
+                t = int(diff[np.searchsorted(piece_of_token[diff], j)])
+                off = int(start[j] + pos[t] - dest[j])
+                value = got[col].reshape(-1)[pos[t]]
+                self.report.add(
+                    "source",
+                    f"sample {sample[j]} ({self.where(int(sample[j]))}): token {off} is "
+                    f"{value} in the pack, {expected[pos[t]]} in the source",
+                    shard=name,
+                    pack=first + int(pack[j]),
+                    field=col,
+                )
+
+    def finish(self) -> None:
+        """Account for every sample: whole, truncated, cut at max_packs, or left out for a counted reason."""
+        cfg, stats, n = self.manifest["config"], self.manifest["stats"], self.manifest["packed_sequence_size"]
+        lengths, seen = self.lengths, self.seen
+        long = lengths > n
+        policy = None if cfg.get("split_across_pack") else cfg.get("long_samples")
+        counted = {
+            "num_samples": len(lengths),
+            "packed_samples": int((seen > 0).sum()),
+            "empty_samples": int((lengths == 0).sum()),
+            "dropped_samples": int(((seen == 0) & long).sum()) if policy == "drop" else 0,
+            "truncated_samples": int(((seen == n) & long).sum()) if policy == "truncate" else 0,
+        }
+        short = (seen < lengths) & (lengths > 0)
+        explained = (long & (seen == 0)) if policy == "drop" else np.zeros(len(lengths), dtype=bool)
+        if policy == "truncate":
+            explained |= long & (seen == n)
+        over_max = short & ~explained
+        counted["samples_over_max_packs"] = int(over_max.sum()) if cfg.get("max_packs") else 0
+        if not cfg.get("max_packs"):
+            for s in np.flatnonzero(over_max)[:MAX_LISTED]:
+                what = (
+                    "is missing from the packs" if seen[s] == 0 else f"has {seen[s]} of {lengths[s]} tokens"
+                )
+                self.report.add("source", f"sample {s} ({self.where(int(s))}) {what}", field="sample_index")
+            if over_max.sum() > MAX_LISTED:
+                self.report.counts["source"] += int(over_max.sum()) - MAX_LISTED
+        for key, value in counted.items():
+            if stats.get(key) != value:
+                self.report.add(
+                    "source",
+                    f"the source gives {key} = {value:,}, the manifest says {stats.get(key)}",
+                    shard=MANIFEST,
+                    field=key,
+                )
+        self.report.checked["source samples"] = len(lengths)

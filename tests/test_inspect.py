@@ -1,0 +1,155 @@
+"""``packtool inspect`` on real outputs made by the CLI from the demo data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli
+
+TRAIN = DEMO / "train.jsonl"
+TEXTS = [json.loads(line)["text"] for line in TRAIN.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    # 1000 demo samples, N=512, long ones split over packs: 3 shards of 100 packs, row groups of 32
+    out = tmp_path_factory.mktemp("inspect") / "out"
+    run_cli(
+        "pack", TRAIN, "-o", out, "--tokenizer", DEMO_TOKENIZER, "--add-eos", "-q",
+        "--strategy", "sequential",
+        "--packed-sequence-size", "512", "--split-across-pack", "--shard-size", "100",
+        "--row-group-size", "32",
+    )  # fmt: skip
+    return out
+
+
+def inspect_json(*args) -> dict:
+    return json.loads(run_cli("inspect", *args, "--json").stdout)
+
+
+def test_json_has_the_figures_of_the_manifest(out: Path):
+    r = inspect_json(out)
+    m = json.loads((out / "manifest.json").read_text())
+    s = m["stats"]
+    for key in ("num_samples", "num_packs", "fill_rate", "packed_sequence_size", "lower_bound_packs",
+                "dropped_samples", "padding_tokens", "split_samples", "truncated_samples"):  # fmt: skip
+        assert key in r
+    assert r["num_samples"] == 1000 and r["num_packs"] == s["num_packs"]
+    assert r["padding_tokens"] == r["num_packs"] * 512 - r["num_tokens"]
+    assert r["lower_bound_packs"] == -(-r["num_tokens"] // 512)
+    assert r["split_samples"] > 0  # split_across_pack on long demo samples
+    assert r["tokenizer"]["vocab_size"] == 1300 and r["tokenizer"]["eos_token_id"] == 1
+    assert r["config"]["split_across_pack"] is True and r["strategy"] == "sequential"
+    assert [sh["path"] for sh in r["shards"]] == ["packs-000000.parquet", "packs-000001.parquet",
+                                                  "packs-000002.parquet"]  # fmt: skip
+    assert sum(sh["num_packs"] for sh in r["shards"]) == r["num_packs"]
+    assert r["shards"][0]["row_groups"] == [32, 32, 32, 4]
+    assert r["shards"][0]["fill_rate"] == round(r["shards"][0]["num_tokens"] / (100 * 512), 6)
+    h = r["histograms"]
+    assert sum(h["sample_lengths"]["counts"]) == 1000
+    assert sum(h["pack_fill"]["counts"]) == r["num_packs"]
+    assert sum(h["samples_per_pack"]["counts"]) == r["num_packs"]
+    assert r["warnings"] == []
+
+
+def test_terminal_report(out: Path):
+    text = run_cli("inspect", out, env={"COLUMNS": "120"}).stdout
+    r = inspect_json(out)
+    for needle in ("samples in", "fill rate", f"{r['fill_rate']:.2%}", "padding tokens",
+                   "packs over lower bound", "samples per pack mean / min / max", "split samples",
+                   "split_across_pack", "tokenizer sha256", "packs-000002.parquet",
+                   "sample lengths (tokens, as read)", "pack fill (real tokens per pack)", "█"):  # fmt: skip
+        assert needle in text, needle
+
+
+def test_full_recomputes_the_same_figures_from_the_data(out: Path):
+    r = inspect_json(out, "--full")
+    rec = r["recomputed"]
+    for key in ("num_packs", "num_tokens", "packed_samples", "padding_tokens", "fill_rate",
+                "lower_bound_packs", "samples_per_pack", "split_samples"):  # fmt: skip
+        assert rec[key] == r[key], key
+    assert rec["histograms"]["pack_fill"] == r["histograms"]["pack_fill"]
+    assert rec["histograms"]["samples_per_pack"] == r["histograms"]["samples_per_pack"]
+    assert sum(rec["histograms"]["packed_sample_lengths"]["counts"]) == 1000
+    assert r["warnings"] == []
+    assert "recomputed from the data (--full)" in run_cli("inspect", out, "--full").stdout
+
+
+def test_full_and_fast_notice_a_manifest_that_lies(out: Path, tmp_path: Path):
+    bad = Path(shutil.copytree(out, tmp_path / "bad"))
+    m = json.loads((bad / "manifest.json").read_text())
+    m["stats"]["num_tokens"] += 5
+    m["shards"][1]["num_packs"] += 1
+    (bad / "manifest.json").write_text(json.dumps(m))
+    r = inspect_json(bad, "--full")
+    assert "packs-000001.parquet: num_packs 100 in the file, 101 in the manifest" in r["warnings"]
+    assert "packs-000001.parquet, field 'num_packs': holds 100 packs, manifest says 101" in r["warnings"]
+    assert any(w.startswith("num_tokens:") for w in r["warnings"])
+    # the fast path reads the footer only, and still sees the pack count
+    assert inspect_json(bad)["warnings"] == [
+        "packs-000001.parquet: num_packs 100 in the file, 101 in the manifest"
+    ]
+
+
+def test_fast_path_notices_a_manifest_from_another_run(out: Path, tmp_path: Path):
+    bad = Path(shutil.copytree(out, tmp_path / "bad"))
+    m = json.loads((bad / "manifest.json").read_text())
+    real, m["run_id"] = m["run_id"], "0123456789abcdef"
+    (bad / "manifest.json").write_text(json.dumps(m))
+    warnings = inspect_json(bad)["warnings"]
+    assert f"packs-000000.parquet: run_id {real} in the file, 0123456789abcdef in the manifest" in warnings
+    assert len(warnings) == 3  # one per shard
+    assert "warning:" in run_cli("inspect", bad).stdout
+
+
+def test_plot_writes_a_png(out: Path, tmp_path: Path):
+    png = tmp_path / "hist.png"
+    proc = run_cli("inspect", out, "--plot", png)
+    assert "histograms written to" in proc.stderr
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_one_pack_decoded_at_sample_boundaries(out: Path):
+    r = inspect_json(out)
+    last = r["num_packs"] - 1
+    for i in (0, 150, last):
+        p = inspect_json(out, "--pack", str(i), "--decode")
+        assert sum(p["seq_lens"]) == 512
+        assert [q["sample_index"] for q in p["pieces"]] == p["sample_index"]
+        assert p["padding_tokens"] == 512 - sum(q["length"] for q in p["pieces"])
+        for q in p["pieces"]:
+            full = TEXTS[q["sample_index"]] + "<|endoftext|>"
+            assert q["text"] and q["text"] in full  # a piece of a split sample is part of its text
+        whole = [q for q in p["pieces"][1:-1]]  # inner pieces are whole samples
+        for q in whole:
+            assert q["text"] == TEXTS[q["sample_index"]] + "<|endoftext|>"
+    assert p["pack"] == last and p["shard"] == "packs-000002.parquet"
+    text = run_cli("inspect", out, "--pack", "0", "--decode", env={"COLUMNS": "120"}).stdout
+    assert "seq_lens: [" in text and "piece 0: sample 0" in text and TEXTS[0][:40] in text
+
+
+def test_pack_errors(out: Path, tmp_path: Path):
+    r = inspect_json(out)
+    proc = run_cli("inspect", out, "--pack", str(r["num_packs"]), check=False)
+    assert proc.returncode == 2 and f"the output has {r['num_packs']:,} packs" in proc.stderr
+    proc = run_cli("inspect", out, "--decode", check=False)
+    assert proc.returncode == 2 and "--pack" in proc.stderr
+    # a manifest whose tokenizer is not here: say so, and --tokenizer decodes anyway
+    moved = Path(shutil.copytree(out, tmp_path / "moved"))
+    m = json.loads((moved / "manifest.json").read_text())
+    m["tokenizer"]["name"] = str(tmp_path / "gone" / "tokenizer.json")
+    (moved / "manifest.json").write_text(json.dumps(m))
+    proc = run_cli("inspect", moved, "--pack", "0", "--decode", check=False)
+    assert proc.returncode == 2 and "not found here; pass --tokenizer PATH" in proc.stderr
+    p = inspect_json(moved, "--pack", "0", "--decode", "--tokenizer", DEMO_TOKENIZER)
+    assert p["pieces"][1]["text"] == TEXTS[p["pieces"][1]["sample_index"]] + "<|endoftext|>"
+
+
+def test_not_an_output_directory(tmp_path: Path):
+    proc = run_cli("inspect", tmp_path, check=False)
+    assert proc.returncode == 1 and "no manifest.json" in proc.stderr
