@@ -616,7 +616,7 @@ class _SourceCheck:
         want = {"input_ids": np.zeros(k * n, dtype=np.int32), "labels": np.zeros(k * n, dtype=np.int32)}
         if packs.loss_mask is not None:
             want["loss_mask"] = np.zeros(k * n, dtype=np.int8)
-        self.store.gather(sample, start, length, dest, want)
+        self.store.pieces_into(sample, start, length, dest, want)
         pos = ranges(dest, length)
         piece_of_token = np.repeat(np.arange(len(sample)), length)
         got = {"input_ids": packs.input_ids, "labels": packs.labels, "loss_mask": packs.loss_mask}

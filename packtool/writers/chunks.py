@@ -342,28 +342,3 @@ class ChunkStore:
             field=field,
             row_kind=self.metas[c]["row_kinds"][sid],
         )
-
-    def gather(
-        self,
-        sample: np.ndarray,
-        start: np.ndarray,
-        length: np.ndarray,
-        dest: np.ndarray,
-        out: dict[str, np.ndarray],
-    ) -> None:
-        """Copy pieces into flat output arrays: ``out[k][dest[i] : dest[i] + length[i]]`` gets piece ``i``.
-
-        ``out`` maps ``input_ids``/``labels`` (and ``loss_mask``) to preallocated flat arrays.
-        """
-        chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
-        for c in np.unique(chunk):
-            sel = np.flatnonzero(chunk == c)
-            a = self.arrays(int(c))
-            src_start = a["offsets"][sample[sel] - self.sample_starts[c]] + start[sel]
-            src = ranges(src_start, length[sel])
-            dst = ranges(dest[sel], length[sel])
-            out["input_ids"][dst] = a["input_ids"][src]
-            out["labels"][dst] = a["labels"][src]
-            if "loss_mask" in out:
-                out["loss_mask"][dst] = a["loss_mask"][src] if "loss_mask" in a else 1
-            self.release(int(c))
