@@ -309,21 +309,32 @@ def _parquet_summary(path: Path) -> dict:
 TAR_BATCH_TOKENS = 1 << 22  # a tar shard is handed to the checks in batches of about this many tokens
 
 
-def _tar_groups(path: Path, buf) -> Iterator[tuple[str, int, dict[str, tuple[int, int]], int]]:
+def _tar_groups(
+    path: Path, buf, want: set[str]
+) -> Iterator[tuple[str, int, dict[str, tuple[int, int]], int]]:
     """The packs of a tar in ``buf`` as ``(key, header offset, {ext: (data offset, size)}, end offset)``:
-    adjacent members with the same key, as WebDataset groups them. Raises ``PacktoolError`` where the
-    archive does not parse (after yielding the packs before it)."""
+    adjacent members with the same key, as WebDataset groups them.
+
+    Raises ``PacktoolError`` where the archive does not parse, after yielding the packs before it: the
+    pack being read is yielded first if it already holds every member of ``want`` (so the error belongs
+    to the next one), and left out if not (the error is inside it)."""
+    from packtool.errors import PacktoolError
     from packtool.writers.webdataset import BLOCK, _tar_members
 
     key, start, members, end = None, 0, {}, 0
-    for member, offset, size in _tar_members(path, buf):
-        k, _, ext = member.partition(".")
-        if k != key:
-            if key is not None:
-                yield key, start, members, end
-            key, start, members = k, offset - BLOCK, {}
-        members[ext if ext not in members else f"{ext} (again)"] = (offset, size)
-        end = offset + -(-size // BLOCK) * BLOCK
+    try:
+        for member, offset, size in _tar_members(path, buf):
+            k, _, ext = member.partition(".")
+            if k != key:
+                if key is not None:
+                    yield key, start, members, end
+                key, start, members = k, offset - BLOCK, {}
+            members[ext if ext not in members else f"{ext} (again)"] = (offset, size)
+            end = offset + -(-size // BLOCK) * BLOCK
+    except PacktoolError:
+        if key is not None and want <= members.keys():
+            yield key, start, members, end
+        raise
     if key is not None:
         yield key, start, members, end
 
@@ -444,7 +455,7 @@ def _tar_open(
             report.add("parse", "empty file, not a tar archive", shard=name)
             return
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            groups = _tar_groups(path, buf)
+            groups = _tar_groups(path, buf, want)
             end = 0
             while True:
                 try:
@@ -456,8 +467,6 @@ def _tar_open(
                     starts = []  # no pack count or index to compare: the parse problem says it all
                     break
                 starts.append(start)
-                if key != pack_key(base + local):
-                    problem("key", f"members are named {key}.*, expected {pack_key(base + local)}.*")
                 missing, extra = sorted(want - members.keys()), sorted(members.keys() - want)
                 if extra:
                     problem("members", f"unexpected member(s) {', '.join(f'{key}.{x}' for x in extra)}")
@@ -471,9 +480,13 @@ def _tar_open(
                         _shard_meta_problems(meta, entry, manifest, index, report, name)
                     elif not old:
                         problem("run_id", "the pack's .json carries no run_id", "run_id")
+                # a shard of another run is reported once, above, not as every pack's misplaced number
+                ours = shard_meta is None or shard_meta.get("run_id") in (None, manifest.get("run_id"))
+                if ours and key != pack_key(base + local):
+                    problem("key", f"members are named {key}.*, expected {pack_key(base + local)}.*")
                 if meta is not None:
                     expect = {
-                        "pack_index": base + local,
+                        "pack_index": base + local if ours else None,
                         "run_id": shard_meta.get("run_id"),
                         "shard": shard_meta.get("shard"),
                     }
@@ -607,17 +620,20 @@ def _tar_check_index(directory: Path, manifest: dict, report: VerifyReport) -> N
     for name, want in dataset_index_contents(manifest).items():
         path = directory / name
         if not path.exists():
-            report.add("index", "index file is missing", shard=name)
+            report.add("dataset index", "index file is missing", shard=name)
             continue
         try:
             got = json.loads(path.read_text()) if name.endswith(".json") else yaml.safe_load(path.read_text())
         except (ValueError, yaml.YAMLError) as e:
-            report.add("index", f"does not parse ({str(e).splitlines()[0]})", shard=name)
+            report.add("dataset index", f"does not parse ({str(e).splitlines()[0]})", shard=name)
             continue
-        for where, a, b in _diff(want, got):
+        diffs = list(_diff(want, got))
+        if diffs:  # one problem per file: its first difference, and how many more
+            where, a, b = diffs[0]
+            more = f"; {len(diffs) - 1} more field(s) differ" if len(diffs) > 1 else ""
             report.add(
-                "index",
-                f"{_short(b)} in the file, the manifest gives {_short(a)} (stale index)",
+                "dataset index",
+                f"{_short(b)} in the file, the manifest gives {_short(a)} (stale index{more})",
                 shard=name,
                 field=where or None,
             )
