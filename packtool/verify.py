@@ -580,9 +580,15 @@ def _tar_summary(path: Path) -> dict:
     ``.json`` of its first and last packs (two small reads, whatever the shard's size)."""
     import mmap
 
-    from packtool.writers.webdataset import read_tar_index
+    from packtool.errors import PacktoolError
+    from packtool.writers.webdataset import BLOCK, INDEX_SUFFIX, RECORD, read_tar_index
 
     offsets = read_tar_index(path).astype(np.int64)
+    size = path.stat().st_size
+    if len(offsets) < 2 or size != -(-(int(offsets[-1]) + 2 * BLOCK) // RECORD) * RECORD:
+        raise PacktoolError(
+            f"{path.name}{INDEX_SUFFIX} does not end where the tar's {size:,} bytes do (stale index?)"
+        )
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         first = _tar_pack_meta(path, buf, int(offsets[0]), int(offsets[1]))
         last = _tar_pack_meta(path, buf, int(offsets[-2]), int(offsets[-1]))
