@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import math
 import mmap
 import os
 import tarfile
@@ -290,7 +291,7 @@ def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
         dtype, shape, fortran = _npy_header(bytes(buf[offset + 8 : offset + header_end]))
     except ValueError as e:
         raise PacktoolError(f"{path}: member {name} has a bad .npy header ({e})") from None
-    count = int(np.prod(shape))
+    count = math.prod(shape)
     if dtype.hasobject or fortran or header_end + count * dtype.itemsize != size:
         raise PacktoolError(f"{path}: member {name} is not a plain C-order .npy array of its size")
     return np.frombuffer(buf, dtype=dtype, count=count, offset=offset + header_end).reshape(shape)
