@@ -6,8 +6,10 @@ Three layers of checks, each problem reported with its shard, pack and field:
   and sha256; no shard file lies in the directory that the manifest does not name.
 * **format** (one ``ShardFormat`` per shard format, so a new format adds one entry to ``SHARD_FORMATS``):
   the shard parses, carries this manifest's ``run_id`` (a manifest from another run is caught here),
-  holds the recorded number of packs, and its index agrees with it (for Parquet: the recorded
-  ``row_groups``). The format then hands its packs over as ``PackArrays`` batches.
+  holds the recorded number of packs, and its index agrees with it (Parquet: the recorded
+  ``row_groups``; tar: the ``.tar.idx`` offsets, and each pack's members, ``.npy`` dtypes and shapes and
+  ``.json``). ``check_index`` compares the dataset-level index files (tar: ``wids.json``, ``.nv-meta/``)
+  with the manifest. The format then hands its packs over as ``PackArrays`` batches.
 * **packs** (format-independent, vectorized per batch): every fixed-width column has ``N`` values,
   ``sum(seq_lens) == N``, ``seq_lens`` and ``sample_index`` agree, padding carries ``pad_token_id`` and
   labels ``-100``, labels are aligned with ``input_ids`` (text input), token ids lie inside the
