@@ -594,9 +594,9 @@ def _tar_summary(path: Path) -> dict:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         first = _tar_pack_meta(path, buf, int(offsets[0]), int(offsets[1]))
         last = _tar_pack_meta(path, buf, int(offsets[-2]), int(offsets[-1]))
+    # a shard written before format_version 2 has no run_id or shard to compare (verify says so)
     return {
-        "run_id": first.get("run_id"),
-        "shard": first.get("shard"),
+        **{key: first[key] for key in ("run_id", "shard") if key in first},
         "first_pack": first.get("pack_index"),
         "num_packs": last["pack_index"] - first["pack_index"] + 1,
     }

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -202,6 +204,21 @@ def test_tar_fast_path_notices_a_foreign_manifest_and_a_wrong_count(tar_out: Pat
     assert f"packs-000000.tar: run_id {real} in the file, 0123456789abcdef in the manifest" in warnings
     assert "packs-000001.tar: num_packs 100 in the file, 101 in the manifest" in warnings
     assert len(warnings) == 4  # run_id of each shard, and the count
+    # an output written before format_version 2: no run_id or shard in the .json, nothing to compare
+    old = Path(shutil.copytree(tar_out, tmp_path / "old"))
+    for path in sorted(old.glob("*.tar")):
+        with tarfile.open(path) as tar:
+            members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for m, data in members:
+                if m.name.endswith(".json"):
+                    meta = json.loads(data)
+                    data = json.dumps(
+                        {k: meta[k] for k in ("pack_index", "num_tokens", "num_samples")}
+                    ).encode()
+                    m.size = len(data)
+                tar.addfile(m, io.BytesIO(data))
+    assert inspect_json(old)["warnings"] == []
     # a stale .tar.idx: the fast path cannot read the shard's packs where the index says they are
     shutil.copy(bad / "packs-000002.tar.idx", bad / "packs-000000.tar.idx")
     warnings = inspect_json(bad)["warnings"]

@@ -177,6 +177,7 @@ def test_broken_pack_layout_is_named_by_pack_and_field(out: Path):
         cols["seq_lens"][5][0] += 1  # sum(seq_lens) = N + 1
         cols["input_ids"][7] = cols["input_ids"][7].copy()
         cols["input_ids"][7][3] = 5000  # outside the demo tokenizer's 1300 ids
+        cols["labels"][20] = cols["labels"][20][:-1]  # in the second row group of the shard
 
     rewrite_shard(out, 1, change)
     code, text = verify(out)
@@ -185,6 +186,11 @@ def test_broken_pack_layout_is_named_by_pack_and_field(out: Path):
     assert (
         "packs-000001.parquet, pack 55, field 'input_ids': token id 5000 at position 3 is outside the "
         "vocabulary (size 1300)" in text
+    )
+    # problems found while reading a row group name global packs too
+    assert (
+        "packs-000001.parquet, pack 68, field 'labels': has 1023 values, expected packed_sequence_size"
+        in text
     )
 
 
