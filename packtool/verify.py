@@ -378,7 +378,10 @@ class _TarBatch:
             seq_lens_offsets=sl_off,
             sample_index=sample_index,
             sample_index_offsets=si_off,
-            sample_offset=np.concatenate(self.ragged["sample_offset"]) if k else np.zeros(0, np.int64),
+            # None for an output whose manifest has no sample_offset column (as for Parquet)
+            sample_offset=np.concatenate(self.ragged["sample_offset"])
+            if self.ragged["sample_offset"]
+            else None,
         )
 
 
