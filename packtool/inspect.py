@@ -2,8 +2,8 @@
 
 By default everything comes from the manifest and the shards' own metadata (the Parquet footer; for a
 tar shard its ``.tar.idx`` and the ``.json`` of its first and last packs), so ``inspect`` takes the same
-time for 10 packs or 10 million. ``full=True`` (``--full``) reads every pack
-and recomputes the figures from the data, flagging any that differ from the manifest.
+time for 10 packs or 10 million. ``full=True`` (``--full``) reads every pack and recomputes the figures
+from the data, flagging any that differ from the manifest.
 
 Example::
 
