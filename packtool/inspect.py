@@ -1,8 +1,9 @@
 """``packtool inspect``: how good is this packing? Figures, per-shard table and histograms of an output.
 
-By default everything comes from the manifest and the shards' own metadata (the Parquet footer), so
-``inspect`` takes the same time for 10 packs or 10 million. ``full=True`` (``--full``) reads every pack
-and recomputes the figures from the data, flagging any that differ from the manifest.
+By default everything comes from the manifest and the shards' own metadata (the Parquet footer; for a
+tar shard its ``.tar.idx`` and the ``.json`` of its first and last packs), so ``inspect`` takes the same
+time for 10 packs or 10 million. ``full=True`` (``--full``) reads every pack and recomputes the figures
+from the data, flagging any that differ from the manifest.
 
 Example::
 
@@ -62,7 +63,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
     fmt = shard_format(m)
     warnings: list[str] = []
     shards = []
-    for entry in m["shards"]:
+    for i, entry in enumerate(m["shards"]):
         sh = {k: entry.get(k) for k in ("path", "num_packs", "num_tokens", "bytes", "row_groups")}
         sh["fill_rate"] = _fill(entry["num_tokens"], entry["num_packs"], n)
         path = Path(directory) / entry["path"]
@@ -81,7 +82,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
                     warnings.append(f"{entry['path']}: metadata unreadable ({str(e).splitlines()[0]})")
                 else:
                     for key, value in own.items():
-                        recorded = m["run_id"] if key == "run_id" else entry.get(key, value)
+                        recorded = {"run_id": m["run_id"], "shard": i}.get(key, entry.get(key, value))
                         if value != recorded:
                             warnings.append(
                                 f"{entry['path']}: {key} {value} in the file, {recorded} in the manifest"
@@ -196,9 +197,8 @@ def read_one_pack(directory: str | Path, manifest: dict, index: int) -> tuple[di
     from packtool.verify import VerifyReport, shard_format
 
     check = VerifyReport(str(directory))
-    for first, packs in shard_format(manifest).open(
-        path, entry, manifest, check, manifest["shards"].index(entry)
-    ):
+    shard = manifest["shards"].index(entry)
+    for first, packs in shard_format(manifest).open(path, entry, manifest, check, shard, base):
         if first <= row < first + packs.num_packs:
             k = row - first
             pack = packs.pack(k)
@@ -385,7 +385,7 @@ def render_report(report: dict) -> None:
             f"{sh['num_tokens']:,}",
             f"{sh['fill_rate']:.2%}",
             f"{sh['bytes']:,}",
-            str(len(sh.get("row_groups") or [])),
+            str(len(sh["row_groups"])) if sh.get("row_groups") else "-",
         )
     console.print(shards)
     for key, hist in report.get("histograms", {}).items():

@@ -56,7 +56,8 @@ from packtool.writers.chunks import ChunkStore, read_chunk_meta
 from packtool.writers.output import write_json_atomic
 from packtool.writers.webdataset import shard_bounds, write_dataset_index
 
-FORMAT_VERSION = 1
+# 2: every pack's .json member in a tar shard carries the run_id and shard number (verify matches them)
+FORMAT_VERSION = 2
 
 # --- worker state: built once per process by ``_init_worker`` --------------------------------------
 _WORKER: dict[str, Any] = {}
@@ -129,7 +130,11 @@ def _write_shard(task: tuple[int, PackPlan, str, str, dict]) -> dict:
         name = f"packs-{index:06d}.tar"
         path = Path(out_dir) / name
         info = write_tar_shard(
-            path, build_pack_arrays(plan, store, cfg.pad_token_id), first_pack=meta["first_pack"]
+            path,
+            build_pack_arrays(plan, store, cfg.pad_token_id),
+            first_pack=meta["first_pack"],
+            run_id=meta["run_id"],
+            shard=index,
         )
     else:
         # one row group at a time: the temporaries of a block stay small (peak RSS) and in cache

@@ -6,8 +6,10 @@ Three layers of checks, each problem reported with its shard, pack and field:
   and sha256; no shard file lies in the directory that the manifest does not name.
 * **format** (one ``ShardFormat`` per shard format, so a new format adds one entry to ``SHARD_FORMATS``):
   the shard parses, carries this manifest's ``run_id`` (a manifest from another run is caught here),
-  holds the recorded number of packs, and its index agrees with it (for Parquet: the recorded
-  ``row_groups``). The format then hands its packs over as ``PackArrays`` batches.
+  holds the recorded number of packs, and its index agrees with it (Parquet: the recorded
+  ``row_groups``; tar: the ``.tar.idx`` offsets, and each pack's members, ``.npy`` dtypes and shapes and
+  ``.json``). ``check_index`` compares the dataset-level index files (tar: ``wids.json``, ``.nv-meta/``)
+  with the manifest. The format then hands its packs over as ``PackArrays`` batches.
 * **packs** (format-independent, vectorized per batch): every fixed-width column has ``N`` values,
   ``sum(seq_lens) == N``, ``seq_lens`` and ``sample_index`` agree, padding carries ``pad_token_id`` and
   labels ``-100``, labels are aligned with ``input_ids`` (text input), token ids lie inside the
@@ -129,27 +131,33 @@ class VerifyReport:
 
 
 # --- formats ------------------------------------------------------------------------------------------
-ShardOpener = Callable[[Path, dict, dict, VerifyReport, int], Iterator[tuple[int, PackArrays]]]
+ShardOpener = Callable[[Path, dict, dict, VerifyReport, int, int], Iterator[tuple[int, PackArrays]]]
 
 
 @dataclass(frozen=True)
 class ShardFormat:
-    """How ``verify`` (and ``inspect --full``) reads one shard format.
+    """How ``verify`` (and ``inspect``) reads one shard format.
 
     Attributes:
         shard_glob: pattern of this format's shard files in an output directory (to find shards the
             manifest does not name).
         index_files: ``entry -> [file names]``: index files that belong to a manifest shard entry.
-        open: ``(path, entry, manifest, report, shard_index) -> iterator of (first pack in shard,
-            PackArrays)``;
-            checks what is specific to the format (parsing, run_id, pack count, index), reports problems
-            on ``report`` and yields the packs it could read.
+        open: ``(path, entry, manifest, report, shard_index, base) -> iterator of (first pack in shard,
+            PackArrays)``, ``base`` being the global index of the shard's first pack (problems name
+            packs by global index); checks what is specific to the format (parsing, run_id, pack
+            count, the shard's own index), reports problems on ``report`` and yields the packs it could
+            read.
+        summary: ``path -> dict``: cheap figures from the shard's own metadata (``inspect``'s fast path);
+            keys ``run_id``, ``shard`` or any key of the manifest's shard entry.
+        check_index: ``(directory, manifest, report)``: checks the dataset-level index files (those not
+            tied to one shard) against the manifest.
     """
 
     shard_glob: str
     index_files: Callable[[dict], list[str]]
     open: ShardOpener
-    summary: Callable[[Path], dict] | None = None  # cheap figures from the shard's own metadata
+    summary: Callable[[Path], dict] | None = None
+    check_index: Callable[[Path, dict, VerifyReport], None] | None = None
 
 
 def _shard_meta_problems(
@@ -209,7 +217,7 @@ def _list_column(table, col: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _parquet_open(
-    path: Path, entry: dict, manifest: dict, report: VerifyReport, index: int = 0
+    path: Path, entry: dict, manifest: dict, report: VerifyReport, index: int = 0, base: int = 0
 ) -> Iterator[tuple[int, PackArrays]]:
     name = entry["path"]
     n = manifest["packed_sequence_size"]
@@ -250,14 +258,17 @@ def _parquet_open(
             table = pf.read_row_group(rg)
         except Exception as e:
             report.add(
-                "parse", f"row group {rg} does not parse: {str(e).splitlines()[0]}", shard=name, pack=first
+                "parse",
+                f"row group {rg} does not parse: {str(e).splitlines()[0]}",
+                shard=name,
+                pack=base + first,
             )
             first += rows
             continue
         fixed = {}
         for col in ("input_ids", "labels", "position_ids", "loss_mask"):
             if col in table.column_names:
-                fixed[col] = _fixed(*_list_column(table, col), n, first, name, col, report)
+                fixed[col] = _fixed(*_list_column(table, col), n, base + first, name, col, report)
         if any(v is None for v in fixed.values()):
             first += rows
             continue
@@ -283,19 +294,375 @@ def _parquet_open(
 
 
 def _parquet_summary(path: Path) -> dict:
-    """Packs, row groups and run_id from the Parquet footer alone (no page is read)."""
+    """Packs, row groups, run_id and shard number from the Parquet footer alone (no page is read)."""
     pf = pq.ParquetFile(path)
     md = pf.metadata
     raw = (pf.schema_arrow.metadata or {}).get(b"packtool")
+    meta = json.loads(raw) if raw else {}
     return {
-        "run_id": json.loads(raw).get("run_id") if raw else None,
+        "run_id": meta.get("run_id"),
+        "shard": meta.get("shard"),
         "num_packs": md.num_rows,
         "row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)],
     }
 
 
+# --- webdataset (tar) ---------------------------------------------------------------------------------
+TAR_BATCH_TOKENS = 1 << 22  # a tar shard is handed to the checks in batches of about this many tokens
+
+
+def _tar_groups(
+    path: Path, buf, want: set[str]
+) -> Iterator[tuple[str, int, dict[str, tuple[int, int]], int]]:
+    """The packs of a tar in ``buf`` as ``(key, header offset, {ext: (data offset, size)}, end offset)``:
+    adjacent members with the same key, as WebDataset groups them.
+
+    Raises ``PacktoolError`` where the archive does not parse, after yielding the packs before it: the
+    pack being read is yielded first if it already holds every member of ``want`` (so the error belongs
+    to the next one), and left out if not (the error is inside it)."""
+    from packtool.errors import PacktoolError
+    from packtool.writers.webdataset import BLOCK, _tar_members
+
+    key, start, members, end = None, 0, {}, 0
+    try:
+        for member, offset, size in _tar_members(path, buf):
+            k, _, ext = member.partition(".")
+            if k != key:
+                if key is not None:
+                    yield key, start, members, end
+                key, start, members = k, offset - BLOCK, {}
+            members[ext if ext not in members else f"{ext} (again)"] = (offset, size)
+            end = offset + -(-size // BLOCK) * BLOCK
+    except PacktoolError:
+        if key is not None and want <= members.keys():
+            yield key, start, members, end
+        raise
+    if key is not None:
+        yield key, start, members, end
+
+
+@dataclass
+class _TarBatch:
+    """Packs of a tar shard gathered for one ``PackArrays`` batch (fixed columns preallocated)."""
+
+    first: int  # index in the shard of the first pack
+    fixed: dict[str, np.ndarray]  # column -> (capacity, N)
+    ragged: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    k: int = 0
+
+    @classmethod
+    def new(cls, first: int, capacity: int, n: int, columns: list[str]) -> _TarBatch:
+        from packtool.writers.webdataset import NPY_MEMBERS
+
+        fixed = {c: np.empty((capacity, n), NPY_MEMBERS[c]) for c in _FIXED if c in columns}
+        return cls(first, fixed, {c: [] for c in _RAGGED})
+
+    def arrays(self) -> PackArrays:
+        k = self.k
+
+        def csr(col: str) -> tuple[np.ndarray, np.ndarray]:
+            parts = self.ragged[col]
+            offsets = np.zeros(k + 1, dtype=np.int64)
+            np.cumsum([len(p) for p in parts], out=offsets[1:])
+            dtype = np.int32 if col == "seq_lens" else np.int64
+            return (np.concatenate(parts) if parts else np.zeros(0, dtype)), offsets
+
+        seq_lens, sl_off = csr("seq_lens")
+        sample_index, si_off = csr("sample_index")
+        return PackArrays(
+            input_ids=self.fixed["input_ids"][:k],
+            labels=self.fixed["labels"][:k],
+            position_ids=self.fixed["position_ids"][:k],
+            loss_mask=self.fixed["loss_mask"][:k] if "loss_mask" in self.fixed else None,
+            seq_lens=seq_lens,
+            seq_lens_offsets=sl_off,
+            sample_index=sample_index,
+            sample_index_offsets=si_off,
+            # None for an output whose manifest has no sample_offset column (as for Parquet)
+            sample_offset=np.concatenate(self.ragged["sample_offset"])
+            if self.ragged["sample_offset"]
+            else None,
+        )
+
+
+_FIXED = ("input_ids", "labels", "position_ids", "loss_mask")
+_RAGGED = ("seq_lens", "sample_index", "sample_offset")
+
+
+def _tar_pack_arrays(
+    path: Path, buf, key: str, members: dict, columns: list[str], n: int, problem: Callable
+) -> dict[str, np.ndarray] | None:
+    """The ``.npy`` members of one pack as arrays (copies), or None (reported) if one is unusable."""
+    from packtool.errors import PacktoolError
+    from packtool.writers.webdataset import NPY_MEMBERS, npy_view
+
+    arrays: dict[str, np.ndarray] = {}
+    for col in columns:
+        offset, nbytes = members[f"{col}.npy"]
+        try:
+            arr = npy_view(path, f"{key}.{col}.npy", buf, offset, nbytes)
+        except PacktoolError as e:
+            problem("npy", str(e).removeprefix(f"{path}: "), col)
+            continue
+        want = np.dtype(NPY_MEMBERS[col])
+        if arr.dtype != want or arr.ndim != 1:
+            problem("npy", f"{arr.dtype} array of shape {arr.shape}, expected a 1-D {want} array", col)
+        elif col in _FIXED and len(arr) != n:
+            problem("length", f"has {len(arr)} values, expected packed_sequence_size {n}", col)
+        else:
+            arrays[col] = arr.copy()  # the mmap closes after the walk: no view may outlive it
+        del arr
+    return arrays if len(arrays) == len(columns) else None
+
+
+def _tar_pack_json(buf, key: str, members: dict, problem: Callable) -> dict | None:
+    """The ``.json`` member of one pack, or None (reported) if it does not parse as an object."""
+    offset, nbytes = members["json"]
+    try:
+        meta = json.loads(bytes(buf[offset : offset + nbytes]))
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        problem("json", f"member {key}.json is not a JSON object", "json")
+        return None
+    return meta
+
+
+def _tar_open(
+    path: Path, entry: dict, manifest: dict, report: VerifyReport, index: int = 0, base: int = 0
+) -> Iterator[tuple[int, PackArrays]]:
+    """Parse a tar shard member by member; check each pack's members, ``.npy`` headers (dtype, shape)
+    and ``.json`` (pack index, run_id, shard, counts), the shard's pack count and its ``.tar.idx``;
+    yield the packs that could be read, in batches of consecutive packs."""
+    import mmap
+    import os
+
+    from packtool.errors import PacktoolError
+    from packtool.writers.webdataset import BLOCK, INDEX_SUFFIX, NPY_MEMBERS, RECORD, pack_key
+
+    name = entry["path"]
+    n = manifest["packed_sequence_size"]
+    columns = [c for c in manifest.get("columns", []) if c in NPY_MEMBERS]
+    want = {f"{c}.npy" for c in columns} | {"json"}
+    old = manifest.get("format_version", 1) < 2  # no run_id in .json; verify_output says so once
+    capacity = max(1, TAR_BATCH_TOKENS // n)
+    starts: list[int] = []  # header offset of every pack, then the end of the last one
+    shard_meta: dict | None = None  # the .json of the shard's first pack: its run_id and shard
+    batch = _TarBatch.new(0, capacity, n, columns)
+    local = 0  # index in the shard of the pack being read
+
+    def problem(kind: str, message: str, col: str | None = None) -> None:
+        report.add(kind, message, shard=name, pack=base + local, field=col)
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            report.add("parse", "empty file, not a tar archive", shard=name)
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            groups = _tar_groups(path, buf, want)
+            end = 0
+            while True:
+                try:
+                    key, start, members, end = next(groups)
+                except StopIteration:
+                    break
+                except PacktoolError as e:
+                    problem("parse", f"does not parse as tar: {str(e).removeprefix(f'{path}: ')}")
+                    starts = []  # no pack count or index to compare: the parse problem says it all
+                    break
+                starts.append(start)
+                missing, extra = sorted(want - members.keys()), sorted(members.keys() - want)
+                if extra:
+                    problem("members", f"unexpected member(s) {', '.join(f'{key}.{x}' for x in extra)}")
+                if missing:
+                    problem("members", f"missing member(s) {', '.join(f'{key}.{x}' for x in missing)}")
+                arrays = None if missing else _tar_pack_arrays(path, buf, key, members, columns, n, problem)
+                meta = _tar_pack_json(buf, key, members, problem) if "json" in members else None
+                if meta is not None and shard_meta is None:
+                    shard_meta = meta
+                    if "run_id" in meta:
+                        _shard_meta_problems(meta, entry, manifest, index, report, name)
+                    elif not old:
+                        problem("run_id", "the pack's .json carries no run_id", "run_id")
+                # a shard of another run is reported once, above, not as every pack's misplaced number
+                ours = shard_meta is None or shard_meta.get("run_id") in (None, manifest.get("run_id"))
+                if ours and key != pack_key(base + local):
+                    problem("key", f"members are named {key}.*, expected {pack_key(base + local)}.*")
+                if meta is not None:
+                    expect = {
+                        "pack_index": base + local if ours else None,
+                        "run_id": shard_meta.get("run_id"),
+                        "shard": shard_meta.get("shard"),
+                    }
+                    if arrays is not None:
+                        expect["num_samples"] = len(arrays["sample_index"])
+                        expect["num_tokens"] = int(arrays["seq_lens"][: expect["num_samples"]].sum())
+                    for k, v in expect.items():
+                        if v is not None and meta.get(k) != v:
+                            problem("json", f"{key}.json says {k} {meta.get(k)}, expected {v}", k)
+                if arrays is not None:
+                    for col, arr in arrays.items():
+                        if col in _FIXED:
+                            batch.fixed[col][batch.k] = arr
+                        else:
+                            batch.ragged[col].append(arr)
+                    batch.k += 1
+                local += 1
+                if arrays is None or batch.k == capacity:  # a batch holds consecutive packs: cut here
+                    if batch.k:
+                        yield batch.first, batch.arrays()
+                    batch = _TarBatch.new(local, capacity, n, columns)
+            if batch.k:
+                yield batch.first, batch.arrays()
+            if starts:
+                # two zero blocks, then zeros up to the tar record size (a whole record at most)
+                tail = bytes(buf[end : end + RECORD + 2 * BLOCK + 1])
+                if len(tail) < 2 * BLOCK or len(tail) > RECORD + 2 * BLOCK or tail.count(0) != len(tail):
+                    report.add(
+                        "parse",
+                        "the archive does not end with zero blocks after its last member (truncated, "
+                        "or data appended?)",
+                        shard=name,
+                    )
+    if starts and local != entry.get("num_packs"):
+        report.add(
+            "num_packs",
+            f"holds {local} packs, manifest says {entry.get('num_packs')}",
+            shard=name,
+            field="num_packs",
+        )
+    if starts:
+        idx = path.parent / entry.get("index", name + INDEX_SUFFIX)
+        _check_tar_idx(idx, [*starts, end], base, report, name)
+
+
+def _check_tar_idx(idx: Path, real: list[int], base: int, report: VerifyReport, name: str) -> None:
+    """``packs-NNNNNN.tar.idx`` must hold the offsets ``real`` found by parsing the tar."""
+    if not idx.exists():
+        report.add("index", f"index file {idx.name} is missing", shard=name, field="index")
+        return
+    raw = idx.read_bytes()
+    offsets = np.frombuffer(raw[: len(raw) // 8 * 8], dtype="<u8").astype(np.int64)
+    real_arr = np.asarray(real, dtype=np.int64)
+    if len(raw) % 8 or len(offsets) != len(real_arr):
+        report.add(
+            "index",
+            f"{idx.name} holds {len(raw) / 8:g} offsets, the tar has {len(real_arr) - 1} packs + 1 "
+            "(stale index)",
+            shard=name,
+            field="index",
+        )
+        return
+    diff = np.flatnonzero(offsets != real_arr)
+    if len(diff):
+        i = int(diff[0])
+        what = f"pack {base + i}" if i < len(real_arr) - 1 else "the end"
+        report.add(
+            "index",
+            f"{idx.name} puts {what} at byte {offsets[i]}, the tar at byte {real_arr[i]} "
+            f"({len(diff)} offset(s) differ: stale index)",
+            shard=name,
+            pack=base + i if i < len(real_arr) - 1 else None,
+            field="index",
+        )
+
+
+def _tar_pack_meta(path: Path, buf, start: int, end: int) -> dict:
+    """The ``.json`` member of the pack at ``buf[start:end]`` (offsets from the ``.tar.idx``)."""
+    from packtool.errors import PacktoolError
+    from packtool.writers.webdataset import _tar_members
+
+    chunk = bytes(buf[start:end])  # one pack: a few times N bytes
+    for member, offset, size in _tar_members(path, chunk):
+        if member.endswith(".json"):
+            return json.loads(chunk[offset : offset + size])
+    raise PacktoolError(f"{path}: no .json member between bytes {start} and {end}")
+
+
+def _tar_summary(path: Path) -> dict:
+    """run_id, shard number, first pack and pack count of a tar shard from its ``.tar.idx`` and the
+    ``.json`` of its first and last packs (two small reads, whatever the shard's size)."""
+    import mmap
+
+    from packtool.errors import PacktoolError
+    from packtool.writers.webdataset import BLOCK, INDEX_SUFFIX, RECORD, read_tar_index
+
+    offsets = read_tar_index(path).astype(np.int64)
+    size = path.stat().st_size
+    if len(offsets) < 2 or size != -(-(int(offsets[-1]) + 2 * BLOCK) // RECORD) * RECORD:
+        raise PacktoolError(
+            f"{path.name}{INDEX_SUFFIX} does not end where the tar's {size:,} bytes do (stale index?)"
+        )
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        first = _tar_pack_meta(path, buf, int(offsets[0]), int(offsets[1]))
+        last = _tar_pack_meta(path, buf, int(offsets[-2]), int(offsets[-1]))
+    # a shard written before format_version 2 has no run_id or shard to compare (verify says so)
+    return {
+        **{key: first[key] for key in ("run_id", "shard") if key in first},
+        "first_pack": first.get("pack_index"),
+        "num_packs": last["pack_index"] - first["pack_index"] + 1,
+    }
+
+
+def _diff(want, got, where: str = "") -> Iterator[tuple[str, object, object]]:
+    """``(field path, wanted, found)`` for every leaf where ``got`` differs from ``want``."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        for k in [*want, *(k for k in got if k not in want)]:
+            yield from _diff(want.get(k), got.get(k), f"{where}.{k}" if where else str(k))
+    elif isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        for i, (a, b) in enumerate(zip(want, got, strict=True)):
+            yield from _diff(a, b, f"{where}[{i}]")
+    elif want != got:
+        yield where, want, got
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _tar_check_index(directory: Path, manifest: dict, report: VerifyReport) -> None:
+    """``wids.json`` and ``.nv-meta/`` must say what the manifest says; no stray ``.tar.idx``."""
+    import yaml
+
+    from packtool.writers.webdataset import INDEX_SUFFIX, dataset_index_contents
+
+    for name, want in dataset_index_contents(manifest).items():
+        path = directory / name
+        if not path.exists():
+            report.add("dataset index", "index file is missing", shard=name)
+            continue
+        try:
+            got = json.loads(path.read_text()) if name.endswith(".json") else yaml.safe_load(path.read_text())
+        except (ValueError, yaml.YAMLError) as e:
+            report.add("dataset index", f"does not parse ({str(e).splitlines()[0]})", shard=name)
+            continue
+        diffs = list(_diff(want, got))
+        if diffs:  # one problem per file: its first difference, and how many more
+            where, a, b = diffs[0]
+            more = f"; {len(diffs) - 1} more field(s) differ" if len(diffs) > 1 else ""
+            report.add(
+                "dataset index",
+                f"{_short(b)} in the file, the manifest gives {_short(a)} (stale index{more})",
+                shard=name,
+                field=where or None,
+            )
+    named = {e.get("index", e["path"] + INDEX_SUFFIX) for e in manifest["shards"]}
+    for path in sorted(directory.glob("*.tar" + INDEX_SUFFIX)):
+        if path.name not in named:
+            report.add("unlisted", "index file of a shard the manifest does not name", shard=path.name)
+
+
 SHARD_FORMATS: dict[str, ShardFormat] = {
     "parquet": ShardFormat("*.parquet", lambda entry: [], _parquet_open, _parquet_summary),
+    "webdataset": ShardFormat(
+        "*.tar",
+        lambda entry: [entry.get("index", entry["path"] + ".idx")],
+        _tar_open,
+        _tar_summary,
+        _tar_check_index,
+    ),
 }
 
 
@@ -319,7 +686,7 @@ def iter_batches(
     for i, entry in enumerate(manifest["shards"]):
         path = Path(directory) / entry["path"]
         if path.exists():
-            for first, packs in fmt.open(path, entry, manifest, report, i):
+            for first, packs in fmt.open(path, entry, manifest, report, i, base):
                 yield i, entry, base + first, packs
         base += int(entry.get("num_packs", 0))
 
@@ -447,6 +814,30 @@ def _check_packs(
     return used
 
 
+def _check_version(manifest: dict, report: VerifyReport) -> None:
+    """An output of a newer packtool cannot be judged; a tar output older than format_version 2 has no
+    run_id in its shards (said once here; its other checks still run)."""
+    from packtool.pipeline import FORMAT_VERSION
+
+    version = manifest.get("format_version", 1)
+    if version > FORMAT_VERSION:
+        report.add(
+            "format_version",
+            f"written by a newer packtool (format_version {version}, this one reads up to "
+            f"{FORMAT_VERSION}): upgrade packtool to verify it",
+            shard=MANIFEST,
+            field="format_version",
+        )
+    elif manifest.get("shard_format") == "webdataset" and version < 2:
+        report.add(
+            "format_version",
+            f"written by an older packtool (format_version {version}): its tar shards carry no run_id, "
+            "so they cannot be matched to this manifest; pack it again to verify it (it still loads)",
+            shard=MANIFEST,
+            field="format_version",
+        )
+
+
 def verify_output(
     directory: str | Path, *, source: list[str] | None = None, progress: bool = False
 ) -> VerifyReport:
@@ -466,7 +857,10 @@ def verify_output(
     if not report.ok:
         return report
     fmt = shard_format(manifest)
+    _check_version(manifest, report)
     _check_files(directory, manifest, report, fmt)
+    if fmt.check_index is not None:
+        fmt.check_index(directory, manifest, report)
     tok = manifest.get("tokenizer") or {}
     vocab_size = tok.get("vocab_size")
     text_labels = manifest.get("sample_format") == "text" and tok.get("kind") == "huggingface"

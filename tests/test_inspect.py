@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,75 @@ def test_pack_errors(out: Path, tmp_path: Path):
 def test_not_an_output_directory(tmp_path: Path):
     proc = run_cli("inspect", tmp_path, check=False)
     assert proc.returncode == 1 and "no manifest.json" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def tar_out(tmp_path_factory) -> Path:
+    # the layout of ``out`` as webdataset tar shards: 3 shards of 100 packs
+    out = tmp_path_factory.mktemp("inspect-tar") / "out"
+    run_cli(
+        "pack", TRAIN, "-o", out, "--tokenizer", DEMO_TOKENIZER, "--add-eos", "-q",
+        "--strategy", "sequential", "--format", "webdataset",
+        "--packed-sequence-size", "512", "--split-across-pack", "--shard-size", "100",
+    )  # fmt: skip
+    return out
+
+
+def test_tar_output_fast_full_and_one_pack(tar_out: Path, out: Path):
+    r, parquet = inspect_json(tar_out), inspect_json(out)
+    assert r["shard_format"] == "webdataset" and r["warnings"] == []
+    assert [sh["path"] for sh in r["shards"]] == [f"packs-00000{i}.tar" for i in range(3)]
+    for key in ("num_packs", "num_tokens", "fill_rate", "split_samples", "histograms"):
+        assert r[key] == parquet[key], key  # the same packs as the Parquet output
+    full = inspect_json(tar_out, "--full")
+    assert full["warnings"] == []
+    for key in (
+        "num_packs",
+        "num_tokens",
+        "packed_samples",
+        "fill_rate",
+        "samples_per_pack",
+        "split_samples",
+    ):
+        assert full["recomputed"][key] == r[key], key
+    text = run_cli("inspect", tar_out, env={"COLUMNS": "120"}).stdout
+    assert "packs-000002.tar" in text and "webdataset" in text and "fill rate" in text
+    last = r["num_packs"] - 1
+    p = inspect_json(tar_out, "--pack", str(last), "--decode")
+    assert p["shard"] == "packs-000002.tar" and p["row"] == last - 200
+    assert p == inspect_json(out, "--pack", str(last), "--decode") | {"shard": "packs-000002.tar"}
+
+
+def test_tar_fast_path_notices_a_foreign_manifest_and_a_wrong_count(tar_out: Path, tmp_path: Path):
+    bad = Path(shutil.copytree(tar_out, tmp_path / "bad"))
+    m = json.loads((bad / "manifest.json").read_text())
+    real, m["run_id"] = m["run_id"], "0123456789abcdef"
+    m["shards"][1]["num_packs"] += 1
+    (bad / "manifest.json").write_text(json.dumps(m))
+    warnings = inspect_json(bad)["warnings"]
+    assert f"packs-000000.tar: run_id {real} in the file, 0123456789abcdef in the manifest" in warnings
+    assert "packs-000001.tar: num_packs 100 in the file, 101 in the manifest" in warnings
+    assert len(warnings) == 4  # run_id of each shard, and the count
+    # an output written before format_version 2: no run_id or shard in the .json, nothing to compare
+    old = Path(shutil.copytree(tar_out, tmp_path / "old"))
+    for path in sorted(old.glob("*.tar")):
+        with tarfile.open(path) as tar:
+            members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for m, data in members:
+                if m.name.endswith(".json"):
+                    meta = json.loads(data)
+                    data = json.dumps(
+                        {k: meta[k] for k in ("pack_index", "num_tokens", "num_samples")}
+                    ).encode()
+                    m.size = len(data)
+                tar.addfile(m, io.BytesIO(data))
+    assert inspect_json(old)["warnings"] == []
+    # a stale .tar.idx: the fast path cannot read the shard's packs where the index says they are
+    shutil.copy(bad / "packs-000002.tar.idx", bad / "packs-000000.tar.idx")
+    warnings = inspect_json(bad)["warnings"]
+    size = (bad / "packs-000000.tar").stat().st_size
+    assert (
+        f"packs-000000.tar: metadata unreadable (packs-000000.tar.idx does not end where the tar's {size:,} "
+        "bytes do (stale index?))" in warnings
+    )

@@ -68,7 +68,9 @@ def hf_value_types(ds, suffix: str = "") -> dict[str, str]:
 def test_webdataset_yields_every_pack(wds_out):
     import webdataset as wds
 
-    urls = [str(wds_out / s["path"]) for s in load_manifest(wds_out)["shards"]]
+    m = load_manifest(wds_out)
+    urls = [str(wds_out / s["path"]) for s in m["shards"]]
+    shard_of = np.repeat(np.arange(len(m["shards"])), [s["num_packs"] for s in m["shards"]])
     want = reference(wds_out)
     got = list(wds.WebDataset(urls, shardshuffle=False).decode())
     assert len(got) == len(want) > 40
@@ -79,6 +81,8 @@ def test_webdataset_yields_every_pack(wds_out):
             "pack_index": i,
             "num_tokens": int(pack["seq_lens"][: len(pack["sample_index"])].sum()),
             "num_samples": len(pack["sample_index"]),
+            "run_id": m["run_id"],
+            "shard": int(shard_of[i]),
         }
 
 

@@ -3,9 +3,11 @@ must name the problem (shard, pack, field) and exit 1; ``--source`` proves nothi
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from packtool import read_packs
 from packtool.utils import file_sha256
 from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
 
@@ -174,6 +177,7 @@ def test_broken_pack_layout_is_named_by_pack_and_field(out: Path):
         cols["seq_lens"][5][0] += 1  # sum(seq_lens) = N + 1
         cols["input_ids"][7] = cols["input_ids"][7].copy()
         cols["input_ids"][7][3] = 5000  # outside the demo tokenizer's 1300 ids
+        cols["labels"][20] = cols["labels"][20][:-1]  # in the second row group of the shard
 
     rewrite_shard(out, 1, change)
     code, text = verify(out)
@@ -182,6 +186,11 @@ def test_broken_pack_layout_is_named_by_pack_and_field(out: Path):
     assert (
         "packs-000001.parquet, pack 55, field 'input_ids': token id 5000 at position 3 is outside the "
         "vocabulary (size 1300)" in text
+    )
+    # problems found while reading a row group name global packs too
+    assert (
+        "packs-000001.parquet, pack 68, field 'labels': has 1023 values, expected packed_sequence_size"
+        in text
     )
 
 
@@ -300,3 +309,277 @@ def test_source_ok_for_bfd_with_split_samples_in_shuffled_packs(tmp_path):
             "--split-across-pack", "--packed-sequence-size", "256", "--seed", "5")  # fmt: skip
     proc = run_cli("verify", out, "--source", check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- webdataset (tar) output: the same damage, and what only a tar can get wrong --------------------------
+@pytest.fixture(scope="module")
+def good_tar(tmp_path_factory) -> Path:
+    # the layout of ``good`` as tar shards: 152 packs in 4 shards of 48, 48, 48, 8
+    return pack(
+        tmp_path_factory.mktemp("verify-tar") / "good",
+        "--packed-sequence-size",
+        "1024",
+        "--long-samples",
+        "truncate",
+        "--format",
+        "webdataset",
+    )
+
+
+@pytest.fixture
+def tar_out(good_tar: Path, tmp_path: Path) -> Path:
+    """A fresh copy of the good tar output for a test to damage."""
+    return Path(shutil.copytree(good_tar, tmp_path / "copy"))
+
+
+def tar_index(out: Path, shard: int) -> np.ndarray:
+    return np.fromfile(out / f"packs-{shard:06d}.tar.idx", dtype="<u8").astype(np.int64)
+
+
+def npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def unnpy(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def rewrite_tar(out: Path, shard: int, change, *, update_index: bool = True, update_manifest: bool = True):
+    """Rewrite tar shard ``shard`` after ``change(packs)`` edits its members (``{key: {ext: bytes}}``, in
+    order); the ``.tar.idx`` and, with ``update_manifest``, the manifest's size and sha256 follow, so that
+    only checks of the content itself can notice."""
+    m = manifest(out)
+    entry = m["shards"][shard]
+    path = out / entry["path"]
+    packs: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            key, _, ext = member.name.partition(".")
+            packs.setdefault(key, {})[ext] = tar.extractfile(member).read()
+    change(packs)
+    offsets = []
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, members in packs.items():
+            offsets.append(tar.offset)
+            for ext in sorted(members):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(members[ext])
+                tar.addfile(info, io.BytesIO(members[ext]))
+        offsets.append(tar.offset)
+    if update_index:
+        (out / entry["index"]).write_bytes(np.asarray(offsets, dtype="<u8").tobytes())
+    if update_manifest:
+        entry.update(bytes=os.path.getsize(path), sha256=file_sha256(path))
+        (out / "manifest.json").write_text(json.dumps(m))
+
+
+def test_tar_good_output_is_ok_with_and_without_source(good_tar: Path):
+    code, text = verify(good_tar)
+    assert code == 0, text
+    assert text.startswith("OK:") and "shards: 4, packs: 152" in text
+    code, text = verify(good_tar, "--source", "-q")
+    assert code == 0, text
+    assert "source samples: 1,000" in text
+
+
+@pytest.mark.parametrize("cut", ["inside a member", "at a pack boundary"])
+def test_tar_truncated_shard(tar_out: Path, cut: str):
+    path = tar_out / "packs-000001.tar"
+    size, offsets = path.stat().st_size, tar_index(tar_out, 1)
+    new = size // 2 if cut == "inside a member" else int(offsets[20])
+    os.truncate(path, new)
+    code, text = verify(tar_out)
+    assert code == 1
+    assert f"packs-000001.tar, field 'bytes': {new:,} bytes, manifest says {size:,} (truncated)" in text
+    if cut == "inside a member":
+        pack_no = 48 + int(np.searchsorted(offsets, new, side="right")) - 1
+        assert f"packs-000001.tar, pack {pack_no}: does not parse as tar: truncated tar archive" in text
+    else:  # every member whole, but the archive stops short: no end blocks, 20 packs, a stale index
+        assert "packs-000001.tar: the archive does not end with zero blocks" in text
+        assert "packs-000001.tar, field 'num_packs': holds 20 packs, manifest says 48" in text
+        assert "packs-000001.tar.idx holds 49 offsets, the tar has 20 packs + 1 (stale index)" in text
+    assert "packs-000000.tar" not in text and text.splitlines()[-1].startswith("FAILED")
+
+
+def test_tar_flipped_byte_in_a_header_and_in_a_token(tar_out: Path):
+    # shard 2, pack 5 (global 101): a bit of its first header's name flips, the header checksum fails
+    header = int(tar_index(tar_out, 2)[5])
+    path = tar_out / "packs-000002.tar"
+    data = bytearray(path.read_bytes())
+    data[header + 10] ^= 0x01
+    path.write_bytes(bytes(data))
+    # shard 1, pack 5 (global 53): the top byte of token 3 flips, the id leaves the vocabulary
+    path = tar_out / "packs-000001.tar"
+    with tarfile.open(path) as tar:
+        member = tar.getmember("000000053.input_ids.npy")
+    data = bytearray(path.read_bytes())
+    start = member.offset_data + member.size - 1024 * 4  # the values end the member
+    before = int(np.frombuffer(bytes(data[start + 12 : start + 16]), "<i4")[0])
+    data[start + 15] ^= 0x01
+    path.write_bytes(bytes(data))
+    code, text = verify(tar_out)
+    assert code == 1
+    assert "packs-000002.tar, field 'sha256': sha256 differs" in text
+    assert (
+        f"packs-000002.tar, pack 101: does not parse as tar: bad tar header checksum at byte {header}" in text
+    )
+    assert "packs-000001.tar, field 'sha256': sha256 differs" in text
+    assert (
+        f"packs-000001.tar, pack 53, field 'input_ids': token id {before + (1 << 24)} at position 3 is "
+        "outside the vocabulary (size 1300)" in text
+    )
+    assert "packs-000000.tar" not in text
+
+
+def test_tar_missing_shard(tar_out: Path):
+    (tar_out / "packs-000003.tar").unlink()
+    code, text = verify(tar_out)
+    assert code == 1
+    assert "packs-000003.tar: shard named in the manifest is missing" in text
+
+
+def test_tar_shard_not_in_the_manifest(tar_out: Path):
+    shutil.copy(tar_out / "packs-000000.tar", tar_out / "packs-000004.tar")
+    shutil.copy(tar_out / "packs-000000.tar.idx", tar_out / "packs-000004.tar.idx")
+    code, text = verify(tar_out)
+    assert code == 1
+    assert "packs-000004.tar: shard file is not in the manifest" in text
+    assert "packs-000004.tar.idx: index file of a shard the manifest does not name" in text
+
+
+def test_tar_manifest_from_another_run(tar_out: Path, tmp_path: Path):
+    other = pack(tmp_path / "other", "--packed-sequence-size", "1024", "--long-samples", "drop",
+                 "--format", "webdataset")  # fmt: skip
+    mine, theirs = manifest(tar_out)["run_id"], manifest(other)["run_id"]
+    assert mine != theirs
+    shutil.copy(other / "manifest.json", tar_out / "manifest.json")
+    code, text = verify(tar_out)
+    assert code == 1
+    for i in range(3):  # too long samples dropped: 144 packs, 3 shards in the other run
+        assert (
+            f"packs-00000{i}.tar, field 'run_id': shard belongs to run {mine}, the manifest to run {theirs} "
+            "(a manifest or shard from another run)" in text
+        )
+    assert f"wids.json, field 'name': \"packtool-{mine}\" in the file" in text
+    assert "packs-000003.tar: shard file is not in the manifest" in text
+    assert "members are named" not in text  # a foreign shard is said once, not as every pack misplaced
+
+
+def test_tar_stale_index_files(tar_out: Path, tmp_path: Path):
+    # the shard gains a member in pack 2, its size and sha256 recorded again, but not its .tar.idx:
+    # every offset after pack 2 moves
+    offsets = tar_index(tar_out, 0)
+    rewrite_tar(tar_out, 0, lambda packs: packs["000000002"].update(txt=b"x"), update_index=False)
+    # the wids and Energon indexes of another run (shards of 40 packs)
+    other = pack(tmp_path / "other", "--packed-sequence-size", "1024", "--long-samples", "truncate",
+                 "--format", "webdataset", "--shard-size", "40")  # fmt: skip
+    shutil.copy(other / "wids.json", tar_out / "wids.json")
+    shutil.copy(other / ".nv-meta" / ".info.json", tar_out / ".nv-meta" / ".info.json")
+    shutil.copy(other / "packs-000001.tar.idx", tar_out / "packs-000001.tar.idx")
+    code, text = verify(tar_out)
+    assert code == 1
+    assert "packs-000000.tar, pack 2: unexpected member(s) 000000002.txt" in text
+    assert (
+        f"packs-000000.tar, pack 3, field 'index': packs-000000.tar.idx puts pack 3 at byte {offsets[3]}, "
+        f"the tar at byte {offsets[3] + 1024} (46 offset(s) differ: stale index)" in text
+    )
+    assert (
+        "packs-000001.tar, field 'index': packs-000001.tar.idx holds 41 offsets, the tar has 48 packs + 1 "
+        "(stale index)" in text
+    )
+    # name (run_id), then nsamples and filesize of shards 0, 1, 2 and 3 differ
+    assert "wids.json, field 'name': \"packtool-" in text and "(stale index; 8 more field(s) differ)" in text
+    assert (
+        ".nv-meta/.info.json, field 'shard_counts.packs-000000.tar': 40 in the file, the manifest gives 48 "
+        "(stale index; 3 more field(s) differ)" in text
+    )
+    (tar_out / "packs-000002.tar.idx").unlink()
+    code, text = verify(tar_out)
+    assert "packs-000002.tar, field 'index': index file packs-000002.tar.idx is missing" in text
+
+
+def test_tar_broken_packs_are_named_by_pack_and_field(tar_out: Path):
+    def change(packs):
+        del packs["000000049"]["labels.npy"]
+        p = packs["000000050"]
+        p["input_ids.npy"] = npy(unnpy(p["input_ids.npy"]).astype(np.int64))
+        p = packs["000000051"]
+        seq_lens = unnpy(p["seq_lens.npy"])
+        seq_lens[0] += 1
+        p["seq_lens.npy"] = npy(seq_lens)
+        p = packs["000000052"]
+        p["json"] = json.dumps({**json.loads(p["json"]), "run_id": "0123456789abcdef"}).encode()
+
+    run_id = manifest(tar_out)["run_id"]
+    rewrite_tar(tar_out, 1, change)
+    code, text = verify(tar_out)
+    assert code == 1
+    assert "packs-000001.tar, pack 49: missing member(s) 000000049.labels.npy" in text
+    assert (
+        "packs-000001.tar, pack 50, field 'input_ids': int64 array of shape (1024,), expected a 1-D int32 "
+        "array" in text
+    )
+    assert "packs-000001.tar, pack 51, field 'seq_lens': sum(seq_lens) = 1025, expected 1024" in text
+    assert "packs-000001.tar, pack 51, field 'num_tokens': 000000051.json says num_tokens" in text
+    assert (
+        f"packs-000001.tar, pack 52, field 'run_id': 000000052.json says run_id 0123456789abcdef, expected "
+        f"{run_id}" in text
+    )
+    assert "packs-000000.tar" not in text and "pack 48" not in text
+
+
+def test_tar_source_catches_a_consistently_altered_token(tar_out: Path):
+    def change(packs):
+        p = packs["000000003"]
+        ids, lab = unnpy(p["input_ids.npy"]), unnpy(p["labels.npy"])
+        ids[10] = (ids[10] + 1) % 1300
+        lab[9] = ids[10]
+        p["input_ids.npy"], p["labels.npy"] = npy(ids), npy(lab)
+
+    rewrite_tar(tar_out, 0, change)
+    code, text = verify(tar_out)
+    assert code == 0, text
+    code, text = verify(tar_out, "--source", "-q")
+    assert code == 1
+    assert "packs-000000.tar, pack 3, field 'input_ids': sample 16 (" in text
+    assert "train.jsonl, line 17): token 10 is" in text
+
+
+def test_tar_output_of_an_older_or_newer_format_version(tar_out: Path):
+    # an output written before format_version 2: no run_id or shard in the packs' .json
+    def strip(packs):
+        for members in packs.values():
+            meta = json.loads(members["json"])
+            members["json"] = json.dumps(
+                {k: meta[k] for k in ("pack_index", "num_tokens", "num_samples")}
+            ).encode()
+
+    for shard in range(4):
+        rewrite_tar(tar_out, shard, strip)
+    m = manifest(tar_out)
+    m["format_version"] = 1
+    (tar_out / "manifest.json").write_text(json.dumps(m))
+    code, text = verify(tar_out)
+    assert code == 1
+    assert text.splitlines()[0] == (
+        "problem: manifest.json, field 'format_version': written by an older packtool (format_version 1): "
+        "its tar shards carry no run_id, so they cannot be matched to this manifest; pack it again to verify "
+        "it (it still loads)"
+    )
+    assert "FAILED" in text and "1 problem(s)" in text  # one message, not one per shard or pack
+    assert sum(1 for _ in read_packs(tar_out)) == 152
+    m["format_version"] = 99
+    (tar_out / "manifest.json").write_text(json.dumps(m))
+    code, text = verify(tar_out)
+    assert code == 1 and "written by a newer packtool (format_version 99" in text
+
+
+def test_tar_source_ok_for_bfd_with_split_samples(tmp_path):
+    out = tmp_path / "bfd"
+    run_cli("pack", TRAIN, "-o", out, "--tokenizer", DEMO_TOKENIZER, "--add-eos", "-q", "--strategy", "bfd",
+            "--split-across-pack", "--packed-sequence-size", "256", "--seed", "5", "--format", "webdataset",
+            "--shard-size", "100")  # fmt: skip
+    code, text = verify(out, "--source")
+    assert code == 0, text

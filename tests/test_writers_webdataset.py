@@ -83,6 +83,8 @@ def test_layout_members_and_manifest(wds_out):
                     "pack_index": int(key),
                     "num_tokens": int(p["seq_lens"][: len(p["sample_index"])].sum()),
                     "num_samples": len(p["sample_index"]),
+                    "run_id": m["run_id"],  # verify matches shards to their manifest by these two
+                    "shard": m["shards"].index(shard),
                 }
                 arr = np.lib.format.read_array(io.BytesIO(tar.extractfile(members["seq_lens.npy"]).read()))
                 assert arr.dtype == np.int32 and np.array_equal(arr, p["seq_lens"])

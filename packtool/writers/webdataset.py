@@ -7,7 +7,8 @@ as nine digits (``000000123``, no dots) and ``EXT`` one of
 member              content                   meaning
 =================== ========================= ========================================================
 input_ids.npy       int32 ``(N,)``            token ids, padded with ``pad_token_id``
-json                UTF-8 JSON object         ``{"pack_index", "num_tokens", "num_samples"}``
+json                UTF-8 JSON object         ``{"pack_index", "num_tokens", "num_samples", "run_id",
+                                              "shard"}`` (``run_id``/``shard``: the manifest's)
 labels.npy          int32 ``(N,)``            labels, ``-100`` where no loss is taken
 loss_mask.npy       int8 ``(N,)``             only if the input carried a loss mask
 position_ids.npy    int32 ``(N,)``            position ids (convention in the manifest)
@@ -42,6 +43,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import math
 import mmap
 import os
 import tarfile
@@ -102,10 +104,20 @@ def _member_size(data_bytes: int) -> int:
     return BLOCK + -(-data_bytes // BLOCK) * BLOCK
 
 
-def pack_json(pack_index: int, num_tokens: int, num_samples: int) -> bytes:
-    """The ``.json`` member of a pack (always under one tar block)."""
+def pack_json(pack_index: int, num_tokens: int, num_samples: int, run_id: str, shard: int) -> bytes:
+    """The ``.json`` member of a pack (always under one tar block).
+
+    ``run_id`` and ``shard`` (the shard's number in the manifest) let ``packtool verify`` match a shard
+    to its manifest, as the Parquet footer's ``packtool`` metadata does.
+    """
     return json.dumps(
-        {"pack_index": int(pack_index), "num_tokens": int(num_tokens), "num_samples": int(num_samples)},
+        {
+            "pack_index": int(pack_index),
+            "num_tokens": int(num_tokens),
+            "num_samples": int(num_samples),
+            "run_id": str(run_id),
+            "shard": int(shard),
+        },
         separators=(",", ":"),
     ).encode()
 
@@ -170,11 +182,12 @@ def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
     return ti
 
 
-def write_tar_shard(path: str | Path, packs: PackArrays, *, first_pack: int) -> dict:
+def write_tar_shard(path: str | Path, packs: PackArrays, *, first_pack: int, run_id: str, shard: int) -> dict:
     """Write ``packs`` as the tar shard ``path`` and its ``path.idx``; return the manifest's index info.
 
     Both files are written to ``.tmp`` names and renamed into place. ``first_pack`` is the global index
-    of ``packs``' first pack (it makes the keys). Returns ``{"index": "packs-NNNNNN.tar.idx"}``.
+    of ``packs``' first pack (it makes the keys); ``run_id`` and ``shard`` (this shard's number) go into
+    every pack's ``.json`` member. Returns ``{"index": "packs-NNNNNN.tar.idx"}``.
     """
     path = Path(path)
     k, n = packs.input_ids.shape
@@ -189,7 +202,7 @@ def write_tar_shard(path: str | Path, packs: PackArrays, *, first_pack: int) -> 
             for i in range(k):
                 offsets[i] = tar.offset
                 key = pack_key(first_pack + i)
-                meta = pack_json(first_pack + i, num_tokens[i], num_samples[i])
+                meta = pack_json(first_pack + i, num_tokens[i], num_samples[i], run_id, shard)
                 assert len(meta) < BLOCK, meta  # pack_tar_bytes counts one block for it
                 members = {
                     "input_ids.npy": _npy_bytes(packs.input_ids[i]),
@@ -242,6 +255,10 @@ def _tar_members(path: Path, buf) -> Iterator[tuple[str, int, int]]:
         name = hdr[:100].split(b"\0", 1)[0].decode()
         prefix = hdr[345:500].split(b"\0", 1)[0].decode() if hdr[257:262] == b"ustar" else ""
         size = int(hdr[124:136].strip(b" \0") or b"0", 8)
+        if pos + BLOCK + size > end:
+            raise PacktoolError(
+                f"{path}: truncated tar archive (member {name} at byte {pos} runs past the end)"
+            )
         if hdr[156:157] in (b"0", b"\0"):
             yield (f"{prefix}/{name}" if prefix else name), pos + BLOCK, size
         pos += BLOCK + -(-size // BLOCK) * BLOCK
@@ -256,6 +273,16 @@ def _npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool]:
 
 
 def _npy_array(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
+    """The ``.npy`` member at ``buf[offset : offset + size]`` as an array (a copy, so ``buf`` may close)."""
+    return npy_view(path, name, buf, offset, size).copy()
+
+
+def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
+    """The ``.npy`` member at ``buf[offset : offset + size]`` as a read-only view into ``buf``.
+
+    Raises ``PacktoolError`` naming ``path`` and member ``name`` if it is not a plain version 1 array
+    of exactly ``size`` bytes (no pickle, no Fortran order).
+    """
     head = bytes(buf[offset : offset + 10])
     if head[:6] != b"\x93NUMPY" or head[6] != 1:
         raise PacktoolError(f"{path}: member {name} is not a version 1 .npy array")
@@ -264,10 +291,10 @@ def _npy_array(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray
         dtype, shape, fortran = _npy_header(bytes(buf[offset + 8 : offset + header_end]))
     except ValueError as e:
         raise PacktoolError(f"{path}: member {name} has a bad .npy header ({e})") from None
-    count = int(np.prod(shape))
+    count = math.prod(shape)
     if dtype.hasobject or fortran or header_end + count * dtype.itemsize != size:
         raise PacktoolError(f"{path}: member {name} is not a plain C-order .npy array of its size")
-    return np.frombuffer(buf, dtype=dtype, count=count, offset=offset + header_end).reshape(shape).copy()
+    return np.frombuffer(buf, dtype=dtype, count=count, offset=offset + header_end).reshape(shape)
 
 
 def read_tar_packs(
@@ -309,36 +336,49 @@ def read_tar_packs(
                 yield finish(pack)
 
 
+ENERGON_DATASET_COMMENT = (
+    "# Megatron-Energon dataset config written by packtool (one sample per pack; see packtool.energon)\n"
+)
+
+
+def dataset_index_contents(manifest: dict) -> dict[str, dict]:
+    """What the dataset-level index files of a webdataset output hold, from the run's ``manifest``
+    (its ``run_id``, ``shards`` and ``columns``): ``{relative file name: parsed content}``.
+
+    ``write_dataset_index`` writes these; ``packtool verify`` compares the files on disk with them.
+    """
+    shards = manifest["shards"]
+    return {
+        WIDS_INDEX: {
+            "__kind__": "wids-shard-index-v1",
+            "wids_version": 1,
+            "name": f"packtool-{manifest['run_id']}",
+            "shardlist": [
+                {"url": s["path"], "nsamples": s["num_packs"], "filesize": s["bytes"]} for s in shards
+            ],
+        },
+        f"{ENERGON_DIR}/.info.json": {"shard_counts": {s["path"]: s["num_packs"] for s in shards}},
+        f"{ENERGON_DIR}/split.yaml": {"split_parts": {"train": [s["path"] for s in shards]}, "exclude": []},
+        f"{ENERGON_DIR}/dataset.yaml": {
+            "sample_type": ENERGON_SAMPLE_TYPE,
+            "field_map": {c: f"{c}.npy" for c in manifest["columns"]},
+        },
+    }
+
+
 def write_dataset_index(directory: str | Path, manifest: dict) -> list[str]:
     """Write the dataset-level index files of a webdataset output (wids and Energon); return their paths.
 
-    ``manifest`` is the run's manifest (its ``shards`` and ``columns`` are used).
+    ``manifest`` is the run's manifest (its ``run_id``, ``shards`` and ``columns`` are used).
     """
     directory = Path(directory)
-    shards = manifest["shards"]
-    wids = {
-        "__kind__": "wids-shard-index-v1",
-        "wids_version": 1,
-        "name": f"packtool-{manifest['run_id']}",
-        "shardlist": [{"url": s["path"], "nsamples": s["num_packs"], "filesize": s["bytes"]} for s in shards],
-    }
-    (directory / WIDS_INDEX).write_text(json.dumps(wids, indent=1) + "\n")
-
-    meta = directory / ENERGON_DIR
-    meta.mkdir(exist_ok=True)
-    info = {"shard_counts": {s["path"]: s["num_packs"] for s in shards}}
-    (meta / ".info.json").write_text(json.dumps(info, indent=1) + "\n")
-    split = {"split_parts": {"train": [s["path"] for s in shards]}, "exclude": []}
-    (meta / "split.yaml").write_text(yaml.safe_dump(split, sort_keys=False))
-    field_map = {c: f"{c}.npy" for c in manifest["columns"]}
-    dataset = {"sample_type": ENERGON_SAMPLE_TYPE, "field_map": field_map}
-    (meta / "dataset.yaml").write_text(
-        "# Megatron-Energon dataset config written by packtool (one sample per pack; see packtool.energon)\n"
-        + yaml.safe_dump(dataset, sort_keys=False)
-    )
-    return [
-        WIDS_INDEX,
-        f"{ENERGON_DIR}/.info.json",
-        f"{ENERGON_DIR}/split.yaml",
-        f"{ENERGON_DIR}/dataset.yaml",
-    ]
+    (directory / ENERGON_DIR).mkdir(exist_ok=True)
+    contents = dataset_index_contents(manifest)
+    for name, content in contents.items():
+        if name.endswith(".json"):
+            text = json.dumps(content, indent=1) + "\n"
+        else:
+            comment = ENERGON_DATASET_COMMENT if name.endswith("dataset.yaml") else ""
+            text = comment + yaml.safe_dump(content, sort_keys=False)
+        (directory / name).write_text(text)
+    return list(contents)
