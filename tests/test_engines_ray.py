@@ -6,6 +6,7 @@ it with ``--ray-address``, as jobs join a cluster. One test lets the CLI start i
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -17,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray  # noqa: E402  (a dev dependency: the Ray engine is tested in CI, never skipped)
 
-from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli
+from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli
 
 TEXT_ARGS = [
     str(DEMO / "train.jsonl"), "--tokenizer", str(DEMO_TOKENIZER), "--add-eos",
@@ -65,6 +66,27 @@ def test_ray_equals_local_pretokenized_split(tmp_path, ray_address):
             "--shard-size", "100"]  # fmt: skip
     local, on_ray = local_then_ray(tmp_path / "out", args, ["--ray-address", ray_address, "--num-proc", "2"])
     assert len(local) > 5 and local == on_ray
+
+
+def test_ray_equals_local_text_parquet_sequential(tmp_path, ray_address):
+    """Ray tasks read their own Parquet row ranges (chunks of 150 rows across row groups of 70)."""
+    texts = [json.loads(line)["text"] for line in (DEMO / "train.jsonl").open()]
+    src = tmp_path / "texts.parquet"
+    pq.write_table(pa.table({"text": texts}), src, row_group_size=70)
+    args = [str(src), *TEXT_ARGS[1:], "--strategy", "sequential"]
+    local, on_ray = local_then_ray(tmp_path / "out", args, ["--ray-address", ray_address])
+    assert len(local) > 10 and local == on_ray
+
+
+def test_ray_equals_local_sft_config(tmp_path, ray_address):
+    """configs/sft_alpaca.yaml (prompt/completion, loss on the output only), as shipped, with 2 workers."""
+    out = tmp_path / "sft"
+    base = ["pack", "--config", "configs/sft_alpaca.yaml", "-o", str(out), "-q", "--num-proc", "2"]
+    run_cli(*base, cwd=ROOT)
+    local = files(out)
+    shutil.rmtree(out)
+    run_cli(*base, "--engine", "ray", "--ray-address", ray_address, cwd=ROOT)
+    assert "manifest.json" in local and local == files(out)
 
 
 def test_ray_reports_bad_input_like_local(tmp_path, ray_address):

@@ -78,7 +78,8 @@ class RayEngine:
         self.initializer, self.initargs = initializer, initargs
         self._key = hashlib.sha256(pickle.dumps((initializer, initargs))).hexdigest()
         self._remote = ray.remote(num_cpus=1, max_retries=0)(_call)
-        self.max_in_flight = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+        self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))  # how many tasks run at once
+        self.max_in_flight = 2 * self.workers
 
     def __enter__(self) -> RayEngine:
         return self
