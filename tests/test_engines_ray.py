@@ -118,6 +118,19 @@ def test_ray_job_killed_and_resumed(tmp_path, ray_address):
     assert files(out) == local
 
 
+def test_local_job_killed_then_resumed_on_ray(tmp_path, ray_address):
+    """Chunk boundaries come from the config alone, so a run resumes on the other engine."""
+    out = tmp_path / "out"
+    run_cli("pack", *TEXT_ARGS, "-o", str(out), "-q")
+    local = files(out)
+    shutil.rmtree(out)
+    killed = run_cli("pack", *TEXT_ARGS, "-o", str(out), check=False, env={"PACKTOOL_TEST_KILL": "encode:3"})
+    assert killed.returncode == -9 and not out.exists()
+    resumed = run_cli("pack", *TEXT_ARGS, "-o", str(out), "--engine", "ray", "--ray-address", ray_address)
+    assert "resumed: 3 of 7 chunks and 0 of" in resumed.stderr, resumed.stderr
+    assert files(out) == local
+
+
 def test_ray_starts_a_local_ray_without_address(tmp_path, ray_address):
     """No --ray-address: the CLI starts (and stops) a Ray of its own, next to the module's one."""
     args = [str(DEMO / "train.jsonl"), "--tokenizer", str(DEMO_TOKENIZER), "--packed-sequence-size", "2048",
