@@ -40,13 +40,15 @@ def files(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
-def local_then_ray(out: Path, args: list[str], ray_args: list[str]) -> tuple[dict, dict]:
+def local_then_ray(
+    out: Path, args: list[str], ray_args: list[str], cwd: Path | None = None
+) -> tuple[dict, dict]:
     """Pack with the local engine, then with Ray to the same path (the path is in the manifest)."""
-    run_cli("pack", *args, "-o", str(out), "-q", "--num-proc", "2")
-    local = files(out)
-    shutil.rmtree(out)
-    run_cli("pack", *args, "-o", str(out), "-q", "--engine", "ray", *ray_args)
-    return local, files(out)
+    run_cli("pack", *args, "-o", str(out), "-q", "--num-proc", "2", cwd=cwd)
+    local = files((cwd or Path()) / out)
+    shutil.rmtree((cwd or Path()) / out)
+    run_cli("pack", *args, "-o", str(out), "-q", "--engine", "ray", *ray_args, cwd=cwd)
+    return local, files((cwd or Path()) / out)
 
 
 def test_ray_equals_local_text(tmp_path, ray_address):
@@ -69,12 +71,13 @@ def test_ray_equals_local_pretokenized_split(tmp_path, ray_address):
 
 
 def test_ray_equals_local_text_parquet_sequential(tmp_path, ray_address):
-    """Ray tasks read their own Parquet row ranges (chunks of 150 rows across row groups of 70)."""
+    """Ray tasks read their own Parquet row ranges (chunks of 150 rows across row groups of 70). Paths are
+    relative to a directory that is not the Ray workers' own: they must mean the same there."""
     texts = [json.loads(line)["text"] for line in (DEMO / "train.jsonl").open()]
-    src = tmp_path / "texts.parquet"
-    pq.write_table(pa.table({"text": texts}), src, row_group_size=70)
-    args = [str(src), *TEXT_ARGS[1:], "--strategy", "sequential"]
-    local, on_ray = local_then_ray(tmp_path / "out", args, ["--ray-address", ray_address])
+    pq.write_table(pa.table({"text": texts}), tmp_path / "texts.parquet", row_group_size=70)
+    shutil.copy(DEMO_TOKENIZER, tmp_path / "tok.json")
+    args = ["texts.parquet", *TEXT_ARGS[1:], "--tokenizer", "tok.json", "--strategy", "sequential"]
+    local, on_ray = local_then_ray(Path("out"), args, ["--ray-address", ray_address], cwd=tmp_path)
     assert len(local) > 10 and local == on_ray
 
 
