@@ -105,6 +105,20 @@ def test_ray_reports_bad_input_like_local(tmp_path, ray_address):
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
 
 
+def test_ray_skips_bad_records_like_local(tmp_path, ray_address):
+    """--on-error skip: records the reader rejects (malformed line) and the encoder rejects (negative id)
+    are left out the same way; chunks (64 records) do not shift between engines."""
+    rows = [f'{{"input_ids": [1, 2, {i}]}}\n' for i in range(400)]
+    rows[100] = '{"input_ids": [1, 2\n'
+    rows[250] = '{"input_ids": [1, -5]}\n'
+    (tmp_path / "bad.jsonl").write_text("".join(rows))
+    args = [str(tmp_path / "bad.jsonl"), "--packed-sequence-size", "64", "--on-error", "skip",
+            "--chunk-size", "64", "--shard-size", "3"]  # fmt: skip
+    local, on_ray = local_then_ray(tmp_path / "out", args, ["--ray-address", ray_address])
+    assert "errors.jsonl" in local and local == on_ray
+    assert json.loads(local["manifest.json"])["stats"]["skipped_samples"] == 2
+
+
 def test_ray_job_killed_and_resumed(tmp_path, ray_address):
     out = tmp_path / "out"
     run_cli("pack", *TEXT_ARGS, "-o", str(out), "-q")
