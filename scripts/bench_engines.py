@@ -20,8 +20,8 @@ In one run, on the same data and cores:
   1B samples (the plan is one process on one machine, whatever the engine): seconds, the bytes kept to
   the end (lengths + plan) and the peak (lengths + the plan's growth of the peak RSS, temporaries in).
 
-Peak RSS is the process tree of the CLI run (for ``ray joined`` the Ray workers belong to the running
-Ray, not to the CLI, so they are not in it).
+Peak RSS is the summed RSS of the CLI run's process tree, polled every 50 ms (for ``ray joined`` the Ray
+workers belong to the running Ray, not to the CLI, so they are not in it).
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import resource
 import shutil
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pack import BENCH, ROOT, lognormal_lengths, make_tokens, measure  # noqa: E402
+from bench_pack import BENCH, ROOT, _tree_rss, lognormal_lengths, make_tokens  # noqa: E402
 
 N = 4096
 TOKENIZER = ROOT / "data/demo/tokenizer.json"
@@ -67,6 +66,33 @@ def pack_cmd(data: Path, out: Path, *flags: str) -> list[str]:
     if data.suffix == ".jsonl":
         cmd += ["--tokenizer", str(TOKENIZER), "--add-eos"]
     return cmd
+
+
+def measure(cmd: list[str]) -> dict:
+    """Run ``cmd``: wall seconds and the peak summed RSS of its process tree, polled from /proc every 50 ms.
+
+    Not ``ru_maxrss``: a child's high-water mark starts from its parent's (this process, which holds a Ray
+    driver and Ray Data's state), so it would report this script's size instead of the job's."""
+    import subprocess
+
+    log = BENCH / "engines-last.log"
+    with open(log, "w") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, _tree_rss(proc.pid))
+            time.sleep(0.05)
+        wall = time.perf_counter() - t0
+    return {"rc": proc.returncode, "wall": wall, "rss": peak, "log": str(log)}
+
+
+def _hwm() -> int:
+    """This process's peak resident set (VmHWM, bytes): its own since exec, unlike ``ru_maxrss``."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def shard_hashes(out: Path) -> list[str]:
@@ -156,11 +182,11 @@ def plan_child(strategy: str, samples: int) -> None:
     cfg = PackConfig.from_dict(
         {"packed_sequence_size": N, "strategy": strategy, "long_samples": "truncate"}, origin="bench"
     )
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = _hwm()
     t0 = time.perf_counter()
     plan = make_plan(lengths, cfg)
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _hwm()
     plan_bytes = sum(a.nbytes for a in (plan.pack_offsets, plan.sample, plan.start, plan.length))
     result = {"seconds": seconds, "lengths_bytes": lengths.nbytes, "plan_bytes": plan_bytes,
               "peak_before": base, "peak": peak, "packs": plan.num_packs}  # fmt: skip
