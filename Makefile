@@ -35,6 +35,7 @@ bench: install
 	$(BIN)/python scripts/bench_pack.py
 	$(BIN)/python scripts/bench_loader.py
 	$(BIN)/python scripts/bench_memory.py
+	$(BIN)/python scripts/bench_engines.py
 
 clean:
 	rm -rf out .cache .pytest_cache

@@ -70,18 +70,27 @@ def _init_worker(config: dict, sample_format: str) -> None:
 
 
 def _encode_chunk(task: tuple[int, list[SourceBatch], str]) -> dict:
+    """Encode one chunk and write it to the scratch directory; every engine runs this same function."""
     index, pieces, work_dir = task
-    encoder = _WORKER["encoder"]
     sink = ErrorSink(_WORKER["config"].on_error)
+    kept, encoded = encode_batches(_WORKER["encoder"], pieces, sink)
+    meta = write_chunk(work_dir, index, kept, encoded)
+    meta["skipped"] = sink.to_dict()
+    return meta
+
+
+def encode_batches(
+    encoder, pieces: list[SourceBatch], sink: ErrorSink
+) -> tuple[list[SourceBatch], list[pa.RecordBatch]]:
+    """The encode loop: load ``pieces`` (lazy Parquet rows are read here, by the process that encodes
+    them) and encode them batch by batch; returns the records kept and their encodings, in order."""
     kept, encoded = [], []
-    for b in (b for piece in pieces for b in piece.load()):  # lazy Parquet rows are read here
+    for b in (b for piece in pieces for b in piece.load()):
         good, enc = encode_checked(encoder, b, sink)
         if good.num_rows:
             kept.append(good)
             encoded.append(enc)
-    meta = write_chunk(work_dir, index, kept, encoded)
-    meta["skipped"] = sink.to_dict()
-    return meta
+    return kept, encoded
 
 
 def _encode_chunks(tasks: list[tuple[int, list[SourceBatch], str]]) -> list[dict]:
@@ -211,11 +220,12 @@ def _batched(items: Iterator, n: int) -> Iterator[list]:
         yield batch
 
 
-def _task_group(config: PackConfig, lazy: bool) -> int:
+def _task_group(config: PackConfig, lazy: bool, workers: int) -> int:
     """Chunks per encode task: 1 unless workers read lazy Parquet rows, where a worker given consecutive
     chunks reads them as one stream; then about 4 tasks per worker (input rows known from the footers),
-    at most 8 chunks each. Only how work is handed out depends on ``num_proc``, never a chunk's bytes."""
-    if not lazy or config.num_proc <= 1:
+    at most 8 chunks each. Only how work is handed out depends on ``workers`` (the engine's parallelism),
+    never a chunk's bytes."""
+    if not lazy or workers <= 1:
         return 1
     rows = 0
     for kind, source, _ in expand_inputs(config.inputs):
@@ -223,7 +233,7 @@ def _task_group(config: PackConfig, lazy: bool) -> int:
             return 1
         rows += pq.ParquetFile(source).metadata.num_rows
     chunks = -(-rows // config.chunk_size)
-    return max(1, min(8, -(-chunks // (4 * config.num_proc))))
+    return max(1, min(8, -(-chunks // (4 * workers))))
 
 
 def input_fingerprint(inputs: list[str]) -> list[dict]:
@@ -293,8 +303,8 @@ def _progress(show: bool, **kw):
 
 def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
     sink = ErrorSink(config.on_error)  # bad records met while reading
-    # local workers read their own Parquet rows (lazy); a Ray cluster's nodes may not see the input files
-    lazy = config.engine == "local"
+    # workers (local processes or Ray tasks) read their own Parquet rows: the driver hands out row ranges
+    lazy = True
     batches = read_inputs(
         config.inputs, split=config.split, text_field=config.text_field, sink=sink, lazy=lazy
     )
@@ -336,7 +346,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
                 yield (i, chunk, work)
 
         metas = []
-        group = _task_group(config, lazy)
+        group = _task_group(config, lazy, engine.workers)
         with _progress(show, desc="encode", unit=" samples") as bar:
             for group_metas in engine.map(_encode_chunks, _batched(encode_tasks(), group)):
                 for meta in group_metas:

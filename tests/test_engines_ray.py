@@ -6,6 +6,7 @@ it with ``--ray-address``, as jobs join a cluster. One test lets the CLI start i
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
@@ -17,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray  # noqa: E402  (a dev dependency: the Ray engine is tested in CI, never skipped)
 
-from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli
+from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli
 
 TEXT_ARGS = [
     str(DEMO / "train.jsonl"), "--tokenizer", str(DEMO_TOKENIZER), "--add-eos",
@@ -39,13 +40,15 @@ def files(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
-def local_then_ray(out: Path, args: list[str], ray_args: list[str]) -> tuple[dict, dict]:
+def local_then_ray(
+    out: Path, args: list[str], ray_args: list[str], cwd: Path | None = None
+) -> tuple[dict, dict]:
     """Pack with the local engine, then with Ray to the same path (the path is in the manifest)."""
-    run_cli("pack", *args, "-o", str(out), "-q", "--num-proc", "2")
-    local = files(out)
-    shutil.rmtree(out)
-    run_cli("pack", *args, "-o", str(out), "-q", "--engine", "ray", *ray_args)
-    return local, files(out)
+    run_cli("pack", *args, "-o", str(out), "-q", "--num-proc", "2", cwd=cwd)
+    local = files((cwd or Path()) / out)
+    shutil.rmtree((cwd or Path()) / out)
+    run_cli("pack", *args, "-o", str(out), "-q", "--engine", "ray", *ray_args, cwd=cwd)
+    return local, files((cwd or Path()) / out)
 
 
 def test_ray_equals_local_text(tmp_path, ray_address):
@@ -67,6 +70,28 @@ def test_ray_equals_local_pretokenized_split(tmp_path, ray_address):
     assert len(local) > 5 and local == on_ray
 
 
+def test_ray_equals_local_text_parquet_sequential(tmp_path, ray_address):
+    """Ray tasks read their own Parquet row ranges (chunks of 150 rows across row groups of 70). Paths are
+    relative to a directory that is not the Ray workers' own: they must mean the same there."""
+    texts = [json.loads(line)["text"] for line in (DEMO / "train.jsonl").open()]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "texts.parquet", row_group_size=70)
+    shutil.copy(DEMO_TOKENIZER, tmp_path / "tok.json")
+    args = ["texts.parquet", *TEXT_ARGS[1:], "--tokenizer", "tok.json", "--strategy", "sequential"]
+    local, on_ray = local_then_ray(Path("out"), args, ["--ray-address", ray_address], cwd=tmp_path)
+    assert len(local) > 10 and local == on_ray
+
+
+def test_ray_equals_local_sft_config(tmp_path, ray_address):
+    """configs/sft_alpaca.yaml (prompt/completion, loss on the output only), as shipped, with 2 workers."""
+    out = tmp_path / "sft"
+    base = ["pack", "--config", "configs/sft_alpaca.yaml", "-o", str(out), "-q", "--num-proc", "2"]
+    run_cli(*base, cwd=ROOT)
+    local = files(out)
+    shutil.rmtree(out)
+    run_cli(*base, "--engine", "ray", "--ray-address", ray_address, cwd=ROOT)
+    assert "manifest.json" in local and local == files(out)
+
+
 def test_ray_reports_bad_input_like_local(tmp_path, ray_address):
     bad = tmp_path / "bad.jsonl"
     rows = [f'{{"input_ids": [1, 2, {i}]}}\n' for i in range(300)] + ['{"input_ids": [1, -5]}\n']
@@ -78,6 +103,20 @@ def test_ray_reports_bad_input_like_local(tmp_path, ray_address):
     assert "bad.jsonl, line 301, field 'input_ids': negative token id: -5" in local.stderr
     assert on_ray.stderr == local.stderr and local.stderr.count("\n") == 1
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
+
+
+def test_ray_skips_bad_records_like_local(tmp_path, ray_address):
+    """--on-error skip: records the reader rejects (malformed line) and the encoder rejects (negative id)
+    are left out the same way; chunks (64 records) do not shift between engines."""
+    rows = [f'{{"input_ids": [1, 2, {i}]}}\n' for i in range(400)]
+    rows[100] = '{"input_ids": [1, 2\n'
+    rows[250] = '{"input_ids": [1, -5]}\n'
+    (tmp_path / "bad.jsonl").write_text("".join(rows))
+    args = [str(tmp_path / "bad.jsonl"), "--packed-sequence-size", "64", "--on-error", "skip",
+            "--chunk-size", "64", "--shard-size", "3"]  # fmt: skip
+    local, on_ray = local_then_ray(tmp_path / "out", args, ["--ray-address", ray_address])
+    assert "errors.jsonl" in local and local == on_ray
+    assert json.loads(local["manifest.json"])["stats"]["skipped_samples"] == 2
 
 
 def test_ray_job_killed_and_resumed(tmp_path, ray_address):
@@ -93,6 +132,19 @@ def test_ray_job_killed_and_resumed(tmp_path, ray_address):
     # Ray tasks already in flight when the driver died may still have finished their shards
     done = re.search(r"resumed: 7 of 7 chunks and (\d+) of (\d+) shards were already done", resumed.stderr)
     assert done and 2 <= int(done.group(1)) < int(done.group(2)), resumed.stderr
+    assert files(out) == local
+
+
+def test_local_job_killed_then_resumed_on_ray(tmp_path, ray_address):
+    """Chunk boundaries come from the config alone, so a run resumes on the other engine."""
+    out = tmp_path / "out"
+    run_cli("pack", *TEXT_ARGS, "-o", str(out), "-q")
+    local = files(out)
+    shutil.rmtree(out)
+    killed = run_cli("pack", *TEXT_ARGS, "-o", str(out), check=False, env={"PACKTOOL_TEST_KILL": "encode:3"})
+    assert killed.returncode == -9 and not out.exists()
+    resumed = run_cli("pack", *TEXT_ARGS, "-o", str(out), "--engine", "ray", "--ray-address", ray_address)
+    assert "resumed: 3 of 7 chunks and 0 of" in resumed.stderr, resumed.stderr
     assert files(out) == local
 
 

@@ -217,3 +217,21 @@ def test_jsonl_fast_path_hands_over_mid_file(tmp_path, monkeypatch):
     state: dict = {}
     got = sum(b.num_rows for b in jsonl._read_arrow(str(path), 2048, state))
     assert 0 < got < 3000 and not state  # pyarrow.json read the first blocks, then handed over
+
+
+def test_read_rows_reopens_a_file_rewritten_under_the_same_name(tmp_path):
+    """A worker process outlives a job (Ray workers do): its cursor must not serve the old file's rows."""
+    import os
+
+    from packtool.readers.parquet import read_rows
+
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": [f"a{i}" for i in range(50)]}), path, row_group_size=20)
+    first = read_rows(str(path), 10, 5)
+    assert [b.batch.column("text").to_pylist() for b in first] == [[f"a{i}" for i in range(10, 15)]]
+    pq.write_table(pa.table({"text": [f"b{i}" for i in range(60)]}), path, row_group_size=20)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # a new stamp even on a coarse clock
+    again = read_rows(str(path), 15, 10)  # would continue the old stream without the stamp check
+    assert [v for b in again for v in b.batch.column("text").to_pylist()] == [f"b{i}" for i in range(15, 25)]
+    assert np.concatenate([b.rows for b in again]).tolist() == list(range(15, 25))

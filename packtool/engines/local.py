@@ -32,6 +32,7 @@ class LocalEngine:
         self, num_proc: int = 1, initializer: Callable[..., None] | None = None, initargs: tuple = ()
     ) -> None:
         self.num_proc = num_proc
+        self.workers = max(1, num_proc)  # how many tasks run at once
         self.initializer, self.initargs = initializer, initargs
         self._pool: ProcessPoolExecutor | None = None
         self._inline_ready = False

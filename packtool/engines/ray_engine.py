@@ -4,9 +4,17 @@ It has ``LocalEngine``'s interface, ``map(fn, tasks)`` yielding results in task 
 of tasks in flight (``2 x`` the cluster's CPUs), so the pipeline does not change with the engine and the
 output bytes do not either: chunk and shard boundaries come from the config, never from the cluster.
 
+The pipeline hands Parquet inputs out as row ranges (``ParquetRows``): a task reads its own rows with
+``packtool.readers.parquet.read_rows``, so Parquet data never goes through the driver and error messages
+keep the exact row. Other inputs are parsed by the driver and their Arrow batches travel in the task
+arguments (Ray's object store). Why not Ray Data's ``read_*`` + ``map_batches``: its blocks carry no row
+numbers and follow the file layout, while packtool's output bytes rest on chunks of exactly
+``chunk_size`` records and its errors name the file and row (README, "Ray engine", has the measurements).
+
 * ``ray_address`` given: join that cluster (``ray.init(address=...)``); packtool's own code is shipped with
   the job (``runtime_env py_modules``), so the cluster needs only packtool's dependencies. Input, scratch
-  and output paths must be on storage that every node sees (a shared filesystem).
+  and output paths must be on storage that every node sees (a shared filesystem); relative paths are
+  taken from the driver's working directory, which every task enters.
 * no address: start a local Ray with ``num_proc`` CPUs and no dashboard, shut down at the end.
 * a Ray already initialized in this process (a notebook, a test) is used as it is.
 
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import pickle
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -35,7 +44,14 @@ from packtool.errors import ConfigError, PacktoolError
 _READY: dict[str, str] = {}  # in a Ray worker: the initializer key it has run
 
 
-def _call(key: str, initializer: Callable[..., None] | None, initargs: tuple, fn: Callable, task: Any) -> Any:
+def _call(
+    key: str, cwd: str, initializer: Callable[..., None] | None, initargs: tuple, fn: Callable, task: Any
+) -> Any:
+    """In a Ray worker: enter the driver's working directory (relative input, tokenizer and output paths
+    mean the same there as in the driver; Ray workers serve one job), run the initializer once, then
+    ``fn(task)``."""
+    if os.getcwd() != cwd and os.path.isdir(cwd):
+        os.chdir(cwd)
     if _READY.get("key") != key:
         if initializer is not None:
             initializer(*initargs)
@@ -77,8 +93,10 @@ class RayEngine:
             self._started = True
         self.initializer, self.initargs = initializer, initargs
         self._key = hashlib.sha256(pickle.dumps((initializer, initargs))).hexdigest()
+        self._cwd = os.getcwd()
         self._remote = ray.remote(num_cpus=1, max_retries=0)(_call)
-        self.max_in_flight = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+        self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))  # how many tasks run at once
+        self.max_in_flight = 2 * self.workers
 
     def __enter__(self) -> RayEngine:
         return self
@@ -93,7 +111,7 @@ class RayEngine:
         submit = self._remote.remote
         try:
             for task in tasks:
-                in_flight.append(submit(self._key, self.initializer, self.initargs, fn, task))
+                in_flight.append(submit(self._key, self._cwd, self.initializer, self.initargs, fn, task))
                 if len(in_flight) >= self.max_in_flight:
                     yield self._get(in_flight.popleft())
             while in_flight:

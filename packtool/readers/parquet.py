@@ -11,6 +11,7 @@ Two ways to read:
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -80,15 +81,37 @@ class ParquetRows:
 
     def load(self) -> list[SourceBatch]:
         """The rows as ``SourceBatch`` objects (several if they span row groups or read batches)."""
-        cursor = _CURSORS.pop(self.source, None) or _Cursor(self.source)
-        _CURSORS[self.source] = cursor  # most recently used last
-        while len(_CURSORS) > _MAX_CURSORS:
-            _CURSORS.popitem(last=False)
-        return cursor.read(self.start, self.num_rows)
+        return read_rows(self.source, self.start, self.num_rows)
+
+
+def read_rows(path: str, start: int, num_rows: int) -> list[SourceBatch]:
+    """Rows ``[start, start + num_rows)`` of the Parquet file ``path`` as ``SourceBatch`` objects (0-based
+    row numbers, several batches if the rows span row groups or read batches).
+
+    Each process keeps a cursor per file (the last few files): reading the rows that follow the last ones
+    read continues the same stream, so consecutive ranges cost one pass over the file. A cursor is reopened
+    when the file's size or modification time changed since it was opened (a worker process outlives a
+    job, e.g. a Ray worker, and the next job may read a rewritten file of the same name).
+    """
+    cursor = _CURSORS.pop(path, None)
+    if cursor is None or cursor.stamp != _stamp(path):
+        cursor = _Cursor(path)
+    _CURSORS[path] = cursor  # most recently used last
+    while len(_CURSORS) > _MAX_CURSORS:
+        _CURSORS.popitem(last=False)
+    return cursor.read(start, num_rows)
 
 
 _CURSORS: OrderedDict[str, _Cursor] = OrderedDict()  # per process: consecutive pieces continue a stream
 _MAX_CURSORS = 4
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror or e}", source=path) from None
+    return st.st_size, st.st_mtime_ns
 
 
 class _Cursor:
@@ -97,6 +120,7 @@ class _Cursor:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.stamp = _stamp(path)
         self.pf = _open(path)
         md = self.pf.metadata
         sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
