@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import multiprocessing
+import os
 import pickle
 import uuid
 import warnings
@@ -59,6 +60,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packtool.errors import InputError, PacktoolError
 from packtool.masks import SEQ_LENS_PAD, block_causal_mask, cu_seqlens_of, flex_block_mask
+from packtool.parquet_pages import read_list_columns
 from packtool.reading import load_manifest, table_arrays
 from packtool.writers.chunks import ranges
 
@@ -312,12 +314,13 @@ def units_of(manifest: dict) -> list[Unit]:
 
 
 class _ParquetFiles:
-    """Open ``ParquetFile`` handles, the least recently used closed past ``limit``."""
+    """Open ``ParquetFile`` handles (with a file descriptor for ``parquet_pages``), the least recently used
+    closed past ``limit``."""
 
     def __init__(self, run_id: str | None, limit: int = 8) -> None:
         self.run_id, self.limit, self.open = run_id, limit, OrderedDict()
 
-    def get(self, path: Path):
+    def get(self, path: Path) -> tuple[Any, int]:
         import json
 
         import pyarrow.parquet as pq
@@ -331,19 +334,44 @@ class _ParquetFiles:
             found = json.loads(meta).get("run_id")
             if found != self.run_id:
                 raise ValueError(f"shard of run {found}, manifest is run {self.run_id}")
-        self.open[path] = pf
+        self.open[path] = (pf, os.open(path, os.O_RDONLY))
         while len(self.open) > self.limit:
-            self.open.popitem(last=False)
-        return pf
+            os.close(self.open.popitem(last=False)[1][1])
+        return self.open[path]
+
+    def __del__(self) -> None:
+        for _pf, fd in self.open.values():
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover
+                pass
 
 
 def read_parquet_unit(reader: _ParquetFiles, path: Path, unit: Unit, n: int, columns: list[str]) -> dict:
-    """Row group ``unit.part`` of a Parquet shard as ``table_arrays`` (``(k, N)`` views + ragged seq_lens)."""
-    pf = reader.get(path)
-    table = pf.read_row_group(unit.part, columns=columns, use_threads=get_worker_info() is None)
-    if table.num_rows != unit.num_packs:
-        raise ValueError(f"{table.num_rows} packs, the manifest says {unit.num_packs}")
-    return table_arrays(table, n)
+    """Row group ``unit.part`` of a Parquet shard as ``table_arrays`` (``(k, N)`` views + ragged seq_lens).
+
+    Decoded from the pages by ``parquet_pages`` when the layout allows (packtool's own files), else by
+    Arrow; both give the same arrays.
+    """
+    pf, fd = reader.get(path)
+    parts = read_list_columns(pf, fd, unit.part, columns)
+    if parts is None:
+        table = pf.read_row_group(unit.part, columns=columns, use_threads=False)
+        if table.num_rows != unit.num_packs:
+            raise ValueError(f"{table.num_rows} packs, the manifest says {unit.num_packs}")
+        return table_arrays(table, n)
+    k = len(parts["seq_lens"][0]) - 1
+    if k != unit.num_packs:
+        raise ValueError(f"{k} packs, the manifest says {unit.num_packs}")
+    out = {}
+    for name in PACK_COLUMNS:
+        if name in parts:
+            offsets, values = parts[name]
+            if not np.array_equal(offsets, np.arange(k + 1, dtype=np.int64) * n):
+                raise ValueError(f"column '{name}' does not hold {n} values in every row")
+            out[name] = values.reshape(k, n)
+    out["seq_lens_offsets"], out["seq_lens"] = parts["seq_lens"]
+    return out
 
 
 def read_tar_unit(reader: None, path: Path, unit: Unit, n: int, columns: list[str]) -> dict:
