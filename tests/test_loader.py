@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -129,6 +130,37 @@ def test_webdataset_shards_stream_the_same_packs(packed, packs, tmp_path):
             seen.append(p)
             assert torch.equal(batch.input_ids[row], torch.from_numpy(packs[p]["input_ids"]))
             assert torch.equal(batch.loss_mask[row], torch.from_numpy(packs[p]["loss_mask"]))
+    assert len(seen) == len(set(seen)) >= len(packs) - 4
+
+
+def test_webdataset_json_members_with_more_keys_are_read_alike(packed, packs, tmp_path):
+    """Other tools (and later packtool versions) may put more keys in each pack's ``.json`` member: the
+    loader reads the ``.npy`` members and must not care."""
+    import tarfile
+
+    out = tmp_path / "wds"
+    src = packed.parent / "in.jsonl"
+    run_cli("pack", src, "-o", out, "--packed-sequence-size", N, "--format", "webdataset", "-q")
+    shards = sorted(out.glob("*.tar"))
+    assert shards
+    for shard in shards:
+        with tarfile.open(shard) as src:
+            members = [(m, src.extractfile(m).read()) for m in src.getmembers()]
+        with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as dst:
+            for member, data in members:
+                if member.name.endswith(".json"):
+                    meta = json.loads(data)
+                    assert "pack_index" in meta
+                    meta.update(run_id="0" * 32, shard=shard.name, note={"nested": [1, 2]})
+                    data = json.dumps(meta).encode()
+                    member.size = len(data)
+                dst.addfile(member, io.BytesIO(data))
+    ds = PackedDataset(out, batch_size=4, shuffle=False, seed=0)
+    seen = []
+    for batch in get_loader(ds, num_workers=1):
+        for row, p in enumerate(batch.pack_index.tolist()):
+            seen.append(p)
+            assert torch.equal(batch.input_ids[row], torch.from_numpy(packs[p]["input_ids"]))
     assert len(seen) == len(set(seen)) >= len(packs) - 4
 
 
