@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import multiprocessing
+import os
 import pickle
 import uuid
 import warnings
@@ -59,6 +60,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from packtool.errors import InputError, PacktoolError
 from packtool.masks import SEQ_LENS_PAD, block_causal_mask, cu_seqlens_of, flex_block_mask
+from packtool.parquet_pages import read_list_columns
 from packtool.reading import load_manifest, table_arrays
 from packtool.writers.chunks import ranges
 
@@ -312,12 +314,13 @@ def units_of(manifest: dict) -> list[Unit]:
 
 
 class _ParquetFiles:
-    """Open ``ParquetFile`` handles, the least recently used closed past ``limit``."""
+    """Open ``ParquetFile`` handles (with a file descriptor for ``parquet_pages``), the least recently used
+    closed past ``limit``."""
 
     def __init__(self, run_id: str | None, limit: int = 8) -> None:
         self.run_id, self.limit, self.open = run_id, limit, OrderedDict()
 
-    def get(self, path: Path):
+    def get(self, path: Path) -> tuple[Any, int]:
         import json
 
         import pyarrow.parquet as pq
@@ -331,19 +334,44 @@ class _ParquetFiles:
             found = json.loads(meta).get("run_id")
             if found != self.run_id:
                 raise ValueError(f"shard of run {found}, manifest is run {self.run_id}")
-        self.open[path] = pf
+        self.open[path] = (pf, os.open(path, os.O_RDONLY))
         while len(self.open) > self.limit:
-            self.open.popitem(last=False)
-        return pf
+            os.close(self.open.popitem(last=False)[1][1])
+        return self.open[path]
+
+    def __del__(self) -> None:
+        for _pf, fd in self.open.values():
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover
+                pass
 
 
 def read_parquet_unit(reader: _ParquetFiles, path: Path, unit: Unit, n: int, columns: list[str]) -> dict:
-    """Row group ``unit.part`` of a Parquet shard as ``table_arrays`` (``(k, N)`` views + ragged seq_lens)."""
-    pf = reader.get(path)
-    table = pf.read_row_group(unit.part, columns=columns, use_threads=get_worker_info() is None)
-    if table.num_rows != unit.num_packs:
-        raise ValueError(f"{table.num_rows} packs, the manifest says {unit.num_packs}")
-    return table_arrays(table, n)
+    """Row group ``unit.part`` of a Parquet shard as ``table_arrays`` (``(k, N)`` views + ragged seq_lens).
+
+    Decoded from the pages by ``parquet_pages`` when the layout allows (packtool's own files), else by
+    Arrow; both give the same arrays.
+    """
+    pf, fd = reader.get(path)
+    parts = read_list_columns(pf, fd, unit.part, columns)
+    if parts is None:
+        table = pf.read_row_group(unit.part, columns=columns, use_threads=False)
+        if table.num_rows != unit.num_packs:
+            raise ValueError(f"{table.num_rows} packs, the manifest says {unit.num_packs}")
+        return table_arrays(table, n)
+    k = len(parts["seq_lens"][0]) - 1
+    if k != unit.num_packs:
+        raise ValueError(f"{k} packs, the manifest says {unit.num_packs}")
+    out = {}
+    for name in PACK_COLUMNS:
+        if name in parts:
+            offsets, values = parts[name]
+            if not np.array_equal(offsets, np.arange(k + 1, dtype=np.int64) * n):
+                raise ValueError(f"column '{name}' does not hold {n} values in every row")
+            out[name] = values.reshape(k, n)
+    out["seq_lens_offsets"], out["seq_lens"] = parts["seq_lens"]
+    return out
 
 
 def read_tar_unit(reader: None, path: Path, unit: Unit, n: int, columns: list[str]) -> dict:
@@ -865,38 +893,31 @@ def gather_batch(
 ) -> dict:
     """The default raw batch of packs ``rows`` of ``units`` (``default_batch`` of their pack dicts).
 
-    ``decoded`` maps a unit to its ``table_arrays``. One fancy-indexing copy per unit and column (no
-    per-pack dicts): ``(B, N)`` columns keep their stored dtype; ``seq_lens`` is int32 ``(B, max_seqs)``
-    padded with ``SEQ_LENS_PAD``; ``pack_index`` is the list of pack indices. The arrays are made by
+    ``decoded`` maps a unit to its ``table_arrays``. No per-pack dicts: each ``(B, N)`` column is filled
+    with one row copy per pack (fancy indexing would copy every row twice, through a temporary; measured
+    2x slower), keeping its stored dtype; ``seq_lens`` is int32 ``(B, max_seqs)`` padded with
+    ``SEQ_LENS_PAD``; ``pack_index`` is the list of pack indices. The arrays are made by
     ``alloc(shape, dtype)`` (a worker passes its ring's, to build the batch in shared memory).
     """
     k = len(units)
-    groups = [(u, np.flatnonzero(units == u)) for u in dict.fromkeys(units.tolist())]
     first = decoded[int(units[0])]
     out: dict[str, Any] = {}
+    unit_list, row_list = units.tolist(), rows.tolist()
     for name in PACK_COLUMNS:
         if name in first:
             col = alloc((k, first[name].shape[1]), first[name].dtype)
-            for u, pos in groups:
-                col[pos] = decoded[u][name][rows[pos]]
+            for j in range(k):
+                col[j] = decoded[unit_list[j]][name][row_list[j]]
             out[name] = torch.from_numpy(col)
-    starts, lens = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
-    for u, pos in groups:
+    pieces = []  # each pack's seq_lens: a slice of its unit's flat values (a few per batch)
+    for u, r in zip(unit_list, row_list, strict=True):
         off = decoded[u]["seq_lens_offsets"]
-        starts[pos] = off[rows[pos]]
-        lens[pos] = off[rows[pos] + 1] - starts[pos]
-    width = max(1, int(lens.max()))
+        pieces.append(decoded[u]["seq_lens"][off[r] : off[r + 1]])
+    width = max(1, max(len(p) for p in pieces))
     seq_lens = alloc((k, width), np.int32)
-    cols = np.arange(width)
-    valid = cols < lens[:, None]  # (B, width): which entries are a pack's own
-    src = starts[:, None] + cols  # where each entry would come from (masked by valid)
-    for u, pos in groups:
-        values = decoded[u]["seq_lens"]
-        if len(values):
-            got = values[np.minimum(src[pos], len(values) - 1)]
-            seq_lens[pos] = np.where(valid[pos], got, SEQ_LENS_PAD)
-        else:
-            seq_lens[pos] = SEQ_LENS_PAD
+    for j, piece in enumerate(pieces):
+        seq_lens[j, : len(piece)] = piece
+        seq_lens[j, len(piece) :] = SEQ_LENS_PAD
     out["seq_lens"] = torch.from_numpy(seq_lens)
     out["pack_index"] = ids.tolist()
     return out

@@ -18,6 +18,8 @@ No function loops over sequences in Python.
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,6 +29,47 @@ SEQ_LENS_PAD = 0
 """Value that pads ``seq_lens`` rows to a common width (a zero-length sequence changes nothing)."""
 
 SeqLens = torch.Tensor | Sequence[torch.Tensor]
+
+MASK_CACHE_SIZE = 2
+"""Host buffers ``block_causal_mask`` keeps for reuse (CPU only). Once no tensor uses a kept buffer, the
+next mask of the same size is written into it after one ``memset``, instead of into fresh pages that the
+kernel must fault in and zero (which costs 2-5x the memset, more when the machine is busy). Two buffers
+cover a training loop that builds the next batch's mask while the last one is still referenced. ``0``
+turns the reuse off."""
+
+MASK_CACHE_BYTES = 1 << 30
+"""Buffers larger than this (bytes, ``B * N * N``) are never kept."""
+
+_MASK_BUFFERS: list[np.ndarray] = []  # most recently used first
+_MASK_LOCK = threading.Lock()
+
+
+def clear_mask_cache() -> None:
+    """Drop the host buffers kept for reuse (masks still referenced keep their own memory)."""
+    with _MASK_LOCK:
+        _MASK_BUFFERS.clear()
+
+
+def _zeroed_host_bools(size: int) -> torch.Tensor:
+    """A flat zeroed bool CPU tensor of ``size``: a kept buffer that no tensor uses any more (cleared with
+    one memset), else fresh ``calloc``'d memory (kept for reuse when ``MASK_CACHE_SIZE`` allows).
+
+    A tensor made by ``torch.from_numpy`` holds a reference to the NumPy array for as long as its storage
+    lives (views included), so a kept array's reference count is 2 (the list, the call's argument)
+    exactly when no tensor uses it.
+    """
+    with _MASK_LOCK:
+        for i in range(len(_MASK_BUFFERS)):
+            if _MASK_BUFFERS[i].size == size and sys.getrefcount(_MASK_BUFFERS[i]) == 2:
+                buf = _MASK_BUFFERS.pop(i)
+                _MASK_BUFFERS.insert(0, buf)
+                buf.fill(False)  # one memset (torch's fill_ is several times slower on bool)
+                return torch.from_numpy(buf)
+        buf = np.zeros(size, dtype=np.bool_)
+        if MASK_CACHE_SIZE > 0 and size <= MASK_CACHE_BYTES:
+            _MASK_BUFFERS.insert(0, buf)
+            del _MASK_BUFFERS[MASK_CACHE_SIZE:]
+        return torch.from_numpy(buf)
 
 
 def padded_seq_lens(seq_lens: SeqLens, device: torch.device | str | None = None) -> torch.Tensor:
@@ -77,9 +120,9 @@ def block_causal_mask(
     (``W`` = the longest sequence of the batch), so the output starts as zeros and only that band is
     written: row ``q`` of the band is the length-``W`` window at offset ``within[q]`` (the query's index in
     its sequence) of the small pattern ``zeros(W - 1) ones(W)``, gathered with one ``index_select`` per
-    pack into a strided view of the output. On CPU the zeros come from NumPy's ``calloc`` (pages the
-    kernel zeroes on first touch, in transparent huge pages where enabled), so the ``B * N * N`` bytes are
-    not written twice; what is left is about the cost of the kernel zeroing them.
+    pack into a strided view of the output. On CPU the zeros are a kept buffer of an earlier mask that
+    nothing references any more, cleared with one memset (see ``MASK_CACHE_SIZE``), or else NumPy's
+    ``calloc`` (pages the kernel zeroes on first touch).
 
     Example::
 
@@ -91,7 +134,7 @@ def block_causal_mask(
     within = torch.arange(n, device=dev) - start  # (B, N): index of each query inside its sequence
     w = int(within.max()) + 1 if within.numel() else 1  # longest sequence: the band's width
     if dev.type == "cpu":
-        flat = torch.from_numpy(np.zeros(b * n * n, dtype=np.bool_))
+        flat = _zeroed_host_bools(b * n * n)
     else:
         flat = torch.zeros(b * n * n, dtype=torch.bool, device=dev)
     mask = flat.view(b, 1, n, n)

@@ -1,22 +1,29 @@
 """Benchmark packtool.loader and packtool.masks against references measured in the same run.
 
-    python scripts/bench_loader.py [--packs 3000] [--threads 1] [--repeats 3]
+    python scripts/bench_loader.py [--packs 3000] [--threads 1] [--repeats 5] [--loader-repeats 3]
 
 Prints, for packs of N=4096 tokens written by ``packtool pack`` (Parquet, zstd, row groups of 128):
 * loader packs/s and tokens/s with 0, 1 and 2 workers (batch 8) and the time to the first batch, beside
   the raw single-process decode speed of ``packtool.reading.read_packs`` (the reference), and the CPU
   seconds per 1,000 packs of each (workers included), which other jobs on the machine do not change much;
+  two floor rows read the same row groups in one process without batching: Arrow's
+  ``read_row_group(use_threads=False)`` and ``packtool.parquet_pages`` (what the loader's workers use);
 * mask build time per batch for each kind at N=4096 and N=32768, beside NeMo AutoModel's
   ``create_block_causal_mask`` (identical output checked) and flex attention's ``create_block_mask`` with a
   document mask function. The dense masks and ``create_block_mask`` (which evaluates the mask function
   at all N^2 positions) take B * N^2 bytes: at N=32768 they are timed with B=1 (1 GiB), not B=8 (8 GiB).
-  Two floor rows time what a dense builder must at least do: ``torch.ones`` of the output (one write
-  pass through torch's allocator), and fresh zeroed memory with only the diagonal set (the one True of
-  every row; the kernel zeroes each page it touches), the least any correct builder can write.
+  Three floor rows time what a dense builder must at least do: ``torch.ones`` of the output (one write
+  pass through torch's allocator); fresh zeroed memory with only the diagonal set (the one True of every
+  row; the kernel zeroes each page it touches), the least a builder that takes fresh memory for each
+  mask can do; and a memset of an existing buffer of the output's size (one write pass, no page faults),
+  the least a builder that reuses memory (``block_causal_mask`` does, see ``masks.MASK_CACHE_SIZE``) can
+  do. As timed here each mask is dropped before the next is built, as in a training loop.
 
 Targets (issue 6): >= 10,000 packs/s with 2 workers; first batch < 1 s; flex_block_mask >= 100x faster
 than create_block_mask at N=4096; block_causal_mask >= 10x faster than NeMo's, identical output.
-Timings are the minimum over ``--repeats`` interleaved runs; mask builds use ``--threads`` torch threads.
+Mask timings are the median of ``--repeats`` interleaved runs after one warm-up run of each; loader
+figures the median of ``--loader-repeats`` runs per worker count (NeMo's time alone varies 150-230 ms at
+B=8, N=4096 on a shared machine, so single runs mislead). Mask builds use ``--threads`` torch threads.
 """
 
 from __future__ import annotations
@@ -93,13 +100,38 @@ def bench_loader(data: Path, workers: int, epochs: int) -> dict:
     }
 
 
-def timeit(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+def timeit(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def read_floor(data: Path, fast: bool) -> dict:
+    """Packs/s of reading every row group's pack columns in this process, nothing else: Arrow's
+    ``read_row_group(use_threads=False)`` or ``parquet_pages.read_list_columns`` (a floor for the loader)."""
+    import pyarrow.parquet as pq
+
+    from packtool.parquet_pages import read_list_columns
+
+    manifest = json.loads((data / "manifest.json").read_text())
+    cols = ["input_ids", "labels", "position_ids", "seq_lens"]
+    c, t, count = cpu_seconds(), time.perf_counter(), 0
+    for shard in manifest["shards"]:
+        path = data / shard["path"]
+        pf, fd = pq.ParquetFile(path), os.open(path, os.O_RDONLY)
+        try:
+            for rg in range(pf.num_row_groups):
+                if fast:
+                    parts = read_list_columns(pf, fd, rg, cols)
+                    if parts is None:
+                        raise SystemExit(f"{path}: row group {rg} is not readable by parquet_pages")
+                    count += len(parts["seq_lens"][0]) - 1
+                else:
+                    count += pf.read_row_group(rg, columns=cols, use_threads=False).num_rows
+        finally:
+            os.close(fd)
+    wall = time.perf_counter() - t
+    return {"packs_per_s": count / wall, "cpu_s_per_1k_packs": (cpu_seconds() - c) / count * 1000}
 
 
 def random_seq_lens(batch: int, n: int, seed: int) -> list[torch.Tensor]:
@@ -116,8 +148,8 @@ def random_seq_lens(batch: int, n: int, seed: int) -> list[torch.Tensor]:
 
 
 def touched_zeros(b: int, n: int) -> torch.Tensor:
-    """Floor for any dense block-causal ``[B, 1, N, N]`` bool mask: fresh zeroed memory with its diagonal
-    set, the one True every row has (the kernel zeroes each page, or huge page, on first touch)."""
+    """Floor for a dense block-causal ``[B, 1, N, N]`` bool mask in fresh memory: zeroed pages with the
+    diagonal set, the one True every row has (the kernel zeroes each page, or huge page, on first touch)."""
     out = torch.from_numpy(np.zeros(b * n * n, dtype=np.bool_)).view(b, n, n)
     out.diagonal(dim1=1, dim2=2).fill_(True)
     return out.unsqueeze(1)
@@ -135,10 +167,12 @@ def bench_masks(n: int, batch: int, dense_batch: int, repeats: int, nemo) -> dic
         return (doc[b, q] == doc[b, k]) & (q >= k)
 
     out = {"B": batch, "dense_B": dense_batch}
+    nemo_rows = [r.to(torch.int64) for r in drows]  # NeMo's form: a list of int64 (S_i,) tensors
     mine = block_causal_mask(dseq, n)
     if nemo is not None:
-        out["identical_to_nemo"] = bool(torch.equal(mine, nemo(drows)))
+        out["identical_to_nemo"] = bool(torch.equal(mine, nemo(nemo_rows)))
     del mine
+    buffer = np.ones(dense_batch * n * n, dtype=np.bool_)  # for the memset floor: pages touched once here
     fns = {
         "varlen_args": (lambda: varlen_args(seq_lens, n), batch),
         "flex_block_mask": (lambda: flex_block_mask(seq_lens, n), batch),
@@ -150,16 +184,20 @@ def bench_masks(n: int, batch: int, dense_batch: int, repeats: int, nemo) -> dic
         ),
     }
     if nemo is not None:
-        fns["nemo_create_block_causal_mask"] = (lambda: nemo(drows), dense_batch)
-    # floors: the least any builder of the dense output can do (write or zero B * N^2 fresh bytes once)
+        fns["nemo_create_block_causal_mask"] = (lambda: nemo(nemo_rows), dense_batch)
+    # floors: the least a builder of the dense output can do (write or zero B * N^2 bytes once)
     fns["floor: torch.ones"] = (lambda: torch.ones(dense_batch, 1, n, n, dtype=torch.bool), dense_batch)
+    # NumPy's fill is a plain memset; torch's fill_ on bool was 3-4x slower here
+    fns["floor: memset of the output"] = (lambda: buffer.fill(False), dense_batch)
     fns["floor: zeros + diagonal"] = (lambda: touched_zeros(dense_batch, n), dense_batch)
-    times = {k: float("inf") for k in fns}
+    for fn, _b in fns.values():  # warm-up: first calls pay for lazy imports and allocator growth
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):  # interleaved, so that load on the machine hits every kind alike
         for k, (fn, _b) in fns.items():
-            times[k] = min(times[k], timeit(fn, 1))
+            times[k].append(timeit(fn))
     for k, (_fn, b) in fns.items():
-        out[k] = {"s_per_batch": times[k], "B": b}
+        out[k] = {"s_per_batch": float(np.median(times[k])), "B": b}
     return out
 
 
@@ -168,7 +206,8 @@ def main() -> None:
     ap.add_argument("--packs", type=int, default=3000, help="packs of 4096 tokens to write and read")
     ap.add_argument("--epochs", type=int, default=2, help="epochs read per worker count")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for the mask builds")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="mask timings: median of this many")
+    ap.add_argument("--loader-repeats", type=int, default=3, help="loader runs per worker count (median)")
     ap.add_argument("--work", default=str(ROOT / ".bench"), help="where the data is written (reused)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
@@ -181,8 +220,13 @@ def main() -> None:
     count = sum(1 for _ in read_packs(data))
     res["read_packs_per_s"] = count / (time.perf_counter() - t)
     res["read_packs_cpu_s_per_1k_packs"] = (cpu_seconds() - c) / count * 1000
+    res["read_floor_arrow"] = read_floor(data, fast=False)
+    res["read_floor_pages"] = read_floor(data, fast=True)
     res["load_average"] = os.getloadavg()
-    res["loader"] = {w: bench_loader(data, w, args.epochs) for w in (0, 1, 2)}
+    res["loader"] = {}
+    for w in (0, 1, 2):
+        runs = [bench_loader(data, w, args.epochs) for _ in range(args.loader_repeats)]
+        res["loader"][w] = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
 
     torch.set_num_threads(args.threads)
     try:
@@ -193,7 +237,7 @@ def main() -> None:
         nemo = None
     res["masks"] = {
         4096: bench_masks(4096, 8, 8, args.repeats, nemo),
-        32768: bench_masks(32768, 8, 1, max(1, args.repeats - 1), nemo),
+        32768: bench_masks(32768, 8, 1, max(1, args.repeats - 2), nemo),
     }
     if args.json:
         print(json.dumps(res, indent=1, default=str))
@@ -214,6 +258,13 @@ def report(res: dict, args) -> None:
         f"reference read_packs (1 process, no batching): {ref:,.0f} packs/s, "
         f"{res['read_packs_cpu_s_per_1k_packs']:.3f} CPU s / 1k packs"
     )
+    for name, key in (("Arrow read_row_group", "read_floor_arrow"), ("parquet_pages", "read_floor_pages")):
+        r = res[key]
+        print(
+            f"floor: {name} of the same row groups (1 process, no batching): {r['packs_per_s']:,.0f}"
+            f" packs/s, {r['cpu_s_per_1k_packs']:.3f} CPU s / 1k packs"
+        )
+    print(f"loader: median of {args.loader_repeats} runs per worker count")
     print(
         f"{'workers':>8} {'first batch':>12} {'packs/s':>10} {'tokens/s':>14} {'x read_packs':>13}"
         f" {'CPU s/1k packs':>15}"
@@ -224,7 +275,7 @@ def report(res: dict, args) -> None:
             f"{w:>8} {r['first_batch_s']:>11.3f}s {pps:>10,.0f} {pps * N:>14,.0f} {pps / ref:>12.2f}x"
             f" {r['cpu_s_per_1k_packs']:>15.3f}"
         )
-    print(f"mask build per batch (torch threads: {args.threads}; min of {args.repeats})")
+    print(f"mask build per batch (torch threads: {args.threads}; median of {args.repeats} after a warm-up)")
     for n, m in res["masks"].items():
         print(f"  N={n}")
         for k, v in m.items():
@@ -237,9 +288,11 @@ def report(res: dict, args) -> None:
         if "nemo_create_block_causal_mask" in m:
             nemo = m["nemo_create_block_causal_mask"]["s_per_batch"]
             floor = m["floor: zeros + diagonal"]["s_per_batch"]
+            memset = m["floor: memset of the output"]["s_per_batch"]
             print(
                 f"    block_causal_mask vs NeMo: {nemo / m['block_causal_mask']['s_per_batch']:.1f}x faster"
-                f" (NeMo / zeros + diagonal floor: {nemo / floor:.1f}x)"
+                f" (ceilings: NeMo / zeros + diagonal floor {nemo / floor:.1f}x in fresh memory,"
+                f" NeMo / memset floor {nemo / memset:.1f}x in reused memory)"
             )
     two = res["loader"][2]
     m4 = res["masks"][4096]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -132,6 +133,37 @@ def test_webdataset_shards_stream_the_same_packs(packed, packs, tmp_path):
     assert len(seen) == len(set(seen)) >= len(packs) - 4
 
 
+def test_webdataset_json_members_with_more_keys_are_read_alike(packed, packs, tmp_path):
+    """Other tools (and later packtool versions) may put more keys in each pack's ``.json`` member: the
+    loader reads the ``.npy`` members and must not care."""
+    import tarfile
+
+    out = tmp_path / "wds"
+    src = packed.parent / "in.jsonl"
+    run_cli("pack", src, "-o", out, "--packed-sequence-size", N, "--format", "webdataset", "-q")
+    shards = sorted(out.glob("*.tar"))
+    assert shards
+    for shard in shards:
+        with tarfile.open(shard) as src:
+            members = [(m, src.extractfile(m).read()) for m in src.getmembers()]
+        with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as dst:
+            for member, data in members:
+                if member.name.endswith(".json"):
+                    meta = json.loads(data)
+                    assert "pack_index" in meta
+                    meta.update(run_id="0" * 32, shard=shard.name, note={"nested": [1, 2]})
+                    data = json.dumps(meta).encode()
+                    member.size = len(data)
+                dst.addfile(member, io.BytesIO(data))
+    ds = PackedDataset(out, batch_size=4, shuffle=False, seed=0)
+    seen = []
+    for batch in get_loader(ds, num_workers=1):
+        for row, p in enumerate(batch.pack_index.tolist()):
+            seen.append(p)
+            assert torch.equal(batch.input_ids[row], torch.from_numpy(packs[p]["input_ids"]))
+    assert len(seen) == len(set(seen)) >= len(packs) - 4
+
+
 def test_batch_fields(packed):
     ds = PackedDataset(packed, batch_size=4, shuffle=False)
     batch = next(iter(get_loader(ds, num_workers=0)))
@@ -184,6 +216,48 @@ def test_to_builds_the_chosen_mask_on_the_device(packed, mask):
     else:
         assert moved.attention_mask is None
         assert moved.block_mask.seq_lengths == (N, N) and moved.block_mask.kv_num_blocks.shape[0] == 2
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
+@pytest.mark.parametrize("mask", ["dense", "flex", "varlen"])
+def test_attention_on_loader_batches_equals_each_sample_alone(packed, mask):
+    """End to end: batches as the loader yields them, moved with ``to()`` (which builds the mask), through a
+    causal self-attention layer, give each sample the output it gets alone, at positions 0..len-1."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from tests.test_masks import CausalSelfAttention, sdpa, varlen_reference
+
+    samples = [len(p["sample_index"]) for p in read_packs(packed, with_sample_index=True)]
+    torch.manual_seed(0)
+    embed, layer = torch.nn.Embedding(1000, 16), CausalSelfAttention(16)
+    loader = get_loader(PackedDataset(packed, batch_size=4, seed=5, mask=mask), num_workers=1)
+    checked = 0
+    for i, host_batch in enumerate(loader):
+        if i == 3:
+            break
+        batch = host_batch.to("cpu")
+        kernels = {
+            "dense": lambda q, k, v, b=batch: sdpa(q, k, v, attn_mask=b.attention_mask),
+            "flex": lambda q, k, v, b=batch: flex_attention(q, k, v, block_mask=b.block_mask),
+            "varlen": lambda q, k, v, b=batch: varlen_reference(q, k, v, b.cu_seqlens, N),
+        }
+        with torch.no_grad():
+            x = embed(batch.input_ids)
+            packed_out = layer(x, batch.position_ids, kernels[mask])
+            for row, p in enumerate(batch.pack_index.tolist()):
+                start = 0
+                for length in batch.seq_lens[row, : samples[p]].tolist():  # the samples, not the padding
+                    span = slice(start, start + length)
+                    assert batch.position_ids[row, span].tolist() == list(range(length))
+                    alone = layer(
+                        x[row : row + 1, span],
+                        torch.arange(length).unsqueeze(0),
+                        lambda q, k, v: sdpa(q, k, v, is_causal=True),
+                    )
+                    torch.testing.assert_close(packed_out[row, span], alone[0], atol=1e-5, rtol=1e-5)
+                    start += length
+                    checked += 1
+    assert checked > 20
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs an accelerator")

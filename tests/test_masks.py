@@ -9,8 +9,10 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from packtool import masks
 from packtool.masks import (
     block_causal_mask,
+    clear_mask_cache,
     flex_block_mask,
     padded_seq_lens,
     sequence_starts,
@@ -71,6 +73,36 @@ def test_block_causal_mask_extremes(rows, n):
     again = block_causal_mask(padded_seq_lens(rows), n)
     mask.fill_(False)  # each call returns its own writable memory
     assert torch.equal(again, expected)
+
+
+def test_block_causal_mask_reuses_only_buffers_nothing_references(monkeypatch):
+    monkeypatch.setattr(masks, "MASK_CACHE_SIZE", 2)
+    clear_mask_cache()
+    n = 48
+    a_rows, b_rows, c_rows = (random_seq_lens(3, n, 20, seed) for seed in (10, 11, 12))
+    a = block_causal_mask(a_rows, n)
+    b = block_causal_mask(b_rows, n)
+    a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+    assert a_ptr != b_ptr  # a is in use: b got its own memory
+    view_of_b = b[1]  # a view keeps b's buffer in use
+    del b
+    c = block_causal_mask(c_rows, n)
+    assert c.data_ptr() not in (a_ptr, b_ptr)  # both still in use: fresh memory (the cache keeps c, b)
+    assert torch.equal(a, slow_mask(a_rows, n)) and torch.equal(view_of_b, slow_mask(b_rows, n)[1])
+    view_of_b.fill_(True)  # a caller may scribble on a mask before dropping it
+    del view_of_b
+    again = block_causal_mask(a_rows, n)
+    assert again.data_ptr() == b_ptr  # the free kept buffer, cleared
+    assert torch.equal(again, slow_mask(a_rows, n))
+    assert torch.equal(a, again) and torch.equal(c, slow_mask(c_rows, n))  # the others untouched
+    other_size = block_causal_mask(a_rows[:2], n)  # another size never takes a buffer of this one
+    assert torch.equal(other_size, slow_mask(a_rows[:2], n))
+    monkeypatch.setattr(masks, "MASK_CACHE_SIZE", 0)
+    clear_mask_cache()
+    assert masks._MASK_BUFFERS == []
+    del again, c
+    assert torch.equal(block_causal_mask(c_rows, n), slow_mask(c_rows, n))
+    assert masks._MASK_BUFFERS == []  # nothing kept with MASK_CACHE_SIZE = 0
 
 
 @pytest.mark.skipif(find_wheel() is None, reason="NeMo AutoModel wheel not fetched (make install)")
