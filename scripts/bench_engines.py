@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pack import BENCH, ROOT, _tree_rss, lognormal_lengths, make_tokens  # noqa: E402
+from bench_pack import BENCH, ROOT, lognormal_lengths, make_tokens  # noqa: E402
+from measure import run_measured  # noqa: E402
 
 N = 4096
 TOKENIZER = ROOT / "data/demo/tokenizer.json"
@@ -69,22 +70,10 @@ def pack_cmd(data: Path, out: Path, *flags: str) -> list[str]:
 
 
 def measure(cmd: list[str]) -> dict:
-    """Run ``cmd``: wall seconds and the peak summed RSS of its process tree, polled from /proc every 50 ms.
-
-    Not ``ru_maxrss``: a child's high-water mark starts from its parent's (this process, which holds a Ray
-    driver and Ray Data's state), so it would report this script's size instead of the job's."""
-    import subprocess
-
-    log = BENCH / "engines-last.log"
-    with open(log, "w") as out:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-        peak = 0
-        while proc.poll() is None:
-            peak = max(peak, _tree_rss(proc.pid))
-            time.sleep(0.05)
-        wall = time.perf_counter() - t0
-    return {"rc": proc.returncode, "wall": wall, "rss": peak, "log": str(log)}
+    """Run ``cmd``: wall seconds and the peak summed RSS of its process tree (see ``measure.py``: a child
+    started straight from this script, which holds a Ray driver, would inherit its ``ru_maxrss``)."""
+    m = run_measured(cmd, log=BENCH / "engines-last.log", cwd=ROOT)
+    return {"rc": m.rc, "wall": m.wall, "rss": m.tree_rss, "log": str(m.log)}
 
 
 def _hwm() -> int:

@@ -5,7 +5,7 @@ about 300 tokens, ids uniform in a 32k vocabulary; default row groups, i.e. one 
 a user's file would have), packs each with the real CLI in a child process, and reports:
 
 * ``peak_rss``: the largest resident set of the packtool process or any of its workers
-  (``getrusage(RUSAGE_CHILDREN).ru_maxrss`` of a wrapper process that runs only that job);
+  (``ru_maxrss`` through ``measure.py``'s wrapper, which runs only that job);
 * ``peak_tree_rss``: the largest sum of resident sets over the packtool process and its workers, polled
   from ``/proc`` every 20 ms;
 * the ratio 4x / 1x of each, and the size of the lengths array (``num_samples * 8`` bytes), which is the
@@ -20,25 +20,16 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from measure import run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# The wrapper runs one packtool job and prints the peak RSS of its descendants (KiB on Linux).
-WRAPPER = (
-    "import resource, subprocess, sys; rc = subprocess.call(sys.argv[1:]); "
-    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(rc)"
-)
-
 
 def make_input(path: Path, num_samples: int, seed: int = 0) -> int:
     """Pretokenized Parquet of ``num_samples`` rows; returns the number of tokens."""
@@ -53,61 +44,21 @@ def make_input(path: Path, num_samples: int, seed: int = 0) -> int:
     return int(offsets[-1])
 
 
-def _tree_rss_kib(root: int) -> int:
-    """Sum of VmRSS over ``root`` and its descendants, from /proc (0 if it is gone)."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-        except OSError:
-            continue
-        pid, ppid = int(entry), int(fields.get("PPid", "0").strip())
-        children.setdefault(ppid, []).append(pid)
-        rss[pid] = int(fields.get("VmRSS", "0 kB").split()[0])
-    total, stack = 0, [root]
-    while stack:
-        pid = stack.pop()
-        total += rss.get(pid, 0)
-        stack.extend(children.get(pid, []))
-    return total
-
-
 def measure(input_path: Path, out: Path, num_proc: int, n: int, engine: str) -> dict:
     cmd = [
-        sys.executable, "-c", WRAPPER,
         sys.executable, "-m", "packtool.cli", "pack", str(input_path), "--output", str(out),
         "--packed-sequence-size", str(n), "--num-proc", str(num_proc), "--engine", engine,
         "--quiet", "--overwrite",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    peak_tree = 0
-    done = threading.Event()
-
-    def poll() -> None:
-        nonlocal peak_tree
-        while not done.is_set():
-            peak_tree = max(peak_tree, _tree_rss_kib(proc.pid))
-            time.sleep(0.02)
-
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    stdout, stderr = proc.communicate()
-    done.set()
-    poller.join()
-    seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"packtool failed ({proc.returncode}):\n{stderr}")
+    env = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    m = run_measured(cmd, env, out.parent / f"{out.name}.log", poll=0.02)
+    if m.rc != 0:
+        raise SystemExit(f"packtool failed ({m.rc}):\n{m.log.read_text()}")
     manifest = json.loads((out / "manifest.json").read_text())
     return {
-        "peak_rss_mib": int(stdout.strip().splitlines()[-1]) / 1024,
-        "peak_tree_rss_mib": peak_tree / 1024,
-        "seconds": seconds,
+        "peak_rss_mib": m.rss / 2**20,
+        "peak_tree_rss_mib": m.tree_rss / 2**20,
+        "seconds": m.wall,
         "num_samples": manifest["stats"]["num_samples"],
         "num_tokens": manifest["stats"]["input_tokens"],
         "num_packs": manifest["stats"]["num_packs"],

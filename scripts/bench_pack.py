@@ -4,8 +4,9 @@ Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one r
 
 * builds ``.bench/tokens-<K>.parquet``: ``K`` (default 100,000) pretokenized samples with ``input_ids`` and
   shifted ``labels``, lengths lognormal (mean ~300 tokens, sigma 1), a tail past N = 4096;
-* times, each in its own subprocess (wall and CPU seconds from ``os.wait4``; peak RSS as the largest of
-  ``wait4``'s ``ru_maxrss`` and the summed RSS of the process tree sampled every 0.2 s):
+* times, each in its own subprocess under ``measure.py``'s wrapper (wall and CPU seconds; peak RSS as the
+  largest of the biggest single process's ``ru_maxrss`` and the summed RSS of the process tree sampled every
+  0.2 s):
 
   - NeMo ``PackedSequence`` (its ``packed_sequence.py`` loaded from the 0.1.2 wheel in ``.cache/wheels``,
     as ``tests/nemo_reference.py`` does): ``Dataset.from_parquet`` -> ``pack()`` -> ``to_parquet``, with
@@ -45,6 +46,8 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+
+from measure import run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / ".bench"
@@ -104,57 +107,10 @@ def make_texts(path: Path, samples: int, seed: int = 0) -> None:
 
 
 # --- measuring a child process -------------------------------------------------------------------------
-def _tree_rss(root: int) -> int:
-    """Summed RSS (bytes) of ``root`` and its descendants, from /proc."""
-    parent: dict[int, int] = {}
-    rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid = int(entry.name)
-        parent[pid] = int(fields[1])
-        rss[pid] = int(fields[21]) * page
-    total, todo = 0, [root]
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
-    while todo:
-        pid = todo.pop()
-        total += rss.get(pid, 0)
-        todo.extend(children.get(pid, []))
-    return total
-
-
 def measure(cmd: list[str], env: dict | None = None, log: Path | None = None) -> dict:
-    """Run ``cmd``; wall s, CPU s (user + system, children included) and peak RSS bytes."""
-    full_env = {**os.environ, **(env or {})}
-    log = log or BENCH / "last.log"
-    with open(log, "w") as out:
-        t0_epoch, t0 = time.time(), time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
-        peak = 0
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            peak = max(peak, _tree_rss(proc.pid))
-            time.sleep(0.2)
-        wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return {
-        "rc": proc.returncode,
-        "wall": wall,
-        "t0": t0_epoch,
-        "cpu": usage.ru_utime + usage.ru_stime,
-        "rss": max(peak, usage.ru_maxrss * 1024),
-        "log": str(log),
-    }
+    """Run ``cmd``; wall s, CPU s (user + system, children included) and peak RSS bytes (``measure.py``)."""
+    m = run_measured(cmd, env, log or BENCH / "last.log", cwd=ROOT, poll=0.2)
+    return {"rc": m.rc, "wall": m.wall, "t0": m.t0, "cpu": m.cpu, "rss": m.tree_rss, "log": str(m.log)}
 
 
 # --- children: the references, run as `bench_pack.py --child KIND ...` ----------------------------------

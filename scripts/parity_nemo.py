@@ -17,16 +17,14 @@ import argparse
 import hashlib
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from measure import run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = ("input_ids", "labels", "position_ids", "seq_lens")
@@ -72,16 +70,12 @@ def make_dataset(path: Path, samples: int, n: int, split: bool, seed: int = 0) -
     return int(offsets[-1])
 
 
-def run_measured(cmd: list[str], env: dict | None = None) -> tuple[float, float, str]:
-    """Run ``cmd``; return wall seconds, peak RSS in MiB (largest single process of it), stdout."""
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, env=env, text=True)
-    out = proc.stdout
-    wall = time.perf_counter() - t
-    if proc.returncode:
-        raise SystemExit(f"{cmd[:3]} failed with {proc.returncode}")
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return wall, rss, out
+def run_job(cmd: list[str], env: dict, log: Path) -> tuple[float, float, str]:
+    """Run ``cmd``; return wall seconds, peak RSS in MiB (its largest single process), its output."""
+    m = run_measured(cmd, env, log)
+    if m.rc:
+        raise SystemExit(f"{cmd[:3]} failed with {m.rc}: see {log}")
+    return m.wall, m.rss / 2**20, log.read_text()
 
 
 def packtool_digests(out: Path) -> tuple[int, dict]:
@@ -129,11 +123,10 @@ def main() -> None:
         if split:
             cmd.append("--split-across-pack")
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        # packtool first: RUSAGE_CHILDREN's maxrss is the largest child so far, so measure it before NeMo
-        pt_wall, pt_rss, _ = run_measured(cmd, env)
+        pt_wall, pt_rss, _ = run_job(cmd, env, Path(tmp) / "packtool.log")
         child = NEMO_CHILD.format(tests=str(ROOT / "tests"), data=str(data), n=n, split=split, fields=FIELDS)
-        nemo_wall, nemo_rss, nemo_out = run_measured([sys.executable, "-c", child], env)
-        nemo = json.loads(nemo_out.strip().splitlines()[-1])
+        nemo_wall, nemo_rss, nemo_out = run_job([sys.executable, "-c", child], env, Path(tmp) / "nemo.log")
+        nemo = json.loads([ln for ln in nemo_out.splitlines() if ln.startswith("{")][-1])
         count, digests = packtool_digests(out)
     equal = count == nemo["num_packs"] and digests == nemo["digests"]
     print(f"{'':24s}{'wall s':>10s}{'peak RSS MiB':>14s}{'packs':>10s}")
