@@ -29,9 +29,11 @@ Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one r
   reads this input and writes this output.
 * end to end from raw text: ``.bench/texts-<K>.jsonl`` (``--text-samples``, default 20,000 lognormal texts
   of the demo corpus's words) tokenized and packed by ``packtool pack`` (``--num-proc 2``, and 1) beside
-  the tokenizer alone on the same texts and cores, load time excluded, in its two layouts:
-  ``encode_batch_fast`` with 2 Rayon threads, and 2 processes with 1 thread each (half the texts each,
-  timed from a barrier). The ceiling is the faster of the two.
+  the tokenizer alone on the same texts and cores, load time excluded, ids fetched (``Encoding.ids``, as
+  any user of them must), in its two layouts: ``encode_batch_fast`` with 2 Rayon threads, and 2 processes
+  with 1 thread each (half the texts each, timed from a barrier), each with all texts in one call and in
+  calls of 2,048 and 512 texts (``TOKENIZER_BATCHES``: one huge call is the slowest at 40k texts or more).
+  The ceiling is the fastest of these.
 
 The figures are for the machine it runs on; other work on the same cores shows up in them.
 """
@@ -39,6 +41,7 @@ The figures are for the machine it runs on; other work on the same cores shows u
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -53,6 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / ".bench"
 N = 4096
 TRL_SPEC = "trl==1.16.0"
+# texts per encode_batch_fast call for the tokenizer-alone ceiling (0: all in one call); the best one counts
+TOKENIZER_BATCHES = (0, 2048, 512)
 
 
 # --- data ------------------------------------------------------------------------------------------------
@@ -114,8 +119,18 @@ def measure(cmd: list[str], env: dict | None = None, log: Path | None = None) ->
 
 
 # --- children: the references, run as `bench_pack.py --child KIND ...` ----------------------------------
+def _encode_in_batches(tok, texts: list[str], batch: int) -> int:
+    """Encode ``texts`` in calls of ``batch`` texts (0: all in one call); the number of tokens."""
+    step = batch or len(texts)
+    tokens = 0
+    for i in range(0, len(texts), step):
+        encodings = tok.encode_batch_fast(texts[i : i + step], add_special_tokens=False)
+        tokens += sum(len(e.ids) for e in encodings)
+    return tokens
+
+
 def _tokenize_half(args: tuple) -> tuple[int, float]:
-    data, half, barrier = args
+    data, half, batch, barrier = args
     import tokenizers
 
     texts = [json.loads(line)["text"] for line in open(data)]
@@ -123,12 +138,13 @@ def _tokenize_half(args: tuple) -> tuple[int, float]:
     tok = tokenizers.Tokenizer.from_file(str(ROOT / "data/demo/tokenizer.json"))
     barrier.wait()
     t0 = time.perf_counter()
-    enc = tok.encode_batch_fast(texts, add_special_tokens=False)
-    return sum(len(e.ids) for e in enc), time.perf_counter() - t0
+    tokens = _encode_in_batches(tok, texts, batch)
+    return tokens, time.perf_counter() - t0
 
 
 def child(kind: str, data: str, out: str, result: str) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
+    kind, _, batch = kind.partition(":")  # tokenizer[-procs]:B encodes in calls of B texts (0: one call)
     if kind == "tokenizer-procs":  # 2 processes x 1 thread, each half of the texts, from a barrier
         import multiprocessing as mp
 
@@ -136,7 +152,7 @@ def child(kind: str, data: str, out: str, result: str) -> None:
         ctx = mp.get_context("fork")  # nothing imported or threaded yet
         barrier = ctx.Manager().Barrier(2)
         with ctx.Pool(2) as pool:
-            parts = pool.map(_tokenize_half, [(data, 0, barrier), (data, 1, barrier)])
+            parts = pool.map(_tokenize_half, [(data, 0, int(batch), barrier), (data, 1, int(batch), barrier)])
         Path(result).write_text(
             json.dumps({"tokens": sum(p[0] for p in parts), "seconds": max(p[1] for p in parts)})
         )
@@ -169,9 +185,8 @@ def child(kind: str, data: str, out: str, result: str) -> None:
         texts = [json.loads(line)["text"] for line in open(data)]
         tok = tokenizers.Tokenizer.from_file(str(ROOT / "data/demo/tokenizer.json"))
         t0 = time.perf_counter()
-        enc = tok.encode_batch_fast(texts, add_special_tokens=False)
-        seconds = time.perf_counter() - t0
-        Path(result).write_text(json.dumps({"tokens": sum(len(e.ids) for e in enc), "seconds": seconds}))
+        tokens = _encode_in_batches(tok, texts, int(batch))
+        Path(result).write_text(json.dumps({"tokens": tokens, "seconds": time.perf_counter() - t0}))
         return
     import pyarrow.compute as pc
     from datasets import Dataset
@@ -263,7 +278,7 @@ def floor_rows(data: Path, packed: Path, samples: int) -> list[dict]:
         ("read-floor", data, "floor: read input Parquet (in-process)"),
         ("write-floor", packed, "floor: write output, zstd (in-process)"),
     ):
-        result = BENCH / "out" / f"{kind}.json"
+        result = BENCH / "out" / f"{kind.replace(':', '-')}.json"
         result.unlink(missing_ok=True)
         r = measure(
             [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--data", str(src),
@@ -394,16 +409,18 @@ def main() -> None:
         make_texts(texts, args.text_samples)
     ceilings = {}
     rayon = {"RAYON_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "true"}
-    for kind, label, env in (
+    layouts = (
         ("tokenizer", "tokenizer alone, 2 threads", rayon),
         ("tokenizer-procs", "tokenizer alone, 2 procs x 1 thread", {}),
-    ):
-        result = BENCH / "out" / f"{kind}.json"
+    )
+    for (kind, layout, env), batch in itertools.product(layouts, TOKENIZER_BATCHES):
+        kind, label = f"{kind}:{batch}", f"{layout}, {f'calls of {batch}' if batch else 'one call'}"
+        result = BENCH / "out" / f"{kind.replace(':', '-')}.json"
         result.unlink(missing_ok=True)
         tm = measure(
             [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--data", str(texts),
              "--out", str(BENCH / "out" / "tok"), "--result", str(result)],
-            env, BENCH / f"{kind}.log",
+            env, result.with_suffix(".log"),
         )  # fmt: skip
         if tm["rc"] == 0 and result.exists():
             ceilings[label] = json.loads(result.read_text())
