@@ -144,7 +144,8 @@ def _tokenize_half(args: tuple) -> tuple[int, float]:
 
 def child(kind: str, data: str, out: str, result: str) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
-    kind, _, batch = kind.partition(":")  # tokenizer[-procs]:B encodes in calls of B texts (0: one call)
+    if kind.startswith("tokenizer"):  # tokenizer[-procs]:B encodes in calls of B texts (0: one call)
+        kind, _, batch = kind.partition(":")
     if kind == "tokenizer-procs":  # 2 processes x 1 thread, each half of the texts, from a barrier
         import multiprocessing as mp
 
