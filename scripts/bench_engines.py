@@ -35,30 +35,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pack import BENCH, ROOT, lognormal_lengths, make_tokens  # noqa: E402
+from bench_pack import BENCH, ROOT, lognormal_lengths, make_texts, make_tokens  # noqa: E402
 from measure import run_measured  # noqa: E402
 
 N = 4096
 TOKENIZER = ROOT / "data/demo/tokenizer.json"
-
-
-def make_texts(path: Path, samples: int, mean_words: int = 40, seed: int = 0) -> None:
-    """``samples`` JSON lines ``{"text": ...}`` of the demo corpus's words, lognormal word counts."""
-    import numpy as np
-
-    words = sorted(
-        {w for line in (ROOT / "data/demo/train.jsonl").open() for w in json.loads(line)["text"].split()}
-    )
-    rng = np.random.default_rng(seed)
-    counts = lognormal_lengths(samples, mean_words, seed + 2)
-    vocab = np.array(words, dtype=object)[rng.zipf(1.3, int(counts.sum())) % len(words)]
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        at = 0
-        for c in counts.tolist():
-            f.write(json.dumps({"text": " ".join(vocab[at : at + c])}) + "\n")
-            at += c
-    tmp.rename(path)
 
 
 def pack_cmd(data: Path, out: Path, *flags: str) -> list[str]:
@@ -214,7 +195,7 @@ def main() -> None:
     texts = BENCH / f"short-texts-{args.samples}.jsonl"
     tokens = BENCH / f"tokens-{args.samples}.parquet"
     if not texts.exists():
-        make_texts(texts, args.samples)
+        make_texts(texts, args.samples, mean_words=40)
     if not tokens.exists():
         make_tokens(tokens, args.samples)
     t0 = time.perf_counter()

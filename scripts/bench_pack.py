@@ -92,14 +92,16 @@ def make_tokens(path: Path, samples: int, seed: int = 0) -> None:
     tmp.rename(path)
 
 
-def make_texts(path: Path, samples: int, seed: int = 0) -> None:
+def make_texts(path: Path, samples: int, mean_words: int = 230, seed: int = 0) -> None:
+    """``samples`` JSON lines ``{"text": ...}`` of the demo corpus's words, lognormal word counts (230 words
+    is ~250 tokens with the demo tokenizer)."""
     import numpy as np
 
     words = sorted(
         {w for line in (ROOT / "data/demo/train.jsonl").open() for w in json.loads(line)["text"].split()}
     )
     rng = np.random.default_rng(seed)
-    counts = lognormal_lengths(samples, 230, seed + 2)  # ~1.1 tokens per word with the demo tokenizer
+    counts = lognormal_lengths(samples, mean_words, seed + 2)
     ranks = rng.zipf(1.3, int(counts.sum())) % len(words)
     vocab = np.array(words, dtype=object)[ranks]
     tmp = path.with_suffix(".tmp")
