@@ -175,7 +175,7 @@ def child(kind: str, data: str, out: str, result: str) -> None:
         t0 = time.perf_counter()
         for name, table in tables:
             writer = pq.ParquetWriter(
-                Path(out) / name, table.schema, compression="zstd", use_dictionary=["seq_lens"],
+                Path(out) / name, table.schema, compression="zstd", use_dictionary=False,
                 write_statistics=False, store_schema=True,
             )  # fmt: skip
             writer.write_table(table, row_group_size=128)

@@ -78,7 +78,7 @@ def write_parquet_shard(
                     tmp,
                     table.schema,
                     compression="zstd",
-                    use_dictionary=["seq_lens"],
+                    use_dictionary=False,  # the old ["seq_lens"] named no leaf column: same bytes
                     write_statistics=False,
                     store_schema=True,
                 )
