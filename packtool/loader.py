@@ -374,11 +374,12 @@ def read_parquet_unit(reader: _ParquetFiles, path: Path, unit: Unit, n: int, col
     return out
 
 
-def read_tar_unit(reader: None, path: Path, unit: Unit, n: int, columns: list[str]) -> dict:
-    """A whole tar shard (tar shards have no row groups: one unit each), in ``table_arrays``' layout."""
+def read_tar_unit(run_id: str | None, path: Path, unit: Unit, n: int, columns: list[str]) -> dict:
+    """A whole tar shard (tar shards have no row groups: one unit each), in ``table_arrays``' layout;
+    a shard of another run than the manifest's (``run_id``) cannot be read, as for Parquet."""
     from packtool.writers.webdataset import read_tar_packs
 
-    packs = list(read_tar_packs(path, n))
+    packs = list(read_tar_packs(path, n, run_id=run_id))
     if len(packs) != unit.num_packs:
         raise ValueError(f"{len(packs)} packs, the manifest says {unit.num_packs}")
     out = {
@@ -396,11 +397,14 @@ def read_tar_unit(reader: None, path: Path, unit: Unit, n: int, columns: list[st
 UNIT_READERS: dict[str, Callable] = {"parquet": read_parquet_unit, "webdataset": read_tar_unit}
 _OPENERS: dict[str, Callable] = {
     "parquet": lambda manifest: _ParquetFiles(manifest.get("run_id")),
-    "webdataset": lambda manifest: None,
+    "webdataset": lambda manifest: manifest.get("run_id"),
 }
 
-# Errors that mean "this unit cannot be read" (anything else is a bug and always raised).
-_UNIT_ERRORS: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError, IndexError, EOFError)
+# Errors that mean "this unit cannot be read" (anything else is a bug and always raised); PacktoolError is
+# what the tar reader raises for a damaged shard or one of another run.
+_UNIT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, ValueError, KeyError, IndexError, EOFError, PacktoolError,
+)  # fmt: skip
 try:  # pyarrow's own errors derive from these mostly, but not all
     import pyarrow as _pa
 

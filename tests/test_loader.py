@@ -151,7 +151,7 @@ def test_webdataset_json_members_with_more_keys_are_read_alike(packed, packs, tm
                 if member.name.endswith(".json"):
                     meta = json.loads(data)
                     assert "pack_index" in meta
-                    meta.update(run_id="0" * 32, shard=shard.name, note={"nested": [1, 2]})
+                    meta.update(shard=shard.name, note={"nested": [1, 2]})  # run_id kept: checked
                     data = json.dumps(meta).encode()
                     member.size = len(data)
                 dst.addfile(member, io.BytesIO(data))
@@ -402,6 +402,45 @@ def test_bad_shard_skipped_and_counted(packed, packs, tmp_path, how):
     assert loader.stats["bad_packs"] == len(planned & shard1) > 0
     assert sorted(loader.stats["bad_units"]) == sorted(f"{name}#{i}" for i in range(6))
     assert loader.state_dict()["stats"]["bad_packs"] == loader.stats["bad_packs"]
+
+
+def pack_formats(packed: Path, tmp_path: Path, fmt: str, *extra) -> Path:
+    """The ``packed`` fixture's input packed again, as ``fmt``, into ``tmp_path / name``."""
+    out = tmp_path / "-".join([fmt, *map(str, extra)])
+    run_cli("pack", packed.parent / "in.jsonl", "-o", out, "--packed-sequence-size", N, "--shard-size", 40,
+            "--format", fmt, *extra, "-q")  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+def test_shard_of_another_run_is_refused(packed, tmp_path, fmt):
+    ours, other = pack_formats(packed, tmp_path, fmt), pack_formats(packed, tmp_path, fmt, "--seed", "1")
+    name = json.loads((ours / "manifest.json").read_text())["shards"][1]["path"]
+    shutil.copy(other / name, ours / name)  # same name and pack count, another run (seed)
+    loader = get_loader(PackedDataset(ours, batch_size=4, shuffle=False), num_workers=0)
+    with pytest.raises(InputError, match=rf"{name}.*shard of run \w+, (the )?manifest is run"):
+        stream(loader)
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_corrupt_tar_shard_follows_the_policy(packed, tmp_path, on_error):
+    out = pack_formats(packed, tmp_path, "webdataset")
+    shards = json.loads((out / "manifest.json").read_text())["shards"]
+    path = out / shards[1]["path"]
+    data = bytearray(path.read_bytes())
+    data[600:1100] = bytes(500)  # the second member's header: the tar no longer parses there
+    path.write_bytes(bytes(data))
+    ds = PackedDataset(out, batch_size=4, shuffle=False, on_error=on_error)
+    loader = get_loader(ds, num_workers=0)
+    if on_error == "fail":
+        with pytest.raises(InputError, match=rf"{shards[1]['path']}.*cannot read packs"):
+            stream(loader)
+        return
+    got = flat(stream(loader))
+    first = shards[0]["num_packs"]
+    bad = set(range(first, first + shards[1]["num_packs"]))
+    assert len(got) == len(set(got)) and not bad & set(got)
+    assert loader.stats["bad_packs"] == len(bad & set(ds.plan(0).reshape(-1).tolist())) > 0
 
 
 # --- task encoder stages --------------------------------------------------------------------------

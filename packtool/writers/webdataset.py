@@ -298,11 +298,13 @@ def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
 
 
 def read_tar_packs(
-    path: str | Path, n: int, with_sample_index: bool = False
+    path: str | Path, n: int, with_sample_index: bool = False, run_id: str | None = None
 ) -> Iterator[dict[str, np.ndarray]]:
     """Yield the packs of one tar shard in order, as ``read_packs`` does (same keys, shapes and dtypes).
 
     The shard is memory-mapped; each ``.npy`` member becomes one array copy (no pickle, no per-token loop).
+    With ``run_id``, a shard whose first ``.json`` member names another run raises ``PacktoolError``
+    (shards written before format_version 2 name none and are read as they are).
     """
     path = Path(path)
     pack: dict[str, np.ndarray] = {}
@@ -332,8 +334,20 @@ def read_tar_packs(
                     pack, key = {}, name_key
                 if ext.endswith(".npy"):
                     pack[ext[: -len(".npy")]] = _npy_array(path, name, buf, offset, size)
+                elif ext == "json" and run_id is not None:
+                    _check_run_id(path, name, bytes(buf[offset : offset + size]), run_id)
+                    run_id = None  # the first pack's is enough: a shard is written by one run
             if pack:
                 yield finish(pack)
+
+
+def _check_run_id(path: Path, name: str, data: bytes, run_id: str) -> None:
+    try:
+        found = json.loads(data).get("run_id")
+    except (ValueError, AttributeError):
+        raise PacktoolError(f"{path}: member {name} is not a JSON object") from None
+    if found is not None and found != run_id:
+        raise PacktoolError(f"{path}: shard of run {found}, the manifest is run {run_id}")
 
 
 ENERGON_DATASET_COMMENT = (
