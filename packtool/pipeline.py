@@ -220,12 +220,12 @@ def _batched(items: Iterator, n: int) -> Iterator[list]:
         yield batch
 
 
-def _task_group(config: PackConfig, lazy: bool, workers: int) -> int:
-    """Chunks per encode task: 1 unless workers read lazy Parquet rows, where a worker given consecutive
-    chunks reads them as one stream; then about 4 tasks per worker (input rows known from the footers),
-    at most 8 chunks each. Only how work is handed out depends on ``workers`` (the engine's parallelism),
-    never a chunk's bytes."""
-    if not lazy or workers <= 1:
+def _task_group(config: PackConfig, workers: int) -> int:
+    """Chunks per encode task: 1 unless every input is Parquet (whose rows the workers read), where a
+    worker given consecutive chunks reads them as one stream; then about 4 tasks per worker (input rows
+    known from the footers), at most 8 chunks each. Only how work is handed out depends on ``workers``
+    (the engine's parallelism), never a chunk's bytes."""
+    if workers <= 1:
         return 1
     rows = 0
     for kind, source, _ in expand_inputs(config.inputs):
@@ -304,9 +304,8 @@ def _progress(show: bool, **kw):
 def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
     sink = ErrorSink(config.on_error)  # bad records met while reading
     # workers (local processes or Ray tasks) read their own Parquet rows: the driver hands out row ranges
-    lazy = True
     batches = read_inputs(
-        config.inputs, split=config.split, text_field=config.text_field, sink=sink, lazy=lazy
+        config.inputs, split=config.split, text_field=config.text_field, sink=sink, lazy=True
     )
     first = next(batches, None)
     if first is None:
@@ -346,7 +345,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
                 yield (i, chunk, work)
 
         metas = []
-        group = _task_group(config, lazy, engine.workers)
+        group = _task_group(config, engine.workers)
         with _progress(show, desc="encode", unit=" samples") as bar:
             for group_metas in engine.map(_encode_chunks, _batched(encode_tasks(), group)):
                 for meta in group_metas:
