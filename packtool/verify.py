@@ -311,36 +311,6 @@ def _parquet_summary(path: Path) -> dict:
 TAR_BATCH_TOKENS = 1 << 22  # a tar shard is handed to the checks in batches of about this many tokens
 
 
-def _tar_groups(
-    path: Path, buf, want: set[str]
-) -> Iterator[tuple[str, int, dict[str, tuple[int, int]], int]]:
-    """The packs of a tar in ``buf`` as ``(key, header offset, {ext: (data offset, size)}, end offset)``:
-    adjacent members with the same key, as WebDataset groups them.
-
-    Raises ``PacktoolError`` where the archive does not parse, after yielding the packs before it: the
-    pack being read is yielded first if it already holds every member of ``want`` (so the error belongs
-    to the next one), and left out if not (the error is inside it)."""
-    from packtool.errors import PacktoolError
-    from packtool.writers.webdataset import BLOCK, _tar_members
-
-    key, start, members, end = None, 0, {}, 0
-    try:
-        for member, offset, size in _tar_members(path, buf):
-            k, _, ext = member.partition(".")
-            if k != key:
-                if key is not None:
-                    yield key, start, members, end
-                key, start, members = k, offset - BLOCK, {}
-            members[ext if ext not in members else f"{ext} (again)"] = (offset, size)
-            end = offset + -(-size // BLOCK) * BLOCK
-    except PacktoolError:
-        if key is not None and want <= members.keys():
-            yield key, start, members, end
-        raise
-    if key is not None:
-        yield key, start, members, end
-
-
 @dataclass
 class _TarBatch:
     """Packs of a tar shard gathered for one ``PackArrays`` batch (fixed columns preallocated)."""
@@ -438,7 +408,14 @@ def _tar_open(
     import os
 
     from packtool.errors import PacktoolError
-    from packtool.writers.webdataset import BLOCK, INDEX_SUFFIX, NPY_MEMBERS, RECORD, pack_key
+    from packtool.writers.webdataset import (
+        BLOCK,
+        INDEX_SUFFIX,
+        NPY_MEMBERS,
+        RECORD,
+        pack_key,
+        tar_pack_groups,
+    )
 
     name = entry["path"]
     n = manifest["packed_sequence_size"]
@@ -460,7 +437,7 @@ def _tar_open(
             report.add("parse", "empty file, not a tar archive", shard=name)
             return
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            groups = _tar_groups(path, buf, want)
+            groups = tar_pack_groups(path, buf, complete=want)
             end = 0
             while True:
                 try:

@@ -266,6 +266,35 @@ def _tar_members(path: Path, buf) -> Iterator[tuple[str, int, int]]:
         raise PacktoolError(f"{path}: truncated tar archive (ends inside the member at byte {pos})")
 
 
+def tar_pack_groups(
+    path: Path, buf, complete: set[str] | None = None
+) -> Iterator[tuple[str, int, dict[str, tuple[int, int]], int]]:
+    """The packs of a tar in ``buf`` as ``(key, header offset, {ext: (data offset, size)}, end offset)``:
+    adjacent members with the same key, as WebDataset groups them (a repeated member is kept as
+    ``"EXT (again)"``).
+
+    Raises ``PacktoolError`` where the archive does not parse, after yielding the packs before it. The
+    pack being read when it fails is yielded first only if ``complete`` is given and the pack already
+    holds every member of it (so the error belongs to the next pack); else it is left out.
+    """
+    key, start, members, end = None, 0, {}, 0
+    try:
+        for member, offset, size in _tar_members(path, buf):
+            k, _, ext = member.partition(".")
+            if k != key:
+                if key is not None:
+                    yield key, start, members, end
+                key, start, members = k, offset - BLOCK, {}
+            members[ext if ext not in members else f"{ext} (again)"] = (offset, size)
+            end = offset + -(-size // BLOCK) * BLOCK
+    except PacktoolError:
+        if key is not None and complete is not None and complete <= members.keys():
+            yield key, start, members, end
+        raise
+    if key is not None:
+        yield key, start, members, end
+
+
 @functools.lru_cache(maxsize=4096)
 def _npy_header(header: bytes) -> tuple[np.dtype, tuple[int, ...], bool]:
     d = np.lib.format.read_array_header_1_0(io.BytesIO(header))
@@ -307,10 +336,8 @@ def read_tar_packs(
     (shards written before format_version 2 name none and are read as they are).
     """
     path = Path(path)
-    pack: dict[str, np.ndarray] = {}
-    key = None
 
-    def finish(pack: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def finish(key: str, pack: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [f for f in ("input_ids", "labels", "position_ids", "seq_lens") if f not in pack]
         if missing:
             raise PacktoolError(f"{path}: pack {key} has no {', '.join(missing)} member")
@@ -326,19 +353,17 @@ def read_tar_packs(
         if os.fstat(f.fileno()).st_size == 0:
             return
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            for name, offset, size in _tar_members(path, buf):
-                name_key, _, ext = name.partition(".")
-                if name_key != key:
-                    if pack:
-                        yield finish(pack)
-                    pack, key = {}, name_key
-                if ext.endswith(".npy"):
-                    pack[ext[: -len(".npy")]] = _npy_array(path, name, buf, offset, size)
-                elif ext == "json" and run_id is not None:
-                    _check_run_id(path, name, bytes(buf[offset : offset + size]), run_id)
+            for key, _start, members, _end in tar_pack_groups(path, buf):
+                if run_id is not None and "json" in members:
+                    offset, size = members["json"]
+                    _check_run_id(path, f"{key}.json", bytes(buf[offset : offset + size]), run_id)
                     run_id = None  # the first pack's is enough: a shard is written by one run
-            if pack:
-                yield finish(pack)
+                pack = {
+                    ext[: -len(".npy")]: _npy_array(path, f"{key}.{ext}", buf, *members[ext])
+                    for ext in members
+                    if ext.endswith(".npy")
+                }
+                yield finish(key, pack)
 
 
 def _check_run_id(path: Path, name: str, data: bytes, run_id: str) -> None:
