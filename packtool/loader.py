@@ -61,13 +61,13 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from packtool.errors import InputError, PacktoolError
 from packtool.masks import SEQ_LENS_PAD, block_causal_mask, cu_seqlens_of, flex_block_mask
 from packtool.parquet_pages import read_list_columns
-from packtool.reading import load_manifest, table_arrays
+from packtool.reading import FIXED_COLUMNS, list_arrays, load_manifest, table_arrays
 from packtool.writers.chunks import ranges
 
 MASKS = ("varlen", "dense", "flex")
 ON_ERROR = ("fail", "skip")
 STATE_VERSION = 1
-PACK_COLUMNS = ("input_ids", "labels", "position_ids", "loss_mask")  # the (N,) columns of a pack
+PACK_COLUMNS = FIXED_COLUMNS  # the (N,) columns of a pack
 WIDE_FIELDS = PACK_COLUMNS  # kept as stored (int32 / int8) on the host, widened to int64 by PackedBatch.to
 
 
@@ -363,15 +363,7 @@ def read_parquet_unit(reader: _ParquetFiles, path: Path, unit: Unit, n: int, col
     k = len(parts["seq_lens"][0]) - 1
     if k != unit.num_packs:
         raise ValueError(f"{k} packs, the manifest says {unit.num_packs}")
-    out = {}
-    for name in PACK_COLUMNS:
-        if name in parts:
-            offsets, values = parts[name]
-            if not np.array_equal(offsets, np.arange(k + 1, dtype=np.int64) * n):
-                raise ValueError(f"column '{name}' does not hold {n} values in every row")
-            out[name] = values.reshape(k, n)
-    out["seq_lens_offsets"], out["seq_lens"] = parts["seq_lens"]
-    return out
+    return list_arrays(parts, k, n)
 
 
 def read_tar_unit(run_id: str | None, path: Path, unit: Unit, n: int, columns: list[str]) -> dict:

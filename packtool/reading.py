@@ -34,21 +34,32 @@ def _column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def table_arrays(table: pa.Table, n: int) -> dict[str, np.ndarray]:
-    """The pack columns of a table (a row group) as NumPy views, without a loop over packs.
+    """The pack columns of a table (a row group) as NumPy views, without a loop over packs (see
+    ``list_arrays``)."""
+    names = [c for c in (*FIXED_COLUMNS, "seq_lens") if c in table.column_names]
+    return list_arrays({name: _column(table, name) for name in names}, table.num_rows, n)
 
-    Fixed-width columns (``input_ids``, ``labels``, ``position_ids``, ``loss_mask``; those present) come
-    back as ``(k, N)`` arrays; ``seq_lens`` as its flat values plus ``seq_lens_offsets`` ``(k + 1,)``.
-    Raises ``ValueError`` if a fixed-width column does not hold ``k * N`` values.
+
+FIXED_COLUMNS = ("input_ids", "labels", "position_ids", "loss_mask")  # (N,) per pack
+
+
+def list_arrays(lists: dict[str, tuple[np.ndarray, np.ndarray]], k: int, n: int) -> dict[str, np.ndarray]:
+    """``k`` packs from their list columns, each ``(offsets (k + 1,) from 0, values)``, as NumPy views.
+
+    Fixed-width columns (``FIXED_COLUMNS``, those present) come back as ``(k, N)`` arrays; ``seq_lens``
+    as its flat values plus ``seq_lens_offsets`` ``(k + 1,)``. Raises ``ValueError`` if a fixed-width
+    column does not hold exactly ``N`` values in every row.
     """
-    k = table.num_rows
     out = {}
-    for name in ("input_ids", "labels", "position_ids", "loss_mask"):
-        if name in table.column_names:
-            values = _column(table, name)[1]
+    for name in FIXED_COLUMNS:
+        if name in lists:
+            offsets, values = lists[name]
             if values.size != k * n:
                 raise ValueError(f"column '{name}' holds {values.size} values, expected {k} x {n}")
+            if not np.array_equal(offsets, np.arange(k + 1, dtype=np.int64) * n):
+                raise ValueError(f"column '{name}' does not hold {n} values in every row")
             out[name] = values.reshape(k, n)
-    out["seq_lens_offsets"], out["seq_lens"] = _column(table, "seq_lens")
+    out["seq_lens_offsets"], out["seq_lens"] = lists["seq_lens"]
     return out
 
 

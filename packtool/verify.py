@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.encoders.base import IGNORE_INDEX
-from packtool.reading import load_manifest
+from packtool.reading import FIXED_COLUMNS, load_manifest
 from packtool.utils import file_sha256
 from packtool.writers.chunks import ChunkStore, ranges
 from packtool.writers.output import MANIFEST
@@ -355,7 +355,7 @@ class _TarBatch:
         )
 
 
-_FIXED = ("input_ids", "labels", "position_ids", "loss_mask")
+_FIXED = FIXED_COLUMNS
 _RAGGED = ("seq_lens", "sample_index", "sample_offset")
 
 
@@ -410,7 +410,6 @@ def _tar_open(
     from packtool.errors import PacktoolError
     from packtool.writers.webdataset import (
         BLOCK,
-        INDEX_SUFFIX,
         NPY_MEMBERS,
         RECORD,
         pack_key,
@@ -510,8 +509,15 @@ def _tar_open(
             field="num_packs",
         )
     if starts:
-        idx = path.parent / entry.get("index", name + INDEX_SUFFIX)
+        idx = path.parent / _tar_index_name(entry)
         _check_tar_idx(idx, [*starts, end], base, report, name)
+
+
+def _tar_index_name(entry: dict) -> str:
+    """The ``.tar.idx`` file of a manifest shard entry (its ``index`` key; older manifests have none)."""
+    from packtool.writers.webdataset import INDEX_SUFFIX
+
+    return entry.get("index", entry["path"] + INDEX_SUFFIX)
 
 
 def _check_tar_idx(idx: Path, real: list[int], base: int, report: VerifyReport, name: str) -> None:
@@ -625,7 +631,7 @@ def _tar_check_index(directory: Path, manifest: dict, report: VerifyReport) -> N
                 shard=name,
                 field=where or None,
             )
-    named = {e.get("index", e["path"] + INDEX_SUFFIX) for e in manifest["shards"]}
+    named = {_tar_index_name(e) for e in manifest["shards"]}
     for path in sorted(directory.glob("*.tar" + INDEX_SUFFIX)):
         if path.name not in named:
             report.add("unlisted", "index file of a shard the manifest does not name", shard=path.name)
@@ -635,7 +641,7 @@ SHARD_FORMATS: dict[str, ShardFormat] = {
     "parquet": ShardFormat("*.parquet", lambda entry: [], _parquet_open, _parquet_summary),
     "webdataset": ShardFormat(
         "*.tar",
-        lambda entry: [entry.get("index", entry["path"] + ".idx")],
+        lambda entry: [_tar_index_name(entry)],
         _tar_open,
         _tar_summary,
         _tar_check_index,
