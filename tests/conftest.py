@@ -1,11 +1,14 @@
-"""Shared test helpers: the shipped demo data, and running the real CLI in a subprocess."""
+"""Shared test helpers: the shipped demo data, running the real CLI in a subprocess, editing tar shards."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,6 +43,19 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     return path
+
+
+def rewrite_tar_json(path: Path, edit: Callable[[dict], dict]) -> None:
+    """Rewrite the tar shard ``path`` with each pack's ``.json`` member replaced by ``edit(its object)``
+    (its ``.tar.idx`` goes stale when the sizes change)."""
+    with tarfile.open(path) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for member, data in members:
+            if member.name.endswith(".json"):
+                data = json.dumps(edit(json.loads(data))).encode()
+                member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
 
 
 @pytest.fixture

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
-import tarfile
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli
+from tests.conftest import DEMO, DEMO_TOKENIZER, rewrite_tar_json, run_cli
 
 TRAIN = DEMO / "train.jsonl"
 TEXTS = [json.loads(line)["text"] for line in TRAIN.read_text().splitlines()]
@@ -207,17 +205,7 @@ def test_tar_fast_path_notices_a_foreign_manifest_and_a_wrong_count(tar_out: Pat
     # an output written before format_version 2: no run_id or shard in the .json, nothing to compare
     old = Path(shutil.copytree(tar_out, tmp_path / "old"))
     for path in sorted(old.glob("*.tar")):
-        with tarfile.open(path) as tar:
-            members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
-        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-            for m, data in members:
-                if m.name.endswith(".json"):
-                    meta = json.loads(data)
-                    data = json.dumps(
-                        {k: meta[k] for k in ("pack_index", "num_tokens", "num_samples")}
-                    ).encode()
-                    m.size = len(data)
-                tar.addfile(m, io.BytesIO(data))
+        rewrite_tar_json(path, lambda meta: {k: meta[k] for k in ("pack_index", "num_tokens", "num_samples")})
     assert inspect_json(old)["warnings"] == []
     # a stale .tar.idx: the fast path cannot read the shard's packs where the index says they are
     shutil.copy(bad / "packs-000002.tar.idx", bad / "packs-000000.tar.idx")

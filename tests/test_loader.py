@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 from pathlib import Path
@@ -25,7 +24,7 @@ from packtool.loader import (
 )
 from packtool.masks import block_causal_mask, varlen_args
 from packtool.reading import read_packs
-from tests.conftest import run_cli, write_jsonl
+from tests.conftest import rewrite_tar_json, run_cli, write_jsonl
 
 N = 64
 # more workers than this machine's cores is what the layout tests need, not a mistake
@@ -136,7 +135,6 @@ def test_webdataset_shards_stream_the_same_packs(packed, packs, tmp_path):
 def test_webdataset_json_members_with_more_keys_are_read_alike(packed, packs, tmp_path):
     """Other tools (and later packtool versions) may put more keys in each pack's ``.json`` member: the
     loader reads the ``.npy`` members and must not care."""
-    import tarfile
 
     out = tmp_path / "wds"
     src = packed.parent / "in.jsonl"
@@ -144,17 +142,12 @@ def test_webdataset_json_members_with_more_keys_are_read_alike(packed, packs, tm
     shards = sorted(out.glob("*.tar"))
     assert shards
     for shard in shards:
-        with tarfile.open(shard) as src:
-            members = [(m, src.extractfile(m).read()) for m in src.getmembers()]
-        with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as dst:
-            for member, data in members:
-                if member.name.endswith(".json"):
-                    meta = json.loads(data)
-                    assert "pack_index" in meta
-                    meta.update(shard=shard.name, note={"nested": [1, 2]})  # run_id kept: checked
-                    data = json.dumps(meta).encode()
-                    member.size = len(data)
-                dst.addfile(member, io.BytesIO(data))
+
+        def more_keys(meta: dict, name: str = shard.name) -> dict:
+            assert "pack_index" in meta
+            return {**meta, "shard": name, "note": {"nested": [1, 2]}}  # run_id kept: checked
+
+        rewrite_tar_json(shard, more_keys)
     ds = PackedDataset(out, batch_size=4, shuffle=False, seed=0)
     seen = []
     for batch in get_loader(ds, num_workers=1):
