@@ -235,3 +235,18 @@ def test_read_rows_reopens_a_file_rewritten_under_the_same_name(tmp_path):
     again = read_rows(str(path), 15, 10)  # would continue the old stream without the stamp check
     assert [v for b in again for v in b.batch.column("text").to_pylist()] == [f"b{i}" for i in range(15, 25)]
     assert np.concatenate([b.rows for b in again]).tolist() == list(range(15, 25))
+
+
+def test_a_slice_pickles_only_its_own_rows(tmp_path):
+    """Chunks go to worker processes pickled; a slice of a reader's block must not carry the whole block."""
+    import pickle
+
+    texts = [f"text number {i} " * 20 for i in range(2000)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (batch,) = list(read_inputs([str(path)]))
+    part = batch.slice(100, 50)
+    back = pickle.loads(pickle.dumps(part))
+    assert back.batch.equals(part.batch) and back.rows.tolist() == part.rows.tolist()
+    assert (back.source, back.row_kind) == (part.source, part.row_kind)
+    assert len(pickle.dumps(part)) < 2 * len(pickle.dumps(batch)) / (2000 / 50)
