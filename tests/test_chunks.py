@@ -28,3 +28,21 @@ def test_many_chunks_within_a_small_open_file_limit(tmp_path):
     assert proc.returncode == 0, proc.stderr
     table = pq.read_table(out / "packs-000000.parquet", columns=["sample_index"])
     assert sorted(i for row in table.column("sample_index").to_pylist() for i in row) == list(range(1000))
+
+
+def test_chunk_arrays_are_written_as_np_save_writes_them(tmp_path):
+    """write_chunk writes its parts one after the other under one header: the same bytes as np.save of
+    their concatenation (so np.load and the store's own header parser read them)."""
+    import numpy as np
+
+    from packtool.writers.chunks import _save_parts
+
+    for parts, dtype in (
+        ([np.arange(5, dtype=np.int32), np.arange(3, dtype=np.int64)], np.int32),
+        ([np.array([1, 0, 1], dtype=np.int8)], np.int8),
+        ([], np.int64),
+    ):
+        _save_parts(tmp_path / "a.npy", parts, dtype)
+        expected = np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+        np.save(tmp_path / "b.npy", expected)
+        assert (tmp_path / "a.npy").read_bytes() == (tmp_path / "b.npy").read_bytes()

@@ -72,13 +72,13 @@ def write_chunk(
                 masks.append((labels[-1] != -100).astype(np.int8))
         offsets.append(o[1:] + base)
         base += int(o[-1])
-    np.save(tmp / "input_ids.npy", _cat(ids, np.int32))
-    np.save(tmp / "labels.npy", _cat(labels, np.int32))
+    _save_parts(tmp / "input_ids.npy", ids, np.int32)
+    _save_parts(tmp / "labels.npy", labels, np.int32)
     if has_mask:
-        np.save(tmp / "loss_mask.npy", _cat(masks, np.int8))
-    np.save(tmp / "offsets.npy", np.concatenate(offsets))
-    np.save(tmp / "rows.npy", _cat(rows, np.int64))
-    np.save(tmp / "source_ids.npy", _cat(source_ids, np.int32))
+        _save_parts(tmp / "loss_mask.npy", masks, np.int8)
+    _save_parts(tmp / "offsets.npy", offsets, np.int64)
+    _save_parts(tmp / "rows.npy", rows, np.int64)
+    _save_parts(tmp / "source_ids.npy", source_ids, np.int32)
     num_samples = sum(b.num_rows for b in batches)
     meta = {
         "index": index,
@@ -104,8 +104,20 @@ def write_chunk(
     return meta
 
 
-def _cat(parts: list[np.ndarray], dtype) -> np.ndarray:
-    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
+def _save_parts(path: Path, parts: list[np.ndarray], dtype) -> None:
+    """``np.save(path, np.concatenate(parts).astype(dtype))`` without building the concatenation: the
+    ``.npy`` header for the whole length, then each part written as it is (the encoder's Arrow buffers,
+    usually), which saves a copy of every token."""
+    dtype = np.dtype(dtype)
+    header = {
+        "descr": np.lib.format.dtype_to_descr(dtype),
+        "fortran_order": False,
+        "shape": (sum(map(len, parts)),),
+    }
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        for part in parts:
+            np.ascontiguousarray(part, dtype=dtype).tofile(f)
 
 
 def read_chunk_meta(work_dir: str | Path, index: int) -> dict | None:
