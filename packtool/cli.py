@@ -160,14 +160,18 @@ def main() -> None:
 @_one_line_errors
 def pack(inputs: tuple[str, ...], config_file: str | None, format_: str | None, **flags: Any) -> None:
     """Tokenize INPUTS (JSONL/JSON, Parquet, text, save_to_disk dirs, hf:NAME) and pack them into shards."""
-    from packtool.pipeline import run_pack
-
     values: dict[str, Any] = load_config_file(config_file) if config_file else {}
     flags["format"] = format_
     if inputs:
         flags["inputs"] = list(inputs)
     values.update({k: v for k, v in flags.items() if v is not None})
     config = PackConfig.from_dict(values, origin=config_file or "options")
+    if config.engine == "local":  # its imports then run beside ours (see start_forkserver)
+        from packtool.engines.local import start_forkserver
+
+        start_forkserver(config.num_proc)
+    from packtool.pipeline import run_pack
+
     manifest = run_pack(config)
     if not config.quiet:
         s = manifest["stats"]

@@ -89,6 +89,23 @@ def _stop_forkserver() -> None:
         pass
 
 
+def start_forkserver(num_proc: int) -> None:
+    """Start the workers' forkserver now (Linux, ``num_proc > 1``), before the caller imports the pipeline.
+
+    The forkserver imports ``packtool.pipeline`` (numpy, pyarrow, tokenizers; ~0.3-0.45 s of CPU) before it
+    can fork a worker. Started here, from a caller that has not imported them yet, it does that beside the
+    caller's own imports instead of after them: ``packtool pack --num-proc 2`` starts encoding ~0.3 s sooner.
+    The pool made later uses this server; it stops with the engine (``close``) or when this process exits.
+    """
+    if num_proc <= 1:
+        return
+    ctx = _context()
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 def _context() -> mp.context.BaseContext:
     if "forkserver" in mp.get_all_start_methods() and sys.platform.startswith("linux"):
         ctx = mp.get_context("forkserver")
