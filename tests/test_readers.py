@@ -219,6 +219,37 @@ def test_jsonl_fast_path_hands_over_mid_file(tmp_path, monkeypatch):
     assert 0 < got < 3000 and not state  # pyarrow.json read the first blocks, then handed over
 
 
+@pytest.mark.parametrize(
+    "late",
+    ["", '{"text": "\\ud83d\\ude00"}', b'{"text": "\xff"}', "long"],
+    ids=["blank line", "surrogate escape", "not utf-8", "line longer than a scan block"],
+)
+def test_jsonl_fast_path_scans_as_it_reads_and_hands_over_at_a_late_odd_line(tmp_path, monkeypatch, late):
+    """The plain-lines scan runs in step with pyarrow.json: the first blocks are read fast, and a line
+    that pyarrow would read differently (or number differently), found late in the file, hands over to
+    the line-by-line path with the same records and line numbers."""
+    import packtool.readers.jsonl as jsonl
+
+    monkeypatch.setattr(jsonl, "ARROW_BLOCK", 1 << 12)
+    monkeypatch.setattr(jsonl, "_SCAN_BLOCK", 1 << 12)
+    path = tmp_path / "a.jsonl"
+    good = [json.dumps({"text": f"t{i}", "n": i}).encode() for i in range(3000)]
+    if late == "long":
+        odd = json.dumps({"text": "x" * 20000, "n": 1}).encode()
+    else:
+        odd = late.encode() if isinstance(late, str) else late
+    path.write_bytes(b"\n".join([*good, odd, *good[:50]]) + b"\n")
+    fast, slow = _batches(path)  # records and line numbers, or the same error (not UTF-8)
+    assert fast == slow
+    if late == "long":  # plain, only longer than a scan block: the scan reads on to its end
+        assert jsonl._PlainLines(str(path)).cover(3051)
+        return
+    assert not jsonl._PlainLines(str(path)).cover(3001)
+    state: dict = {}
+    got = sum(b.num_rows for b in jsonl._read_arrow(str(path), 2048, state))
+    assert 2000 < got <= 3000 and not state  # fast through the early blocks, then handed over
+
+
 def test_read_rows_reopens_a_file_rewritten_under_the_same_name(tmp_path):
     """A worker process outlives a job (Ray workers do): its cursor must not serve the old file's rows."""
     import os
