@@ -46,3 +46,26 @@ def test_chunk_arrays_are_written_as_np_save_writes_them(tmp_path):
         expected = np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
         np.save(tmp_path / "b.npy", expected)
         assert (tmp_path / "a.npy").read_bytes() == (tmp_path / "b.npy").read_bytes()
+
+
+def test_open_chunks_limit_raises_the_soft_open_file_limit_toward_the_hard_one():
+    """Under a low soft limit (1024 is common) with room below the hard one, the store raises the soft limit
+    so that MAX_OPEN chunks can stay mapped; under a low hard limit it keeps within it."""
+    code = (
+        "import resource; from packtool.writers.chunks import _default_max_open, MAX_OPEN; "
+        "n = _default_max_open(); soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]; "
+        "print(n, MAX_OPEN, soft)"
+    )
+    for limits, expect in (("ulimit -S -n 256 && ulimit -H -n 8192", "max"), ("ulimit -n 160", 32)):
+        proc = subprocess.run(
+            ["bash", "-c", f'{limits} && exec "$@"', "bash", sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        )
+        assert proc.returncode == 0, proc.stderr
+        n, max_open, soft = map(int, proc.stdout.split())
+        if expect == "max":
+            assert n == max_open and soft >= 64 + 3 * max_open
+        else:
+            assert n == expect and soft == 160  # (160 - 64) // 3 chunks, 3 descriptors each at most
