@@ -27,13 +27,15 @@ Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one r
   one core needs for I/O and start-up only, and ``startup + (read + write) / 2`` the same on 2 cores with a
   perfect split. A ratio against NeMo above what the floor row shows cannot be reached by any packer that
   reads this input and writes this output.
-* end to end from raw text: ``.bench/texts-<K>.jsonl`` (``--text-samples``, default 20,000 lognormal texts
-  of the demo corpus's words) tokenized and packed by ``packtool pack`` (``--num-proc 2``, and 1) beside
+* end to end from raw text: ``.bench/texts-<K>.jsonl`` (``--text-samples``, default 20,000 and 100,000
+  lognormal texts of the demo corpus's words; the small set shows what start-up and the last shards weigh
+  in a ~3 s job, the large one the throughput a real dataset sees) tokenized and packed by ``packtool
+  pack`` (``--num-proc 2``, and 1) beside
   the tokenizer alone on the same texts and cores, load time excluded, ids fetched (``Encoding.ids``, as
   any user of them must), in its two layouts: ``encode_batch_fast`` with 2 Rayon threads, and 2 processes
   with 1 thread each (half the texts each, timed from a barrier), each with all texts in one call and in
   calls of 2,048 and 512 texts (``TOKENIZER_BATCHES``: one huge call is the slowest at 40k texts or more).
-  The ceiling is the fastest of these.
+  The ceiling is the fastest of these, per size.
 
 The figures are for the machine it runs on; other work on the same cores shows up in them.
 """
@@ -346,10 +348,76 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def text_rows(count: int) -> list[dict]:
+    """End to end from raw text on ``count`` texts: the tokenizer alone in each layout and call size (the
+    best is the ceiling), then ``packtool pack`` with ``--num-proc 2`` and ``1``; prints their table."""
+    rows: list[dict] = []
+    texts = BENCH / f"texts-{count}.jsonl"
+    if not texts.exists():
+        print(f"building {texts.name} ...", file=sys.stderr)
+        make_texts(texts, count)
+    ceilings = {}
+    rayon = {"RAYON_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "true"}
+    layouts = (
+        ("tokenizer", "tokenizer alone, 2 threads", rayon),
+        ("tokenizer-procs", "tokenizer alone, 2 procs x 1 thread", {}),
+    )
+    for (kind, layout, env), batch in itertools.product(layouts, TOKENIZER_BATCHES):
+        kind, label = f"{kind}:{batch}", f"{layout}, {f'calls of {batch}' if batch else 'one call'}"
+        result = BENCH / "out" / f"{kind.replace(':', '-')}.json"
+        result.unlink(missing_ok=True)
+        tm = measure(
+            [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--data", str(texts),
+             "--out", str(BENCH / "out" / "tok"), "--result", str(result)],
+            env, result.with_suffix(".log"),
+        )  # fmt: skip
+        if tm["rc"] == 0 and result.exists():
+            ceilings[label] = json.loads(result.read_text())
+        else:
+            print(f"failed: {label} exit {tm['rc']} ({tm['log']})")
+    e2e = [
+        packtool_row(
+            f"packtool text {count // 1000}k np{procs}",
+            texts,
+            count,
+            "--tokenizer",
+            str(ROOT / "data/demo/tokenizer.json"),
+            "--num-proc",
+            str(procs),
+            "--split-across-pack",
+        )  # fmt: skip
+        for procs in (2, 1)
+    ]
+    print(f"\nend to end from raw text, {count:,} JSONL texts, demo tokenizer, 2 cores\n")
+    if ceilings:
+        best = max(t["tokens"] / t["seconds"] for t in ceilings.values())
+        print(f"{'run':36} {'tokens':>12} {'seconds':>8} {'tokens/s':>12} {'of ceiling':>10}")
+        for label, tok in ceilings.items():
+            speed = tok["tokens"] / tok["seconds"]
+            print(f"{label:36} {tok['tokens']:12,} {tok['seconds']:8.2f} {speed:12,.0f} {speed / best:10.1%}")
+            rows.append({"name": label, "texts": count, "tokens": tok["tokens"], "seconds": tok["seconds"]})
+        for r in e2e:
+            if "error" in r:
+                print(f"{r['name']:36} {r['error']}")
+                continue
+            ours = r["input_tokens"] / r["wall"]
+            print(
+                f"{r['name'] + ' (whole job)':36} {r['input_tokens']:12,} {r['wall']:8.2f} {ours:12,.0f} "
+                f"{ours / best:10.1%}"
+            )
+            rows.append({**r, "texts": count})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=100_000, help="pretokenized samples (default 100,000)")
-    ap.add_argument("--text-samples", type=int, default=20_000, help="texts for the end-to-end rows")
+    ap.add_argument(
+        "--text-samples",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[20_000, 100_000],
+        help="texts for the end-to-end rows, comma-separated sizes (default 20000,100000)",
+    )
     ap.add_argument("--no-nemo", action="store_true", help="skip NeMo PackedSequence (slowest row)")
     ap.add_argument("--no-trl", action="store_true", help="skip TRL pack_dataset")
     ap.add_argument("--json", help="also write the rows to this JSON file")
@@ -406,60 +474,8 @@ def main() -> None:
     print(f"\npretokenized Parquet -> packed Parquet, {k:,} samples (lognormal, mean ~300), N={N}\n")
     print_table(rows)
 
-    texts = BENCH / f"texts-{args.text_samples}.jsonl"
-    if not texts.exists():
-        print(f"building {texts.name} ...", file=sys.stderr)
-        make_texts(texts, args.text_samples)
-    ceilings = {}
-    rayon = {"RAYON_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "true"}
-    layouts = (
-        ("tokenizer", "tokenizer alone, 2 threads", rayon),
-        ("tokenizer-procs", "tokenizer alone, 2 procs x 1 thread", {}),
-    )
-    for (kind, layout, env), batch in itertools.product(layouts, TOKENIZER_BATCHES):
-        kind, label = f"{kind}:{batch}", f"{layout}, {f'calls of {batch}' if batch else 'one call'}"
-        result = BENCH / "out" / f"{kind.replace(':', '-')}.json"
-        result.unlink(missing_ok=True)
-        tm = measure(
-            [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--data", str(texts),
-             "--out", str(BENCH / "out" / "tok"), "--result", str(result)],
-            env, result.with_suffix(".log"),
-        )  # fmt: skip
-        if tm["rc"] == 0 and result.exists():
-            ceilings[label] = json.loads(result.read_text())
-        else:
-            print(f"failed: {label} exit {tm['rc']} ({tm['log']})")
-    e2e = [
-        packtool_row(
-            f"packtool text np{procs}",
-            texts,
-            args.text_samples,
-            "--tokenizer",
-            str(ROOT / "data/demo/tokenizer.json"),
-            "--num-proc",
-            str(procs),
-            "--split-across-pack",
-        )  # fmt: skip
-        for procs in (2, 1)
-    ]
-    print(f"\nend to end from raw text, {args.text_samples:,} JSONL texts, demo tokenizer, 2 cores\n")
-    if ceilings:
-        best = max(t["tokens"] / t["seconds"] for t in ceilings.values())
-        print(f"{'run':36} {'tokens':>12} {'seconds':>8} {'tokens/s':>12} {'of ceiling':>10}")
-        for label, tok in ceilings.items():
-            speed = tok["tokens"] / tok["seconds"]
-            print(f"{label:36} {tok['tokens']:12,} {tok['seconds']:8.2f} {speed:12,.0f} {speed / best:10.1%}")
-            rows.append({"name": label, "tokens": tok["tokens"], "seconds": tok["seconds"]})
-        for r in e2e:
-            if "error" in r:
-                print(f"{r['name']:36} {r['error']}")
-                continue
-            ours = r["input_tokens"] / r["wall"]
-            print(
-                f"{r['name'] + ' (whole job)':36} {r['input_tokens']:12,} {r['wall']:8.2f} {ours:12,.0f} "
-                f"{ours / best:10.1%}"
-            )
-            rows.append(r)
+    for count in args.text_samples:
+        rows += text_rows(count)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
