@@ -195,7 +195,12 @@ def read_one_pack(directory: str | Path, manifest: dict, index: int) -> tuple[di
         pack = next(iter_row_group_packs(table.slice(local, 1), n, with_sample_index=True))
         return pack, entry["path"], row
     from packtool.verify import VerifyReport, shard_format
+    from packtool.writers.webdataset import read_tar_pack
 
+    if manifest.get("shard_format") == "webdataset":  # only this pack's bytes, through the .tar.idx
+        pack = read_tar_pack(path, row, n)
+        if pack is not None:
+            return pack, entry["path"], row
     check = VerifyReport(str(directory))
     shard = manifest["shards"].index(entry)
     for first, packs in shard_format(manifest).open(path, entry, manifest, check, shard, base):

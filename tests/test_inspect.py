@@ -215,3 +215,41 @@ def test_tar_fast_path_notices_a_foreign_manifest_and_a_wrong_count(tar_out: Pat
         f"packs-000000.tar: metadata unreadable (packs-000000.tar.idx does not end where the tar's {size:,} "
         "bytes do (stale index?))" in warnings
     )
+
+
+def test_tar_one_pack_is_read_through_the_index_and_without_it(tar_out: Path, out: Path, tmp_path: Path):
+    """``--pack I`` on a tar reads only pack I's bytes through the shard's .tar.idx; without the index, or
+    with one that points elsewhere, it reads the shard in order: the same pack either way (and the same
+    as the Parquet output's pack I)."""
+    import shutil
+
+    import numpy as np
+
+    from packtool import load_manifest
+    from packtool.inspect import read_one_pack
+    from packtool.writers.webdataset import read_tar_pack
+
+    manifest = load_manifest(tar_out)
+    n = manifest["packed_sequence_size"]
+    copy = tmp_path / "out"
+    shutil.copytree(tar_out, copy)
+    idx = copy / "packs-000001.tar.idx"
+    last = sum(s["num_packs"] for s in manifest["shards"]) - 1
+    for index in (0, 99, 100, 150, last):
+        shard, row = divmod(index, 100)  # shards of 100 packs
+        fast = read_tar_pack(tar_out / f"packs-{shard:06d}.tar", row, n)
+        assert fast is not None
+        want, _, _ = read_one_pack(out, load_manifest(out), index)
+        assert fast.keys() == want.keys()  # sample_offset too, as the Parquet path gives it
+        for k in want:
+            np.testing.assert_array_equal(fast[k], want[k])
+    offsets = np.fromfile(idx, dtype="<u8")
+    (offsets + 512).astype("<u8").tofile(idx)  # every pack one block off
+    assert read_tar_pack(copy / "packs-000001.tar", 50, n) is None
+    idx.unlink()
+    assert read_tar_pack(copy / "packs-000001.tar", 50, n) is None
+    got, shard_name, row = read_one_pack(copy, manifest, 150)  # read in order, the slow way
+    want, _, _ = read_one_pack(out, load_manifest(out), 150)
+    assert (shard_name, row) == ("packs-000001.tar", 50)
+    for k in got:
+        np.testing.assert_array_equal(got[k], want[k])

@@ -433,6 +433,20 @@ def test_tar_flipped_byte_in_a_header_and_in_a_token(tar_out: Path):
     assert "packs-000000.tar" not in text
 
 
+def test_tar_header_field_that_is_not_octal(tar_out: Path):
+    # shard 0, pack 7: a letter in its first header's size field (octal digits only) is a bad header,
+    # named by shard, pack and byte (the parser raises it as PacktoolError, as read_tar_pack expects)
+    header = int(tar_index(tar_out, 0)[7])
+    path = tar_out / "packs-000000.tar"
+    data = bytearray(path.read_bytes())
+    data[header + 124] = ord("z")
+    path.write_bytes(bytes(data))
+    code, text = verify(tar_out)
+    assert code == 1
+    assert f"packs-000000.tar, pack 7: does not parse as tar: bad tar header checksum at byte {header}" in text
+    assert "internal error" not in text
+
+
 def test_tar_missing_shard(tar_out: Path):
     (tar_out / "packs-000003.tar").unlink()
     code, text = verify(tar_out)

@@ -250,11 +250,15 @@ def _tar_members(path: Path, buf) -> Iterator[tuple[str, int, int]]:
         hdr = bytes(buf[pos : pos + BLOCK])
         if hdr == bytes(BLOCK):
             return  # end-of-archive marker
-        if sum(hdr[:148]) + 8 * 32 + sum(hdr[156:]) != int(hdr[148:156].strip(b" \0") or b"0", 8):
-            raise PacktoolError(f"{path}: bad tar header checksum at byte {pos}")
-        name = hdr[:100].split(b"\0", 1)[0].decode()
-        prefix = hdr[345:500].split(b"\0", 1)[0].decode() if hdr[257:262] == b"ustar" else ""
-        size = int(hdr[124:136].strip(b" \0") or b"0", 8)
+        try:
+            checksum = int(hdr[148:156].strip(b" \0") or b"0", 8)
+            size = int(hdr[124:136].strip(b" \0") or b"0", 8)
+            if sum(hdr[:148]) + 8 * 32 + sum(hdr[156:]) != checksum:
+                raise ValueError
+            name = hdr[:100].split(b"\0", 1)[0].decode()
+            prefix = hdr[345:500].split(b"\0", 1)[0].decode() if hdr[257:262] == b"ustar" else ""
+        except (ValueError, UnicodeDecodeError):  # not octal, not UTF-8, or the sum differs
+            raise PacktoolError(f"{path}: bad tar header checksum at byte {pos}") from None
         if pos + BLOCK + size > end:
             raise PacktoolError(
                 f"{path}: truncated tar archive (member {name} at byte {pos} runs past the end)"
@@ -364,6 +368,42 @@ def read_tar_packs(
                     if ext.endswith(".npy")
                 }
                 yield finish(key, pack)
+
+
+def read_tar_pack(path: str | Path, row: int, n: int) -> dict[str, np.ndarray] | None:
+    """Pack ``row`` (0-based, in this shard) of tar shard ``path``, with ``sample_index``/``sample_offset``,
+    read alone through the shard's ``.tar.idx``: only that pack's bytes are read.
+
+    Returns None when the index is missing or does not describe exactly one whole pack there (the caller
+    then reads the shard in order, which names what is wrong).
+    """
+    path = Path(path)
+    try:
+        offsets = read_tar_index(path)
+    except OSError:
+        return None
+    if not 0 <= row < len(offsets) - 1:
+        return None
+    start, end = int(offsets[row]), int(offsets[row + 1])
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read(end - start)
+    try:
+        groups = list(tar_pack_groups(path, data))
+    except PacktoolError:
+        return None
+    if len(groups) != 1 or end - start != len(data):
+        return None
+    key, _, members, _ = groups[0]
+    pack = {
+        ext[: -len(".npy")]: _npy_array(path, f"{key}.{ext}", data, *members[ext])
+        for ext in members
+        if ext.endswith(".npy")
+    }
+    fields = ("input_ids", "labels", "position_ids", "seq_lens", "sample_index")
+    if any(f not in pack for f in fields) or pack["input_ids"].shape != (n,):
+        return None
+    return pack
 
 
 def _check_run_id(path: Path, name: str, data: bytes, run_id: str) -> None:
