@@ -125,7 +125,8 @@ def read_chunk_meta(work_dir: str | Path, index: int) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-MAX_OPEN = 1024  # chunks mapped at once at most: 4M samples at the default chunk_size of 4096
+MAX_OPEN = 8192  # chunks mapped at once at most: 33M samples at the default chunk_size of 4096
+OFFSETS_CACHE_BYTES = 64 << 20  # chunks' offsets kept in memory (8 bytes a sample: 8M samples' worth)
 
 
 def _default_max_open() -> int:
@@ -134,7 +135,7 @@ def _default_max_open() -> int:
 
     Writing shuffled packs, every gather touches nearly every chunk: when the chunks outnumber the ones
     kept open, each gather reopens them all (1M samples, 245 chunks kept to 64: 58 s of writing instead of
-    7 s), so the more that stay open the better, within the limit.
+    7 s), so the more that stay open the better, within the open-file and memory-map limits.
     """
     try:
         import resource
@@ -151,9 +152,18 @@ def _default_max_open() -> int:
                 soft = raised
             except (OSError, ValueError):
                 pass
+    by_maps = max(1, (_max_map_count() - 4096) // 3)  # each open chunk is up to 3 mappings
     if soft == resource.RLIM_INFINITY:
-        return MAX_OPEN
-    return max(1, min(MAX_OPEN, (soft - 64) // 3))
+        return min(MAX_OPEN, by_maps)
+    return max(1, min(MAX_OPEN, by_maps, (soft - 64) // 3))
+
+
+def _max_map_count() -> int:
+    """The kernel's limit on a process's memory mappings (Linux ``vm.max_map_count``; 65530 by default)."""
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530
 
 
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -179,6 +189,8 @@ class ChunkStore:
     _open: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
     _maps: dict = field(default_factory=dict, init=False, repr=False)
     _headers: dict = field(default_factory=dict, init=False, repr=False)
+    _offsets: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
+    _offsets_bytes: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
@@ -226,9 +238,23 @@ class ChunkStore:
             arrays[k], m = self._map(d / f"{k}.npy")
             if m is not None:
                 maps.append(m)
-        arrays["offsets"] = self._small(c, "offsets")  # 8 bytes a sample: read, no descriptor kept
+        arrays["offsets"] = self.offsets(c)
         self._open[c], self._maps[c] = arrays, maps
         return arrays
+
+    def offsets(self, c: int) -> np.ndarray:
+        """``(num_samples + 1,)`` int64 token offsets of chunk ``c``'s samples, read (no descriptor kept) and
+        cached apart from the maps, up to ``OFFSETS_CACHE_BYTES``: locating pieces needs no map."""
+        o = self._offsets.get(c)
+        if o is not None:
+            self._offsets.move_to_end(c)
+            return o
+        o = self._offsets[c] = self._small(c, "offsets")
+        self._offsets_bytes += o.nbytes
+        while self._offsets_bytes > OFFSETS_CACHE_BYTES and len(self._offsets) > 1:
+            _, old = self._offsets.popitem(last=False)
+            self._offsets_bytes -= old.nbytes
+        return o
 
     def _small(self, c: int, name: str) -> np.ndarray:
         """A chunk's per-sample array (``offsets``, ``rows``, ``source_ids``, ``origin``), read whole."""
@@ -323,9 +349,10 @@ class ChunkStore:
             return
         chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
         begin = np.empty(len(sample), dtype=np.int64)
-        for c in np.unique(chunk).tolist():
-            sel = np.flatnonzero(chunk == c)
-            begin[sel] = self.arrays(c)["offsets"][sample[sel] - self.sample_starts[c]] + start[sel]
+        by_chunk = np.argsort(chunk, kind="stable")
+        for sel in np.split(by_chunk, np.flatnonzero(np.diff(chunk[by_chunk])) + 1):
+            c = int(chunk[sel[0]])
+            begin[sel] = self.offsets(c)[sample[sel] - self.sample_starts[c]] + start[sel]
         end = begin + length
         new_run = np.ones(len(sample), dtype=bool)
         new_run[1:] = (
