@@ -1,7 +1,9 @@
 """``packtool pack`` as four steps: read -> encode -> plan -> write.
 
 * **read** (this process): inputs are streamed as ``SourceBatch`` objects and grouped into chunks of
-  ``chunk_size`` records, in input order.
+  ``chunk_size`` records, in input order. Parquet rows and JSON Lines are handed out as row and line
+  ranges (``ParquetRows``, ``JsonlLines``) that the process encoding them reads, so a chunk of them
+  counts rows or lines (blank and bad ones included), not records.
 * **encode** (engine, parallel by chunk): each chunk goes through the encoder and is written to the
   scratch directory as flat token arrays (``packtool.writers.chunks``).
 * **plan** (this process): sample lengths are read from the chunks' offsets and packed by the strategy
@@ -79,9 +81,10 @@ def _encode_chunk(task: tuple[int, list[SourceBatch], str]) -> dict:
     index, pieces, work_dir = task
     sink = ErrorSink(_WORKER["config"].on_error)
     kept, encoded = encode_batches(_WORKER["encoder"], pieces, sink)
-    meta = write_chunk(work_dir, index, kept, encoded)
-    meta["skipped"] = sink.to_dict()
-    return meta
+    # kept in meta.json: a resumed run counts the chunk's skipped records, and compares input_rows (rows
+    # or lines of input the chunk covers, bad and blank ones included) with the chunk it would make
+    extra = {"skipped": sink.to_dict(), "input_rows": sum(p.num_rows for p in pieces)}
+    return write_chunk(work_dir, index, kept, encoded, extra)
 
 
 def encode_batches(
@@ -90,7 +93,7 @@ def encode_batches(
     """The encode loop: load ``pieces`` (lazy Parquet rows are read here, by the process that encodes
     them) and encode them batch by batch; returns the records kept and their encodings, in order."""
     kept, encoded = [], []
-    for b in (b for piece in pieces for b in piece.load()):
+    for b in (b for piece in pieces for b in piece.load(sink)):
         good, enc = encode_checked(encoder, b, sink)
         if good.num_rows:
             kept.append(good)
@@ -345,7 +348,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
         def encode_tasks():
             for i, chunk in enumerate(chunked(itertools.chain([first], batches), config.chunk_size)):
                 meta = read_chunk_meta(work, i) if resumed else None
-                if meta is not None and meta["num_samples"] == sum(b.num_rows for b in chunk):
+                if meta is not None and meta.get("input_rows") == sum(b.num_rows for b in chunk):
                     done[i] = meta
                     bar.update(meta["num_samples"])
                     continue

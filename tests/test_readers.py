@@ -281,3 +281,86 @@ def test_a_slice_pickles_only_its_own_rows(tmp_path):
     assert back.batch.equals(part.batch) and back.rows.tolist() == part.rows.tolist()
     assert (back.source, back.row_kind) == (part.source, part.row_kind)
     assert len(pickle.dumps(part)) < 2 * len(pickle.dumps(batch)) / (2000 / 50)
+
+
+def _lazy(path, batch_rows, on_error="fail"):
+    """What the pipeline gets for ``path`` with lazy reading: the driver's batches, then each piece loaded
+    as a worker loads it (its own sink); records and line numbers, or the first error, and skip counts."""
+    from packtool.errors import ErrorSink
+    from packtool.readers.jsonl import read_jsonl
+
+    sink = ErrorSink(on_error)
+    records, lines = [], []
+    try:
+        for piece in read_jsonl(str(path), batch_rows=batch_rows, sink=sink, lazy=True):
+            for b in piece.load(sink):
+                records += [{k: v for k, v in r.items() if v is not None} for r in b.batch.to_pylist()]
+                lines += b.rows.tolist()
+    except InputError as e:
+        return str(e), None
+    return (records, lines), dict(sink.counts)
+
+
+def _eager(path, on_error="fail"):
+    from packtool.errors import ErrorSink
+
+    sink = ErrorSink(on_error)
+    records, lines = [], []
+    try:
+        for b in read_inputs([str(path)], sink=sink):
+            records += [{k: v for k, v in r.items() if v is not None} for r in b.batch.to_pylist()]
+            lines += b.rows.tolist()
+    except InputError as e:
+        return str(e), None
+    return (records, lines), dict(sink.counts)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "".join(json.dumps({"text": f"t{i}", "n": i}) + "\n" for i in range(50)),
+        "".join(json.dumps({"text": f"t{i}"}) + "\n" for i in range(50)).rstrip("\n"),  # no final newline
+        '{"text": "a"}\n\n  \n{"text": "b"}\n' * 9,  # blank lines
+        '{"text": "a"}\n{bad\n"str"\n{"text": "\\ud83d\\ude00"}\n' * 7,  # bad lines, a surrogate pair
+        '{"text": "a", "score": 1.5}\n' * 12 + '{"text": "2020-01-01"}\n',  # types pyarrow reads otherwise
+        "\n\n\n" + '{"text": "late first record"}\n' * 5,  # the first records after empty pieces
+        "\n\n",
+    ],
+    ids=["plain", "no-final-newline", "blank-lines", "bad-lines", "other-types", "late-first", "only-blank"],
+)
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_lazy_jsonl_pieces_read_what_the_whole_file_reader_reads(tmp_path, text, on_error):
+    """Workers parse their own line ranges: the same records, line numbers, errors and skip counts as the
+    driver reading the whole file, whatever the piece size."""
+    path = tmp_path / "a.jsonl"
+    path.write_text(text)
+    want = _eager(path, on_error)
+    for batch_rows in (1, 3, 7, 2048):
+        assert _lazy(path, batch_rows, on_error) == want, batch_rows
+
+
+def test_lazy_jsonl_pieces_cover_every_line_once_and_pickle_small(tmp_path):
+    import pickle
+
+    from packtool.readers import jsonl
+
+    path = tmp_path / "a.jsonl"
+    lines = [json.dumps({"text": "x" * (i % 50), "i": i}) for i in range(1000)]
+    path.write_text("\n".join(lines))  # no final newline
+    data = path.read_bytes()
+    pieces = list(jsonl._line_ranges(str(path), 64, "text"))
+    assert [p.num_rows for p in pieces] == [64] * 15 + [40]
+    assert [p.first_line for p in pieces] == list(range(1, 1001, 64))
+    got = [
+        data[int(a) : int(b)].rstrip(b"\n").decode()
+        for p in pieces
+        for a, b in zip(p.line_starts[:-1], p.line_starts[1:], strict=True)
+    ]
+    assert got == lines
+    part = pieces[3].slice(10, 20)
+    assert (part.first_line, part.num_rows) == (3 * 64 + 11, 20)
+    assert [b.batch.column("i").to_pylist() for b in part.load()] == [list(range(202, 222))]
+    assert len(pickle.dumps(pieces[3])) < 1000  # a worker reads the lines itself
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert list(jsonl._line_ranges(str(empty), 64, "text")) == []

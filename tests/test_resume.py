@@ -6,6 +6,7 @@ chosen step (``PACKTOOL_TEST_KILL=STEP:N``) or the test kills it when a given ch
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -193,3 +194,34 @@ def test_second_job_on_the_same_output_is_refused(tmp_path):
     # the lock is free again: a third job runs (and is refused only because the output now exists)
     third = run_cli(*cmd[3:], check=False)
     assert third.returncode == 2 and "output directory exists" in third.stderr
+
+
+def test_resume_keeps_the_skipped_records_of_finished_chunks(tmp_path):
+    """Under --on-error skip, the chunks an earlier attempt finished are reused and still count their bad
+    records (JSON Lines are parsed by the workers, so every bad line is counted in its chunk's meta.json):
+    the resumed run's manifest and errors.jsonl are those of an uninterrupted run."""
+    rows = (DEMO / "train.jsonl").read_text().splitlines()
+    # bad lines in several chunks of 100 lines: two the reader rejects, two the encoder does
+    for i, bad in zip(
+        (3, 150, 420, 777), ("{not json", '"not an object"', '{"txt": "a"}', '{"x": 1}'), strict=True
+    ):
+        rows[i] = bad
+    data = tmp_path / "bad.jsonl"
+    data.write_text("\n".join(rows) + "\n")
+    root = tmp_path / "ref"
+    root.mkdir()
+    pack(root / "out", "--on-error", "skip", inputs=[str(data)])
+    ref = files(root / "out")
+    out = tmp_path / "out"
+    proc = pack(
+        out, "--on-error", "skip", inputs=[str(data)], check=False, env={"PACKTOOL_TEST_KILL": "encode:6"}
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    again = pack(out, "--on-error", "skip", inputs=[str(data)])
+    assert "resumed: 6 of 10 chunks" in again.stderr  # reused, not encoded again
+    got = files(out)
+    ref_manifest = json.loads(ref.pop("manifest.json"))
+    got_manifest = json.loads(got.pop("manifest.json"))
+    assert got_manifest["stats"]["skipped_samples"] == 4
+    assert got_manifest["stats"] == ref_manifest["stats"]
+    assert got == ref  # every shard and errors.jsonl

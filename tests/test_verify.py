@@ -443,7 +443,8 @@ def test_tar_header_field_that_is_not_octal(tar_out: Path):
     path.write_bytes(bytes(data))
     code, text = verify(tar_out)
     assert code == 1
-    assert f"packs-000000.tar, pack 7: does not parse as tar: bad tar header checksum at byte {header}" in text
+    problem = f"packs-000000.tar, pack 7: does not parse as tar: bad tar header checksum at byte {header}"
+    assert problem in text
     assert "internal error" not in text
 
 

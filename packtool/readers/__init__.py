@@ -96,7 +96,8 @@ def read_inputs(
 ) -> Iterator[SourceBatch]:
     """Stream every input as ``SourceBatch`` objects, in order.
 
-    With ``lazy``, Parquet files yield ``ParquetRows`` (row ranges read later by ``load()``) instead.
+    With ``lazy``, Parquet files yield ``ParquetRows`` and JSON Lines files (after their first record)
+    ``JsonlLines``: row or line ranges read later, by whoever calls their ``load(sink)``.
 
     Bad records go to ``sink`` (default: raise ``InputError``); a file that cannot be read at all raises
     ``InputError`` under every policy.
@@ -104,7 +105,7 @@ def read_inputs(
     sink = sink or ErrorSink()
     for kind, source, files in expand_inputs(inputs):
         if kind == "jsonl":
-            batches = read_jsonl(source, sink=sink, text_field=text_field)
+            batches = read_jsonl(source, sink=sink, text_field=text_field, lazy=lazy)
         elif kind == "parquet":
             batches = read_parquet(source, lazy=lazy)
         elif kind == "text":

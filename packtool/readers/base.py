@@ -57,8 +57,9 @@ class SourceBatch:
             )
         return (SourceBatch, (self.source, batch, self.rows, self.row_kind))
 
-    def load(self) -> list[SourceBatch]:
-        """Itself (a ``ParquetRows`` read lazily answers the same call with the rows it names)."""
+    def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
+        """Itself (a ``ParquetRows`` or ``JsonlLines`` read lazily answers the same call with the records
+        it names; bad records met then go to ``sink``)."""
         return [self]
 
     def where(self, i: int) -> str:

@@ -14,13 +14,20 @@ string, lists and structs of those; no double, which pyarrow also makes of integ
 timestamp, which it infers from strings). Anything else, from the first batch it cannot read on, goes
 through the line-by-line path, so the records, their line numbers and every error message are the same
 either way.
+
+**Lazy.** ``read_jsonl(path, lazy=True)`` (what ``packtool pack`` uses) reads the file only up to its first
+record, then scans it for newlines and yields ``JsonlLines``: ranges of lines that the worker encoding them
+reads and parses itself (``load(sink)``: the fast path when the range is plain, else line by line), with
+the same records, line numbers and errors.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -30,14 +37,33 @@ from packtool.readers.base import SourceBatch, batch_from_pylist
 
 
 def read_jsonl(
-    path: str, batch_rows: int = 2048, sink: ErrorSink | None = None, text_field: str = "text"
-) -> Iterator[SourceBatch]:
-    """Yield batches of at most ``batch_rows`` records from a JSON Lines or JSON-array file."""
+    path: str,
+    batch_rows: int = 2048,
+    sink: ErrorSink | None = None,
+    text_field: str = "text",
+    lazy: bool = False,
+) -> Iterator[SourceBatch | JsonlLines]:
+    """Yield batches of at most ``batch_rows`` records from a JSON Lines or JSON-array file.
+
+    With ``lazy``, a JSON Lines file is read here only up to its first record (the caller sees its
+    fields); the rest is yielded as ``JsonlLines``, ranges of ``batch_rows`` lines that the process
+    encoding them reads and parses (``load``), found by one scan for newlines. A JSON array is read here.
+    """
     sink = sink or ErrorSink()
     with open(path, "rb") as f:
         head = f.read(64).lstrip()
     if head.startswith(b"["):
         yield from _read_json_array(path, batch_rows, sink, text_field)
+        return
+    if lazy:
+        seen_records = False
+        for piece in _line_ranges(path, batch_rows, text_field):
+            if seen_records:
+                yield piece
+                continue
+            for batch in piece.load(sink):  # read here until a record shows the caller the fields
+                seen_records = True
+                yield batch
         return
     skip = 0
     state = {"complete": False}
@@ -53,36 +79,43 @@ def _read_lines(
     path: str, batch_rows: int, sink: ErrorSink, text_field: str, skip: int = 0
 ) -> Iterator[SourceBatch]:
     """The line-by-line path, from line ``skip + 1`` on."""
+    with open(path, "rb") as f:
+        numbered = ((n, raw) for n, raw in enumerate(f, start=1) if n > skip)
+        yield from _parse_lines(path, numbered, batch_rows, sink, text_field)
+
+
+def _parse_lines(
+    path: str, numbered: Iterable[tuple[int, bytes]], batch_rows: int, sink: ErrorSink, text_field: str
+) -> Iterator[SourceBatch]:
+    """``(line number, raw line)`` pairs parsed one by one with ``json``; blank lines are skipped, bad
+    ones go to ``sink``."""
     records: list[dict] = []
     lines: list[int] = []
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if lineno <= skip or not raw.strip():
-                continue
-            try:
-                rec = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                sink.bad(_line_error(f"not valid UTF-8 (byte {e.start})", path, lineno, "not_utf8"))
-                continue
-            except json.JSONDecodeError as e:
-                sink.bad(
-                    _line_error(f"malformed JSON: {e.msg} (column {e.colno})", path, lineno, "malformed_json")
-                )
-                continue
-            if not isinstance(rec, dict):
-                sink.bad(
-                    _line_error(
-                        f"expected a JSON object, got {type(rec).__name__}", path, lineno, "not_object"
-                    )
-                )
-                continue
-            records.append(rec)
-            lines.append(lineno)
-            if len(records) >= batch_rows:
-                yield batch_from_pylist(
-                    records, path, np.asarray(lines, dtype=np.int64), "line", sink, text_field
-                )
-                records, lines = [], []
+    for lineno, raw in numbered:
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            sink.bad(_line_error(f"not valid UTF-8 (byte {e.start})", path, lineno, "not_utf8"))
+            continue
+        except json.JSONDecodeError as e:
+            sink.bad(
+                _line_error(f"malformed JSON: {e.msg} (column {e.colno})", path, lineno, "malformed_json")
+            )
+            continue
+        if not isinstance(rec, dict):
+            sink.bad(
+                _line_error(f"expected a JSON object, got {type(rec).__name__}", path, lineno, "not_object")
+            )
+            continue
+        records.append(rec)
+        lines.append(lineno)
+        if len(records) >= batch_rows:
+            yield batch_from_pylist(
+                records, path, np.asarray(lines, dtype=np.int64), "line", sink, text_field
+            )
+            records, lines = [], []
     if records:
         yield batch_from_pylist(records, path, np.asarray(lines, dtype=np.int64), "line", sink, text_field)
 
@@ -128,18 +161,116 @@ class _PlainLines:
         data = block[:cut]
         if not data:
             return
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
+        if not _plain(data):
             self.stopped = True
             return
-        lines = data if data.endswith(b"\n") else data + b"\n"
-        blank_first = not lines[: lines.find(b"\n")].strip()
-        if blank_first or _BLANK_LINE.search(lines) or _SURROGATE_ESCAPE.search(lines):
-            self.stopped = True
-            return
-        self.lines += lines.count(b"\n")
+        self.lines += data.count(b"\n") + (not data.endswith(b"\n"))
         self.offset += cut
+
+
+def _plain(data: bytes) -> bool:
+    """Whether ``data`` (whole lines) is valid UTF-8 with no blank line and no surrogate escape: what
+    ``pyarrow.json`` reads as the line-by-line path does, one record per line."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    lines = data if data.endswith(b"\n") else data + b"\n"
+    blank_first = not lines[: lines.find(b"\n")].strip()
+    return not (blank_first or _BLANK_LINE.search(lines) or _SURROGATE_ESCAPE.search(lines))
+
+
+@dataclass
+class JsonlLines:
+    """Lines ``first_line .. first_line + num_rows - 1`` (1-based) of the JSON Lines file ``source``, not
+    read yet: ``line_starts`` holds each line's byte offset, then where the last one ends.
+
+    It stands for a ``SourceBatch`` until ``load(sink)`` reads and parses it (``num_rows`` counts lines, blank
+    ones included); pickling it costs 8 bytes a line whatever the lines hold, so a worker reads its own.
+    """
+
+    source: str
+    first_line: int
+    line_starts: np.ndarray  # (num_rows + 1,) int64
+    text_field: str = "text"
+    row_kind: str = "line"
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.line_starts) - 1
+
+    def slice(self, offset: int, length: int) -> JsonlLines:
+        length = min(length, self.num_rows - offset)
+        starts = self.line_starts[offset : offset + length + 1]
+        return JsonlLines(self.source, self.first_line + offset, starts, self.text_field)
+
+    def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
+        """The records of these lines, as the whole-file reader would give them (same line numbers, same
+        errors to ``sink``): ``pyarrow.json`` when the lines are plain and it types them as ``json`` would,
+        else line by line."""
+        sink = sink or ErrorSink()
+        start, end = int(self.line_starts[0]), int(self.line_starts[-1])
+        try:
+            with open(self.source, "rb") as f:
+                f.seek(start)
+                data = f.read(end - start)
+        except OSError as e:
+            raise InputError(f"cannot read: {e.strerror or e}", source=self.source) from None
+        if len(data) != end - start:
+            raise InputError(f"file changed while being read (line {self.first_line})", source=self.source)
+        batches = self._load_arrow(data)
+        if batches is not None:
+            return batches
+        lines = data.split(b"\n")
+        if data.endswith(b"\n"):
+            lines.pop()  # the empty string after the last newline is no line
+        numbered = enumerate(lines, start=self.first_line)
+        return list(_parse_lines(self.source, numbered, len(lines) or 1, sink, self.text_field))
+
+    def _load_arrow(self, data: bytes) -> list[SourceBatch] | None:
+        import pyarrow.json as pj
+
+        if not data or not _plain(data):
+            return None
+        try:
+            table = pj.read_json(
+                io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1)
+            )
+        except (pa.ArrowException, UnicodeDecodeError):
+            return None
+        if table.num_rows != self.num_rows or not all(_same_as_python(f.type) for f in table.schema):
+            return None
+        out, line = [], self.first_line
+        for b in table.combine_chunks().to_batches():
+            out.append(
+                SourceBatch(self.source, b, np.arange(line, line + b.num_rows, dtype=np.int64), "line")
+            )
+            line += b.num_rows
+        return out
+
+
+def _line_ranges(path: str, lines_per_piece: int, text_field: str) -> Iterator[JsonlLines]:
+    """The lines of ``path`` as ``JsonlLines`` of ``lines_per_piece`` lines, from one scan for newlines."""
+    pending = [np.zeros(1, dtype=np.int64)]  # line starts not handed out yet (the first one included)
+    count, first_line, pos = 0, 1, 0  # count: lines in pending whose end is known
+    with open(path, "rb") as f:
+        while block := f.read(_SCAN_BLOCK):
+            ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10) + (pos + 1)
+            pos += len(block)
+            pending.append(ends)
+            count += len(ends)
+            if count >= lines_per_piece:
+                starts = np.concatenate(pending)
+                full = count // lines_per_piece * lines_per_piece
+                for a in range(0, full, lines_per_piece):
+                    yield JsonlLines(path, first_line + a, starts[a : a + lines_per_piece + 1], text_field)
+                first_line += full
+                pending, count = [starts[full:]], count - full
+    starts = np.concatenate(pending)
+    if starts[-1] < pos:  # a last line without a newline
+        starts = np.append(starts, pos)
+    if len(starts) > 1:
+        yield JsonlLines(path, first_line, starts, text_field)
 
 
 def _same_as_python(t: pa.DataType) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.errors import InputError
+from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
 
 BATCH_ROWS = 8192
@@ -79,7 +79,7 @@ class ParquetRows:
         length = min(length, self.num_rows - offset)
         return ParquetRows(self.source, self.start + offset, length, self.schema)
 
-    def load(self) -> list[SourceBatch]:
+    def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
         """The rows as ``SourceBatch`` objects (several if they span row groups or read batches)."""
         return read_rows(self.source, self.start, self.num_rows)
 

@@ -40,9 +40,14 @@ def chunk_dir(work_dir: str | Path, index: int) -> Path:
 
 
 def write_chunk(
-    work_dir: str | Path, index: int, batches: list[SourceBatch], encoded: list[pa.RecordBatch]
+    work_dir: str | Path,
+    index: int,
+    batches: list[SourceBatch],
+    encoded: list[pa.RecordBatch],
+    extra: dict | None = None,
 ) -> dict:
-    """Write one encoded chunk (the encoder's output for ``batches``) and return its meta."""
+    """Write one encoded chunk (the encoder's output for ``batches``) and return its meta (``extra``
+    added to it, in ``meta.json`` too, so that a resumed run reads it back)."""
     final = chunk_dir(work_dir, index)
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -89,6 +94,7 @@ def write_chunk(
         "empty_loss_samples": sum(empty_loss_count(e) for e in encoded),
         "sources": sources,
         "row_kinds": row_kinds,
+        **(extra or {}),
     }
     (tmp / "meta.json").write_text(json.dumps(meta))
     # A chunk's bytes depend only on its records, so if another writer finished it meanwhile (a task of a
