@@ -283,6 +283,16 @@ def test_a_slice_pickles_only_its_own_rows(tmp_path):
     assert len(pickle.dumps(part)) < 2 * len(pickle.dumps(batch)) / (2000 / 50)
 
 
+def _clean(value):
+    """A record as the encoders see it: a key that is None is a key that is absent, at any depth (a batch's
+    struct type holds the union of its records' keys, so which keys are None depends on the batching)."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
 def _lazy(path, batch_rows, on_error="fail"):
     """What the pipeline gets for ``path`` with lazy reading: the driver's batches, then each piece loaded
     as a worker loads it (its own sink); records and line numbers, or the first error, and skip counts."""
@@ -294,7 +304,7 @@ def _lazy(path, batch_rows, on_error="fail"):
     try:
         for piece in read_jsonl(str(path), batch_rows=batch_rows, sink=sink, lazy=True):
             for b in piece.load(sink):
-                records += [{k: v for k, v in r.items() if v is not None} for r in b.batch.to_pylist()]
+                records += [_clean(r) for r in b.batch.to_pylist()]
                 lines += b.rows.tolist()
     except InputError as e:
         return str(e), None
@@ -308,7 +318,7 @@ def _eager(path, on_error="fail"):
     records, lines = [], []
     try:
         for b in read_inputs([str(path)], sink=sink):
-            records += [{k: v for k, v in r.items() if v is not None} for r in b.batch.to_pylist()]
+            records += [_clean(r) for r in b.batch.to_pylist()]
             lines += b.rows.tolist()
     except InputError as e:
         return str(e), None
@@ -325,8 +335,28 @@ def _eager(path, on_error="fail"):
         '{"text": "a", "score": 1.5}\n' * 12 + '{"text": "2020-01-01"}\n',  # types pyarrow reads otherwise
         "\n\n\n" + '{"text": "late first record"}\n' * 5,  # the first records after empty pieces
         "\n\n",
+        "".join(
+            json.dumps(
+                {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+            )
+            + "\n"
+            + json.dumps({"messages": [{"role": "user", "content": "a", "x": i}]})
+            + "\n"
+            for i in range(6)
+        ),
+        '{"input_ids": [1, 2]}\n' * 4 + '{"input_ids": [1, 1180591620717411303424]}\n',  # past int64
     ],
-    ids=["plain", "no-final-newline", "blank-lines", "bad-lines", "other-types", "late-first", "only-blank"],
+    ids=[
+        "plain",
+        "no-final-newline",
+        "blank-lines",
+        "bad-lines",
+        "other-types",
+        "late-first",
+        "only-blank",
+        "chat-keys-missing-in-some-turns",
+        "int-past-int64",
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize("on_error", ["fail", "skip"])
 def test_lazy_jsonl_pieces_read_what_the_whole_file_reader_reads(tmp_path, text, on_error):
