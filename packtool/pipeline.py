@@ -63,7 +63,7 @@ FORMAT_VERSION = 2
 
 # tokens gathered into packs at once when writing Parquet (whole row groups; 4 MiB per int32 column). On
 # 1M shuffled samples (N=4096) a gather of 256 packs cost 0.34 s a shard against 0.45 s for 128 and 0.24 s
-# for 512; 512 added 15 MiB more to the peak RSS at 400k samples (scripts/bench_memory.py) than 256 did.
+# for 512; 512 peaked 41 MiB higher than 256 at 400k samples (scripts/bench_memory.py: 313 vs 272 MiB).
 GATHER_TOKENS = 1 << 20
 
 # --- worker state: built once per process by ``_init_worker`` --------------------------------------
