@@ -345,6 +345,8 @@ def _eager(path, on_error="fail"):
             for i in range(6)
         ),
         '{"input_ids": [1, 2]}\n' * 4 + '{"input_ids": [1, 1180591620717411303424]}\n',  # past int64
+        '{"text": "a"}\r\n' * 9,  # Windows line ends
+        '\ufeff{"text": "a"}\n' + '{"text": "b"}\n' * 5,  # a byte order mark
     ],
     ids=[
         "plain",
@@ -356,6 +358,8 @@ def _eager(path, on_error="fail"):
         "only-blank",
         "chat-keys-missing-in-some-turns",
         "int-past-int64",
+        "crlf",
+        "bom",
     ],  # fmt: skip
 )
 @pytest.mark.parametrize("on_error", ["fail", "skip"])
