@@ -172,6 +172,17 @@ def _max_map_count() -> int:
         return 65530
 
 
+def _groups(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``(key, positions)`` for each distinct value of ``keys``, in increasing key order; positions in order.
+
+    >>> [(k, p.tolist()) for k, p in _groups(np.array([2, 0, 2, 1]))]
+    [(0, [1]), (1, [3]), (2, [0, 2])]
+    """
+    order = np.argsort(keys, kind="stable")
+    groups = np.split(order, np.flatnonzero(np.diff(keys[order])) + 1) if len(order) else []
+    return [(int(keys[g[0]]), g) for g in groups]
+
+
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, s + l)`` for every ``(s, l)``, vectorized.
 
@@ -355,9 +366,7 @@ class ChunkStore:
             return
         chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
         begin = np.empty(len(sample), dtype=np.int64)
-        by_chunk = np.argsort(chunk, kind="stable")
-        for sel in np.split(by_chunk, np.flatnonzero(np.diff(chunk[by_chunk])) + 1):
-            c = int(chunk[sel[0]])
+        for c, sel in _groups(chunk):
             begin[sel] = self.offsets(c)[sample[sel] - self.sample_starts[c]] + start[sel]
         end = begin + length
         new_run = np.ones(len(sample), dtype=bool)
@@ -369,10 +378,7 @@ class ChunkStore:
         run_chunk = chunk[first]
         # runs grouped by chunk (stable): one chunk mapped at a time, holding every used chunk's maps would
         # hold their file descriptors
-        order = np.argsort(run_chunk, kind="stable")
-        bounds = np.flatnonzero(np.diff(run_chunk[order])) + 1
-        for group in np.split(order, bounds):
-            c = int(run_chunk[group[0]])
+        for c, group in _groups(run_chunk):
             a = self.arrays(c)
             runs = list(
                 zip(

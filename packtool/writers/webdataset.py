@@ -55,6 +55,7 @@ import yaml
 
 from packtool.errors import ConfigError, PacktoolError
 from packtool.packing.plan import PackPlan
+from packtool.reading import PACK_FIELDS
 from packtool.writers.packs import PackArrays
 
 BLOCK = tarfile.BLOCKSIZE  # 512
@@ -342,7 +343,7 @@ def read_tar_packs(
     path = Path(path)
 
     def finish(key: str, pack: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        missing = [f for f in ("input_ids", "labels", "position_ids", "seq_lens") if f not in pack]
+        missing = [f for f in PACK_FIELDS if f not in pack]
         if missing:
             raise PacktoolError(f"{path}: pack {key} has no {', '.join(missing)} member")
         if not with_sample_index:
@@ -362,12 +363,7 @@ def read_tar_packs(
                     offset, size = members["json"]
                     _check_run_id(path, f"{key}.json", bytes(buf[offset : offset + size]), run_id)
                     run_id = None  # the first pack's is enough: a shard is written by one run
-                pack = {
-                    ext[: -len(".npy")]: _npy_array(path, f"{key}.{ext}", buf, *members[ext])
-                    for ext in members
-                    if ext.endswith(".npy")
-                }
-                yield finish(key, pack)
+                yield finish(key, _npy_members(path, key, members, buf))
 
 
 def read_tar_pack(path: str | Path, row: int, n: int) -> dict[str, np.ndarray] | None:
@@ -388,22 +384,28 @@ def read_tar_pack(path: str | Path, row: int, n: int) -> dict[str, np.ndarray] |
     with open(path, "rb") as f:
         f.seek(start)
         data = f.read(end - start)
+    if len(data) != end - start:
+        return None
     try:
         groups = list(tar_pack_groups(path, data))
     except PacktoolError:
         return None
-    if len(groups) != 1 or end - start != len(data):
+    if len(groups) != 1:
         return None
     key, _, members, _ = groups[0]
-    pack = {
-        ext[: -len(".npy")]: _npy_array(path, f"{key}.{ext}", data, *members[ext])
+    pack = _npy_members(path, key, members, data)
+    if any(f not in pack for f in (*PACK_FIELDS, "sample_index")) or pack["input_ids"].shape != (n,):
+        return None
+    return pack
+
+
+def _npy_members(path: Path, key: str, members: dict[str, tuple[int, int]], buf) -> dict[str, np.ndarray]:
+    """The ``.npy`` members of pack ``key`` (``{ext: (data offset, size)}`` in ``buf``), as arrays by name."""
+    return {
+        ext[: -len(".npy")]: _npy_array(path, f"{key}.{ext}", buf, *members[ext])
         for ext in members
         if ext.endswith(".npy")
     }
-    fields = ("input_ids", "labels", "position_ids", "seq_lens", "sample_index")
-    if any(f not in pack for f in fields) or pack["input_ids"].shape != (n,):
-        return None
-    return pack
 
 
 def _check_run_id(path: Path, name: str, data: bytes, run_id: str) -> None:
