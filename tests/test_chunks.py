@@ -69,3 +69,32 @@ def test_open_chunks_limit_raises_the_soft_open_file_limit_toward_the_hard_one()
             assert soft == min(8192, 64 + 3 * max_open) and n == min(max_open, (soft - 64) // 3)
         else:
             assert n == expect and soft == 160  # (160 - 64) // 3 chunks, 3 descriptors each at most
+
+
+def test_gathers_over_more_chunks_than_stay_open_reuse_the_open_ones(tmp_path):
+    """With more chunks than ``max_open``, successive gathers that touch every chunk alternate direction:
+    the second opens only the chunks the first did not leave open, and both copy the same tokens as a
+    store that keeps every chunk open."""
+    import numpy as np
+
+    from packtool.writers import ChunkStore
+    from tests.test_properties import sample_tokens, write_store
+
+    tokens = sample_tokens([3] * 12)  # 12 one-sample chunks
+    small = write_store(tmp_path / "w", tokens, chunk_size=1, with_mask=False)
+    small.max_open = 4
+    whole = ChunkStore(small.work_dir, small.metas, max_open=64)
+    opened = []
+    mapped = ChunkStore._map
+    small._map = lambda path: (opened.append(path.parent.name), mapped(small, path))[1]
+    sample = np.arange(12)[::-1]  # every chunk, in pack order not chunk order
+    start, length = np.zeros(12, dtype=np.int64), np.full(12, 3)
+    dest = np.arange(12) * 3
+    for gather in range(3):
+        opened.clear()
+        got = {"input_ids": np.zeros(36, np.int32), "labels": np.zeros(36, np.int32)}
+        want = {k: v.copy() for k, v in got.items()}
+        small.pieces_into(sample, start, length, dest, got)
+        whole.pieces_into(sample, start, length, dest, want)
+        assert all(np.array_equal(got[k], want[k]) for k in got)
+        assert len(set(opened)) == (12 if gather == 0 else 12 - 4)

@@ -208,6 +208,7 @@ class ChunkStore:
     _headers: dict = field(default_factory=dict, init=False, repr=False)
     _offsets: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
     _offsets_bytes: int = field(default=0, init=False, repr=False)
+    _zigzag: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(self.work_dir)
@@ -378,7 +379,14 @@ class ChunkStore:
         run_chunk = chunk[first]
         # runs grouped by chunk (stable): one chunk mapped at a time, holding every used chunk's maps would
         # hold their file descriptors
-        for c, group in _groups(run_chunk):
+        groups = _groups(run_chunk)
+        if len(groups) > self.max_open:
+            # more chunks than stay open: each gather visits them in the other direction than the last, so
+            # it starts with the chunks the last one left open instead of evicting them unused (LRU order)
+            self._zigzag = not self._zigzag
+            if self._zigzag:
+                groups.reverse()
+        for c, group in groups:
             a = self.arrays(c)
             runs = list(
                 zip(
