@@ -31,6 +31,7 @@ from measure import run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def make_input(path: Path, num_samples: int, seed: int = 0) -> int:
     """Pretokenized Parquet of ``num_samples`` rows; returns the number of tokens."""
     rng = np.random.default_rng(seed)
