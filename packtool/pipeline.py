@@ -70,10 +70,23 @@ GATHER_TOKENS = 1 << 20
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(config: dict, sample_format: str) -> None:
+def _init_worker(config: dict, sample_format: str, run: str) -> None:
+    """Build this process's worker state for the run ``run``, once: the driver builds it first (its
+    encoder fails fast on a bad tokenizer), and it runs tasks itself too (``--num-proc 1``, or while the
+    workers start), so the engine's own call in the driver finds it built."""
+    if _WORKER.get("run") == run:
+        return
     cfg = PackConfig.from_dict(config)
     _WORKER.clear()
-    _WORKER.update(config=cfg, encoder=build_encoder(cfg, sample_format), stores={})
+    _WORKER.update(run=run, config=cfg, encoder=build_encoder(cfg, sample_format), stores={})
+
+
+def init_run(config: PackConfig, sample_format: str) -> tuple[Any, tuple]:
+    """Start a run in this process: its worker state (the encoder fails fast here on a bad tokenizer
+    spec), and the ``_init_worker`` arguments for the engine. Returns ``(encoder, initargs)``."""
+    initargs = (config.to_dict(), sample_format, os.urandom(8).hex())
+    _init_worker(*initargs)
+    return _WORKER["encoder"], initargs
 
 
 def _encode_chunk(task: tuple[int, list[SourceBatch], str]) -> dict:
@@ -321,7 +334,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
     if first is None:
         raise InputError(_nothing_left(sink), source=", ".join(config.inputs), code="empty_input")
     sample_format = resolve_sample_format(config, first.schema.names)
-    encoder = build_encoder(config, sample_format)  # fail fast here on a bad tokenizer spec
+    encoder, worker_args = init_run(config, sample_format)
     work = str(out.work)
     fingerprint = input_fingerprint(config.inputs)
     identity = encoder.identity()
@@ -341,7 +354,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
     if resumed:
         _note(config, f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
 
-    engine = make_engine(config, _init_worker, (config.to_dict(), sample_format))
+    engine = make_engine(config, _init_worker, worker_args)
     with engine:
         done: dict[int, dict] = {}  # chunks finished by an earlier attempt of this run
 

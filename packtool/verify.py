@@ -903,10 +903,10 @@ class _SourceCheck:
         import itertools
 
         from packtool.config import PackConfig
-        from packtool.encoders import build_encoder, resolve_sample_format
+        from packtool.encoders import resolve_sample_format
         from packtool.engines import make_engine
         from packtool.errors import InputError
-        from packtool.pipeline import _init_worker, encode_to_chunks
+        from packtool.pipeline import _init_worker, encode_to_chunks, init_run
         from packtool.readers import read_inputs
 
         values = dict(manifest["config"])
@@ -917,7 +917,7 @@ class _SourceCheck:
         if first is None:
             raise InputError("input holds no records", source=", ".join(config.inputs))
         sample_format = resolve_sample_format(config, first.batch.schema.names)
-        encoder = build_encoder(config, sample_format)
+        encoder, worker_args = init_run(config, sample_format)
         ident, recorded = encoder.identity(), manifest.get("tokenizer") or {}
         if ident.get("sha256") != recorded.get("sha256"):
             report.add(
@@ -928,7 +928,7 @@ class _SourceCheck:
                 field="tokenizer",
             )
         tmp = tempfile.TemporaryDirectory(prefix="packtool-verify-")
-        engine = make_engine(config, _init_worker, (config.to_dict(), sample_format))
+        engine = make_engine(config, _init_worker, worker_args)
         with engine:
             store = encode_to_chunks(config, itertools.chain([first], batches), tmp.name, engine, progress)
         lengths = store.lengths().astype(np.int64)
