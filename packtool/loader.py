@@ -16,8 +16,10 @@ Example::
 **The stream.** A *unit* is what a reader decodes at once: a Parquet row group (a whole shard for formats
 without row groups). For epoch ``e`` the units are put in an order drawn from ``(seed, e)``; their packs,
 in that order, form the epoch's sequence of ``P`` packs. Rank ``r`` of ``R`` takes the slice
-``[r * M, (r + 1) * M)`` with ``M = (P // (R * B)) * B``, so every rank has the same number of full batches
-(the last ``P - R * M < R * B`` packs of the epoch's order are left out of that epoch). A rank's slice is cut
+``[S + r * M, S + (r + 1) * M)`` with ``M = (P // (R * B)) * B``, so every rank has the same number of full
+batches; the ``P - R * M < R * B`` packs left over are left out of that epoch: the first ``S`` and the last
+of the epoch's order, ``S`` drawn from ``(seed, e)`` in ``[0, P - R * M]`` when shuffling (0 otherwise), so
+they differ from epoch to epoch even with one unit, and every unit stays contiguous. A rank's slice is cut
 into ``lanes`` contiguous segments; lane ``l`` produces the rank's batches ``l, l + lanes, ...`` from its
 segment, mixed by a shuffle buffer (each pack moves by less than ``shuffle_buffer`` places, drawn from
 ``(seed, e, r, l)``). Everything above is computed on pack indices only, before any data is read.
@@ -279,8 +281,12 @@ def epoch_plan(
     first = np.concatenate([[0], np.cumsum(sizes)])
     nb = int(first[-1]) // (world_size * batch_size)
     m = nb * batch_size
-    order = np.random.default_rng([seed, epoch]).permutation(len(sizes)) if shuffle else np.arange(len(sizes))
-    mine = ranges(first[:-1][order], sizes[order])[rank * m : (rank + 1) * m]
+    order, skip = np.arange(len(sizes)), 0
+    if shuffle:  # the unit order, and how many of the packs left over come off its head (the rest: its tail)
+        rng = np.random.default_rng([seed, epoch])
+        order = rng.permutation(len(sizes))
+        skip = int(rng.integers(0, int(first[-1]) - world_size * m + 1))
+    mine = ranges(first[:-1][order], sizes[order])[skip + rank * m : skip + (rank + 1) * m]
     out = np.empty((nb, batch_size), dtype=np.int64)
     counts = np.maximum(0, -(-(nb - np.arange(lanes)) // lanes))  # batches of each lane
     seg = np.concatenate([[0], np.cumsum(counts)]) * batch_size

@@ -302,6 +302,30 @@ def test_epoch_plan_shuffle_buffer_moves_packs_locally():
     assert np.abs(unit_order_pos[shuffled] - np.arange(500)).max() < 16
 
 
+@pytest.mark.parametrize("sizes", [[130], [48, 48, 34], [16] * 8 + [2]])
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_epoch_plan_packs_left_out_differ_from_epoch_to_epoch(sizes, world_size):
+    """With shuffle, the packs that do not fill a batch on every rank are not always the same ones (they
+    were the tail of the last unit in the order: with one unit, the same packs in every epoch)."""
+    total, batch = sum(sizes), 8
+    left_out = []
+    for epoch in range(12):
+        used = np.concatenate(
+            [
+                epoch_plan(
+                    np.array(sizes), epoch=epoch, seed=0, shuffle=True, shuffle_buffer=0, rank=rank,
+                    world_size=world_size, batch_size=batch, lanes=2,
+                ).reshape(-1)
+                for rank in range(world_size)
+            ]
+        )  # fmt: skip
+        assert len(np.unique(used)) == len(used) == total // (world_size * batch) * world_size * batch
+        left_out.append(frozenset(range(total)) - frozenset(used.tolist()))
+    assert len(set(left_out)) > 1
+    # with one unit, packs from its head are left out too, not only its tail
+    assert len(frozenset().union(*left_out)) > total % (world_size * batch)
+
+
 # --- resume ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("save_workers", [0, 1, 2])
 def test_resume_equals_uninterrupted_stream(packed, save_workers):
