@@ -237,8 +237,9 @@ class PackedBatch:
             return t.to(torch.int64) if name in WIDE_FIELDS else t
 
         moved = self._map(move)
-        if self.block_mask is not None:
-            moved.block_mask = self.block_mask.to(device)
+        # built again on the device, not moved: BlockMask.to moves its block tensors but not the tensors
+        # its mask_mod captured (the per-token sequence ids), which flex_attention would index on the host
+        moved.block_mask = None
         return moved.build_mask()
 
     def build_mask(self) -> PackedBatch:

@@ -166,7 +166,9 @@ def flex_block_mask(
     complete and inside one sequence: the kernel skips the mask function there) or *partial* (the
     ``mask_mod`` ``same sequence & q >= kv`` decides per element). Cost ``O(B * (N / block_size)^2)``.
     The result has one head (``H=1``, broadcast over heads) and matches what
-    ``create_block_mask(document_causal_mask_mod, B, 1, N, N, BLOCK_SIZE=block_size)`` builds.
+    ``create_block_mask(document_causal_mask_mod, B, 1, N, N, BLOCK_SIZE=block_size)`` builds. Build it on
+    the device attention runs on: ``BlockMask.to(device)`` moves the block tensors but not the sequence ids
+    its ``mask_mod`` captured (``PackedBatch.to`` builds the mask again on the new device instead).
 
     Example::
 

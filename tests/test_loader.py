@@ -211,6 +211,22 @@ def test_to_builds_the_chosen_mask_on_the_device(packed, mask):
         assert moved.block_mask.seq_lengths == (N, N) and moved.block_mask.kv_num_blocks.shape[0] == 2
 
 
+def test_to_builds_a_flex_mask_built_on_the_host_again_on_the_new_device(packed):
+    """``BlockMask.to`` leaves the sequence ids its mask_mod captured on the host; a batch whose flex mask
+    was built before ``to()`` (in a worker, say) gets one built on the new device. ``meta`` stands in for an
+    accelerator here."""
+    batch = next(iter(get_loader(PackedDataset(packed, batch_size=2, mask="flex"), num_workers=0)))
+    batch.build_mask()
+    moved = batch.to("meta")
+
+    def captured(block_mask) -> set:
+        cells = block_mask.mask_mod.__closure__ or ()
+        return {c.cell_contents.device.type for c in cells if isinstance(c.cell_contents, torch.Tensor)}
+
+    assert captured(batch.block_mask) == {"cpu"}
+    assert captured(moved.block_mask) == {"meta"} and moved.block_mask.kv_num_blocks.device.type == "meta"
+
+
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
 @pytest.mark.parametrize("mask", ["dense", "flex", "varlen"])
 def test_attention_on_loader_batches_equals_each_sample_alone(packed, mask):
