@@ -94,41 +94,58 @@ def test_resume_does_not_redo_finished_chunks_or_shards(reference, out):
     assert files(out) == ref
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_external_kill_of_a_multiprocess_job(reference, out, sig):
-    """Kill (or Ctrl-C) the driver of a ``--num-proc 2`` job when chunk 3 appears; resume it."""
+    """Kill (or Ctrl-C) the driver of a ``--num-proc 2`` job when chunk 3 appears: no process it started
+    (forkserver, workers, resource tracker) outlives it, no chunk is written after it; resume it."""
     _, ref = reference
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "packtool.cli", "pack", str(DEMO / "train.jsonl"), "-o", str(out), *ARGS]
     proc = subprocess.Popen([*cmd, "--num-proc", "2", "-q", "--chunk-size", "100"], env=env)
-    marker = out.with_name("out.partial") / "_work" / "chunk-000002" / "meta.json"
+    work = out.with_name("out.partial") / "_work"
     deadline = time.monotonic() + 120
-    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+    while not (work / "chunk-000002" / "meta.json").exists() and proc.poll() is None:
+        assert time.monotonic() < deadline
         time.sleep(0.002)
     assert proc.poll() is None, "the job ended before it could be killed"
+    started = _descendants(proc.pid)
+    assert len(started) >= 3  # forkserver and two workers at least
     proc.send_signal(sig)
-    assert proc.wait(timeout=60) == (-signal.SIGKILL if sig == signal.SIGKILL else 130)
-    assert (out.with_name("out.partial") / "_work" / "run.json").exists() and not out.exists()
-    time.sleep(0.5)
-    assert not _processes_writing(out), "a worker outlived its killed driver"
+    assert proc.wait(timeout=60) == {signal.SIGINT: 130}.get(sig, -sig)
+    chunks = sorted(p.name for p in work.glob("chunk-*"))
+    deadline = time.monotonic() + 10
+    while (alive := [p for p in started if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive, "processes of the killed job are still running"
+    assert sorted(p.name for p in work.glob("chunk-*")) == chunks, "chunks written after the kill"
+    assert (work / "run.json").exists() and not out.exists()
     proc = pack(out, "--num-proc", "2")
     assert "resumed:" in proc.stderr
     assert files(out) == ref
 
 
-def _processes_writing(out: Path) -> list[int]:
-    """Pids of live processes whose command line names ``out`` (other than zombies)."""
-    pids = []
+def _descendants(pid: int) -> list[int]:
+    """Pids of the live processes below ``pid`` (children, grandchildren, ...), from /proc."""
+    parent = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                cmdline = (entry / "cmdline").read_bytes()
-                state = (entry / "stat").read_text().split()[2]
-            except OSError:
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            if str(out).encode() in cmdline and state != "Z":
-                pids.append(int(entry.name))
-    return pids
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, pp in parent.items() if pp in frontier]
+        out += kids
+        frontier = kids
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_changed_config_starts_afresh(reference, out):

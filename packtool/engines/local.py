@@ -7,18 +7,19 @@ the driver's threads or tokenizer state: on Linux they are forked from a ``forks
 2-core machine where every worker's start-up is taken from the work), elsewhere they are spawned; each
 runs ``initializer(*initargs)`` once. With several workers each tokenizer runs on one thread
 (``TOKENIZERS_PARALLELISM=false`` unless set): ``num_proc`` processes are the parallelism, and the
-tokenizer's own threads on top of them would oversubscribe the cores. On Linux a worker is killed when
-its parent dies (``PR_SET_PDEATHSIG``; the forkserver itself exits when the job does), so a killed job
-leaves no worker behind that could still write into the output directory while the job is resumed.
+tokenizer's own threads on top of them would oversubscribe the cores. A worker exits as soon as the
+driver does, however it ends (``_exit_with``), so a killed job leaves no worker behind that could still
+write into the output directory while the job is resumed; the forkserver then exits with its last worker.
 """
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
 import os
-import signal
+import select
 import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -159,20 +160,39 @@ def _context() -> mp.context.BaseContext:
 
 
 def _start_worker(job: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
-    """Worker start-up: die with the parent (Linux), then run the engine's initializer.
-
-    ``job`` is the driver's pid: a spawned worker's parent, a forked one's grandparent (its parent is the
-    forkserver, which exits when the driver does).
-    """
-    if sys.platform.startswith("linux"):
-        parent = os.getppid()
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-        if parent == 1 or os.getppid() != parent or not _alive(job):  # died before prctl took effect
-            os._exit(1)
+    """Worker start-up: exit when the driver ``job`` (its pid) is gone, then run the engine's initializer."""
+    _exit_with(job)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if initializer is not None:
         initializer(*initargs)
+
+
+def _exit_with(job: int) -> None:
+    """End this process as soon as process ``job`` ends, whatever ends it (SIGKILL included).
+
+    A worker's parent is the forkserver, not the driver, so ``PR_SET_PDEATHSIG`` cannot tie it to the
+    driver, and nothing else ends it: the forkserver waits for every holder of its "alive" pipe, which
+    each worker holds, and the pool's task pipe never reads EOF because the workers hold its write end
+    too. Without this a killed job's workers went on encoding its queued chunks into the output's
+    partial directory (the README promises no stray writer outlives a killed job). A daemon thread waits
+    on a pidfd of the driver (Linux 5.3+; else it polls every 0.2 s).
+    """
+    try:
+        pidfd = os.pidfd_open(job)
+    except ProcessLookupError:  # gone already
+        os._exit(1)
+    except (AttributeError, OSError):
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])  # readable once the process has ended
+        else:
+            while _alive(job):
+                time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="packtool-exit-with-driver", daemon=True).start()
 
 
 def _alive(pid: int) -> bool:
