@@ -490,8 +490,24 @@ def test_existing_output_is_refused_without_overwrite(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
     assert not (tmp_path / "out.partial").exists()
-    pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, "--overwrite", check=True)
-    assert not (tmp_path / "out" / "keep.txt").exists() and (tmp_path / "out" / "manifest.json").exists()
+    # --overwrite replaces packtool outputs and empty directories only: this one is neither
+    proc = pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, "--overwrite")
+    assert proc.returncode == 2 and "not a packtool output (no manifest.json)" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+    (tmp_path / "out" / "keep.txt").unlink()
+    pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, "--overwrite", check=True)  # empty: replaced
+    pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, "--overwrite", check=True)  # an output: replaced
+    assert (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_output_that_is_a_file_is_named_as_one(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", GOOD)
+    (tmp_path / "out").write_text("x")
+    for flags in ((), ("--overwrite",)):
+        proc = pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, *flags)
+        assert proc.returncode == 2 and "exists and is not a directory" in proc.stderr
+        assert (tmp_path / "out").read_text() == "x"
 
 
 def test_failed_overwrite_keeps_the_old_output(tmp_path):

@@ -4,7 +4,7 @@ A run works in ``<output>.partial/`` (its scratch space in ``_work/``, guarded b
 so that a second job on the same output is refused) and renames it to ``<output>`` only when every shard
 and the manifest are whole. An interrupted run therefore never leaves a directory that looks complete: no
 ``manifest.json`` exists until the end. With ``overwrite`` an existing output is replaced only at that
-final rename.
+final rename, and only if it is a packtool output (it holds a ``manifest.json``) or empty.
 
 Resuming: ``begin(identity)`` records the run's identity in ``_work/run.json``. A later run with the same
 identity (same config minus runtime keys, inputs and tokenizer: see ``packtool.pipeline``) finds the
@@ -40,10 +40,16 @@ class OutputDir:
 
         The ``.partial`` directory is left as it is: ``begin`` decides whether to resume it.
         """
-        if self.final.exists() and not self.overwrite:
-            raise ConfigError(f"{self.final}: output directory exists; pass --overwrite to replace it")
         if self.final.exists() and not self.final.is_dir():
             raise ConfigError(f"{self.final}: exists and is not a directory")
+        if self.final.exists() and not self.overwrite:
+            raise ConfigError(f"{self.final}: output directory exists; pass --overwrite to replace it")
+        if self.final.exists() and not (self.final / MANIFEST).exists() and any(self.final.iterdir()):
+            # a typo in --output must not delete someone's directory
+            raise ConfigError(
+                f"{self.final}: not a packtool output (no {MANIFEST}); --overwrite replaces only those: "
+                "remove it yourself or choose another --output"
+            )
         parent = self.final.parent if str(self.final.parent) else Path(".")
         try:
             parent.mkdir(parents=True, exist_ok=True)
