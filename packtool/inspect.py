@@ -307,6 +307,8 @@ def load_tokenizer(manifest: dict, override: str | None = None):
             "pass --tokenizer PATH to decode"
         )
     if not Path(spec).exists():
+        if override:
+            raise ConfigError(f"--tokenizer {spec}: not found")
         raise ConfigError(f"tokenizer {spec} from the manifest is not found here; pass --tokenizer PATH")
     tok = HFTokenizer(spec)
     if (

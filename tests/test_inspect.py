@@ -149,6 +149,10 @@ def test_pack_errors(out: Path, tmp_path: Path):
     assert proc.returncode == 2 and "not found here; pass --tokenizer PATH" in proc.stderr
     p = inspect_json(moved, "--pack", "0", "--decode", "--tokenizer", DEMO_TOKENIZER)
     assert p["pieces"][1]["text"] == TEXTS[p["pieces"][1]["sample_index"]] + "<|endoftext|>"
+    # the message says where the missing path came from
+    proc = run_cli("inspect", out, "--pack", "0", "--decode", "--tokenizer", tmp_path / "none", check=False)
+    assert proc.returncode == 2 and f"--tokenizer {tmp_path / 'none'}: not found" in proc.stderr
+    assert "from the manifest" not in proc.stderr
 
 
 def _damaged_copies(out: Path, tmp_path: Path) -> dict[str, Path]:
