@@ -211,6 +211,27 @@ def test_one_pack_of_a_damaged_parquet_shard_names_the_shard(out: Path, tmp_path
     assert proc.stderr.startswith(f"packtool: error: {copies['page'] / 'packs-000001.parquet'}: pack 140")
 
 
+def test_overview_and_full_of_damaged_parquet_shards_warn(out: Path, tmp_path: Path):
+    """The overview and ``--full`` of an output with a damaged shard list what is wrong as warnings (no
+    error); the overview reads only footers, so it cannot see a damaged page, ``--full`` does."""
+    from packtool.inspect import inspect_report, render_report
+
+    seen = {
+        "truncated": "bytes on disk, manifest says",
+        "footer": "metadata unreadable (",
+        "missing": "missing",
+    }
+    for how, copy in _damaged_copies(out, tmp_path).items():
+        fast, full = inspect_report(copy), inspect_report(copy, full=True)
+        assert all(w.startswith("packs-000001.parquet: ") for w in fast["warnings"])
+        assert any(seen[how] in w for w in fast["warnings"]) if how in seen else fast["warnings"] == []
+        assert full["recomputed"]["num_packs"] < full["num_packs"]  # shard 1's packs, or some, left out
+        assert any(w.startswith("num_packs: ") for w in full["warnings"])
+        if how != "missing":
+            assert any(w.startswith("packs-000001.parquet") and "parse" in w for w in full["warnings"])
+        render_report(full)
+
+
 def test_one_pack_of_a_damaged_tar_shard_names_the_shard_the_same_way(tar_out: Path, tmp_path: Path):
     """A damaged member found through the .tar.idx gives the message of the Parquet shards, with the
     reason found reading the shard in order."""
