@@ -14,12 +14,17 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from packtool.errors import ConfigError, PacktoolError
 from packtool.reading import iter_row_group_packs, load_manifest
+
+if TYPE_CHECKING:
+    from packtool.verify import Problem
 
 # config keys shown as "strategy and config" (the rest is in --json)
 CONFIG_KEYS = (
@@ -173,11 +178,15 @@ def recompute_stats(directory: str | Path, manifest: dict, warnings: list[str] |
 
 # --- one pack ----------------------------------------------------------------------------------------
 def read_one_pack(directory: str | Path, manifest: dict, index: int) -> tuple[dict, str, int]:
-    """Pack ``index`` (global, 0-based) as a dict of arrays (with ``sample_index``); its shard and row."""
+    """Pack ``index`` (global, 0-based) as a dict of arrays (with ``sample_index``); its shard and row.
+
+    The pack is read alone where the format allows (its Parquet row group, its bytes through a tar
+    shard's ``.tar.idx``); failing that the shard is read in order, as ``verify`` reads it. Raises
+    ``PacktoolError`` naming the shard, the pack and why when the pack cannot be read either way.
+    """
     total = sum(int(s["num_packs"]) for s in manifest["shards"])
     if not 0 <= index < total:
         raise ConfigError(f"--pack {index}: the output has {total:,} packs (0..{total - 1})")
-    n = manifest["packed_sequence_size"]
     base = 0
     for entry in manifest["shards"]:
         if index < base + entry["num_packs"]:
@@ -185,33 +194,64 @@ def read_one_pack(directory: str | Path, manifest: dict, index: int) -> tuple[di
         base += entry["num_packs"]
     row = index - base
     path = Path(directory) / entry["path"]
-    if manifest.get("shard_format", "parquet") == "parquet" and entry.get("row_groups"):
-        import pyarrow.parquet as pq
-
-        bounds = np.cumsum([0, *entry["row_groups"]])
-        rg = int(np.searchsorted(bounds, row, side="right") - 1)
-        table = pq.ParquetFile(path).read_row_group(rg)
-        local = row - int(bounds[rg])
-        pack = next(iter_row_group_packs(table.slice(local, 1), n, with_sample_index=True))
-        return pack, entry["path"], row
     from packtool.verify import VerifyReport, shard_format
+
+    check = VerifyReport(str(directory))
+    if not path.exists():
+        check.add("missing", "the shard is missing", shard=entry["path"])
+    elif (pack := _read_pack_alone(path, entry, manifest, row)) is not None:
+        return pack, entry["path"], row
+    else:  # read in order: the packs that can be read, and what is wrong with the others
+        shard = manifest["shards"].index(entry)
+        for first, packs in shard_format(manifest).open(path, entry, manifest, check, shard, base):
+            if first <= row < first + packs.num_packs:
+                k = row - first
+                pack = packs.pack(k)
+                pack["sample_index"] = packs.sample_index[
+                    packs.sample_index_offsets[k] : packs.sample_index_offsets[k + 1]
+                ]
+                return pack, entry["path"], row
+    raise PacktoolError(
+        f"{path}: pack {index} cannot be read{_why(check.problems, index)}; run packtool verify"
+    )
+
+
+def _read_pack_alone(path: Path, entry: dict, manifest: dict, row: int) -> dict | None:
+    """Pack ``row`` of shard ``path`` read without the rest of the shard: its Parquet row group, or its
+    bytes through a tar shard's ``.tar.idx``. None where the shard cannot be read that way (damaged,
+    no index): the caller then reads it in order, which says what is wrong."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from packtool.writers.webdataset import read_tar_pack
 
-    if manifest.get("shard_format") == "webdataset":  # only this pack's bytes, through the .tar.idx
-        pack = read_tar_pack(path, row, n)
-        if pack is not None:
-            return pack, entry["path"], row
-    check = VerifyReport(str(directory))
-    shard = manifest["shards"].index(entry)
-    for first, packs in shard_format(manifest).open(path, entry, manifest, check, shard, base):
-        if first <= row < first + packs.num_packs:
-            k = row - first
-            pack = packs.pack(k)
-            pack["sample_index"] = packs.sample_index[
-                packs.sample_index_offsets[k] : packs.sample_index_offsets[k + 1]
-            ]
-            return pack, entry["path"], row
-    raise PacktoolError(f"{path}: pack {index} cannot be read; run packtool verify")
+    n = manifest["packed_sequence_size"]
+    fmt = manifest.get("shard_format", "parquet")
+    if fmt == "webdataset":
+        try:
+            return read_tar_pack(path, row, n)
+        except PacktoolError:  # a damaged member: reading in order says so, as for any format
+            return None
+    if fmt != "parquet" or not entry.get("row_groups"):
+        return None
+    bounds = np.cumsum([0, *entry["row_groups"]])
+    rg = int(np.searchsorted(bounds, row, side="right") - 1)
+    try:
+        table = pq.ParquetFile(path).read_row_group(rg).slice(row - int(bounds[rg]), 1)
+        packs = list(iter_row_group_packs(table, n, with_sample_index=True))
+    except (pa.ArrowException, OSError, ValueError, KeyError):  # damaged, or not the manifest's row groups
+        return None
+    return packs[0] if packs else None
+
+
+def _why(problems: list[Problem], index: int) -> str:
+    """What is wrong with pack ``index``, as `` (reason)``, from the problems found reading its shard: the
+    one at that pack, else the last one before it or about the whole shard; ``""`` if none."""
+    before = [p for p in problems if p.pack is None or p.pack <= index]
+    if not before:
+        return ""
+    found = ([p for p in before if p.pack == index] or before)[-1]
+    return f" ({replace(found, shard=None, pack=None if found.pack == index else found.pack)})"
 
 
 def pack_report(
@@ -267,6 +307,8 @@ def load_tokenizer(manifest: dict, override: str | None = None):
             "pass --tokenizer PATH to decode"
         )
     if not Path(spec).exists():
+        if override:
+            raise ConfigError(f"--tokenizer {spec}: not found")
         raise ConfigError(f"tokenizer {spec} from the manifest is not found here; pass --tokenizer PATH")
     tok = HFTokenizer(spec)
     if (

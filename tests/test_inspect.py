@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import DEMO, DEMO_TOKENIZER, rewrite_tar_json, run_cli
@@ -148,6 +149,103 @@ def test_pack_errors(out: Path, tmp_path: Path):
     assert proc.returncode == 2 and "not found here; pass --tokenizer PATH" in proc.stderr
     p = inspect_json(moved, "--pack", "0", "--decode", "--tokenizer", DEMO_TOKENIZER)
     assert p["pieces"][1]["text"] == TEXTS[p["pieces"][1]["sample_index"]] + "<|endoftext|>"
+    # the message says where the missing path came from
+    proc = run_cli("inspect", out, "--pack", "0", "--decode", "--tokenizer", tmp_path / "none", check=False)
+    assert proc.returncode == 2 and f"--tokenizer {tmp_path / 'none'}: not found" in proc.stderr
+    assert "from the manifest" not in proc.stderr
+
+
+def _damaged_copies(out: Path, tmp_path: Path) -> dict[str, Path]:
+    """Copies of ``out`` whose shard 1 (packs 100..199, row groups of 32) is damaged in one way each."""
+    import pyarrow.parquet as pq
+
+    copies = {}
+    for how in ("truncated", "footer", "page", "missing"):
+        copy = copies[how] = Path(shutil.copytree(out, tmp_path / how))
+        shard = copy / "packs-000001.parquet"
+        data = bytearray(shard.read_bytes())
+        if how == "truncated":
+            del data[-3000:]
+        elif how == "footer":
+            data[-200] ^= 0xFF
+        elif how == "page":  # the zstd frame of row group 1's input_ids (packs 132..163)
+            chunk = pq.ParquetFile(out / shard.name).metadata.row_group(1).column(0)
+            data[data.index(b"\x28\xb5\x2f\xfd", chunk.data_page_offset)] ^= 0xFF
+        if how == "missing":
+            shard.unlink()
+        else:
+            shard.write_bytes(data)
+    return copies
+
+
+def test_one_pack_of_a_damaged_parquet_shard_names_the_shard(out: Path, tmp_path: Path):
+    """``--pack I`` on a damaged Parquet shard is a one-line error naming the shard and the pack, as for a
+    tar shard (not an internal error, not an error with an empty location)."""
+    from packtool import load_manifest
+    from packtool.errors import PacktoolError
+    from packtool.inspect import read_one_pack
+
+    copies = _damaged_copies(out, tmp_path)
+    m = load_manifest(out)
+    reasons = {
+        "truncated": "does not parse as Parquet: Parquet magic bytes not found in footer",
+        "footer": "does not parse as Parquet: ",
+        "page": "pack 132: row group 1 does not parse: ZSTD decompression failed",
+        "missing": "missing",
+    }
+    for how, reason in reasons.items():
+        shard = copies[how] / "packs-000001.parquet"
+        with pytest.raises(PacktoolError) as e:
+            read_one_pack(copies[how], m, 140)
+        msg = str(e.value)
+        assert msg.startswith(f"{shard}: pack 140 cannot be read (") and reason in msg, msg
+        assert msg.endswith("; run packtool verify"), msg
+    # the other row groups of the shard with a damaged page still read
+    got, name, row = read_one_pack(copies["page"], m, 170)
+    want, _, _ = read_one_pack(out, m, 170)
+    assert (name, row) == ("packs-000001.parquet", 70) and got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    proc = run_cli("inspect", copies["page"], "--pack", "140", check=False)
+    assert proc.returncode == 1 and "internal error" not in proc.stderr
+    assert proc.stderr.startswith(f"packtool: error: {copies['page'] / 'packs-000001.parquet'}: pack 140")
+
+
+def test_overview_and_full_of_damaged_parquet_shards_warn(out: Path, tmp_path: Path):
+    """The overview and ``--full`` of an output with a damaged shard list what is wrong as warnings (no
+    error); the overview reads only footers, so it cannot see a damaged page, ``--full`` does."""
+    from packtool.inspect import inspect_report, render_report
+
+    seen = {
+        "truncated": "bytes on disk, manifest says",
+        "footer": "metadata unreadable (",
+        "missing": "missing",
+    }
+    for how, copy in _damaged_copies(out, tmp_path).items():
+        fast, full = inspect_report(copy), inspect_report(copy, full=True)
+        assert all(w.startswith("packs-000001.parquet: ") for w in fast["warnings"])
+        assert any(seen[how] in w for w in fast["warnings"]) if how in seen else fast["warnings"] == []
+        assert full["recomputed"]["num_packs"] < full["num_packs"]  # shard 1's packs, or some, left out
+        assert any(w.startswith("num_packs: ") for w in full["warnings"])
+        if how != "missing":
+            assert any(w.startswith("packs-000001.parquet") and "parse" in w for w in full["warnings"])
+        render_report(full)
+
+
+def test_one_pack_of_a_damaged_tar_shard_names_the_shard_the_same_way(tar_out: Path, tmp_path: Path):
+    """A damaged member found through the .tar.idx gives the message of the Parquet shards, with the
+    reason found reading the shard in order."""
+    copy = Path(shutil.copytree(tar_out, tmp_path / "out"))
+    shard = copy / "packs-000001.tar"
+    start = int(np.fromfile(copy / "packs-000001.tar.idx", dtype="<u8")[49])
+    data = bytearray(shard.read_bytes())
+    data[data.index(b"fortran_order", start)] ^= 0xFF  # a .npy header of pack 149
+    shard.write_bytes(data)
+    proc = run_cli("inspect", copy, "--pack", "149", check=False)
+    assert proc.returncode == 1 and proc.stderr.startswith(
+        f"packtool: error: {shard}: pack 149 cannot be read (field '"
+    )
+    assert "has a bad .npy header" in proc.stderr and "; run packtool verify" in proc.stderr
 
 
 def test_not_an_output_directory(tmp_path: Path):
