@@ -13,7 +13,9 @@ Three layers of checks, each problem reported with its shard, pack and field:
 * **packs** (format-independent, vectorized per batch): every fixed-width column has ``N`` values,
   ``sum(seq_lens) == N``, ``seq_lens`` and ``sample_index`` agree, padding carries ``pad_token_id`` and
   labels ``-100``, labels are aligned with ``input_ids`` (text input), token ids lie inside the
-  tokenizer's vocabulary, per-shard and total token counts match the manifest.
+  tokenizer's vocabulary, per-shard token counts match the manifest. The manifest's totals (``stats``:
+  packs, tokens, padding, fill rate, lower bound, ``samples_per_pack``) must be those of its shards, by
+  ``pipeline.build_manifest``'s definitions (``total_stats``).
 
 With ``--source``, the inputs are read and encoded again by the pipeline's own reader and encoder under
 the manifest's ``config``, and every piece in the packs is compared token by token (``input_ids``,
@@ -33,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -848,7 +851,8 @@ def verify_output(
     vocab_size = tok.get("vocab_size")
     text_labels = manifest.get("sample_format") == "text" and tok.get("kind") == "huggingface"
     source_check = _SourceCheck.start(manifest, source, report, progress) if source is not None else None
-    num_packs = num_tokens = 0
+    num_packs = num_tokens = num_pieces = 0
+    fewest, most = sys.maxsize, 0  # pieces in one pack
     shard_tokens: Counter = Counter()
     shard_packs: Counter = Counter()
     try:
@@ -858,25 +862,24 @@ def verify_output(
             shard_packs[i] += packs.num_packs
             num_packs += packs.num_packs
             num_tokens += int(used.sum())
+            pieces = np.diff(packs.sample_index_offsets)
+            num_pieces += int(pieces.sum())
+            fewest, most = int(pieces.min(initial=fewest)), int(pieces.max(initial=most))
             if source_check is not None:
                 source_check.add(packs, used, first, entry["path"])
+        all_read = True
         for i, entry in enumerate(manifest["shards"]):
-            if shard_packs[i] == entry.get("num_packs") and shard_tokens[i] != entry.get("num_tokens"):
+            if shard_packs[i] != entry.get("num_packs"):
+                all_read = False
+            elif shard_tokens[i] != entry.get("num_tokens"):
                 report.add(
                     "num_tokens",
                     f"holds {shard_tokens[i]:,} tokens, manifest says {entry.get('num_tokens'):,}",
                     shard=entry["path"],
                     field="num_tokens",
                 )
-        stats = manifest["stats"]
-        recorded = sum(int(e.get("num_packs", 0)) for e in manifest["shards"])
-        if recorded != stats.get("num_packs"):
-            report.add(
-                "num_packs",
-                f"shards list {recorded:,} packs, stats say {stats.get('num_packs'):,}",
-                shard=MANIFEST,
-                field="num_packs",
-            )
+        per_pack = samples_per_pack_stats(num_packs, num_pieces, fewest, most) if all_read else None
+        _check_stats(manifest, report, per_pack)
         if source_check is not None:
             source_check.finish()
     finally:
@@ -884,6 +887,59 @@ def verify_output(
             source_check.close()
     report.checked.update(shards=len(manifest["shards"]), packs=num_packs, tokens=num_tokens)
     return report
+
+
+def total_stats(n: int, num_packs: int, num_tokens: int) -> dict[str, int | float]:
+    """The manifest ``stats`` that follow from ``num_packs`` packs of ``n`` tokens holding ``num_tokens``
+    real tokens, as ``pipeline.build_manifest`` defines them."""
+    lower_bound = -(-num_tokens // n)
+    return {
+        "num_packs": num_packs,
+        "num_tokens": num_tokens,
+        "padding_tokens": num_packs * n - num_tokens,
+        "fill_rate": round(num_tokens / (num_packs * n), 6) if num_packs else 0.0,
+        "lower_bound_packs": lower_bound,
+        "packs_over_lower_bound": num_packs - lower_bound,
+    }
+
+
+def samples_per_pack_stats(num_packs: int, num_pieces: int, fewest: int, most: int) -> dict[str, int | float]:
+    """``stats.samples_per_pack`` of ``num_packs`` packs holding ``num_pieces`` pieces (sample_index
+    entries), ``fewest`` to ``most`` in one pack, as ``pipeline.build_manifest`` defines it."""
+    return {
+        "mean": round(num_pieces / num_packs, 4) if num_packs else 0.0,
+        "min": fewest if num_packs else 0,
+        "max": most if num_packs else 0,
+    }
+
+
+def _check_stats(manifest: dict, report: VerifyReport, per_pack: dict | None) -> None:
+    """The manifest's totals must be those of its shard entries (each checked against its shard's data),
+    and ``samples_per_pack`` (``per_pack``, None when not every pack could be read) that of the packs."""
+    stats, shards = manifest["stats"], manifest["shards"]
+    packs = sum(int(e.get("num_packs", 0)) for e in shards)
+    tokens = sum(int(e.get("num_tokens", 0)) for e in shards)
+    basis = f"the shards' {packs:,} packs of {tokens:,} tokens give"
+    for key, want in total_stats(manifest["packed_sequence_size"], packs, tokens).items():
+        got = stats.get(key)
+        if got == want:
+            continue
+        if key in ("num_packs", "num_tokens"):
+            message = f"the shards list {want:,} {key.removeprefix('num_')}, stats say {_number(got)}"
+        else:
+            message = f"stats say {_number(got)}, {basis} {_number(want)}"
+        report.add(key, message, shard=MANIFEST, field=key)
+    recorded = stats.get("samples_per_pack")
+    for key, want in (per_pack or {}).items():
+        got = recorded.get(key) if isinstance(recorded, dict) else None
+        if got != want:
+            field = f"samples_per_pack.{key}"
+            message = f"stats say {_number(got)}, the packs give {_number(want)}"
+            report.add("samples_per_pack", message, shard=MANIFEST, field=field)
+
+
+def _number(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
 # --- the source check ---------------------------------------------------------------------------------

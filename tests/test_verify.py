@@ -17,6 +17,7 @@ import pytest
 
 from packtool import read_packs
 from packtool.utils import file_sha256
+from packtool.verify import samples_per_pack_stats, total_stats
 from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
 
 TRAIN = DEMO / "train.jsonl"
@@ -59,8 +60,8 @@ def manifest(out: Path) -> dict:
 
 def rewrite_shard(out: Path, shard: int, change, *, row_group_size: int = 16, update_manifest: bool = True):
     """Rewrite shard ``shard`` after ``change(cols)`` edits its columns (dict of lists of NumPy arrays),
-    keeping its packtool metadata; with ``update_manifest`` the manifest's size, sha256, counts and row
-    groups follow, so that only checks of the content itself can notice."""
+    keeping its packtool metadata; with ``update_manifest`` the manifest's size, sha256, counts, row
+    groups and totals follow, so that only checks of the content itself can notice."""
     m = manifest(out)
     entry = m["shards"][shard]
     path = out / entry["path"]
@@ -87,7 +88,12 @@ def rewrite_shard(out: Path, shard: int, change, *, row_group_size: int = 16, up
             ),
             row_groups=[min(row_group_size, num - a) for a in range(0, num, row_group_size)],
         )
-        m["stats"]["num_packs"] = sum(e["num_packs"] for e in m["shards"])
+        packs, tokens = (sum(e[key] for e in m["shards"]) for key in ("num_packs", "num_tokens"))
+        per_pack = [len(v) for e in m["shards"] for v in pq.read_table(out / e["path"])["sample_index"]]
+        m["stats"].update(
+            total_stats(m["packed_sequence_size"], packs, tokens),
+            samples_per_pack=samples_per_pack_stats(packs, sum(per_pack), min(per_pack), max(per_pack)),
+        )
         (out / "manifest.json").write_text(json.dumps(m))
 
 
@@ -276,6 +282,28 @@ def test_source_with_another_input_fails(good: Path, tmp_path: Path):
     code, text = verify(good, "--source", src, "-q")
     assert code == 1
     assert "changed.jsonl, line 11" in text
+
+
+def test_manifest_totals_that_disagree_with_the_shards(out: Path):
+    # each total the manifest's stats derive from the shards' packs and tokens, changed by hand
+    m = manifest(out)
+    s = m["stats"]
+    tokens = s["num_tokens"]
+    s["num_tokens"] += 5
+    s["padding_tokens"] += 1
+    s["fill_rate"] = 0.5
+    s["lower_bound_packs"] -= 1
+    s["packs_over_lower_bound"] += 1
+    s["samples_per_pack"]["max"] += 1
+    (out / "manifest.json").write_text(json.dumps(m))
+    code, text = verify(out)
+    assert code == 1
+    assert f"field 'num_tokens': the shards list {tokens:,} tokens, stats say {tokens + 5:,}" in text
+    assert "field 'fill_rate': stats say 0.5, the shards' 152 packs of " in text
+    for key in ("padding_tokens", "lower_bound_packs", "packs_over_lower_bound", "samples_per_pack.max"):
+        assert f"manifest.json, field '{key}': stats say " in text
+    # each derived total is recomputed from the shards, not from the stats beside it: one problem each
+    assert text.splitlines()[-1].startswith("FAILED") and ": 6 problem(s)" in text
 
 
 def test_json_report_and_usage(out: Path):
