@@ -34,11 +34,12 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,6 +108,24 @@ class VerifyReport:
         self.counts[kind] += 1
         if self.counts[kind] <= MAX_LISTED:
             self.problems.append(Problem(message, shard, pack, field, kind))
+
+    def add_many(
+        self,
+        kind: str,
+        count: int,
+        problems: Iterable[tuple[str, int | None]],
+        *,
+        shard: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        """``count`` problems of one kind, every one counted: ``problems`` yields ``(message, pack)`` of
+        each, and only those listed (while the kind has room) are taken from it, so a lazy iterator
+        builds no message for the others."""
+        listed = min(count, max(0, MAX_LISTED - self.counts[kind]))
+        for message, pack in itertools.islice(problems, listed):
+            self.add(kind, message, shard=shard, pack=pack, field=field)
+        if count > listed:
+            self.counts[kind] += count - listed
 
     def lines(self) -> list[str]:
         """The human report: one line per listed problem, then what was left unlisted, then a verdict."""
@@ -201,14 +220,8 @@ def _fixed(
     """A list column whose every row must hold ``n`` values, as ``(rows, n)``; None (reported) if not."""
     lens = np.diff(offsets)
     bad = np.flatnonzero(lens != n)
-    for i in bad[:MAX_LISTED]:
-        report.add(
-            "length",
-            f"has {lens[i]} values, expected packed_sequence_size {n}",
-            shard=name,
-            pack=first + int(i),
-            field=col,
-        )
+    problems = ((f"has {lens[i]} values, expected packed_sequence_size {n}", first + int(i)) for i in bad)
+    report.add_many("length", len(bad), problems, shard=name, field=col)
     if len(bad):
         return None
     return values[offsets[0] : offsets[-1]].reshape(len(lens), n)
@@ -746,8 +759,9 @@ def _check_packs(
     for col, tests in layout.items():
         for bad, message in tests:
             broken |= bad
-            for i in np.flatnonzero(bad)[:MAX_LISTED]:
-                report.add(col, message(i), shard=name, pack=first + int(i), field=col)
+            where = np.flatnonzero(bad)
+            problems = ((message(i), first + int(i)) for i in where)
+            report.add_many(col, len(where), problems, shard=name, field=col)
     # a pack whose layout is broken is reported once, above; the checks below look at the others
     pad_len = np.where((has_pad == 1) & ~broken, sl[np.clip(slo[1:] - 1, 0, max(len(sl) - 1, 0))], 0)
     used = n - pad_len
@@ -760,21 +774,20 @@ def _check_packs(
     if packs.loss_mask is not None:
         checks.append(("loss_mask", packs.loss_mask, 0, "loss_mask on padding is not 0"))
     for col, arr, want, message in checks:
-        for i in np.flatnonzero((pad & (arr != want)).any(axis=1) & ~broken)[:MAX_LISTED]:
-            report.add(f"padding {col}", message, shard=name, pack=first + int(i), field=col)
+        where = np.flatnonzero((pad & (arr != want)).any(axis=1) & ~broken)
+        problems = ((message, first + int(i)) for i in where)
+        report.add_many(f"padding {col}", len(where), problems, shard=name, field=col)
     real = ~pad
     ids = packs.input_ids
     bad_vocab = real & ((ids < 0) | (ids >= vocab_size) if vocab_size else (ids < 0))
-    for i in np.flatnonzero(bad_vocab.any(axis=1))[:MAX_LISTED]:  # any pack: the ids are there
+    size = f" (size {vocab_size})" if vocab_size else ""
+
+    def vocab_problem(i: int) -> tuple[str, int]:
         j = int(np.flatnonzero(bad_vocab[i])[0])
-        report.add(
-            "vocab",
-            f"token id {ids[i, j]} at position {j} is outside the vocabulary"
-            + (f" (size {vocab_size})" if vocab_size else ""),
-            shard=name,
-            pack=first + int(i),
-            field="input_ids",
-        )
+        return f"token id {ids[i, j]} at position {j} is outside the vocabulary{size}", first + i
+
+    where = np.flatnonzero(bad_vocab.any(axis=1))  # any pack: the ids are there
+    report.add_many("vocab", len(where), map(vocab_problem, where.tolist()), shard=name, field="input_ids")
     if text_labels:
         # inside a piece, label j is -100 or the id the labels convention names; a piece's last label
         # may point past the pack (split or truncated samples), so it is not checked
@@ -787,16 +800,17 @@ def _check_packs(
         shifted = manifest.get("labels", "shifted") == "shifted"
         target = np.concatenate([ids[:, 1:], ids[:, -1:]], axis=1) if shifted else ids
         bad = real & ~(last & shifted) & (packs.labels != IGNORE_INDEX) & (packs.labels != target)
-        for i in np.flatnonzero(bad.any(axis=1) & ~broken)[:MAX_LISTED]:
+
+        def labels_problem(i: int) -> tuple[str, int]:
             j = int(np.flatnonzero(bad[i])[0])
-            report.add(
-                "labels",
+            return (
                 f"label {packs.labels[i, j]} at position {j} is not aligned with input_ids "
                 f"({manifest.get('labels', 'shifted')} labels expect {target[i, j]} or -100)",
-                shard=name,
-                pack=first + int(i),
-                field="labels",
+                first + i,
             )
+
+        where = np.flatnonzero(bad.any(axis=1) & ~broken)
+        report.add_many("labels", len(where), map(labels_problem, where.tolist()), shard=name, field="labels")
     return used
 
 
@@ -1014,14 +1028,15 @@ class _SourceCheck:
         cs = np.concatenate([[0], np.cumsum(length)])
         dest = pack * n + cs[:-1] - cs[packs.sample_index_offsets[:-1]][pack]
         bad = (sample < 0) | (sample >= len(self.lengths))
-        for j in np.flatnonzero(bad)[:MAX_LISTED]:
-            self.report.add(
-                "source",
+        where = np.flatnonzero(bad)
+        problems = (
+            (
                 f"sample_index {sample[j]} is not a sample of the source ({len(self.lengths):,} samples)",
-                shard=name,
-                pack=first + int(pack[j]),
-                field="sample_index",
+                first + int(pack[j]),
             )
+            for j in where
+        )
+        self.report.add_many("source", len(where), problems, shard=name, field="sample_index")
         ok = ~bad
         offsets = None if packs.sample_offset is None else packs.sample_offset.astype(np.int64)[ok]
         sample, length, dest, pack = sample[ok], length[ok], dest[ok], pack[ok]
@@ -1035,15 +1050,16 @@ class _SourceCheck:
         start = self.seen[sample] + before if offsets is None else offsets
         np.add.at(self.seen, sample, length)
         over = (start + length > self.lengths[sample]) | (self.seen[sample] > self.lengths[sample])
-        for j in np.flatnonzero(over)[:MAX_LISTED]:
-            self.report.add(
-                "source",
+        where = np.flatnonzero(over)
+        problems = (
+            (
                 f"sample {sample[j]} has more tokens in the packs than in the source "
                 f"({self.lengths[sample[j]]}): duplicated?",
-                shard=name,
-                pack=first + int(pack[j]),
-                field="input_ids",
+                first + int(pack[j]),
             )
+            for j in where
+        )
+        self.report.add_many("source", len(where), problems, shard=name, field="input_ids")
         keep = ~over
         sample, length, dest, start, pack = sample[keep], length[keep], dest[keep], start[keep], pack[keep]
         want = {"input_ids": np.zeros(k * n, dtype=np.int32), "labels": np.zeros(k * n, dtype=np.int32)}
@@ -1054,20 +1070,19 @@ class _SourceCheck:
         piece_of_token = np.repeat(np.arange(len(sample)), length)
         got = {"input_ids": packs.input_ids, "labels": packs.labels, "loss_mask": packs.loss_mask}
         for col, expected in want.items():
-            diff = np.flatnonzero(got[col].reshape(-1)[pos] != expected[pos])
+            values = got[col].reshape(-1)
+            diff = np.flatnonzero(values[pos] != expected[pos])
             pieces = np.unique(piece_of_token[diff])
-            for j in pieces[:MAX_LISTED]:
-                t = int(diff[np.searchsorted(piece_of_token[diff], j)])
-                off = int(start[j] + pos[t] - dest[j])
-                value = got[col].reshape(-1)[pos[t]]
-                self.report.add(
-                    "source",
-                    f"sample {sample[j]} ({self.where(int(sample[j]))}): token {off} is "
-                    f"{value} in the pack, {expected[pos[t]]} in the source",
-                    shard=name,
-                    pack=first + int(pack[j]),
-                    field=col,
+            at = pos[diff[np.searchsorted(piece_of_token[diff], pieces)]]  # each piece's first difference
+            problems = (
+                (
+                    f"sample {sample[j]} ({self.where(int(sample[j]))}): token {start[j] + t - dest[j]} is "
+                    f"{values[t]} in the pack, {expected[t]} in the source",
+                    first + int(pack[j]),
                 )
+                for j, t in zip(pieces, at, strict=True)
+            )
+            self.report.add_many("source", len(pieces), problems, shard=name, field=col)
 
     def finish(self) -> None:
         """Account for every sample: whole, truncated, cut at max_packs, or left out for a counted reason."""
@@ -1089,13 +1104,15 @@ class _SourceCheck:
         over_max = short & ~explained
         counted["samples_over_max_packs"] = int(over_max.sum()) if cfg.get("max_packs") else 0
         if not cfg.get("max_packs"):
-            for s in np.flatnonzero(over_max)[:MAX_LISTED]:
+
+            def lost(s: int) -> tuple[str, None]:
                 what = (
                     "is missing from the packs" if seen[s] == 0 else f"has {seen[s]} of {lengths[s]} tokens"
                 )
-                self.report.add("source", f"sample {s} ({self.where(int(s))}) {what}", field="sample_index")
-            if over_max.sum() > MAX_LISTED:
-                self.report.counts["source"] += int(over_max.sum()) - MAX_LISTED
+                return f"sample {s} ({self.where(s)}) {what}", None
+
+            where = np.flatnonzero(over_max)
+            self.report.add_many("source", len(where), map(lost, where.tolist()), field="sample_index")
         for key, value in counted.items():
             if stats.get(key) != value:
                 self.report.add(

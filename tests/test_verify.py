@@ -306,6 +306,22 @@ def test_manifest_totals_that_disagree_with_the_shards(out: Path):
     assert text.splitlines()[-1].startswith("FAILED") and ": 6 problem(s)" in text
 
 
+def test_every_bad_pack_is_counted_and_the_first_are_listed(out: Path):
+    # all 48 packs of shard 0 (three row groups of 16) start with an id outside the vocabulary
+    def change(cols):
+        for ids in cols["input_ids"]:
+            ids[0] = 5000
+
+    rewrite_shard(out, 0, change)
+    proc = run_cli("verify", out, "--source", "-q", "--json", check=False)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert report["problem_counts"] == {"vocab": 48, "source": 48}
+    assert [p["pack"] for p in report["problems"] if p["kind"] == "vocab"] == list(range(10))
+    code, text = verify(out)
+    assert "... and 38 more problem(s) of kind 'vocab'" in text and ": 48 problem(s)" in text
+
+
 def test_json_report_and_usage(out: Path):
     (out / "packs-000003.parquet").unlink()
     proc = run_cli("verify", out, "--json", check=False)
