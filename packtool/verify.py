@@ -3,7 +3,7 @@
 Three layers of checks, each problem reported with its shard, pack and field:
 
 * **files**: the manifest parses and is packtool's; every shard it names exists with the recorded size
-  and sha256; no shard file lies in the directory that the manifest does not name.
+  and sha256; no shard file (of any format) lies in the directory that the manifest does not name.
 * **format** (one ``ShardFormat`` per shard format, so a new format adds one entry to ``SHARD_FORMATS``):
   the shard parses, carries this manifest's ``run_id`` (a manifest from another run is caught here),
   holds the recorded number of packs, and its index agrees with it (Parquet: the recorded
@@ -717,7 +717,9 @@ def _check_files(directory: Path, manifest: dict, report: VerifyReport, fmt: Sha
                 shard=name,
                 field="sha256",
             )
-    for path in sorted(directory.glob(fmt.shard_glob)):
+    # a shard of any format: one of another format left beside the output's own is stray too
+    strays = {path for other in SHARD_FORMATS.values() for path in directory.glob(other.shard_glob)}
+    for path in sorted(strays):
         if path.name not in named:
             report.add(
                 "unlisted", "shard file is not in the manifest (left from another run?)", shard=path.name

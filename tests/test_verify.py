@@ -508,6 +508,17 @@ def test_tar_shard_not_in_the_manifest(tar_out: Path):
     assert "packs-000004.tar.idx: index file of a shard the manifest does not name" in text
 
 
+def test_shard_of_the_other_format_not_in_the_manifest(good: Path, good_tar: Path, tmp_path: Path):
+    # a shard of the other format left beside an output's own shards
+    for source, other, suffix in ((good, good_tar, "tar"), (good_tar, good, "parquet")):
+        out = Path(shutil.copytree(source, tmp_path / source.parent.name))
+        shutil.copy(other / f"packs-000000.{suffix}", out / f"packs-000005.{suffix}")
+        code, text = verify(out)
+        assert code == 1
+        assert f"packs-000005.{suffix}: shard file is not in the manifest" in text
+        assert ": 1 problem(s)" in text
+
+
 def test_tar_manifest_from_another_run(tar_out: Path, tmp_path: Path):
     other = pack(tmp_path / "other", "--packed-sequence-size", "1024", "--long-samples", "drop",
                  "--format", "webdataset")  # fmt: skip
