@@ -3,7 +3,7 @@
 Three layers of checks, each problem reported with its shard, pack and field:
 
 * **files**: the manifest parses and is packtool's; every shard it names exists with the recorded size
-  and sha256; no shard file lies in the directory that the manifest does not name.
+  and sha256; no shard file (of any format) lies in the directory that the manifest does not name.
 * **format** (one ``ShardFormat`` per shard format, so a new format adds one entry to ``SHARD_FORMATS``):
   the shard parses, carries this manifest's ``run_id`` (a manifest from another run is caught here),
   holds the recorded number of packs, and its index agrees with it (Parquet: the recorded
@@ -13,7 +13,9 @@ Three layers of checks, each problem reported with its shard, pack and field:
 * **packs** (format-independent, vectorized per batch): every fixed-width column has ``N`` values,
   ``sum(seq_lens) == N``, ``seq_lens`` and ``sample_index`` agree, padding carries ``pad_token_id`` and
   labels ``-100``, labels are aligned with ``input_ids`` (text input), token ids lie inside the
-  tokenizer's vocabulary, per-shard and total token counts match the manifest.
+  tokenizer's vocabulary, per-shard token counts match the manifest. The manifest's totals (``stats``:
+  packs, tokens, padding, fill rate, lower bound, ``samples_per_pack``) must be those of its shards, by
+  ``pipeline.build_manifest``'s definitions (``total_stats``).
 
 With ``--source``, the inputs are read and encoded again by the pipeline's own reader and encoder under
 the manifest's ``config``, and every piece in the packs is compared token by token (``input_ids``,
@@ -32,10 +34,12 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import json
+import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,6 +108,24 @@ class VerifyReport:
         self.counts[kind] += 1
         if self.counts[kind] <= MAX_LISTED:
             self.problems.append(Problem(message, shard, pack, field, kind))
+
+    def add_many(
+        self,
+        kind: str,
+        count: int,
+        problems: Iterable[tuple[str, int | None]],
+        *,
+        shard: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        """``count`` problems of one kind, every one counted: ``problems`` yields ``(message, pack)`` of
+        each, and only those listed (while the kind has room) are taken from it, so a lazy iterator
+        builds no message for the others."""
+        listed = min(count, max(0, MAX_LISTED - self.counts[kind]))
+        for message, pack in itertools.islice(problems, listed):
+            self.add(kind, message, shard=shard, pack=pack, field=field)
+        if count > listed:
+            self.counts[kind] += count - listed
 
     def lines(self) -> list[str]:
         """The human report: one line per listed problem, then what was left unlisted, then a verdict."""
@@ -198,14 +220,8 @@ def _fixed(
     """A list column whose every row must hold ``n`` values, as ``(rows, n)``; None (reported) if not."""
     lens = np.diff(offsets)
     bad = np.flatnonzero(lens != n)
-    for i in bad[:MAX_LISTED]:
-        report.add(
-            "length",
-            f"has {lens[i]} values, expected packed_sequence_size {n}",
-            shard=name,
-            pack=first + int(i),
-            field=col,
-        )
+    problems = ((f"has {lens[i]} values, expected packed_sequence_size {n}", first + int(i)) for i in bad)
+    report.add_many("length", len(bad), problems, shard=name, field=col)
     if len(bad):
         return None
     return values[offsets[0] : offsets[-1]].reshape(len(lens), n)
@@ -701,7 +717,9 @@ def _check_files(directory: Path, manifest: dict, report: VerifyReport, fmt: Sha
                 shard=name,
                 field="sha256",
             )
-    for path in sorted(directory.glob(fmt.shard_glob)):
+    # a shard of any format: one of another format left beside the output's own is stray too
+    strays = {path for other in SHARD_FORMATS.values() for path in directory.glob(other.shard_glob)}
+    for path in sorted(strays):
         if path.name not in named:
             report.add(
                 "unlisted", "shard file is not in the manifest (left from another run?)", shard=path.name
@@ -743,8 +761,9 @@ def _check_packs(
     for col, tests in layout.items():
         for bad, message in tests:
             broken |= bad
-            for i in np.flatnonzero(bad)[:MAX_LISTED]:
-                report.add(col, message(i), shard=name, pack=first + int(i), field=col)
+            where = np.flatnonzero(bad)
+            problems = ((message(i), first + int(i)) for i in where)
+            report.add_many(col, len(where), problems, shard=name, field=col)
     # a pack whose layout is broken is reported once, above; the checks below look at the others
     pad_len = np.where((has_pad == 1) & ~broken, sl[np.clip(slo[1:] - 1, 0, max(len(sl) - 1, 0))], 0)
     used = n - pad_len
@@ -757,21 +776,20 @@ def _check_packs(
     if packs.loss_mask is not None:
         checks.append(("loss_mask", packs.loss_mask, 0, "loss_mask on padding is not 0"))
     for col, arr, want, message in checks:
-        for i in np.flatnonzero((pad & (arr != want)).any(axis=1) & ~broken)[:MAX_LISTED]:
-            report.add(f"padding {col}", message, shard=name, pack=first + int(i), field=col)
+        where = np.flatnonzero((pad & (arr != want)).any(axis=1) & ~broken)
+        problems = ((message, first + int(i)) for i in where)
+        report.add_many(f"padding {col}", len(where), problems, shard=name, field=col)
     real = ~pad
     ids = packs.input_ids
     bad_vocab = real & ((ids < 0) | (ids >= vocab_size) if vocab_size else (ids < 0))
-    for i in np.flatnonzero(bad_vocab.any(axis=1))[:MAX_LISTED]:  # any pack: the ids are there
+    size = f" (size {vocab_size})" if vocab_size else ""
+
+    def vocab_problem(i: int) -> tuple[str, int]:
         j = int(np.flatnonzero(bad_vocab[i])[0])
-        report.add(
-            "vocab",
-            f"token id {ids[i, j]} at position {j} is outside the vocabulary"
-            + (f" (size {vocab_size})" if vocab_size else ""),
-            shard=name,
-            pack=first + int(i),
-            field="input_ids",
-        )
+        return f"token id {ids[i, j]} at position {j} is outside the vocabulary{size}", first + i
+
+    where = np.flatnonzero(bad_vocab.any(axis=1))  # any pack: the ids are there
+    report.add_many("vocab", len(where), map(vocab_problem, where.tolist()), shard=name, field="input_ids")
     if text_labels:
         # inside a piece, label j is -100 or the id the labels convention names; a piece's last label
         # may point past the pack (split or truncated samples), so it is not checked
@@ -784,16 +802,17 @@ def _check_packs(
         shifted = manifest.get("labels", "shifted") == "shifted"
         target = np.concatenate([ids[:, 1:], ids[:, -1:]], axis=1) if shifted else ids
         bad = real & ~(last & shifted) & (packs.labels != IGNORE_INDEX) & (packs.labels != target)
-        for i in np.flatnonzero(bad.any(axis=1) & ~broken)[:MAX_LISTED]:
+
+        def labels_problem(i: int) -> tuple[str, int]:
             j = int(np.flatnonzero(bad[i])[0])
-            report.add(
-                "labels",
+            return (
                 f"label {packs.labels[i, j]} at position {j} is not aligned with input_ids "
                 f"({manifest.get('labels', 'shifted')} labels expect {target[i, j]} or -100)",
-                shard=name,
-                pack=first + int(i),
-                field="labels",
+                first + i,
             )
+
+        where = np.flatnonzero(bad.any(axis=1) & ~broken)
+        report.add_many("labels", len(where), map(labels_problem, where.tolist()), shard=name, field="labels")
     return used
 
 
@@ -848,7 +867,8 @@ def verify_output(
     vocab_size = tok.get("vocab_size")
     text_labels = manifest.get("sample_format") == "text" and tok.get("kind") == "huggingface"
     source_check = _SourceCheck.start(manifest, source, report, progress) if source is not None else None
-    num_packs = num_tokens = 0
+    num_packs = num_tokens = num_pieces = 0
+    fewest, most = sys.maxsize, 0  # pieces in one pack
     shard_tokens: Counter = Counter()
     shard_packs: Counter = Counter()
     try:
@@ -858,25 +878,24 @@ def verify_output(
             shard_packs[i] += packs.num_packs
             num_packs += packs.num_packs
             num_tokens += int(used.sum())
+            pieces = np.diff(packs.sample_index_offsets)
+            num_pieces += int(pieces.sum())
+            fewest, most = int(pieces.min(initial=fewest)), int(pieces.max(initial=most))
             if source_check is not None:
                 source_check.add(packs, used, first, entry["path"])
+        all_read = True
         for i, entry in enumerate(manifest["shards"]):
-            if shard_packs[i] == entry.get("num_packs") and shard_tokens[i] != entry.get("num_tokens"):
+            if shard_packs[i] != entry.get("num_packs"):
+                all_read = False
+            elif shard_tokens[i] != entry.get("num_tokens"):
                 report.add(
                     "num_tokens",
                     f"holds {shard_tokens[i]:,} tokens, manifest says {entry.get('num_tokens'):,}",
                     shard=entry["path"],
                     field="num_tokens",
                 )
-        stats = manifest["stats"]
-        recorded = sum(int(e.get("num_packs", 0)) for e in manifest["shards"])
-        if recorded != stats.get("num_packs"):
-            report.add(
-                "num_packs",
-                f"shards list {recorded:,} packs, stats say {stats.get('num_packs'):,}",
-                shard=MANIFEST,
-                field="num_packs",
-            )
+        per_pack = samples_per_pack_stats(num_packs, num_pieces, fewest, most) if all_read else None
+        _check_stats(manifest, report, per_pack)
         if source_check is not None:
             source_check.finish()
     finally:
@@ -884,6 +903,59 @@ def verify_output(
             source_check.close()
     report.checked.update(shards=len(manifest["shards"]), packs=num_packs, tokens=num_tokens)
     return report
+
+
+def total_stats(n: int, num_packs: int, num_tokens: int) -> dict[str, int | float]:
+    """The manifest ``stats`` that follow from ``num_packs`` packs of ``n`` tokens holding ``num_tokens``
+    real tokens, as ``pipeline.build_manifest`` defines them."""
+    lower_bound = -(-num_tokens // n)
+    return {
+        "num_packs": num_packs,
+        "num_tokens": num_tokens,
+        "padding_tokens": num_packs * n - num_tokens,
+        "fill_rate": round(num_tokens / (num_packs * n), 6) if num_packs else 0.0,
+        "lower_bound_packs": lower_bound,
+        "packs_over_lower_bound": num_packs - lower_bound,
+    }
+
+
+def samples_per_pack_stats(num_packs: int, num_pieces: int, fewest: int, most: int) -> dict[str, int | float]:
+    """``stats.samples_per_pack`` of ``num_packs`` packs holding ``num_pieces`` pieces (sample_index
+    entries), ``fewest`` to ``most`` in one pack, as ``pipeline.build_manifest`` defines it."""
+    return {
+        "mean": round(num_pieces / num_packs, 4) if num_packs else 0.0,
+        "min": fewest if num_packs else 0,
+        "max": most if num_packs else 0,
+    }
+
+
+def _check_stats(manifest: dict, report: VerifyReport, per_pack: dict | None) -> None:
+    """The manifest's totals must be those of its shard entries (each checked against its shard's data),
+    and ``samples_per_pack`` (``per_pack``, None when not every pack could be read) that of the packs."""
+    stats, shards = manifest["stats"], manifest["shards"]
+    packs = sum(int(e.get("num_packs", 0)) for e in shards)
+    tokens = sum(int(e.get("num_tokens", 0)) for e in shards)
+    basis = f"the shards' {packs:,} packs of {tokens:,} tokens give"
+    for key, want in total_stats(manifest["packed_sequence_size"], packs, tokens).items():
+        got = stats.get(key)
+        if got == want:
+            continue
+        if key in ("num_packs", "num_tokens"):
+            message = f"the shards list {want:,} {key.removeprefix('num_')}, stats say {_number(got)}"
+        else:
+            message = f"stats say {_number(got)}, {basis} {_number(want)}"
+        report.add(key, message, shard=MANIFEST, field=key)
+    recorded = stats.get("samples_per_pack")
+    for key, want in (per_pack or {}).items():
+        got = recorded.get(key) if isinstance(recorded, dict) else None
+        if got != want:
+            field = f"samples_per_pack.{key}"
+            message = f"stats say {_number(got)}, the packs give {_number(want)}"
+            report.add("samples_per_pack", message, shard=MANIFEST, field=field)
+
+
+def _number(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
 # --- the source check ---------------------------------------------------------------------------------
@@ -958,14 +1030,15 @@ class _SourceCheck:
         cs = np.concatenate([[0], np.cumsum(length)])
         dest = pack * n + cs[:-1] - cs[packs.sample_index_offsets[:-1]][pack]
         bad = (sample < 0) | (sample >= len(self.lengths))
-        for j in np.flatnonzero(bad)[:MAX_LISTED]:
-            self.report.add(
-                "source",
+        where = np.flatnonzero(bad)
+        problems = (
+            (
                 f"sample_index {sample[j]} is not a sample of the source ({len(self.lengths):,} samples)",
-                shard=name,
-                pack=first + int(pack[j]),
-                field="sample_index",
+                first + int(pack[j]),
             )
+            for j in where
+        )
+        self.report.add_many("source", len(where), problems, shard=name, field="sample_index")
         ok = ~bad
         offsets = None if packs.sample_offset is None else packs.sample_offset.astype(np.int64)[ok]
         sample, length, dest, pack = sample[ok], length[ok], dest[ok], pack[ok]
@@ -979,15 +1052,16 @@ class _SourceCheck:
         start = self.seen[sample] + before if offsets is None else offsets
         np.add.at(self.seen, sample, length)
         over = (start + length > self.lengths[sample]) | (self.seen[sample] > self.lengths[sample])
-        for j in np.flatnonzero(over)[:MAX_LISTED]:
-            self.report.add(
-                "source",
+        where = np.flatnonzero(over)
+        problems = (
+            (
                 f"sample {sample[j]} has more tokens in the packs than in the source "
                 f"({self.lengths[sample[j]]}): duplicated?",
-                shard=name,
-                pack=first + int(pack[j]),
-                field="input_ids",
+                first + int(pack[j]),
             )
+            for j in where
+        )
+        self.report.add_many("source", len(where), problems, shard=name, field="input_ids")
         keep = ~over
         sample, length, dest, start, pack = sample[keep], length[keep], dest[keep], start[keep], pack[keep]
         want = {"input_ids": np.zeros(k * n, dtype=np.int32), "labels": np.zeros(k * n, dtype=np.int32)}
@@ -998,20 +1072,19 @@ class _SourceCheck:
         piece_of_token = np.repeat(np.arange(len(sample)), length)
         got = {"input_ids": packs.input_ids, "labels": packs.labels, "loss_mask": packs.loss_mask}
         for col, expected in want.items():
-            diff = np.flatnonzero(got[col].reshape(-1)[pos] != expected[pos])
+            values = got[col].reshape(-1)
+            diff = np.flatnonzero(values[pos] != expected[pos])
             pieces = np.unique(piece_of_token[diff])
-            for j in pieces[:MAX_LISTED]:
-                t = int(diff[np.searchsorted(piece_of_token[diff], j)])
-                off = int(start[j] + pos[t] - dest[j])
-                value = got[col].reshape(-1)[pos[t]]
-                self.report.add(
-                    "source",
-                    f"sample {sample[j]} ({self.where(int(sample[j]))}): token {off} is "
-                    f"{value} in the pack, {expected[pos[t]]} in the source",
-                    shard=name,
-                    pack=first + int(pack[j]),
-                    field=col,
+            at = pos[diff[np.searchsorted(piece_of_token[diff], pieces)]]  # each piece's first difference
+            problems = (
+                (
+                    f"sample {sample[j]} ({self.where(int(sample[j]))}): token {start[j] + t - dest[j]} is "
+                    f"{values[t]} in the pack, {expected[t]} in the source",
+                    first + int(pack[j]),
                 )
+                for j, t in zip(pieces, at, strict=True)
+            )
+            self.report.add_many("source", len(pieces), problems, shard=name, field=col)
 
     def finish(self) -> None:
         """Account for every sample: whole, truncated, cut at max_packs, or left out for a counted reason."""
@@ -1033,13 +1106,15 @@ class _SourceCheck:
         over_max = short & ~explained
         counted["samples_over_max_packs"] = int(over_max.sum()) if cfg.get("max_packs") else 0
         if not cfg.get("max_packs"):
-            for s in np.flatnonzero(over_max)[:MAX_LISTED]:
+
+            def lost(s: int) -> tuple[str, None]:
                 what = (
                     "is missing from the packs" if seen[s] == 0 else f"has {seen[s]} of {lengths[s]} tokens"
                 )
-                self.report.add("source", f"sample {s} ({self.where(int(s))}) {what}", field="sample_index")
-            if over_max.sum() > MAX_LISTED:
-                self.report.counts["source"] += int(over_max.sum()) - MAX_LISTED
+                return f"sample {s} ({self.where(s)}) {what}", None
+
+            where = np.flatnonzero(over_max)
+            self.report.add_many("source", len(where), map(lost, where.tolist()), field="sample_index")
         for key, value in counted.items():
             if stats.get(key) != value:
                 self.report.add(

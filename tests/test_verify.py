@@ -17,6 +17,7 @@ import pytest
 
 from packtool import read_packs
 from packtool.utils import file_sha256
+from packtool.verify import samples_per_pack_stats, total_stats
 from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
 
 TRAIN = DEMO / "train.jsonl"
@@ -59,8 +60,8 @@ def manifest(out: Path) -> dict:
 
 def rewrite_shard(out: Path, shard: int, change, *, row_group_size: int = 16, update_manifest: bool = True):
     """Rewrite shard ``shard`` after ``change(cols)`` edits its columns (dict of lists of NumPy arrays),
-    keeping its packtool metadata; with ``update_manifest`` the manifest's size, sha256, counts and row
-    groups follow, so that only checks of the content itself can notice."""
+    keeping its packtool metadata; with ``update_manifest`` the manifest's size, sha256, counts, row
+    groups and totals follow, so that only checks of the content itself can notice."""
     m = manifest(out)
     entry = m["shards"][shard]
     path = out / entry["path"]
@@ -87,7 +88,12 @@ def rewrite_shard(out: Path, shard: int, change, *, row_group_size: int = 16, up
             ),
             row_groups=[min(row_group_size, num - a) for a in range(0, num, row_group_size)],
         )
-        m["stats"]["num_packs"] = sum(e["num_packs"] for e in m["shards"])
+        packs, tokens = (sum(e[key] for e in m["shards"]) for key in ("num_packs", "num_tokens"))
+        per_pack = [len(v) for e in m["shards"] for v in pq.read_table(out / e["path"])["sample_index"]]
+        m["stats"].update(
+            total_stats(m["packed_sequence_size"], packs, tokens),
+            samples_per_pack=samples_per_pack_stats(packs, sum(per_pack), min(per_pack), max(per_pack)),
+        )
         (out / "manifest.json").write_text(json.dumps(m))
 
 
@@ -278,6 +284,44 @@ def test_source_with_another_input_fails(good: Path, tmp_path: Path):
     assert "changed.jsonl, line 11" in text
 
 
+def test_manifest_totals_that_disagree_with_the_shards(out: Path):
+    # each total the manifest's stats derive from the shards' packs and tokens, changed by hand
+    m = manifest(out)
+    s = m["stats"]
+    tokens = s["num_tokens"]
+    s["num_tokens"] += 5
+    s["padding_tokens"] += 1
+    s["fill_rate"] = 0.5
+    s["lower_bound_packs"] -= 1
+    s["packs_over_lower_bound"] += 1
+    s["samples_per_pack"]["max"] += 1
+    (out / "manifest.json").write_text(json.dumps(m))
+    code, text = verify(out)
+    assert code == 1
+    assert f"field 'num_tokens': the shards list {tokens:,} tokens, stats say {tokens + 5:,}" in text
+    assert "field 'fill_rate': stats say 0.5, the shards' 152 packs of " in text
+    for key in ("padding_tokens", "lower_bound_packs", "packs_over_lower_bound", "samples_per_pack.max"):
+        assert f"manifest.json, field '{key}': stats say " in text
+    # each derived total is recomputed from the shards, not from the stats beside it: one problem each
+    assert text.splitlines()[-1].startswith("FAILED") and ": 6 problem(s)" in text
+
+
+def test_every_bad_pack_is_counted_and_the_first_are_listed(out: Path):
+    # all 48 packs of shard 0 (three row groups of 16) start with an id outside the vocabulary
+    def change(cols):
+        for ids in cols["input_ids"]:
+            ids[0] = 5000
+
+    rewrite_shard(out, 0, change)
+    proc = run_cli("verify", out, "--source", "-q", "--json", check=False)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert report["problem_counts"] == {"vocab": 48, "source": 48}
+    assert [p["pack"] for p in report["problems"] if p["kind"] == "vocab"] == list(range(10))
+    code, text = verify(out)
+    assert "... and 38 more problem(s) of kind 'vocab'" in text and ": 48 problem(s)" in text
+
+
 def test_json_report_and_usage(out: Path):
     (out / "packs-000003.parquet").unlink()
     proc = run_cli("verify", out, "--json", check=False)
@@ -462,6 +506,17 @@ def test_tar_shard_not_in_the_manifest(tar_out: Path):
     assert code == 1
     assert "packs-000004.tar: shard file is not in the manifest" in text
     assert "packs-000004.tar.idx: index file of a shard the manifest does not name" in text
+
+
+def test_shard_of_the_other_format_not_in_the_manifest(good: Path, good_tar: Path, tmp_path: Path):
+    # a shard of the other format left beside an output's own shards
+    for source, other, suffix in ((good, good_tar, "tar"), (good_tar, good, "parquet")):
+        out = Path(shutil.copytree(source, tmp_path / source.parent.name))
+        shutil.copy(other / f"packs-000000.{suffix}", out / f"packs-000005.{suffix}")
+        code, text = verify(out)
+        assert code == 1
+        assert f"packs-000005.{suffix}: shard file is not in the manifest" in text
+        assert ": 1 problem(s)" in text
 
 
 def test_tar_manifest_from_another_run(tar_out: Path, tmp_path: Path):
