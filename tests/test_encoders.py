@@ -204,3 +204,26 @@ def test_lengths_are_what_the_packs_hold(tmp_path):
     stream = np.concatenate([tok.encode(r["text"], add_special_tokens=False).ids for r in rows])
     packed = np.concatenate([p["input_ids"] for p in read_packs(out)])[: len(stream)]
     np.testing.assert_array_equal(packed, stream)
+
+
+@pytest.mark.parametrize("bad", [300, 7, -1])
+def test_pretokenized_loss_mask_must_be_0_or_1(tmp_path, bad):
+    rows = [
+        {"input_ids": [1, 2, 3], "loss_mask": [1, 1, 1]},
+        {"input_ids": [1, 2, 3], "loss_mask": [1, 0, bad]},
+    ]
+    with pytest.raises(InputError, match=rf"line 2, field 'loss_mask': expected 0 or 1, got {bad}"):
+        _encode(tmp_path, rows, sample_format="pretokenized")
+    out = tmp_path / "o"
+    proc = run_cli("pack", tmp_path / "in.jsonl", "-o", out, "--packed-sequence-size", 8, "-q", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "line 2, field 'loss_mask'" in proc.stderr
+    run_cli("pack", tmp_path / "in.jsonl", "-o", out, "--packed-sequence-size", 8, "--on-error", "skip", "-q")
+    stats = load_manifest(out)["stats"]
+    assert stats["skipped_by_reason"] == {"bad_loss_mask": 1} and stats["num_samples"] == 1
+
+
+def test_pretokenized_loss_mask_accepts_bools(tmp_path):
+    rows = [{"input_ids": [1, 2, 3], "labels": [2, 3, -100], "loss_mask": [True, False, True]}]
+    out = _encode(tmp_path, rows, sample_format="pretokenized")
+    assert out.column("loss_mask").to_pylist() == [[1, 0, 1]]
