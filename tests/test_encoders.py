@@ -227,3 +227,35 @@ def test_pretokenized_loss_mask_accepts_bools(tmp_path):
     rows = [{"input_ids": [1, 2, 3], "labels": [2, 3, -100], "loss_mask": [True, False, True]}]
     out = _encode(tmp_path, rows, sample_format="pretokenized")
     assert out.column("loss_mask").to_pylist() == [[1, 0, 1]]
+
+
+@pytest.mark.parametrize("bad", [-5, 99999, -101])
+def test_pretokenized_labels_must_be_ignore_index_or_a_token_id(tmp_path, bad):
+    rows = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [1, 2], "labels": [1, bad]}]
+    with pytest.raises(InputError, match=rf"line 2, field 'labels': .*{bad}"):
+        _encode(tmp_path, rows, sample_format="pretokenized", tokenizer=str(DEMO_TOKENIZER))
+    if bad < 0:  # without a tokenizer only the sign can be checked
+        with pytest.raises(InputError, match=rf"line 2, field 'labels': .*{bad}"):
+            _encode(tmp_path, rows, sample_format="pretokenized")
+    out = tmp_path / "o"
+    args = (
+        "pack",
+        tmp_path / "in.jsonl",
+        "-o",
+        out,
+        "--packed-sequence-size",
+        64,
+        "--tokenizer",
+        DEMO_TOKENIZER,
+    )
+    proc = run_cli(*args, check=False)
+    assert proc.returncode == 2 and "line 2, field 'labels'" in proc.stderr, proc.stderr
+    run_cli(*args, "--on-error", "skip", "-q")
+    stats = load_manifest(out)["stats"]
+    assert sum(stats["skipped_by_reason"].values()) == 1 and stats["num_samples"] == 1
+
+
+def test_pretokenized_labels_keep_ignore_index(tmp_path):
+    rows = [{"input_ids": [1, 2, 3], "labels": [-100, 3, -100]}]
+    out = _encode(tmp_path, rows, sample_format="pretokenized", tokenizer=str(DEMO_TOKENIZER))
+    assert out.column("labels").to_pylist() == [[-100, 3, -100]]

@@ -11,7 +11,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from packtool.encoders.base import MASK, check_same_lengths, encoded_batch, make_labels, to_token_lists
+from packtool.encoders.base import (
+    IGNORE_INDEX,
+    MASK,
+    check_same_lengths,
+    encoded_batch,
+    make_labels,
+    to_token_lists,
+)
 from packtool.readers.base import SourceBatch
 from packtool.utils import np_view
 
@@ -31,6 +38,7 @@ class PretokenizedEncoder:
         if "labels" in rb.schema.names:
             labels = to_token_lists(rb.column("labels"), batch, "labels")
             check_same_lengths(input_ids, labels, batch, "labels")
+            self._check_ids(labels, batch, "labels")
         else:
             labels = make_labels(input_ids, self.labels)
         loss_mask = None
@@ -39,24 +47,35 @@ class PretokenizedEncoder:
             check_same_lengths(input_ids, loss_mask, batch, "loss_mask")
         return encoded_batch(input_ids, labels, loss_mask)
 
-    def _check_ids(self, ids: pa.LargeListArray, batch: SourceBatch) -> None:
-        flat = ids.values
+    def _check_ids(self, ids: pa.LargeListArray, batch: SourceBatch, field: str = "input_ids") -> None:
+        """Every value is a token id: >= 0 and, with a tokenizer, < its vocabulary size. ``labels`` may also
+        be ``-100`` (no loss), and nothing else: a label such as -5 would crash ``cross_entropy``."""
+        off = np_view(ids.offsets)
+        flat = ids.values.slice(int(off[0]), int(off[-1] - off[0]))
         if len(flat) == 0:
             return
+        allowed = IGNORE_INDEX if field == "labels" else None
         mm = pc.min_max(flat)
         lo, hi = mm["min"].as_py(), mm["max"].as_py()
-        limit = self.vocab_size if self.vocab_size is not None else None
+        limit = self.vocab_size
         if lo >= 0 and (limit is None or hi < limit):
             return
         arr = np_view(flat)
         bad = (arr < 0) if limit is None else ((arr < 0) | (arr >= limit))
+        if allowed is not None:
+            bad &= arr != allowed
+            if not bad.any():
+                return
         pos = int(bad.argmax())
-        row = int(np_view(ids.offsets).searchsorted(pos, side="right") - 1)
+        row = int((off - off[0]).searchsorted(pos, side="right") - 1)
         if arr[pos] < 0:
-            what, code = "negative token id", "negative_token_id"
+            if field == "labels":
+                what, code = "negative label other than -100", "negative_label"
+            else:
+                what, code = "negative token id", "negative_token_id"
         else:
             what, code = f"token id outside the vocabulary (size {limit})", "token_out_of_vocab"
-        raise batch.error(row, "input_ids", f"{what}: {int(arr[pos])}", code)
+        raise batch.error(row, field, f"{what}: {int(arr[pos])}", code)
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "pretokenized", "name": None, "sha256": None, "vocab_size": self.vocab_size}
