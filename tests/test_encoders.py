@@ -259,3 +259,17 @@ def test_pretokenized_labels_keep_ignore_index(tmp_path):
     rows = [{"input_ids": [1, 2, 3], "labels": [-100, 3, -100]}]
     out = _encode(tmp_path, rows, sample_format="pretokenized", tokenizer=str(DEMO_TOKENIZER))
     assert out.column("labels").to_pylist() == [[-100, 3, -100]]
+
+
+@pytest.mark.parametrize(
+    "convention,labels,mask",
+    [("shifted", [[-100, 3, -100], [6, -100]], [[0, 1, 0], [1, 0]]),
+     ("unshifted", [[1, -100, 3], [5, 6]], [[1, 0, 1], [1, 1]])],
+)  # fmt: skip
+def test_pretokenized_loss_mask_without_labels_decides_the_labels(tmp_path, convention, labels, mask):
+    """A loss_mask over input_ids marks the tokens to learn, as in prompt_completion/chat: labels are -100
+    wherever no loss is taken, and the stored loss_mask is exactly labels != -100."""
+    rows = [{"input_ids": [1, 2, 3], "loss_mask": [1, 0, 1]}, {"input_ids": [5, 6], "loss_mask": [1, 1]}]
+    out = _encode(tmp_path, rows, sample_format="pretokenized", labels=convention)
+    assert out.column("labels").to_pylist() == labels
+    assert out.column("loss_mask").to_pylist() == mask

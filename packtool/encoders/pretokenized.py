@@ -1,7 +1,10 @@
 """``pretokenized`` encoder: records that already hold ``input_ids`` (optionally ``labels``, ``loss_mask``).
 
 The columns are validated and cast to the packtool layout in Arrow, without a Python loop over tokens.
-Missing ``labels`` follow the ``labels`` convention; ``loss_mask`` is carried when present.
+Missing ``labels`` follow the ``labels`` convention. ``loss_mask`` is carried as given when ``labels`` are
+given too; without ``labels`` it marks, per input token, the tokens to learn (1) and, as in the fine-tuning
+encoders (``packtool.encoders.masking``), decides both columns: labels are ``-100`` wherever no loss is
+taken and the stored ``loss_mask`` is ``labels != -100`` (so, with ``shifted`` labels, shifted too).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from packtool.encoders.base import (
     make_labels,
     to_token_lists,
 )
+from packtool.encoders.masking import loss_columns
 from packtool.readers.base import SourceBatch
 from packtool.utils import np_view
 
@@ -40,11 +44,17 @@ class PretokenizedEncoder:
             check_same_lengths(input_ids, labels, batch, "labels")
             self._check_ids(labels, batch, "labels")
         else:
-            labels = make_labels(input_ids, self.labels)
+            labels = None
         loss_mask = None
         if "loss_mask" in rb.schema.names:
             loss_mask = to_token_lists(rb.column("loss_mask"), batch, "loss_mask", MASK)
             check_same_lengths(input_ids, loss_mask, batch, "loss_mask")
+            if labels is None:
+                # the mask marks the tokens to learn (as prompt_completion/chat do): labels and loss_mask
+                # follow the labels convention, with loss_mask == (labels != -100)
+                labels, loss_mask = loss_columns(input_ids, np_view(loss_mask.values), self.labels)
+        if labels is None:
+            labels = make_labels(input_ids, self.labels)
         return encoded_batch(input_ids, labels, loss_mask)
 
     def _check_ids(self, ids: pa.LargeListArray, batch: SourceBatch, field: str = "input_ids") -> None:
