@@ -204,3 +204,72 @@ def test_lengths_are_what_the_packs_hold(tmp_path):
     stream = np.concatenate([tok.encode(r["text"], add_special_tokens=False).ids for r in rows])
     packed = np.concatenate([p["input_ids"] for p in read_packs(out)])[: len(stream)]
     np.testing.assert_array_equal(packed, stream)
+
+
+@pytest.mark.parametrize("bad", [300, 7, -1])
+def test_pretokenized_loss_mask_must_be_0_or_1(tmp_path, bad):
+    rows = [
+        {"input_ids": [1, 2, 3], "loss_mask": [1, 1, 1]},
+        {"input_ids": [1, 2, 3], "loss_mask": [1, 0, bad]},
+    ]
+    with pytest.raises(InputError, match=rf"line 2, field 'loss_mask': expected 0 or 1, got {bad}"):
+        _encode(tmp_path, rows, sample_format="pretokenized")
+    out = tmp_path / "o"
+    proc = run_cli("pack", tmp_path / "in.jsonl", "-o", out, "--packed-sequence-size", 8, "-q", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "line 2, field 'loss_mask'" in proc.stderr
+    run_cli("pack", tmp_path / "in.jsonl", "-o", out, "--packed-sequence-size", 8, "--on-error", "skip", "-q")
+    stats = load_manifest(out)["stats"]
+    assert stats["skipped_by_reason"] == {"bad_loss_mask": 1} and stats["num_samples"] == 1
+
+
+def test_pretokenized_loss_mask_accepts_bools(tmp_path):
+    rows = [{"input_ids": [1, 2, 3], "labels": [2, 3, -100], "loss_mask": [True, False, True]}]
+    out = _encode(tmp_path, rows, sample_format="pretokenized")
+    assert out.column("loss_mask").to_pylist() == [[1, 0, 1]]
+
+
+@pytest.mark.parametrize("bad", [-5, 99999, -101])
+def test_pretokenized_labels_must_be_ignore_index_or_a_token_id(tmp_path, bad):
+    rows = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [1, 2], "labels": [1, bad]}]
+    with pytest.raises(InputError, match=rf"line 2, field 'labels': .*{bad}"):
+        _encode(tmp_path, rows, sample_format="pretokenized", tokenizer=str(DEMO_TOKENIZER))
+    if bad < 0:  # without a tokenizer only the sign can be checked
+        with pytest.raises(InputError, match=rf"line 2, field 'labels': .*{bad}"):
+            _encode(tmp_path, rows, sample_format="pretokenized")
+    out = tmp_path / "o"
+    args = (
+        "pack",
+        tmp_path / "in.jsonl",
+        "-o",
+        out,
+        "--packed-sequence-size",
+        64,
+        "--tokenizer",
+        DEMO_TOKENIZER,
+    )
+    proc = run_cli(*args, check=False)
+    assert proc.returncode == 2 and "line 2, field 'labels'" in proc.stderr, proc.stderr
+    run_cli(*args, "--on-error", "skip", "-q")
+    stats = load_manifest(out)["stats"]
+    assert sum(stats["skipped_by_reason"].values()) == 1 and stats["num_samples"] == 1
+
+
+def test_pretokenized_labels_keep_ignore_index(tmp_path):
+    rows = [{"input_ids": [1, 2, 3], "labels": [-100, 3, -100]}]
+    out = _encode(tmp_path, rows, sample_format="pretokenized", tokenizer=str(DEMO_TOKENIZER))
+    assert out.column("labels").to_pylist() == [[-100, 3, -100]]
+
+
+@pytest.mark.parametrize(
+    "convention,labels,mask",
+    [("shifted", [[-100, 3, -100], [6, -100]], [[0, 1, 0], [1, 0]]),
+     ("unshifted", [[1, -100, 3], [5, 6]], [[1, 0, 1], [1, 1]])],
+)  # fmt: skip
+def test_pretokenized_loss_mask_without_labels_decides_the_labels(tmp_path, convention, labels, mask):
+    """A loss_mask over input_ids marks the tokens to learn, as in prompt_completion/chat: labels are -100
+    wherever no loss is taken, and the stored loss_mask is exactly labels != -100."""
+    rows = [{"input_ids": [1, 2, 3], "loss_mask": [1, 0, 1]}, {"input_ids": [5, 6], "loss_mask": [1, 1]}]
+    out = _encode(tmp_path, rows, sample_format="pretokenized", labels=convention)
+    assert out.column("labels").to_pylist() == labels
+    assert out.column("loss_mask").to_pylist() == mask

@@ -61,7 +61,33 @@ def test_max_packs_keeps_the_first_packs_and_counts_the_rest():
 def test_max_packs_with_split_counts_a_partly_kept_sample():
     plan = make_plan(np.array([3, 4, 2]), _cfg(split_across_pack=True, max_packs=1))
     assert _packs(plan) == [[(0, 0, 3), (1, 0, 2)]]
-    assert plan.stats.samples_over_max_packs == 2 and plan.stats.tokens_over_max_packs == 4
+    # sample 1 is partly kept (packed and partial), sample 2 wholly left out (over max_packs)
+    assert plan.stats.samples_over_max_packs == 1 and plan.stats.tokens_over_max_packs == 4
+    assert plan.stats.partial_samples == 1
+    assert plan.stats.split_samples == 1  # sample 1 was split, though its second piece was cut
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "bfd"])
+def test_max_packs_sample_counts_partition_the_samples(strategy):
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(0, 13, size=60)
+    lengths[::7] = 0
+    full = make_plan(lengths, _cfg(strategy=strategy, split_across_pack=True))
+    for max_packs in range(1, full.num_packs):
+        plan = make_plan(lengths, _cfg(strategy=strategy, split_across_pack=True, max_packs=max_packs))
+        s = plan.stats
+        kept = np.bincount(plan.sample, weights=plan.length, minlength=len(lengths)).astype(np.int64)
+        packed = int((kept > 0).sum())
+        assert packed + s.empty_samples + s.samples_over_max_packs == s.num_samples == len(lengths)
+        assert s.partial_samples == int(((kept > 0) & (kept < lengths)).sum())
+        assert s.samples_over_max_packs == int(((kept == 0) & (lengths > 0)).sum())
+        assert s.tokens_over_max_packs == int((lengths - kept).sum())
+        # split: kept samples the planner cut over more than one pack, whether or not all pieces were kept
+        pack_of = np.repeat(np.arange(full.num_packs), np.diff(full.pack_offsets))
+        packs_of = np.bincount(np.unique(full.sample * full.num_packs + pack_of) // full.num_packs)
+        split = np.zeros(len(lengths), dtype=bool)
+        split[: len(packs_of)] = packs_of > 1
+        assert s.split_samples == int((split & (kept > 0)).sum())
 
 
 def test_long_sample_policies():

@@ -252,3 +252,22 @@ def test_chunks_have_exactly_chunk_size_records(tmp_path):
     src = _pretokenized(tmp_path, 103, max_len=5)
     sizes = [sum(b.num_rows for b in c) for c in chunked(read_inputs([str(src)]), 10)]
     assert sizes == [10] * 10 + [3]
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "sequential"])
+def test_max_packs_stats_partition_the_samples(tmp_path, strategy):
+    """A sample partly kept under --max-packs is counted once, as packed (and partial), not also as over."""
+    out = tmp_path / "out"
+    run_cli(
+        "pack", DEMO / "train.jsonl", "-o", out, "--tokenizer", DEMO_TOKENIZER, "--add-eos",
+        "--packed-sequence-size", 512, "--split-across-pack", "--max-packs", 33, "--strategy", strategy, "-q",
+    )  # fmt: skip
+    s = load_manifest(out)["stats"]
+    assert s["num_packs"] == 33 and s["num_tokens"] + s["tokens_over_max_packs"] == s["input_tokens"]
+    assert s["packed_samples"] + s["empty_samples"] + s["samples_over_max_packs"] == s["num_samples"]
+    kept = set()
+    for pack in read_packs(out, with_sample_index=True):
+        kept.update(int(i) for i in pack["sample_index"])
+    assert len(kept) == s["packed_samples"]
+    # the pack cut at max_packs leaves some sample partly kept; each was split by the planner
+    assert 0 < s["partial_samples"] <= s["split_samples"]

@@ -81,7 +81,12 @@ def encoded_batch(input_ids: pa.Array, labels: pa.Array, loss_mask: pa.Array | N
 def to_token_lists(
     values: Any, batch: SourceBatch, field: str, type_: pa.DataType = TOKENS
 ) -> pa.LargeListArray:
-    """Convert a column of integer lists (Arrow or Python) to ``large_list<int32>``, naming bad rows."""
+    """Convert a column of integer lists (Arrow or Python) to ``large_list<int32>``, naming bad rows.
+
+    With ``type_=MASK`` (a ``loss_mask``) every value must be 0 or 1 (booleans are accepted); any other
+    value is a bad record (reason ``bad_loss_mask``).
+    """
+    is_mask = type_ == MASK
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     if not isinstance(values, pa.Array):
@@ -90,7 +95,7 @@ def to_token_lists(
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
             for i, v in enumerate(values):
                 if not isinstance(v, list | tuple) or not all(
-                    isinstance(x, int) and not isinstance(x, bool) for x in v
+                    isinstance(x, int) and (is_mask or not isinstance(x, bool)) for x in v
                 ):
                     raise batch.error(
                         i, field, f"expected a list of integers, got {str(v)[:40]!r}", "wrong_type"
@@ -120,6 +125,8 @@ def to_token_lists(
         raise batch.error(row_of(bad), field, "null inside the list", "null_value")
     if pa.types.is_null(flat.type):  # only empty lists (JSON []): empty samples
         flat = flat.cast(pa.int64())
+    if is_mask and pa.types.is_boolean(flat.type):
+        flat = flat.cast(pa.int8())
     if pa.types.is_floating(flat.type):
         # JSON rows like [1, 2.5] make the whole column float: name the row with a non-integer value
         f = np_view(flat)
@@ -137,6 +144,10 @@ def to_token_lists(
         arr = np_view(flat)
         bad = int(np.flatnonzero((arr < lo) | (arr > hi))[0])
         raise batch.error(row_of(bad), field, f"value {arr[bad]} does not fit in int32", "token_out_of_range")
+    if is_mask and len(flat) and (mm["min"].as_py() < 0 or mm["max"].as_py() > 1):
+        arr = np_view(flat)
+        bad = int(np.flatnonzero((arr < 0) | (arr > 1))[0])
+        raise batch.error(row_of(bad), field, f"expected 0 or 1, got {arr[bad]}", "bad_loss_mask")
     return pa.LargeListArray.from_arrays(arrow_array(offsets, pa.int64()), flat.cast(type_.value_type))
 
 

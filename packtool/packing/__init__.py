@@ -118,16 +118,32 @@ def make_plan(
         plan = STRATEGIES[config.strategy](
             lengths[samples], samples, n, config.split_across_pack, position_ids, config
         )
+    split = _split_samples(plan, len(lengths))  # before max_packs: a sample cut there was still split
     if config.max_packs is not None and plan.num_packs > config.max_packs:
         kept = plan.slice(0, config.max_packs)
-        kept_tokens = np.bincount(kept.sample, weights=kept.length, minlength=len(lengths))
-        short = kept_tokens[samples] < lengths[samples]
-        stats.samples_over_max_packs = int(short.sum())
-        stats.tokens_over_max_packs = int((lengths[samples] - kept_tokens[samples]).sum())
+        kept_tokens = np.bincount(kept.sample, weights=kept.length, minlength=len(lengths)).astype(np.int64)
+        kept_tokens, want = kept_tokens[samples], lengths[samples]
+        # a sample partly kept is packed (and counted in partial_samples), one wholly cut is over max_packs:
+        # packed + empty + dropped + over max_packs = num_samples
+        stats.samples_over_max_packs = int((kept_tokens == 0).sum())
+        stats.partial_samples = int(((kept_tokens > 0) & (kept_tokens < want)).sum())
+        stats.tokens_over_max_packs = int((want - kept_tokens).sum())
         plan = kept
-    pack_of_piece = np.repeat(np.arange(plan.num_packs, dtype=np.int64), np.diff(plan.pack_offsets))
-    sample_pack = np.unique(plan.sample * plan.num_packs + pack_of_piece)  # distinct (sample, pack) pairs
-    stats.split_samples = int(np.count_nonzero(np.bincount(sample_pack // plan.num_packs) > 1))
+    in_packs = np.zeros(len(lengths), dtype=bool)
+    in_packs[plan.sample] = True
+    stats.split_samples = int((split & in_packs).sum())
     plan.stats = stats
     plan.validate()
     return plan
+
+
+def _split_samples(plan: PackPlan, num_samples: int) -> np.ndarray:
+    """``(num_samples,)`` bool: the samples whose pieces the plan puts in more than one pack."""
+    split = np.zeros(num_samples, dtype=bool)
+    if plan.num_packs == 0:
+        return split
+    pack_of_piece = np.repeat(np.arange(plan.num_packs, dtype=np.int64), np.diff(plan.pack_offsets))
+    sample_pack = np.unique(plan.sample * plan.num_packs + pack_of_piece)  # distinct (sample, pack) pairs
+    packs_per_sample = np.bincount(sample_pack // plan.num_packs, minlength=num_samples)
+    split[:] = packs_per_sample[:num_samples] > 1
+    return split

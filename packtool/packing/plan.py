@@ -23,9 +23,10 @@ class PackStats:
     dropped_tokens: int = 0
     truncated_samples: int = 0  # cut to packed_sequence_size under long_samples=truncate
     truncated_tokens: int = 0  # tokens cut off by truncation
-    split_samples: int = 0  # samples whose tokens span more than one pack
-    samples_over_max_packs: int = 0  # samples wholly or partly left out because of max_packs
-    tokens_over_max_packs: int = 0
+    split_samples: int = 0  # packed samples the planner spread over more than one pack (before max_packs)
+    samples_over_max_packs: int = 0  # samples wholly left out because of max_packs
+    tokens_over_max_packs: int = 0  # tokens left out because of max_packs (partial samples' included)
+    partial_samples: int = 0  # packed samples partly cut off by max_packs (also in packed_samples)
 
     def to_dict(self) -> dict[str, int]:
         return {k: int(v) for k, v in self.__dict__.items()}
