@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from packtool.errors import ConfigError, PacktoolError
-from packtool.reading import iter_row_group_packs, load_manifest
+from packtool.reading import iter_row_group_packs, load_manifest, samples_per_pack_stats, total_stats
 
 if TYPE_CHECKING:
     from packtool.verify import Problem
@@ -48,10 +48,6 @@ HISTOGRAM_TITLES = {
 }
 
 
-def _fill(tokens: int, packs: int, n: int) -> float:
-    return round(tokens / (packs * n), 6) if packs else 0.0
-
-
 def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
     """The figures of an output directory as one dict (what ``inspect --json`` prints).
 
@@ -70,7 +66,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
     shards = []
     for i, entry in enumerate(m["shards"]):
         sh = {k: entry.get(k) for k in ("path", "num_packs", "num_tokens", "bytes", "row_groups")}
-        sh["fill_rate"] = _fill(entry["num_tokens"], entry["num_packs"], n)
+        sh["fill_rate"] = total_stats(n, entry["num_packs"], entry["num_tokens"])["fill_rate"]
         path = Path(directory) / entry["path"]
         if not path.exists():
             warnings.append(f"{entry['path']}: missing")
@@ -144,26 +140,24 @@ def recompute_stats(directory: str | Path, manifest: dict, warnings: list[str] |
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)  # noqa: E731
     used, per_pack, sample, length = cat(used), cat(per_pack), cat(pieces_sample), cat(pieces_len)
     num_packs, num_tokens = len(used), int(used.sum())
-    lower = -(-num_tokens // n)
     pack_of_piece = np.repeat(np.arange(num_packs), per_pack)
     uniq_pairs = np.unique(sample * max(num_packs, 1) + pack_of_piece)
     packs_of_sample = np.bincount(uniq_pairs // max(num_packs, 1)) if len(uniq_pairs) else np.zeros(0)
     kept = np.bincount(sample, weights=length) if len(sample) else np.zeros(0)
     kept = kept[kept > 0].astype(np.int64)
+    # samples spread over several packs; not with max_packs, whose manifest counts the samples split before
+    # the cut (one cut at the boundary may have kept a single piece of them): the packs cannot tell
+    split = {} if manifest["config"].get("max_packs") else {"split_samples": int((packs_of_sample > 1).sum())}
     return {
-        "num_packs": num_packs,
-        "num_tokens": num_tokens,
+        **total_stats(n, num_packs, num_tokens),
         "packed_samples": len(kept),
-        "padding_tokens": num_packs * n - num_tokens,
-        "fill_rate": _fill(num_tokens, num_packs, n),
-        "lower_bound_packs": lower,
-        "packs_over_lower_bound": num_packs - lower,
-        "samples_per_pack": {
-            "mean": round(float(per_pack.mean()), 4) if num_packs else 0.0,
-            "min": int(per_pack.min()) if num_packs else 0,
-            "max": int(per_pack.max()) if num_packs else 0,
-        },
-        "split_samples": int((packs_of_sample > 1).sum()),
+        "samples_per_pack": samples_per_pack_stats(
+            num_packs,
+            len(sample),
+            int(per_pack.min()) if num_packs else 0,
+            int(per_pack.max()) if num_packs else 0,
+        ),
+        **split,
         "histograms": {
             "packed_sample_lengths": _histogram(
                 kept, np.unique(np.linspace(0, max(int(kept.max()) if len(kept) else 1, 1), 33).astype(int))

@@ -52,6 +52,7 @@ from packtool.errors import MAX_LOGGED, ErrorSink, InputError, PacktoolError
 from packtool.packing import PackPlan, make_plan
 from packtool.readers import expand_inputs, read_inputs
 from packtool.readers.base import SourceBatch
+from packtool.reading import samples_per_pack_stats, total_stats
 from packtool.utils import file_sha256
 from packtool.writers import OutputDir, build_pack_arrays, write_chunk, write_parquet_shard, write_tar_shard
 from packtool.writers.chunks import ChunkStore, read_chunk_meta
@@ -513,23 +514,20 @@ def build_manifest(
     pack_tokens = plan.pack_tokens()
     per_pack = np.diff(plan.pack_offsets)
     num_packs, num_tokens = plan.num_packs, int(pack_tokens.sum())
-    lower_bound = -(-num_tokens // n)
-    packed_samples = len(np.unique(plan.sample))
+    totals = total_stats(n, int(num_packs), num_tokens)
     stats = {
         "num_samples": int(len(lengths)),
-        "packed_samples": int(packed_samples),
-        "num_packs": int(num_packs),
-        "num_tokens": num_tokens,
+        "packed_samples": int(len(np.unique(plan.sample))),
+        "num_packs": totals.pop("num_packs"),
+        "num_tokens": totals.pop("num_tokens"),
         "input_tokens": int(lengths.sum()),
-        "padding_tokens": int(num_packs * n - num_tokens),
-        "fill_rate": round(num_tokens / (num_packs * n), 6) if num_packs else 0.0,
-        "lower_bound_packs": int(lower_bound),
-        "packs_over_lower_bound": int(num_packs - lower_bound),
-        "samples_per_pack": {
-            "mean": round(float(per_pack.mean()), 4) if num_packs else 0.0,
-            "min": int(per_pack.min()) if num_packs else 0,
-            "max": int(per_pack.max()) if num_packs else 0,
-        },
+        **totals,
+        "samples_per_pack": samples_per_pack_stats(
+            int(num_packs),
+            len(plan.sample),
+            int(per_pack.min()) if num_packs else 0,
+            int(per_pack.max()) if num_packs else 0,
+        ),
         **plan.stats.to_dict(),
         # bad records left out under on_error=skip (not in num_samples), by reason; see errors.jsonl
         "skipped_samples": skipped.total if skipped else 0,

@@ -1,4 +1,5 @@
-"""Read packtool output back: ``load_manifest(DIR)`` and ``read_packs(DIR)``."""
+"""Read packtool output back: ``load_manifest(DIR)`` and ``read_packs(DIR)``; and how the manifest's pack
+statistics are defined (``total_stats``, ``samples_per_pack_stats``), for pack, verify and inspect alike."""
 
 from __future__ import annotations
 
@@ -25,6 +26,34 @@ def load_manifest(directory: str | Path) -> dict:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise PacktoolError(f"{path}: not valid JSON ({e.msg})") from None
+
+
+def total_stats(n: int, num_packs: int, num_tokens: int) -> dict[str, int | float]:
+    """The manifest ``stats`` that follow from ``num_packs`` packs of ``n`` tokens holding ``num_tokens``
+    real tokens (``build_manifest`` writes them, ``verify`` and ``inspect --full`` check them).
+
+    >>> total_stats(4, 3, 10)["fill_rate"], total_stats(4, 3, 10)["packs_over_lower_bound"]
+    (0.833333, 0)
+    """
+    lower_bound = -(-num_tokens // n)
+    return {
+        "num_packs": num_packs,
+        "num_tokens": num_tokens,
+        "padding_tokens": num_packs * n - num_tokens,
+        "fill_rate": round(num_tokens / (num_packs * n), 6) if num_packs else 0.0,
+        "lower_bound_packs": lower_bound,
+        "packs_over_lower_bound": num_packs - lower_bound,
+    }
+
+
+def samples_per_pack_stats(num_packs: int, num_pieces: int, fewest: int, most: int) -> dict[str, int | float]:
+    """``stats.samples_per_pack`` of ``num_packs`` packs holding ``num_pieces`` pieces (sample_index
+    entries), ``fewest`` to ``most`` in one pack."""
+    return {
+        "mean": round(num_pieces / num_packs, 4) if num_packs else 0.0,
+        "min": fewest if num_packs else 0,
+        "max": most if num_packs else 0,
+    }
 
 
 def _column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:

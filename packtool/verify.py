@@ -15,7 +15,7 @@ Three layers of checks, each problem reported with its shard, pack and field:
   labels ``-100``, labels are aligned with ``input_ids`` (text input), token ids lie inside the
   tokenizer's vocabulary, per-shard token counts match the manifest. The manifest's totals (``stats``:
   packs, tokens, padding, fill rate, lower bound, ``samples_per_pack``) must be those of its shards, by
-  ``pipeline.build_manifest``'s definitions (``total_stats``).
+  the definitions ``packtool pack`` writes them with (``reading.total_stats``).
 
 With ``--source``, the inputs are read and encoded again by the pipeline's own reader and encoder under
 the manifest's ``config``, and every piece in the packs is compared token by token (``input_ids``,
@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.encoders.base import IGNORE_INDEX
-from packtool.reading import FIXED_COLUMNS, load_manifest
+from packtool.reading import FIXED_COLUMNS, load_manifest, samples_per_pack_stats, total_stats
 from packtool.utils import file_sha256
 from packtool.writers.chunks import ChunkStore, ranges
 from packtool.writers.output import MANIFEST
@@ -905,30 +905,6 @@ def verify_output(
     return report
 
 
-def total_stats(n: int, num_packs: int, num_tokens: int) -> dict[str, int | float]:
-    """The manifest ``stats`` that follow from ``num_packs`` packs of ``n`` tokens holding ``num_tokens``
-    real tokens, as ``pipeline.build_manifest`` defines them."""
-    lower_bound = -(-num_tokens // n)
-    return {
-        "num_packs": num_packs,
-        "num_tokens": num_tokens,
-        "padding_tokens": num_packs * n - num_tokens,
-        "fill_rate": round(num_tokens / (num_packs * n), 6) if num_packs else 0.0,
-        "lower_bound_packs": lower_bound,
-        "packs_over_lower_bound": num_packs - lower_bound,
-    }
-
-
-def samples_per_pack_stats(num_packs: int, num_pieces: int, fewest: int, most: int) -> dict[str, int | float]:
-    """``stats.samples_per_pack`` of ``num_packs`` packs holding ``num_pieces`` pieces (sample_index
-    entries), ``fewest`` to ``most`` in one pack, as ``pipeline.build_manifest`` defines it."""
-    return {
-        "mean": round(num_pieces / num_packs, 4) if num_packs else 0.0,
-        "min": fewest if num_packs else 0,
-        "max": most if num_packs else 0,
-    }
-
-
 def _check_stats(manifest: dict, report: VerifyReport, per_pack: dict | None) -> None:
     """The manifest's totals must be those of its shard entries (each checked against its shard's data),
     and ``samples_per_pack`` (``per_pack``, None when not every pack could be read) that of the packs."""
@@ -1104,8 +1080,11 @@ class _SourceCheck:
         if policy == "truncate":
             explained |= long & (seen == n)
         over_max = short & ~explained
-        counted["samples_over_max_packs"] = int(over_max.sum()) if cfg.get("max_packs") else 0
-        if not cfg.get("max_packs"):
+        if cfg.get("max_packs"):  # left out whole, or partly kept (also counted as packed)
+            counted["samples_over_max_packs"] = int((over_max & (seen == 0)).sum())
+            counted["partial_samples"] = int((over_max & (seen > 0)).sum())
+        else:
+            counted.update(samples_over_max_packs=0, partial_samples=0)
 
             def lost(s: int) -> tuple[str, None]:
                 what = (

@@ -30,7 +30,8 @@ def _rows(rng: np.random.Generator, count: int, max_len: int, loss_mask: bool = 
     for length in rng.integers(1, max_len + 1, size=count):
         row = {
             "input_ids": rng.integers(1, 5000, size=length).tolist(),
-            "labels": rng.integers(-100, 5000, size=length).tolist(),
+            # a label is -100 or a token id (anything else is bad input)
+            "labels": np.where(rng.random(length) < 0.2, -100, rng.integers(0, 5000, size=length)).tolist(),
         }
         if loss_mask:
             row["loss_mask"] = rng.integers(0, 2, size=length).tolist()

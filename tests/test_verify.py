@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool import read_packs
+from packtool.reading import samples_per_pack_stats, total_stats
 from packtool.utils import file_sha256
-from packtool.verify import samples_per_pack_stats, total_stats
 from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
 
 TRAIN = DEMO / "train.jsonl"
@@ -273,6 +273,24 @@ def test_source_accounts_for_every_sample_under_each_policy(tmp_path: Path, opti
     assert s["empty_samples"] > 0
     code, text = verify(out, "--source", "-q")
     assert code == 0, text
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "sequential"])
+def test_max_packs_cutting_through_samples_verifies_and_inspects_clean(tmp_path: Path, strategy: str):
+    """--max-packs cuts split samples: the partly kept ones count as packed and as partial_samples, the
+    others as samples_over_max_packs, and verify --source and inspect --full agree with the manifest."""
+    out = tmp_path / "out"
+    run_cli(
+        "pack", TRAIN, "-o", out, "--tokenizer", DEMO_TOKENIZER, "--add-eos", "--packed-sequence-size", "512",
+        "--split-across-pack", "--max-packs", "33", "--strategy", strategy, "-q",
+    )  # fmt: skip
+    s = manifest(out)["stats"]
+    assert s["partial_samples"] > 0
+    assert s["packed_samples"] + s["samples_over_max_packs"] + s["empty_samples"] == s["num_samples"]
+    code, text = verify(out, "--source", "-q")
+    assert code == 0, text
+    report = json.loads(run_cli("inspect", out, "--full", "--json").stdout)
+    assert report["warnings"] == []
 
 
 def test_source_with_another_input_fails(good: Path, tmp_path: Path):
