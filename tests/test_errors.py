@@ -578,3 +578,22 @@ def test_mixed_types_in_a_field_read_still_fail_with_line_and_field(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER), tmp_path)
     assert line.endswith(f"{src}, line 2, field 'text': expected str, got number: '5'")
+
+
+CHAT_TOKENIZER = DEMO / "chat-tokenizer"
+PARTS = [
+    {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    {"role": "assistant", "content": "yo"},
+]
+
+
+def test_conflicting_values_in_a_field_read_name_their_line_and_skip(tmp_path):
+    plain = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    src = write_jsonl(tmp_path / "parts.jsonl", [plain, {"messages": PARTS}, plain])
+    line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", CHAT_TOKENIZER), tmp_path)
+    assert f"{src}, line 2, field 'messages'" in line
+    pack(tmp_path, src, "--tokenizer", CHAT_TOKENIZER, "--on-error", "skip", check=True)
+    stats = manifest(tmp_path)["stats"]
+    assert stats["skipped_by_reason"] == {"wrong_type": 1} and stats["packed_samples"] == 2
+    (entry,) = errors_log(tmp_path)
+    assert entry["row"] == 2 and entry["field"] == "messages"

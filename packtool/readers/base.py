@@ -101,8 +101,9 @@ def batch_from_pylist(
     """Columnarize ``records`` (dicts) into a SourceBatch.
 
     A record whose field has another type than the field's other rows (``text_field`` must be a string,
-    ``input_ids``/``labels``/``loss_mask`` lists of integers), or holds text that is not valid Unicode, is
-    handed to ``sink`` (``on_error=fail`` raises, naming its row and field; ``skip`` leaves it out). A field
+    ``input_ids``/``labels``/``loss_mask`` lists of integers; else the type most rows have, or when every
+    row's is, the type of the rows before it), or holds text that is not valid Unicode, is handed to
+    ``sink`` (``on_error=fail`` raises, naming its row and field; ``skip`` leaves it out). A field
     outside ``used_fields`` whose values cannot be one column is left out of the batch instead: it is never
     read.
     """
@@ -110,8 +111,6 @@ def batch_from_pylist(
         try:
             return _columnarize(records, source, rows, row_kind, text_field, used_fields)
         except InputError as e:
-            if e.code == "mixed_column":  # no single record to blame
-                raise
             (sink or ErrorSink()).bad(e)
             i = int(np.flatnonzero(rows == e.row)[0])
             records, rows = records[:i] + records[i + 1 :], np.delete(rows, i)
@@ -153,8 +152,12 @@ def _columnarize(
             )
         expected = "str" if key == text_field else KNOWN_KINDS.get(key)
         i, message = _first_mismatch(values, expected)
-        if i is None:
-            raise InputError(message, source=source, field=key, code="mixed_column")
+        if i is None:  # every value has the same kind, e.g. lists of dicts holding different types
+            i = _first_unstorable(values)
+            message = (
+                f"{_kind(values[i])} holding other types than the earlier rows' (they cannot be one "
+                f"column): {str(values[i])[:40]!r}"
+            )
         raise _locate(source, rows, row_kind, i, key, message, "wrong_type")
     return SourceBatch(source, pa.RecordBatch.from_pydict(arrays), rows, row_kind)
 
@@ -205,6 +208,21 @@ def _first_mismatch(values: list, expected: str | None = None) -> tuple[int | No
         if got != expected and not (expected.startswith("list") and got == "list"):
             return i, f"expected {expected}, got {got}: {str(values[i])[:40]!r}"
     return None, f"values cannot be stored as one column ({expected})"
+
+
+def _first_unstorable(values: list) -> int:
+    """Index of the first value that cannot share one column with the values before it (the values as a
+    whole cannot be one column; a prefix that cannot stays so when longer: binary search)."""
+    lo, hi = 0, len(values)  # values[:lo] is one column (or empty), values[:hi] is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            pa.array(values[:mid])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            hi = mid
+        else:
+            lo = mid
+    return hi - 1
 
 
 def iter_slices(batch: pa.RecordBatch, max_rows: int) -> Iterator[pa.RecordBatch]:
