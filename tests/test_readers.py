@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import datasets
+import huggingface_hub.constants
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -398,3 +401,22 @@ def test_lazy_jsonl_pieces_cover_every_line_once_and_pickle_small(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert list(jsonl._line_ranges(str(empty), 64, "text")) == []
+
+
+def test_hf_name_is_read_offline_without_touching_the_environment(monkeypatch):
+    lookups = []
+
+    def no_network(*args, **kw):
+        lookups.append(args[0])
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    env = dict(os.environ)
+    before = (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE)
+    with pytest.raises(InputError, match="could not load Hugging Face dataset"):
+        list(read_inputs(["hf:packtool-test/does-not-exist"]))
+    assert lookups == []  # not one host name looked up
+    assert dict(os.environ) == env
+    assert (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE) == before
