@@ -420,3 +420,16 @@ def test_hf_name_is_read_offline_without_touching_the_environment(monkeypatch):
     assert lookups == []  # not one host name looked up
     assert dict(os.environ) == env
     assert (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE) == before
+
+
+def test_a_directory_of_txt_files_is_one_sample_per_file_whatever_else_it_holds(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("doc one l1\ndoc one l2\n")
+    (docs / "b.txt").write_text("doc two\n")
+    expected = ["doc one l1\ndoc one l2\n", "doc two\n"]
+    assert _texts([docs]) == expected
+    (docs / "README").write_text("about these docs\n")
+    (docs / "notes.md").write_text("# notes\n")
+    assert _texts([docs]) == expected
+    assert [kind for kind, _, _ in expand_inputs([str(docs)])] == ["text_dir"]

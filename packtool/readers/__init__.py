@@ -7,7 +7,8 @@ Supported inputs:
 
 * ``*.jsonl`` / ``*.json``: JSON Lines, or one JSON array of objects;
 * ``*.parquet``;
-* ``*.txt``: one sample per non-blank line; a directory of ``.txt`` files: one sample per file;
+* ``*.txt``: one sample per non-blank line; a directory of ``.txt`` files: one sample per file (files of
+  no known format in it, e.g. a README, are ignored, as in any directory);
 * a directory written by ``datasets``' ``save_to_disk``;
 * ``hf:NAME[:CONFIG]``: ``datasets.load_dataset`` (offline from the local cache).
 """
@@ -66,10 +67,9 @@ def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
         if _is_hf_disk(path):
             return [("hf_disk", str(path), [])]
         files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-        txt = [str(p) for p in files if p.suffix == ".txt"]
-        if txt and len(txt) == len(files):
-            return [("text_dir", str(path), txt)]
         known = [p for p in files if p.suffix in _FILE_READERS]
+        if known and all(p.suffix == ".txt" for p in known):  # other files (README, notes) are ignored
+            return [("text_dir", str(path), [str(p) for p in known])]
         if not known:
             raise InputError(
                 "directory holds no file of a known format (.jsonl .json .parquet .txt)", source=str(path)
