@@ -433,3 +433,14 @@ def test_a_directory_of_txt_files_is_one_sample_per_file_whatever_else_it_holds(
     (docs / "notes.md").write_text("# notes\n")
     assert _texts([docs]) == expected
     assert [kind for kind, _, _ in expand_inputs([str(docs)])] == ["text_dir"]
+
+
+def test_a_utf8_bom_is_stripped_from_text_as_from_json_lines(tmp_path):
+    (tmp_path / "b.txt").write_bytes(b"\xef\xbb\xbffirst\nsecond\n")
+    assert _texts([tmp_path / "b.txt"]) == ["first", "second"]
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_bytes(b"\xef\xbb\xbfdoc a")
+    assert _texts([docs]) == ["doc a"]
+    (tmp_path / "b.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first"}\n')
+    assert _texts([tmp_path / "b.jsonl"]) == ["first"]
