@@ -444,3 +444,19 @@ def test_a_utf8_bom_is_stripped_from_text_as_from_json_lines(tmp_path):
     assert _texts([docs]) == ["doc a"]
     (tmp_path / "b.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first"}\n')
     assert _texts([tmp_path / "b.jsonl"]) == ["first"]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_corrupt_parquet_row_group_is_reported_at_its_first_row(tmp_path, lazy):
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"input_ids": [[i, i + 1] for i in range(500)]}), path, row_group_size=50)
+    offset = pq.ParquetFile(path).metadata.row_group(6).column(0).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[offset : offset + 40] = bytes(b ^ 0xFF for b in data[offset : offset + 40])
+    path.write_bytes(bytes(data))
+    rows = []
+    with pytest.raises(InputError, match="corrupt Parquet data after row 300"):
+        for piece in read_inputs([str(path)], lazy=lazy):
+            for b in piece.load():
+                rows += b.rows.tolist()
+    assert rows == list(range(300))
