@@ -46,7 +46,8 @@ import pyarrow.parquet as pq
 
 from packtool import __version__
 from packtool.config import PackConfig
-from packtool.encoders import build_encoder, resolve_sample_format
+from packtool.encoders import build_encoder, is_plugin_spec, resolve_sample_format
+from packtool.encoders.prompt_completion import BUILTIN_TEMPLATES, template_fields
 from packtool.engines import make_engine
 from packtool.errors import MAX_LOGGED, ErrorSink, InputError, PacktoolError
 from packtool.packing import PackPlan, make_plan
@@ -325,16 +326,54 @@ def _progress(show: bool, **kw):
     return tqdm(disable=not show, file=sys.stderr, dynamic_ncols=True, **kw)
 
 
+def fields_read(config: PackConfig, sample_format: str) -> frozenset[str] | None:
+    """The record fields the encoder for ``sample_format`` reads (None: a custom encoder, which sees every
+    field). The readers leave out a field outside these whose values cannot be one column."""
+    if is_plugin_spec(config.tokenizer):
+        return None
+    if sample_format == "pretokenized":
+        return frozenset({"input_ids", "labels", "loss_mask"})
+    if sample_format == "chat":
+        return frozenset({"messages", "conversations", "tools"})
+    if sample_format == "prompt_completion":
+        fields = {config.prompt_field, config.completion_field, "instruction", "input"}
+        if config.prompt_template is not None and config.prompt_template not in BUILTIN_TEMPLATES:
+            fields.update(template_fields(config.prompt_template))
+        return frozenset(fields)
+    return frozenset({config.text_field})
+
+
+class _FieldsRead:
+    """``read_inputs``' ``used_fields`` for a run: the sample format is resolved once, from the fields of
+    the first batch that needs it (the readers ask only when a field cannot be one column)."""
+
+    def __init__(self, config: PackConfig) -> None:
+        self.config, self.sample_format = config, None
+
+    def __call__(self, names: list[str]) -> frozenset[str] | None:
+        if self.sample_format is None:
+            self.sample_format = resolve_sample_format(self.config, names)
+        return fields_read(self.config, self.sample_format)
+
+
 def _run(config: PackConfig, out: OutputDir, show: bool) -> dict:
     sink = ErrorSink(config.on_error)  # bad records met while reading
+    fields = _FieldsRead(config)
     # workers (local processes or Ray tasks) read their own Parquet rows: the driver hands out row ranges
     batches = read_inputs(
-        config.inputs, split=config.split, text_field=config.text_field, sink=sink, lazy=True
+        config.inputs,
+        split=config.split,
+        text_field=config.text_field,
+        sink=sink,
+        lazy=True,
+        used_fields=fields,
     )
     first = next(batches, None)
     if first is None:
         raise InputError(_nothing_left(sink), source=", ".join(config.inputs), code="empty_input")
-    sample_format = resolve_sample_format(config, first.schema.names)
+    if fields.sample_format is None:
+        fields.sample_format = resolve_sample_format(config, first.schema.names)
+    sample_format = fields.sample_format
     encoder, worker_args = init_run(config, sample_format)
     work = str(out.work)
     fingerprint = input_fingerprint(config.inputs)

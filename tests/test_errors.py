@@ -567,3 +567,49 @@ def test_disk_full_while_writing(tmp_path, limit, num_proc):
     line = assert_clean_failure(proc, tmp_path, code=1)
     assert f"{tmp_path / 'out'}: cannot write the output" in line and "nothing was left behind" in line
     assert os.listdir(tmp_path) == []
+
+
+# --- fields the encoder does not read, and type conflicts in those it does --------------------------------
+UNUSED_FIELD_CASES = {
+    "id_number_then_str": ({"id": 1}, {"id": "b"}),
+    "meta_dict_then_list": ({"meta": {"a": 1}}, {"meta": [1, 2]}),
+    "score_beyond_int64": ({"score": 1}, {"score": 2**80}),
+    "lone_surrogate": ({"note": "ok"}, {"note": "bad \ud800"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNUSED_FIELD_CASES))
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_mixed_types_in_a_field_not_read_are_harmless(tmp_path, case, on_error):
+    first, second = UNUSED_FIELD_CASES[case]
+    rows = [{**first, "text": "first good"}, {**second, "text": "second good"}, {**first, "text": "third"}]
+    src = write_lines(tmp_path / "in.jsonl", [json.dumps(r).encode() for r in rows])
+    pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, "--on-error", on_error, check=True)
+    stats = manifest(tmp_path)["stats"]
+    assert stats["skipped_samples"] == 0 and stats["packed_samples"] == 3
+
+
+def test_mixed_types_in_a_field_read_still_fail_with_line_and_field(tmp_path):
+    rows = [{"id": 1, "text": "first good"}, {"id": "b", "text": 5}, {"id": 2, "text": "third"}]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER), tmp_path)
+    assert line.endswith(f"{src}, line 2, field 'text': expected str, got number: '5'")
+
+
+CHAT_TOKENIZER = DEMO / "chat-tokenizer"
+PARTS = [
+    {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    {"role": "assistant", "content": "yo"},
+]
+
+
+def test_conflicting_values_in_a_field_read_name_their_line_and_skip(tmp_path):
+    plain = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    src = write_jsonl(tmp_path / "parts.jsonl", [plain, {"messages": PARTS}, plain])
+    line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", CHAT_TOKENIZER), tmp_path)
+    assert f"{src}, line 2, field 'messages'" in line
+    pack(tmp_path, src, "--tokenizer", CHAT_TOKENIZER, "--on-error", "skip", check=True)
+    stats = manifest(tmp_path)["stats"]
+    assert stats["skipped_by_reason"] == {"wrong_type": 1} and stats["packed_samples"] == 2
+    (entry,) = errors_log(tmp_path)
+    assert entry["row"] == 2 and entry["field"] == "messages"

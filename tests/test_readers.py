@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 
 import datasets
+import huggingface_hub.constants
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -398,3 +401,62 @@ def test_lazy_jsonl_pieces_cover_every_line_once_and_pickle_small(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert list(jsonl._line_ranges(str(empty), 64, "text")) == []
+
+
+def test_hf_name_is_read_offline_without_touching_the_environment(monkeypatch):
+    lookups = []
+
+    def no_network(*args, **kw):
+        lookups.append(args[0])
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    env = dict(os.environ)
+    before = (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE)
+    with pytest.raises(InputError, match="could not load Hugging Face dataset"):
+        list(read_inputs(["hf:packtool-test/does-not-exist"]))
+    assert lookups == []  # not one host name looked up
+    assert dict(os.environ) == env
+    assert (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE) == before
+
+
+def test_a_directory_of_txt_files_is_one_sample_per_file_whatever_else_it_holds(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("doc one l1\ndoc one l2\n")
+    (docs / "b.txt").write_text("doc two\n")
+    expected = ["doc one l1\ndoc one l2\n", "doc two\n"]
+    assert _texts([docs]) == expected
+    (docs / "README").write_text("about these docs\n")
+    (docs / "notes.md").write_text("# notes\n")
+    assert _texts([docs]) == expected
+    assert [kind for kind, _, _ in expand_inputs([str(docs)])] == ["text_dir"]
+
+
+def test_a_utf8_bom_is_stripped_from_text_as_from_json_lines(tmp_path):
+    (tmp_path / "b.txt").write_bytes(b"\xef\xbb\xbffirst\nsecond\n")
+    assert _texts([tmp_path / "b.txt"]) == ["first", "second"]
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_bytes(b"\xef\xbb\xbfdoc a")
+    assert _texts([docs]) == ["doc a"]
+    (tmp_path / "b.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first"}\n')
+    assert _texts([tmp_path / "b.jsonl"]) == ["first"]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_corrupt_parquet_row_group_is_reported_at_its_first_row(tmp_path, lazy):
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"input_ids": [[i, i + 1] for i in range(500)]}), path, row_group_size=50)
+    offset = pq.ParquetFile(path).metadata.row_group(6).column(0).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[offset : offset + 40] = bytes(b ^ 0xFF for b in data[offset : offset + 40])
+    path.write_bytes(bytes(data))
+    rows = []
+    with pytest.raises(InputError, match="corrupt Parquet data after row 300"):
+        for piece in read_inputs([str(path)], lazy=lazy):
+            for b in piece.load():
+                rows += b.rows.tolist()
+    assert rows == list(range(300))

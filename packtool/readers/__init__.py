@@ -7,7 +7,8 @@ Supported inputs:
 
 * ``*.jsonl`` / ``*.json``: JSON Lines, or one JSON array of objects;
 * ``*.parquet``;
-* ``*.txt``: one sample per non-blank line; a directory of ``.txt`` files: one sample per file;
+* ``*.txt``: one sample per non-blank line; a directory of ``.txt`` files: one sample per file (files of
+  no known format in it, e.g. a README, are ignored, as in any directory);
 * a directory written by ``datasets``' ``save_to_disk``;
 * ``hf:NAME[:CONFIG]``: ``datasets.load_dataset`` (offline from the local cache).
 """
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from packtool.errors import ErrorSink, InputError
-from packtool.readers.base import SourceBatch
+from packtool.readers.base import SourceBatch, UsedFields
 from packtool.readers.hf import read_hf_disk, read_hf_hub
 from packtool.readers.jsonl import read_jsonl
 from packtool.readers.parquet import read_parquet
@@ -66,10 +67,9 @@ def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
         if _is_hf_disk(path):
             return [("hf_disk", str(path), [])]
         files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-        txt = [str(p) for p in files if p.suffix == ".txt"]
-        if txt and len(txt) == len(files):
-            return [("text_dir", str(path), txt)]
         known = [p for p in files if p.suffix in _FILE_READERS]
+        if known and all(p.suffix == ".txt" for p in known):  # other files (README, notes) are ignored
+            return [("text_dir", str(path), [str(p) for p in known])]
         if not known:
             raise InputError(
                 "directory holds no file of a known format (.jsonl .json .parquet .txt)", source=str(path)
@@ -93,11 +93,16 @@ def read_inputs(
     text_field: str = "text",
     sink: ErrorSink | None = None,
     lazy: bool = False,
+    used_fields: UsedFields = None,
 ) -> Iterator[SourceBatch]:
     """Stream every input as ``SourceBatch`` objects, in order.
 
     With ``lazy``, Parquet files yield ``ParquetRows`` and JSON Lines files (after their first record)
     ``JsonlLines``: row or line ranges read later, by whoever calls their ``load(sink)``.
+
+    ``used_fields`` names the fields the caller reads (``base.UsedFields``: a set, or a function of a
+    batch's field names; None: all): a field outside them whose values cannot be one column (mixed types,
+    an integer beyond int64, a lone surrogate) is left out of the batch rather than being an error.
 
     Bad records go to ``sink`` (default: raise ``InputError``); a file that cannot be read at all raises
     ``InputError`` under every policy.
@@ -105,7 +110,7 @@ def read_inputs(
     sink = sink or ErrorSink()
     for kind, source, files in expand_inputs(inputs):
         if kind == "jsonl":
-            batches = read_jsonl(source, sink=sink, text_field=text_field, lazy=lazy)
+            batches = read_jsonl(source, sink=sink, text_field=text_field, lazy=lazy, used_fields=used_fields)
         elif kind == "parquet":
             batches = read_parquet(source, lazy=lazy)
         elif kind == "text":

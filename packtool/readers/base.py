@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +14,17 @@ from packtool.errors import ErrorSink, InputError
 # otherwise blamed on the rows whose kind differs from most rows'.
 _LIST_OF_NUMBERS = "list of number"
 KNOWN_KINDS = {"input_ids": _LIST_OF_NUMBERS, "labels": _LIST_OF_NUMBERS, "loss_mask": _LIST_OF_NUMBERS}
+
+# The fields the caller (the encoder) reads: a set of names, or a function of the fields a batch holds
+# that returns one (called only when a field's values cannot be one column); None reads every field.
+UsedFields = Collection[str] | Callable[[list[str]], Collection[str] | None] | None
+
+
+def resolve_used(used_fields: UsedFields, names: list[str]) -> frozenset[str] | None:
+    """The set of fields read among records holding ``names`` (None: all of them)."""
+    if used_fields is not None and callable(used_fields):
+        used_fields = used_fields(names)
+    return None if used_fields is None else frozenset(used_fields)
 
 
 @dataclass
@@ -85,26 +96,33 @@ def batch_from_pylist(
     row_kind: str,
     sink: ErrorSink | None = None,
     text_field: str = "text",
+    used_fields: UsedFields = None,
 ) -> SourceBatch:
     """Columnarize ``records`` (dicts) into a SourceBatch.
 
     A record whose field has another type than the field's other rows (``text_field`` must be a string,
-    ``input_ids``/``labels``/``loss_mask`` lists of integers), or holds text that is not valid Unicode, is
-    handed to ``sink`` (``on_error=fail`` raises, naming its row and field; ``skip`` leaves it out).
+    ``input_ids``/``labels``/``loss_mask`` lists of integers; else the type most rows have, or when every
+    row's is, the type of the rows before it), or holds text that is not valid Unicode, is handed to
+    ``sink`` (``on_error=fail`` raises, naming its row and field; ``skip`` leaves it out). A field
+    outside ``used_fields`` whose values cannot be one column is left out of the batch instead: it is never
+    read.
     """
     while True:
         try:
-            return _columnarize(records, source, rows, row_kind, text_field)
+            return _columnarize(records, source, rows, row_kind, text_field, used_fields)
         except InputError as e:
-            if e.code == "mixed_column":  # no single record to blame
-                raise
             (sink or ErrorSink()).bad(e)
             i = int(np.flatnonzero(rows == e.row)[0])
             records, rows = records[:i] + records[i + 1 :], np.delete(rows, i)
 
 
 def _columnarize(
-    records: list[dict], source: str, rows: np.ndarray, row_kind: str, text_field: str
+    records: list[dict],
+    source: str,
+    rows: np.ndarray,
+    row_kind: str,
+    text_field: str,
+    used_fields: UsedFields,
 ) -> SourceBatch:
     columns: dict[str, list] = {}
     n = len(records)
@@ -115,20 +133,32 @@ def _columnarize(
         for key, value in rec.items():
             columns[key][i] = value
     arrays = {}
+    unresolved = object()
+    used = unresolved  # resolved at the first field whose values cannot be one column
     for key, values in columns.items():
         try:
             arrays[key] = pa.array(values)
-        except UnicodeEncodeError:
+            continue
+        except (UnicodeEncodeError, pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+            bad_unicode = isinstance(e, UnicodeEncodeError)
+        if used is unresolved:
+            used = resolve_used(used_fields, list(columns))
+        if used is not None and key not in used:
+            continue  # never read: left out rather than stop the run or skip records over it
+        if bad_unicode:
             i = next(i for i, v in enumerate(values) if not _valid_unicode(v))
             raise _locate(
                 source, rows, row_kind, i, key, "not valid Unicode (a lone surrogate escape)", "not_utf8"
-            ) from None
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            expected = "str" if key == text_field else KNOWN_KINDS.get(key)
-            i, message = _first_mismatch(values, expected)
-            if i is None:
-                raise InputError(message, source=source, field=key, code="mixed_column") from None
-            raise _locate(source, rows, row_kind, i, key, message, "wrong_type") from None
+            )
+        expected = "str" if key == text_field else KNOWN_KINDS.get(key)
+        i, message = _first_mismatch(values, expected)
+        if i is None:  # every value has the same kind, e.g. lists of dicts holding different types
+            i = _first_unstorable(values)
+            message = (
+                f"{_kind(values[i])} holding other types than the earlier rows' (they cannot be one "
+                f"column): {str(values[i])[:40]!r}"
+            )
+        raise _locate(source, rows, row_kind, i, key, message, "wrong_type")
     return SourceBatch(source, pa.RecordBatch.from_pydict(arrays), rows, row_kind)
 
 
@@ -178,6 +208,21 @@ def _first_mismatch(values: list, expected: str | None = None) -> tuple[int | No
         if got != expected and not (expected.startswith("list") and got == "list"):
             return i, f"expected {expected}, got {got}: {str(values[i])[:40]!r}"
     return None, f"values cannot be stored as one column ({expected})"
+
+
+def _first_unstorable(values: list) -> int:
+    """Index of the first value that cannot share one column with the values before it (the values as a
+    whole cannot be one column; a prefix that cannot stays so when longer: binary search)."""
+    lo, hi = 0, len(values)  # values[:lo] is one column (or empty), values[:hi] is not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            pa.array(values[:mid])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            hi = mid
+        else:
+            lo = mid
+    return hi - 1
 
 
 def iter_slices(batch: pa.RecordBatch, max_rows: int) -> Iterator[pa.RecordBatch]:

@@ -1,12 +1,15 @@
 """Hugging Face datasets -> ``SourceBatch`` stream.
 
 Two sources: a directory written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, and
-``hf:NAME[:CONFIG]``, loaded with ``datasets.load_dataset`` (from the local cache when offline).
+``hf:NAME[:CONFIG]``, loaded with ``datasets.load_dataset`` offline, from the local cache (no request is
+made, whatever ``HF_HUB_OFFLINE`` says).
 Both are read as Arrow, batch by batch, without converting rows to Python objects.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -51,15 +54,49 @@ def read_hf_disk(path: str, split: str = "train", batch_rows: int = 8192) -> Ite
     yield from _iter_dataset(_pick_split(ds, split, path), path, batch_rows)
 
 
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """Hugging Face's offline mode for the calls inside (no request is made: the dataset comes from the
+    local cache or is an error at once, not after retries), restored afterwards. ``datasets`` and
+    ``huggingface_hub`` read ``HF_HUB_OFFLINE`` once, at import, into module constants: those are set
+    (the variables too, for what is imported inside), whenever the modules were imported."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    saved_env = {k: os.environ.get(k) for k in _OFFLINE_VARS}
+    modules = [(datasets.config, "HF_HUB_OFFLINE"), (datasets.config, "HF_DATASETS_OFFLINE")]
+    modules.append((huggingface_hub.constants, "HF_HUB_OFFLINE"))
+    saved = [(m, k, getattr(m, k)) for m, k in modules if hasattr(m, k)]
+    os.environ.update(dict.fromkeys(_OFFLINE_VARS, "1"))
+    for m, k, _ in saved:
+        setattr(m, k, True)
+    try:
+        yield
+    finally:
+        for m, k, v in saved:
+            setattr(m, k, v)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
 def read_hf_hub(spec: str, split: str = "train", batch_rows: int = 8192) -> Iterator[SourceBatch]:
-    """``hf:NAME[:CONFIG]`` through ``datasets.load_dataset`` (uses the local cache when offline)."""
+    """``hf:NAME[:CONFIG]`` through ``datasets.load_dataset``, offline: from the local cache only."""
     import datasets
 
     name, _, config = spec[len("hf:") :].partition(":")
     try:
-        ds = datasets.load_dataset(name, config or None, split=split)
+        with _offline():
+            ds = datasets.load_dataset(name, config or None, split=split)
     except Exception as e:
         raise InputError(
-            f"could not load Hugging Face dataset: {str(e).splitlines()[0]}", source=spec
+            f"could not load Hugging Face dataset from the local cache (read offline): "
+            f"{str(e).splitlines()[0]}",
+            source=spec,
         ) from None
     yield from _iter_dataset(ds, spec, batch_rows)

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.errors import ErrorSink, InputError
-from packtool.readers.base import SourceBatch, batch_from_pylist
+from packtool.readers.base import SourceBatch, UsedFields, batch_from_pylist, resolve_used
 
 
 def read_jsonl(
@@ -42,27 +42,34 @@ def read_jsonl(
     sink: ErrorSink | None = None,
     text_field: str = "text",
     lazy: bool = False,
+    used_fields: UsedFields = None,
 ) -> Iterator[SourceBatch | JsonlLines]:
     """Yield batches of at most ``batch_rows`` records from a JSON Lines or JSON-array file.
 
     With ``lazy``, a JSON Lines file is read here only up to its first record (the caller sees its
     fields); the rest is yielded as ``JsonlLines``, ranges of ``batch_rows`` lines that the process
     encoding them reads and parses (``load``), found by one scan for newlines. A JSON array is read here.
+
+    ``used_fields`` (see ``base.UsedFields``) names the fields the caller reads: a field outside them whose
+    values cannot be one column is left out instead of being an error; the ranges carry the set resolved
+    from the first record's fields.
     """
     sink = sink or ErrorSink()
     with open(path, "rb") as f:
         head = f.read(64).lstrip()
     if head.startswith(b"["):
-        yield from _read_json_array(path, batch_rows, sink, text_field)
+        yield from _read_json_array(path, batch_rows, sink, text_field, used_fields)
         return
     if lazy:
-        seen_records = False
+        names = None
         for piece in _line_ranges(path, batch_rows, text_field):
-            if seen_records:
+            if names is not None:
+                piece.used_fields = resolve_used(used_fields, names)
                 yield piece
                 continue
-            for batch in piece.load(sink):  # read here until a record shows the caller the fields
-                seen_records = True
+            piece.used_fields = used_fields  # read here until a record shows the caller the fields
+            for batch in piece.load(sink):
+                names = batch.schema.names
                 yield batch
         return
     skip = 0
@@ -72,20 +79,30 @@ def read_jsonl(
         skip += batch.num_rows  # one record per line: these lines are plain, none blank
     if state["complete"]:
         return
-    yield from _read_lines(path, batch_rows, sink, text_field, skip=skip)
+    yield from _read_lines(path, batch_rows, sink, text_field, skip=skip, used_fields=used_fields)
 
 
 def _read_lines(
-    path: str, batch_rows: int, sink: ErrorSink, text_field: str, skip: int = 0
+    path: str,
+    batch_rows: int,
+    sink: ErrorSink,
+    text_field: str,
+    skip: int = 0,
+    used_fields: UsedFields = None,
 ) -> Iterator[SourceBatch]:
     """The line-by-line path, from line ``skip + 1`` on."""
     with open(path, "rb") as f:
         numbered = ((n, raw) for n, raw in enumerate(f, start=1) if n > skip)
-        yield from _parse_lines(path, numbered, batch_rows, sink, text_field)
+        yield from _parse_lines(path, numbered, batch_rows, sink, text_field, used_fields)
 
 
 def _parse_lines(
-    path: str, numbered: Iterable[tuple[int, bytes]], batch_rows: int, sink: ErrorSink, text_field: str
+    path: str,
+    numbered: Iterable[tuple[int, bytes]],
+    batch_rows: int,
+    sink: ErrorSink,
+    text_field: str,
+    used_fields: UsedFields = None,
 ) -> Iterator[SourceBatch]:
     """``(line number, raw line)`` pairs parsed one by one with ``json``; blank lines are skipped, bad
     ones go to ``sink``."""
@@ -112,12 +129,12 @@ def _parse_lines(
         records.append(rec)
         lines.append(lineno)
         if len(records) >= batch_rows:
-            yield batch_from_pylist(
-                records, path, np.asarray(lines, dtype=np.int64), "line", sink, text_field
-            )
+            rows = np.asarray(lines, dtype=np.int64)
+            yield batch_from_pylist(records, path, rows, "line", sink, text_field, used_fields)
             records, lines = [], []
     if records:
-        yield batch_from_pylist(records, path, np.asarray(lines, dtype=np.int64), "line", sink, text_field)
+        rows = np.asarray(lines, dtype=np.int64)
+        yield batch_from_pylist(records, path, rows, "line", sink, text_field, used_fields)
 
 
 _BLANK_LINE = re.compile(rb"\n[ \t\r\f\v]*\n")  # a blank line after the first (starts with a literal: fast)
@@ -187,6 +204,7 @@ class JsonlLines:
 
     It stands for a ``SourceBatch`` until ``load(sink)`` reads and parses it (``num_rows`` counts lines, blank
     ones included); pickling it costs 8 bytes a line whatever the lines hold, so a worker reads its own.
+    ``used_fields``: the fields the encoder reads (``base.UsedFields``; None: all).
     """
 
     source: str
@@ -194,6 +212,7 @@ class JsonlLines:
     line_starts: np.ndarray  # (num_rows + 1,) int64
     text_field: str = "text"
     row_kind: str = "line"
+    used_fields: UsedFields = None
 
     @property
     def num_rows(self) -> int:
@@ -202,7 +221,9 @@ class JsonlLines:
     def slice(self, offset: int, length: int) -> JsonlLines:
         length = min(length, self.num_rows - offset)
         starts = self.line_starts[offset : offset + length + 1]
-        return JsonlLines(self.source, self.first_line + offset, starts, self.text_field)
+        return JsonlLines(
+            self.source, self.first_line + offset, starts, self.text_field, used_fields=self.used_fields
+        )
 
     def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
         """The records of these lines, as the whole-file reader would give them (same line numbers, same
@@ -225,7 +246,9 @@ class JsonlLines:
         if data.endswith(b"\n"):
             lines.pop()  # the empty string after the last newline is no line
         numbered = enumerate(lines, start=self.first_line)
-        return list(_parse_lines(self.source, numbered, len(lines) or 1, sink, self.text_field))
+        return list(
+            _parse_lines(self.source, numbered, len(lines) or 1, sink, self.text_field, self.used_fields)
+        )
 
     def _load_arrow(self, data: bytes) -> list[SourceBatch] | None:
         import pyarrow.json as pj
@@ -318,7 +341,9 @@ def _line_error(message: str, path: str, lineno: int, code: str) -> InputError:
     return InputError(message, source=path, row=lineno, row_kind="line", code=code)
 
 
-def _read_json_array(path: str, batch_rows: int, sink: ErrorSink, text_field: str) -> Iterator[SourceBatch]:
+def _read_json_array(
+    path: str, batch_rows: int, sink: ErrorSink, text_field: str, used_fields: UsedFields = None
+) -> Iterator[SourceBatch]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -342,6 +367,5 @@ def _read_json_array(path: str, batch_rows: int, sink: ErrorSink, text_field: st
             )
     for start in range(0, len(rows), batch_rows):
         idx = rows[start : start + batch_rows]
-        yield batch_from_pylist(
-            [data[i] for i in idx], path, np.asarray(idx, dtype=np.int64), "row", sink, text_field
-        )
+        rows_i = np.asarray(idx, dtype=np.int64)
+        yield batch_from_pylist([data[i] for i in idx], path, rows_i, "row", sink, text_field, used_fields)

@@ -26,6 +26,14 @@ from packtool.readers.base import SourceBatch
 BATCH_ROWS = 8192
 
 
+def _iter_groups(pf: pq.ParquetFile, groups: range, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The batches of row groups ``groups``, one row group's reader at a time: a reader over several
+    decodes ahead of the batch it hands out, so a corrupt row group failed before the rows ahead of it were
+    read (errors said "after row 0" whatever row group it was)."""
+    for g in groups:
+        yield from pf.iter_batches(batch_size=batch_rows, row_groups=[g])
+
+
 def _open(path: str) -> pq.ParquetFile:
     """The file as a buffered stream (``pre_buffer=False``, 1 MiB reads): by default pyarrow loads a whole
     row group before the first batch, and writers default to row groups of 1Mi rows, so memory would grow
@@ -51,7 +59,7 @@ def read_parquet(path: str, batch_rows: int = BATCH_ROWS, lazy: bool = False) ->
         return
     row = 0
     try:
-        for batch in pf.iter_batches(batch_size=batch_rows):
+        for batch in _iter_groups(pf, range(pf.metadata.num_row_groups), batch_rows):
             yield SourceBatch(path, batch, np.arange(row, row + batch.num_rows, dtype=np.int64), "row")
             row += batch.num_rows
     except (pa.ArrowException, OSError) as e:
@@ -131,8 +139,7 @@ class _Cursor:
 
     def _seek(self, start: int) -> None:
         g = int(np.searchsorted(self.group_starts, start, side="right") - 1)
-        groups = list(range(g, len(self.group_starts) - 1))
-        self.stream = self.pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups)
+        self.stream = _iter_groups(self.pf, range(g, len(self.group_starts) - 1), BATCH_ROWS)
         self.pos, self.pending = int(self.group_starts[g]), None
 
     def _next(self) -> pa.RecordBatch:

@@ -1,7 +1,7 @@
 """Plain text -> ``SourceBatch`` stream with one column, ``text``.
 
 A ``.txt`` file gives one sample per non-blank line; a directory of ``.txt`` files gives one sample per
-file (see ``read_text_dir``).
+file (see ``read_text_dir``). A UTF-8 byte order mark at the start of a file is dropped.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import pyarrow as pa
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
 
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: not part of the text
+
 
 def read_text_lines(
     path: str, batch_rows: int = 8192, text_field: str = "text", sink: ErrorSink | None = None
@@ -26,6 +28,8 @@ def read_text_lines(
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             raw = raw.rstrip(b"\r\n")
+            if lineno == 1 and raw.startswith(_BOM):  # a UTF-8 byte order mark, as JSON Lines drop it
+                raw = raw[len(_BOM) :]
             if not raw.strip():
                 continue
             try:
@@ -62,7 +66,8 @@ def read_text_dir(
     rows: list[int] = []
     for i, file in enumerate(files):
         try:
-            texts.append(Path(file).read_bytes().decode("utf-8"))
+            data = Path(file).read_bytes()
+            texts.append((data[len(_BOM) :] if data.startswith(_BOM) else data).decode("utf-8"))
         except UnicodeDecodeError as e:
             sink.bad(InputError(f"not valid UTF-8 (byte {e.start})", source=file, code="not_utf8"))
             continue
