@@ -46,8 +46,7 @@ import pyarrow.parquet as pq
 
 from packtool import __version__
 from packtool.config import PackConfig
-from packtool.encoders import build_encoder, is_plugin_spec, resolve_sample_format
-from packtool.encoders.prompt_completion import BUILTIN_TEMPLATES, template_fields
+from packtool.encoders import build_encoder, fields_read, resolve_sample_format
 from packtool.engines import make_engine
 from packtool.errors import MAX_LOGGED, ErrorSink, InputError, PacktoolError
 from packtool.packing import PackPlan, make_plan
@@ -324,23 +323,6 @@ def _progress(show: bool, **kw):
     from tqdm import tqdm
 
     return tqdm(disable=not show, file=sys.stderr, dynamic_ncols=True, **kw)
-
-
-def fields_read(config: PackConfig, sample_format: str) -> frozenset[str] | None:
-    """The record fields the encoder for ``sample_format`` reads (None: a custom encoder, which sees every
-    field). The readers leave out a field outside these whose values cannot be one column."""
-    if is_plugin_spec(config.tokenizer):
-        return None
-    if sample_format == "pretokenized":
-        return frozenset({"input_ids", "labels", "loss_mask"})
-    if sample_format == "chat":
-        return frozenset({"messages", "conversations", "tools"})
-    if sample_format == "prompt_completion":
-        fields = {config.prompt_field, config.completion_field, "instruction", "input"}
-        if config.prompt_template is not None and config.prompt_template not in BUILTIN_TEMPLATES:
-            fields.update(template_fields(config.prompt_template))
-        return frozenset(fields)
-    return frozenset({config.text_field})
 
 
 class _FieldsRead:

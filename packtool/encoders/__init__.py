@@ -21,11 +21,11 @@ from packtool.config import PackConfig
 from packtool.encoders.base import Encoder, FunctionEncoder, load_object
 from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.pretokenized import PretokenizedEncoder
-from packtool.encoders.prompt_completion import PromptCompletionEncoder
+from packtool.encoders.prompt_completion import BUILTIN_TEMPLATES, PromptCompletionEncoder, template_fields
 from packtool.encoders.text import HFTokenizer, TextEncoder
 from packtool.errors import ConfigError
 
-__all__ = ["Encoder", "build_encoder", "resolve_sample_format", "is_plugin_spec"]
+__all__ = ["Encoder", "build_encoder", "fields_read", "resolve_sample_format", "is_plugin_spec"]
 
 
 def is_plugin_spec(spec: str | None) -> bool:
@@ -46,6 +46,24 @@ def resolve_sample_format(config: PackConfig, field_names: list[str]) -> str:
     ):
         return "prompt_completion"
     return "text"
+
+
+def fields_read(config: PackConfig, sample_format: str) -> frozenset[str] | None:
+    """The record fields the encoder for ``sample_format`` reads (None: a custom encoder, which sees every
+    field). The readers leave out a field outside these whose values cannot be one column, so an encoder
+    that starts reading another field must be listed here too."""
+    if is_plugin_spec(config.tokenizer):
+        return None
+    if sample_format == "pretokenized":
+        return frozenset({"input_ids", "labels", "loss_mask"})
+    if sample_format == "chat":
+        return frozenset({"messages", "conversations", "tools"})
+    if sample_format == "prompt_completion":
+        fields = {config.prompt_field, config.completion_field, "instruction", "input"}
+        if config.prompt_template is not None and config.prompt_template not in BUILTIN_TEMPLATES:
+            fields.update(template_fields(config.prompt_template))
+        return frozenset(fields)
+    return frozenset({config.text_field})
 
 
 def build_encoder(config: PackConfig, sample_format: str) -> Encoder:
