@@ -111,6 +111,20 @@ def test_sharegpt_conversations_match_messages():
     assert out == ref
 
 
+def test_a_file_mixing_messages_and_sharegpt_records_reads_each_as_it_is():
+    """A record with ``conversations`` beside records with ``messages`` (one column each, null where the
+    record lacks it) is read as ShareGPT; before, it was 'field messages: missing value (null)'."""
+    sharegpt = [
+        {"from": {"system": "system", "user": "human", "assistant": "gpt"}[m["role"]], "value": m["content"]}
+        for m in CONVERSATION
+    ]
+    mixed = encode_rows(chat_encoder(), [{"messages": CONVERSATION}, {"conversations": sharegpt}])
+    (ref,) = encode_rows(chat_encoder(), [{"messages": CONVERSATION}])
+    assert mixed == [ref, ref]
+    with pytest.raises(InputError, match=r"line 2, field 'messages': missing value"):
+        encode_rows(chat_encoder(), [{"messages": CONVERSATION}, {"other": 1}])
+
+
 def test_sharegpt_unknown_speaker_names_row():
     rows = [{"conversations": [{"from": "human", "value": "a"}, {"from": "robot", "value": "b"}]}]
     match = r"rows.jsonl, line 1, field 'conversations': message 1: unknown speaker"

@@ -167,19 +167,23 @@ class ChatEncoder:
         return text, spans
 
     # --- records -------------------------------------------------------------------------------------
-    def conversations(self, batch: SourceBatch) -> tuple[str, list[list[dict]]]:
-        """The field used (``messages`` or ``conversations``) and every record's messages, validated."""
+    def conversations(self, batch: SourceBatch) -> tuple[list[str], list[list[dict]]]:
+        """Every record's messages, validated, and the field each came from: ``messages`` (role/content)
+        or ``conversations`` (ShareGPT), whichever the record holds (a file may mix the two kinds)."""
         names = batch.batch.schema.names
-        field = "messages" if "messages" in names else "conversations" if "conversations" in names else None
-        if field is None:
+        present = [f for f in ("messages", "conversations") if f in names]
+        if not present:
             raise batch.error(
                 0,
                 "messages",
                 f"missing field (record has: {', '.join(names) or 'nothing'}); chat records need "
                 "messages (role/content) or conversations (ShareGPT from/value)",
             )
-        out = []
-        for i, conv in enumerate(batch.batch.column(field).to_pylist()):
+        columns = {f: batch.batch.column(f).to_pylist() for f in present}
+        fields, out = [], []
+        for i in range(batch.num_rows):
+            field = next((f for f in present if columns[f][i] is not None), present[0])
+            conv = columns[field][i]
             if not isinstance(conv, list):
                 what = (
                     "missing value (null)"
@@ -196,8 +200,9 @@ class ChatEncoder:
                 elif not isinstance(m.get("role"), str):
                     raise batch.error(i, field, f"message {k} has no role")
                 messages.append(m)
+            fields.append(field)
             out.append(messages)
-        return field, out
+        return fields, out
 
     def _from_sharegpt(self, m: dict, batch: SourceBatch, i: int, k: int) -> dict:
         who = m.get("from")
@@ -211,7 +216,7 @@ class ChatEncoder:
         return {"role": SHAREGPT_ROLES[who], "content": m.get("value", ""), **rest}
 
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
-        field, convs = self.conversations(batch)
+        fields, convs = self.conversations(batch)
         tools = (
             _drop_nulls(batch.batch.column("tools").to_pylist())
             if "tools" in batch.batch.schema.names
@@ -222,10 +227,11 @@ class ChatEncoder:
             try:
                 text, sp = self.trained_spans(messages, tools[i] or None)
             except ValueError as e:
-                raise batch.error(i, field, str(e)) from None
+                raise batch.error(i, fields[i], str(e)) from None
             except Exception as e:  # the template raised (raise_exception, an undefined variable, ...)
                 reason = str(e).splitlines()[0] if str(e) else ""
-                raise batch.error(i, field, f"chat template failed: {type(e).__name__}: {reason}") from None
+                message = f"chat template failed: {type(e).__name__}: {reason}"
+                raise batch.error(i, fields[i], message) from None
             texts.append(text)
             spans.append(sp)
         ids, starts = self.tokenizer.encode_batch_offsets(texts)
@@ -238,7 +244,7 @@ class ChatEncoder:
         ids = token_lists(ids)
         flat = np.concatenate(trained) if trained else np.zeros(0, dtype=np.int8)
         labels, loss_mask = loss_columns(ids, flat, self.labels)
-        return apply_empty_loss(batch, ids, labels, loss_mask, self.empty_loss, field)
+        return apply_empty_loss(batch, ids, labels, loss_mask, self.empty_loss, fields)
 
     def identity(self) -> dict[str, Any]:
         ident = self.tokenizer.identity()

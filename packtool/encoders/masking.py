@@ -78,14 +78,14 @@ def apply_empty_loss(
     labels: pa.LargeListArray,
     loss_mask: pa.LargeListArray,
     policy: str,
-    field: str,
+    field: str | list[str],
 ) -> pa.RecordBatch:
     """The encoder's output batch after the ``empty_loss`` policy (``drop``, ``keep`` or ``error``).
 
     A sample *has empty loss* when it has tokens but ``loss_mask`` is 0 on all of them (nothing to learn).
     ``drop`` turns it into an empty sample (left out of the packs), ``keep`` packs it as is, ``error``
-    raises ``InputError`` naming its file, row and ``field``. The number of such samples is stored in the
-    schema metadata under ``packtool.empty_loss_samples`` under every policy.
+    raises ``InputError`` naming its file, row and ``field`` (one name, or one per record). The number of
+    such samples is stored in the schema metadata under ``packtool.empty_loss_samples`` under every policy.
     """
     offsets = np_view(input_ids.offsets)
     lengths = np.diff(offsets)
@@ -100,7 +100,9 @@ def apply_empty_loss(
     if count and policy == "error":
         i = int(np.flatnonzero(empty)[0])
         raise batch.error(
-            i, field, "no token to learn from (every label is -100); set empty_loss to keep or drop"
+            i,
+            field if isinstance(field, str) else field[i],
+            "no token to learn from (every label is -100); set empty_loss to keep or drop",
         )
     if count and policy == "drop":
         keep = np.repeat(~empty, lengths)
