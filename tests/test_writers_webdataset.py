@@ -225,7 +225,10 @@ def test_loss_mask_member_when_input_has_one(tmp_path):
     assert "loss_mask.npy" in members
     packs = list(read_packs(out))
     assert all(p["loss_mask"].dtype == np.int8 and p["loss_mask"].shape == (128,) for p in packs)
-    assert sum(int(p["loss_mask"].sum()) for p in packs) == sum(sum(r["loss_mask"]) for r in rows)
+    # without labels the mask marks the tokens to learn: shifted labels train token i + 1 where its mask is
+    # 1, and the stored mask is labels != -100 (README, "Labels")
+    assert all(np.array_equal(p["loss_mask"], (p["labels"] != -100).astype(np.int8)) for p in packs)
+    assert sum(int(p["loss_mask"].sum()) for p in packs) == sum(sum(r["loss_mask"][1:]) for r in rows)
     assert yaml.safe_load((out / ".nv-meta" / "dataset.yaml").read_text())["field_map"]["loss_mask"] == (
         "loss_mask.npy"
     )

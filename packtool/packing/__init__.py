@@ -129,9 +129,10 @@ def make_plan(
         stats.partial_samples = int(((kept_tokens > 0) & (kept_tokens < want)).sum())
         stats.tokens_over_max_packs = int((want - kept_tokens).sum())
         plan = kept
-    in_packs = np.zeros(len(lengths), dtype=bool)
+    # a custom pack_selected_samples may put new samples in the plan, numbered after the input's
+    in_packs = np.zeros(max(len(split), int(plan.sample.max(initial=-1)) + 1), dtype=bool)
     in_packs[plan.sample] = True
-    stats.split_samples = int((split & in_packs).sum())
+    stats.split_samples = int((split & in_packs[: len(split)]).sum())
     plan.stats = stats
     plan.validate()
     return plan
