@@ -1,25 +1,19 @@
-"""LocalEngine: results in task order, whoever runs a task; the driver runs tasks while workers start."""
+"""LocalEngine: results in task order, errors in task order, and a run's worker state built once."""
 
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
+from packtool import pipeline
+from packtool.config import PackConfig
 from packtool.engines.local import LocalEngine
-
-DRIVER = os.getpid()  # in a worker (which imports this module afresh): the worker's own pid
-
-
-def _slow_start(delay: float, driver: int) -> None:
-    if os.getpid() != driver:  # a worker: start slowly, as one importing a heavy tokenizer would
-        time.sleep(delay)
+from tests.conftest import DEMO, DEMO_TOKENIZER
 
 
-def _whose(task: int) -> tuple[int, int]:
-    time.sleep(0.01)
-    return task, os.getpid()
+def _square(task: int) -> tuple[int, int]:
+    return task * task, os.getpid()
 
 
 def _fails_on_3(task: int) -> int:
@@ -28,30 +22,40 @@ def _fails_on_3(task: int) -> int:
     return task
 
 
-def test_driver_runs_tasks_while_the_workers_start():
-    with LocalEngine(2, _slow_start, (1.5, DRIVER)) as engine:
-        results = list(engine.map(_whose, range(40)))
-    assert [task for task, _ in results] == list(range(40))
-    by_driver = [task for task, pid in results if pid == DRIVER]
-    by_workers = [task for task, pid in results if pid != DRIVER]
-    # the first 2 x num_proc tasks wait for the workers; the driver takes the next ones until one is done
-    assert by_driver and min(by_driver) == 4
-    assert set(range(4)) <= set(by_workers)
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_results_come_back_in_task_order(num_proc):
+    with LocalEngine(num_proc) as engine:
+        results = list(engine.map(_square, range(40)))
+    assert [r for r, _ in results] == [t * t for t in range(40)]
+    in_driver = {pid == os.getpid() for _, pid in results}
+    assert in_driver == ({True} if num_proc == 1 else {False})
 
 
-def test_no_task_runs_in_the_driver_once_the_workers_are_up():
-    with LocalEngine(2, _slow_start, (0.0, DRIVER)) as engine:
-        list(engine.map(_whose, range(8)))  # the workers are up after this
-        results = list(engine.map(_whose, range(40)))
-    assert [task for task, _ in results] == list(range(40))
-    assert all(pid != DRIVER for _, pid in results)
-
-
-@pytest.mark.parametrize("delay", [0.0, 1.5])
-def test_a_failing_task_raises_in_task_order_wherever_it_ran(delay):
-    with LocalEngine(2, _slow_start, (delay, DRIVER)) as engine:
-        got = []
-        with pytest.raises(ValueError, match="task 3 failed"):
-            for r in engine.map(_fails_on_3, range(20)):
-                got.append(r)
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_a_failing_task_raises_in_task_order(num_proc):
+    got = []
+    with LocalEngine(num_proc) as engine, pytest.raises(ValueError, match="task 3 failed"):
+        for r in engine.map(_fails_on_3, range(20)):
+            got.append(r)
     assert got == [0, 1, 2]
+
+
+def test_a_run_builds_its_encoder_once_in_the_driver(monkeypatch, tmp_path):
+    """The driver builds the run's encoder to fail fast on a bad tokenizer; with --num-proc 1 it also runs
+    the tasks, and the engine's initializer finds that state built instead of loading the tokenizer again."""
+    built = []
+    real = pipeline.build_encoder
+    monkeypatch.setattr(pipeline, "build_encoder", lambda *a: built.append(a) or real(*a))
+    config = PackConfig.from_dict(
+        {
+            "inputs": [str(DEMO / "train.jsonl")],
+            "output": str(tmp_path / "out"),
+            "tokenizer": str(DEMO_TOKENIZER),
+            "packed_sequence_size": 1024,
+            "long_samples": "truncate",
+            "num_proc": 1,
+            "quiet": True,
+        }
+    )
+    pipeline.run_pack(config, progress=False)
+    assert len(built) == 1

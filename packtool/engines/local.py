@@ -37,7 +37,6 @@ class LocalEngine:
         self.initializer, self.initargs = initializer, initargs
         self._pool: ProcessPoolExecutor | None = None
         self._inline_ready = False
-        self._started = False  # a pool task has finished: the workers are up
 
     def __enter__(self) -> LocalEngine:
         return self
@@ -46,15 +45,13 @@ class LocalEngine:
         self.close()
 
     def map(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
-        """Apply ``fn`` to every task; results come back in task order.
-
-        While the pool's workers are still starting (no task of theirs has finished yet) and each has
-        tasks queued, this process runs the next tasks itself instead of waiting: a worker's start-up
-        (forking from the forkserver, the initializer, the first imports it touches) is time the job's
-        first tasks would otherwise spend queued.
-        """
+        """Apply ``fn`` to every task; results come back in task order."""
         if self.num_proc <= 1:
-            yield from self._map_inline(fn, tasks)
+            if not self._inline_ready and self.initializer is not None:
+                self.initializer(*self.initargs)
+            self._inline_ready = True
+            for task in tasks:
+                yield fn(task)
             return
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
@@ -63,64 +60,23 @@ class LocalEngine:
                 initializer=_start_worker,
                 initargs=(os.getpid(), self.initializer, self.initargs),
             )
-        cap = 2 * self.num_proc  # tasks queued on the pool at most (their inputs are held until they run)
-        in_flight: deque[Future] = deque()  # pool futures and this process's finished ones, in task order
-
-        def queue_full() -> bool:
-            return sum(not isinstance(f, _RanHere) for f in in_flight) >= cap
-
+        in_flight: deque[Future] = deque()
         try:
             for task in tasks:
-                self._started = self._started or any(
-                    f.done() for f in in_flight if not isinstance(f, _RanHere)
-                )
-                if queue_full() and not self._started:
-                    in_flight.append(self._run_here(fn, task))
-                    continue
                 in_flight.append(self._pool.submit(fn, task))
-                # wait for the oldest task when the queue is full and the workers are up (else: run here)
-                while in_flight and (in_flight[0].done() or (queue_full() and self._started)):
-                    yield self._result(in_flight.popleft())
+                if len(in_flight) >= 2 * self.num_proc:
+                    yield in_flight.popleft().result()
             while in_flight:
-                yield self._result(in_flight.popleft())
+                yield in_flight.popleft().result()
         finally:
             for f in in_flight:
                 f.cancel()
-
-    def _result(self, f: Future) -> Any:
-        result = f.result()
-        self._started = self._started or not isinstance(f, _RanHere)
-        return result
-
-    def _map_inline(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
-        self._init_here()
-        for task in tasks:
-            yield fn(task)
-
-    def _init_here(self) -> None:
-        if not self._inline_ready and self.initializer is not None:
-            self.initializer(*self.initargs)
-        self._inline_ready = True
-
-    def _run_here(self, fn: Callable[[Any], Any], task: Any) -> Future:
-        """``fn(task)`` run in this process, as a finished future (its exception, if any, kept in it)."""
-        self._init_here()
-        f = _RanHere()
-        try:
-            f.set_result(fn(task))
-        except Exception as e:
-            f.set_exception(e)
-        return f
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
             _stop_forkserver()
-
-
-class _RanHere(Future):
-    """A task's result computed by the driver itself (``LocalEngine.map`` while the workers start)."""
 
 
 def _stop_forkserver() -> None:
