@@ -115,7 +115,7 @@ def ray_data_row(data: Path) -> dict:
         from packtool import pipeline
 
         if pipeline._WORKER.get("config") is None or pipeline._WORKER["config"].to_dict() != config:
-            pipeline._init_worker(config, fmt)
+            pipeline.init_run(PackConfig.from_dict(config), fmt)
         out = []
         for b in table.to_batches():  # row numbers are not known here: -1 stands for them
             enc = pipeline._WORKER["encoder"](SourceBatch(str(data), b, np.full(b.num_rows, -1), "row"))
