@@ -134,11 +134,30 @@ def read_packs(directory: str | Path, *, with_sample_index: bool = False) -> Ite
     fmt = manifest.get("shard_format", "parquet")
     for shard in manifest["shards"]:
         path = directory / shard["path"]
-        if fmt == "parquet":
-            pf = pq.ParquetFile(path)
-            for rg in range(pf.num_row_groups):
-                yield from iter_row_group_packs(pf.read_row_group(rg), n, with_sample_index)
-        else:
-            from packtool.writers import read_shard_packs  # other formats register a reader there
+        count = 0
+        try:
+            for pack in _shard_packs(path, fmt, n, manifest.get("run_id"), with_sample_index):
+                count += 1
+                yield pack
+        except (pa.ArrowException, OSError) as e:
+            raise PacktoolError(f"{path}: cannot be read ({e}); run packtool verify") from None
+        if count != shard["num_packs"]:  # a shard cut short where a pack ends reads without an error
+            raise PacktoolError(
+                f"{path}: {count} packs, the manifest says {shard['num_packs']}; run packtool verify"
+            )
 
-            yield from read_shard_packs(fmt, path, n, with_sample_index)
+
+def _shard_packs(
+    path: Path, fmt: str, n: int, run_id: str | None, with_sample_index: bool
+) -> Iterator[dict[str, np.ndarray]]:
+    if fmt != "parquet":
+        from packtool.writers import read_shard_packs  # other formats register a reader there
+
+        yield from read_shard_packs(fmt, path, n, with_sample_index)
+        return
+    pf = pq.ParquetFile(path)
+    meta = json.loads((pf.schema_arrow.metadata or {}).get(b"packtool", b"{}"))
+    if run_id is not None and meta.get("run_id") not in (None, run_id):
+        raise PacktoolError(f"{path}: a shard of another run (run_id {meta.get('run_id')}, not {run_id})")
+    for rg in range(pf.num_row_groups):
+        yield from iter_row_group_packs(pf.read_row_group(rg), n, with_sample_index)

@@ -1,0 +1,56 @@
+"""read_packs: every pack of an output, and an error (not fewer packs) when a shard is not the manifest's."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from packtool import read_packs
+from packtool.errors import PacktoolError
+from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli
+
+ARGS = ["--tokenizer", DEMO_TOKENIZER, "--packed-sequence-size", "1024", "--long-samples", "truncate",
+        "--shard-size", "48", "-q"]  # fmt: skip
+
+
+def pack(out: Path, *extra: str) -> Path:
+    run_cli("pack", DEMO / "train.jsonl", "-o", out, *ARGS, *extra)
+    return out
+
+
+def test_a_tar_shard_cut_where_a_pack_ends_is_an_error(tmp_path):
+    out = pack(tmp_path / "tar", "--format", "webdataset")
+    shard = out / "packs-000001.tar"
+    with tarfile.open(shard) as src:
+        members = [(m, src.extractfile(m).read()) for m in src.getmembers()]
+    keys = sorted({m.name.split(".", 1)[0] for m, _ in members})
+    kept = set(keys[:10])
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as dst:  # a whole tar, 10 packs of 48
+        for m, data in members:
+            if m.name.split(".", 1)[0] in kept:
+                dst.addfile(m, io.BytesIO(data))
+    packs = []
+    with pytest.raises(PacktoolError, match=r"packs-000001.tar: 10 packs, the manifest says 48"):
+        for p in read_packs(out):
+            packs.append(p)
+    assert len(packs) == 48 + 10  # shard 0 whole, then what shard 1 holds
+
+
+def test_a_parquet_shard_of_another_run_is_an_error(tmp_path):
+    out = pack(tmp_path / "a")
+    other = pack(tmp_path / "b", "--seed", "7")
+    shutil.copy(other / "packs-000000.parquet", out / "packs-000000.parquet")
+    with pytest.raises(PacktoolError, match=r"packs-000000.parquet: a shard of another run"):
+        list(read_packs(out))
+
+
+def test_a_truncated_parquet_shard_is_named(tmp_path):
+    out = pack(tmp_path / "a")
+    shard = out / "packs-000001.parquet"
+    shard.write_bytes(shard.read_bytes()[:-3000])
+    with pytest.raises(PacktoolError, match=r"packs-000001.parquet: cannot be read"):
+        list(read_packs(out))
