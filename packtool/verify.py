@@ -51,7 +51,7 @@ from packtool.reading import FIXED_COLUMNS, load_manifest, samples_per_pack_stat
 from packtool.utils import file_sha256
 from packtool.writers.chunks import ChunkStore, ranges
 from packtool.writers.output import MANIFEST
-from packtool.writers.packs import PackArrays
+from packtool.writers.packs import PackArrays, pack_position_ids
 
 # problems of one kind listed in full up to this many; the rest are counted
 MAX_LISTED = 10
@@ -765,6 +765,7 @@ def _check_packs(
             problems = ((message(i), first + int(i)) for i in where)
             report.add_many(col, len(where), problems, shard=name, field=col)
     # a pack whose layout is broken is reported once, above; the checks below look at the others
+    _check_position_ids(packs, broken, first, name, manifest, report)
     pad_len = np.where((has_pad == 1) & ~broken, sl[np.clip(slo[1:] - 1, 0, max(len(sl) - 1, 0))], 0)
     used = n - pad_len
     cols = np.arange(n)[None, :]
@@ -814,6 +815,35 @@ def _check_packs(
         where = np.flatnonzero(bad.any(axis=1) & ~broken)
         report.add_many("labels", len(where), map(labels_problem, where.tolist()), shard=name, field="labels")
     return used
+
+
+def _check_position_ids(
+    packs: PackArrays, broken: np.ndarray, first: int, name: str, manifest: dict, report: VerifyReport
+) -> None:
+    """``position_ids`` must be what the writer makes of each pack's layout (``seq_lens``, each piece's
+    ``sample_offset``) under the manifest's ``position_ids`` convention; packs whose layout is broken are
+    left out (already reported)."""
+    k, n = packs.position_ids.shape
+    convention = manifest.get("position_ids", "nemo")
+    ok = np.flatnonzero(~broken)
+    if not len(ok) or (packs.sample_offset is None and convention == "nemo"):  # an older output
+        return
+    nsl, npieces = np.diff(packs.seq_lens_offsets), np.diff(packs.sample_index_offsets)
+    csr = lambda counts: np.concatenate([[0], np.cumsum(counts[ok])])  # noqa: E731
+    starts = np.zeros(int(npieces[ok].sum()), dtype=np.int64)
+    if packs.sample_offset is not None:
+        starts = packs.sample_offset[np.repeat(~broken, npieces)]
+    want = pack_position_ids(
+        packs.seq_lens[np.repeat(~broken, nsl)], csr(nsl), csr(npieces), starts, n, convention
+    )
+    got = packs.position_ids[ok]
+    bad = np.flatnonzero((got != want).any(axis=1))
+
+    def problem(i: int) -> tuple[str, int]:
+        j = int(np.flatnonzero(got[i] != want[i])[0])
+        return f"position id {got[i, j]} at position {j}, the layout gives {want[i, j]}", first + int(ok[i])
+
+    report.add_many("position_ids", len(bad), map(problem, bad.tolist()), shard=name, field="position_ids")
 
 
 def _check_version(manifest: dict, report: VerifyReport) -> None:
@@ -1072,8 +1102,9 @@ class _SourceCheck:
             "num_samples": len(lengths),
             "packed_samples": int((seen > 0).sum()),
             "empty_samples": int((lengths == 0).sum()),
-            "dropped_samples": int(((seen == 0) & long).sum()) if policy == "drop" else 0,
-            "truncated_samples": int(((seen == n) & long).sum()) if policy == "truncate" else 0,
+            # the long_samples policy applies to every long sample, before max_packs cuts any of them
+            "dropped_samples": int(long.sum()) if policy == "drop" else 0,
+            "truncated_samples": int(long.sum()) if policy == "truncate" else 0,
         }
         short = (seen < lengths) & (lengths > 0)
         explained = (long & (seen == 0)) if policy == "drop" else np.zeros(len(lengths), dtype=bool)

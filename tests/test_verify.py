@@ -177,6 +177,21 @@ def test_stale_index(out: Path):
     )
 
 
+def test_position_ids_that_are_not_the_layouts_are_named(out: Path):
+    """position_ids go to the model as they are: each pack's must be what its seq_lens and pieces give."""
+
+    def change(cols):
+        cols["position_ids"][2] = np.full_like(cols["position_ids"][2], 5)
+        cols["position_ids"][30] = cols["position_ids"][30] - 3
+
+    rewrite_shard(out, 0, change)
+    code, text = verify(out)
+    assert code == 1
+    assert "packs-000000.parquet, pack 2, field 'position_ids': position id 5 at position 0" in text
+    assert "packs-000000.parquet, pack 30, field 'position_ids': position id -3 at position 0" in text
+    assert "2 problem(s)" in text
+
+
 def test_broken_pack_layout_is_named_by_pack_and_field(out: Path):
     def change(cols):
         cols["seq_lens"][5] = cols["seq_lens"][5].copy()
@@ -262,8 +277,9 @@ def test_source_catches_a_lost_pack_and_a_duplicated_pack(out: Path):
         ["--packed-sequence-size", "256", "--split-across-pack"],
         ["--packed-sequence-size", "512", "--long-samples", "drop", "--max-packs", "100"],
         ["--packed-sequence-size", "512", "--split-across-pack", "--max-packs", "50"],
+        ["--packed-sequence-size", "64", "--long-samples", "truncate", "--max-packs", "60"],
     ],
-    ids=["split", "drop+max_packs", "split+max_packs"],
+    ids=["split", "drop+max_packs", "split+max_packs", "truncate+max_packs"],
 )
 def test_source_accounts_for_every_sample_under_each_policy(tmp_path: Path, options: list[str]):
     rows = [{"text": "one two three " * (i % 40)} for i in range(300)]  # empty samples included

@@ -93,26 +93,9 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
     )
     seg_len[piece_slot] = plan.length
     padded = np.flatnonzero(has_pad)
-    pad_slot = sl_offsets[padded + 1] - 1
-    seg_len[pad_slot] = n - used[padded]
+    seg_len[sl_offsets[padded + 1] - 1] = n - used[padded]
 
-    # position ids: (segment's first position) + (index inside the segment); see PackPlan.position_ids
-    seg_first = np.zeros(len(seg_len), dtype=np.int64)
-    if plan.position_ids == "nemo":
-        seg_first[piece_slot] = plan.start
-        last_piece = plan.pack_offsets[1:][padded] - 1
-        seg_first[pad_slot] = (plan.start[last_piece] + plan.length[last_piece] - 1) % n + 1
-    seg_begin = np.zeros(len(seg_len), dtype=np.int64)
-    np.cumsum(seg_len[:-1], out=seg_begin[1:])
-    # int32 arithmetic when every position fits (always, unless a split sample is over 2**31 tokens long)
-    dtype = np.int32 if k * n + int(seg_first.max(initial=0)) < 2**31 else np.int64
-    pos = np.arange(k * n, dtype=dtype) - np.repeat((seg_begin - seg_first).astype(dtype), seg_len)
-    if plan.position_ids == "nemo":  # runs on over a split sample modulo N; padding clamped to N - 1
-        if np.any(seg_first[piece_slot] + plan.length > n):  # a piece whose positions pass N
-            real = np.arange(n)[None, :] < used[:, None]
-            pos = np.where(real.reshape(-1), pos % n, pos)
-        np.minimum(pos, n - 1, out=pos)  # real cells are < N by now: only the padding changes
-    position_ids = pos.astype(np.int32, copy=False).reshape(k, n)
+    position_ids = pack_position_ids(seg_len, sl_offsets, plan.pack_offsets, plan.start, n, plan.position_ids)
     seq_lens = seg_len.astype(np.int32)
 
     return PackArrays(
@@ -126,3 +109,56 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
         sample_index_offsets=plan.pack_offsets.astype(np.int64),
         sample_offset=plan.start.astype(np.int64),
     )
+
+
+def pack_position_ids(
+    seq_lens: np.ndarray,
+    seq_lens_offsets: np.ndarray,
+    piece_offsets: np.ndarray,
+    piece_start: np.ndarray,
+    n: int,
+    convention: str,
+) -> np.ndarray:
+    """``(k, N)`` int32 position ids of ``k`` packs, from their layout alone (see ``PackPlan.position_ids``).
+
+    Args:
+        seq_lens: flat segment lengths: each pack's pieces, then its padding if any (CSR by
+            ``seq_lens_offsets``, ``(k + 1,)``).
+        piece_offsets: ``(k + 1,)`` where each pack's pieces start in ``piece_start``.
+        piece_start: where each piece starts inside its sample (0 unless the sample was split).
+        convention: ``nemo`` (positions run on from ``piece_start``, modulo N, and over the padding,
+            clamped to N - 1) or ``restart`` (0 at every segment).
+
+    The writer makes the column with this and ``verify`` checks it with the same function.
+
+    >>> pack_position_ids(np.array([2, 1, 1]), np.array([0, 3]), np.array([0, 2]), np.array([0, 5]), 4,
+    ...                   "restart").tolist()
+    [[0, 1, 0, 0]]
+    """
+    seq_lens = np.asarray(seq_lens, dtype=np.int64)
+    k = len(seq_lens_offsets) - 1
+    counts = np.diff(piece_offsets)
+    pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
+    piece_slot = np.arange(len(piece_start), dtype=np.int64) - piece_offsets[:-1][pack_of_piece]
+    piece_slot += seq_lens_offsets[:-1][pack_of_piece]
+    seg_first = np.zeros(len(seq_lens), dtype=np.int64)
+    piece_len = seq_lens[piece_slot]
+    if convention == "nemo":
+        seg_first[piece_slot] = piece_start
+        padded = np.flatnonzero(np.diff(seq_lens_offsets) > counts)
+        last_piece = piece_offsets[1:][padded] - 1
+        seg_first[seq_lens_offsets[padded + 1] - 1] = (
+            piece_start[last_piece] + piece_len[last_piece] - 1
+        ) % n + 1
+    seg_begin = np.zeros(len(seq_lens), dtype=np.int64)
+    np.cumsum(seq_lens[:-1], out=seg_begin[1:])
+    # int32 arithmetic when every position fits (always, unless a split sample is over 2**31 tokens long)
+    dtype = np.int32 if k * n + int(seg_first.max(initial=0)) < 2**31 else np.int64
+    pos = np.arange(k * n, dtype=dtype) - np.repeat((seg_begin - seg_first).astype(dtype), seq_lens)
+    if convention == "nemo":  # runs on over a split sample modulo N; padding clamped to N - 1
+        if np.any(seg_first[piece_slot] + piece_len > n):  # a piece whose positions pass N
+            used = np.bincount(pack_of_piece, weights=piece_len, minlength=k)
+            real = np.arange(n)[None, :] < used[:, None]
+            pos = np.where(real.reshape(-1), pos % n, pos)
+        np.minimum(pos, n - 1, out=pos)  # real cells are < N by now: only the padding changes
+    return pos.astype(np.int32, copy=False).reshape(k, n)
