@@ -1,0 +1,117 @@
+"""Digest of what ``packtool pack`` writes, to prove a refactoring leaves the output unchanged.
+
+    python scripts/same_bytes.py > before.json      # on the old code
+    python scripts/same_bytes.py > after.json       # on the new code
+    diff before.json after.json                     # empty: the same bytes
+
+Runs a fixed set of jobs (the demo config; 20,000 synthetic texts with ``bfd`` in both shard formats;
+pretokenized Parquet with a loss mask, ``sequential`` and ``--split-across-pack``; the two fine-tuning
+configs) in a scratch directory, each with the same relative paths every time, and prints one JSON
+object: for every run, the sha256 of every file it wrote, and of its manifest with the run-specific
+fields (``packtool_version``) left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_SPECIFIC = ("packtool_version",)
+
+
+def make_inputs(work: Path) -> None:
+    """20,000 JSON Lines texts and 5,000 pretokenized Parquet samples with a loss mask (fixed seeds)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_demo_data import document
+
+    rng = np.random.default_rng(20_000)
+    with open(work / "texts.jsonl", "w") as f:
+        for _ in range(20_000):
+            words = int(np.clip(rng.lognormal(4.0, 0.9), 3, 1500))
+            f.write(json.dumps({"text": document(rng, words)}) + "\n")
+    rng = np.random.default_rng(5_000)
+    lengths = np.clip(rng.lognormal(5.5, 1.0, 5_000), 1, 6_000).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = rng.integers(0, 1300, int(offsets[-1])).astype(np.int32)
+    mask = (rng.random(int(offsets[-1])) < 0.7).astype(np.int8)
+    table = pa.table(
+        {
+            "input_ids": pa.LargeListArray.from_arrays(offsets, ids),
+            "loss_mask": pa.LargeListArray.from_arrays(offsets, mask),
+        }
+    )
+    pq.write_table(table, work / "pretokenized.parquet", row_group_size=1_000)
+
+
+RUNS: dict[str, list[str]] = {
+    "demo": ["--config", "configs/demo.yaml", "-o", "out/demo"],
+    "text20k-bfd-parquet": [
+        "texts.jsonl", "--tokenizer", "data/demo/tokenizer.json", "--packed-sequence-size", "2048",
+        "--add-eos", "--long-samples", "truncate", "--num-proc", "2", "-o", "out/text20k-parquet",
+    ],
+    "text20k-bfd-webdataset": [
+        "texts.jsonl", "--tokenizer", "data/demo/tokenizer.json", "--packed-sequence-size", "2048",
+        "--add-eos", "--long-samples", "truncate", "--format", "webdataset", "--shard-size", "500",
+        "-o", "out/text20k-tar",
+    ],
+    "pretokenized-sequential-split": [
+        "pretokenized.parquet", "--packed-sequence-size", "4096", "--strategy", "sequential",
+        "--split-across-pack", "--row-group-size", "64", "--shard-size", "256", "-o", "out/pretok",
+    ],
+    "sft-alpaca": ["--config", "configs/sft_alpaca.yaml", "-o", "out/sft_alpaca"],
+    "sft-chat": ["--config", "configs/sft_chat.yaml", "-o", "out/sft_chat"],
+}  # fmt: skip
+
+
+def digest(out: Path) -> dict[str, str]:
+    files = {}
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        rel = str(path.relative_to(out))
+        if rel == "manifest.json":
+            manifest = json.loads(path.read_text())
+            for key in RUN_SPECIFIC:
+                manifest.pop(key, None)
+            data = json.dumps(manifest, sort_keys=True).encode()
+        else:
+            data = path.read_bytes()
+        files[rel] = hashlib.sha256(data).hexdigest()
+    return files
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="*", help="run only these (names above)")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="packtool-same-bytes-"))
+    try:
+        shutil.copytree(ROOT / "data", work / "data")
+        shutil.copytree(ROOT / "configs", work / "configs")
+        make_inputs(work)
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        result = {}
+        for name, args_ in RUNS.items():
+            if args.only and name not in args.only:
+                continue
+            cmd = [sys.executable, "-m", "packtool.cli", "pack", *args_, "-q"]
+            subprocess.run(cmd, cwd=work, env=env, check=True)
+            result[name] = digest(work / args_[args_.index("-o") + 1])
+        print(json.dumps(result, indent=1, sort_keys=True))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
