@@ -28,6 +28,7 @@ _BOS_GUESSES = ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")
 # bench's texts calls of 512 ran 1.4x faster than one call of 20,000 and 1.05x faster than 2,048
 # (scripts/bench_pack.py, the "tokenizer alone" rows).
 TOKENIZER_CALL_TEXTS = 512
+VERY_LARGE = int(1e30)  # transformers' own "no limit" value of model_max_length
 
 
 class HFTokenizer:
@@ -72,6 +73,29 @@ class HFTokenizer:
                 f"tokenizer {spec}: no such file or directory (expected a tokenizer.json, a "
                 "local model directory, or module:callable)"
             )
+        self.switched_off = self._switch_off_truncation_and_padding()
+
+    def _switch_off_truncation_and_padding(self) -> dict[str, Any]:
+        """Turn off what a tokenizer as shipped may do to every call: cut to ``max_length`` and pad to a
+        fixed length (a ``tokenizer.json``'s ``truncation`` / ``padding``, as sentence-transformers exports
+        and many Hub tokenizers carry), and warn past ``model_max_length``. packtool packs whole samples:
+        a sample longer than N follows ``long_samples``, never the tokenizer's own limit.
+
+        Returns what was on, for the manifest (``{}`` when nothing was).
+        """
+        off: dict[str, Any] = {}
+        if self._fast is not None:
+            if self._fast.truncation is not None:
+                off["truncation"] = dict(self._fast.truncation)
+                self._fast.no_truncation()
+            if self._fast.padding is not None:
+                off["padding"] = dict(self._fast.padding)
+                self._fast.no_padding()
+        limit = getattr(self._hf, "model_max_length", None)
+        if isinstance(limit, int) and limit < VERY_LARGE:
+            off["model_max_length"] = limit
+            self._hf.model_max_length = VERY_LARGE  # no "sequence longer than the maximum" warning
+        return off
 
     @property
     def vocab_size(self) -> int:
@@ -136,12 +160,15 @@ class HFTokenizer:
         return None
 
     def identity(self) -> dict[str, Any]:
-        return {
+        ident = {
             "kind": "huggingface",
             "name": self.spec,
             "sha256": file_sha256(self.hash_file) if self.hash_file else None,
             "vocab_size": self.vocab_size,
         }
+        if self.switched_off:  # the tokenizer's own truncation / padding / length limit, not applied
+            ident["switched_off"] = self.switched_off
+        return ident
 
 
 def _load_tokenizer_file(path: Path):
