@@ -167,26 +167,26 @@ def pack(inputs: tuple[str, ...], config_file: str | None, format_: str | None, 
     values.update({k: v for k, v in flags.items() if v is not None})
     config = PackConfig.from_dict(values, origin=config_file or "options")
     if config.engine == "local":  # its imports then run beside ours (see start_forkserver)
-        from packtool.engines.local import start_forkserver
+        from packtool.pipeline.engines.local import start_forkserver
 
         start_forkserver(config.num_proc)
     from packtool.pipeline import run_pack
 
     manifest = run_pack(config)
     if not config.quiet:
-        s = manifest["stats"]
+        s = manifest.stats
         click.echo(
-            f"packed {s['packed_samples']:,} of {s['num_samples']:,} samples into {s['num_packs']:,} packs "
-            f"of {manifest['packed_sequence_size']} tokens (fill rate {s['fill_rate']:.2%}, lower bound "
-            f"{s['lower_bound_packs']:,} packs) -> {config.output}",
+            f"packed {s.packed_samples:,} of {s.num_samples:,} samples into {s.num_packs:,} packs "
+            f"of {manifest.packed_sequence_size} tokens (fill rate {s.fill_rate:.2%}, lower bound "
+            f"{s.lower_bound_packs:,} packs) -> {config.output}",
             err=True,
         )
-        if s.get("empty_samples"):
-            click.echo(f"left out {s['empty_samples']:,} empty samples (no tokens)", err=True)
-        if s.get("skipped_samples"):
-            reasons = ", ".join(f"{k} {v:,}" for k, v in s["skipped_by_reason"].items())
+        if s.empty_samples:
+            click.echo(f"left out {s.empty_samples:,} empty samples (no tokens)", err=True)
+        if s.skipped_samples:
+            reasons = ", ".join(f"{k} {v:,}" for k, v in s.skipped_by_reason.items())
             click.echo(
-                f"skipped {s['skipped_samples']:,} bad records ({reasons}); first ones in "
+                f"skipped {s.skipped_samples:,} bad records ({reasons}); first ones in "
                 f"{os.path.join(config.output, 'errors.jsonl')}",
                 err=True,
             )
@@ -214,7 +214,8 @@ def inspect(
 
     Fast: from the manifest and the shards' metadata, unless --full.
     """
-    from packtool.inspect import inspect_report, pack_report, plot_report, render_pack, render_report
+    from packtool.inspect import inspect_report, pack_report
+    from packtool.inspect.render import plot_report, render_pack, render_report
 
     if pack_index is None and (decode or tokenizer):
         raise ConfigError("--decode and --tokenizer go with --pack I")

@@ -20,15 +20,17 @@ from typing import Any
 import yaml
 
 from packtool.errors import ON_ERROR, ConfigError
+from packtool.plugins import is_plugin_spec
 
 LONG_SAMPLE_POLICIES = ("error", "drop", "truncate")
 POSITION_IDS = ("nemo", "restart")
 LABELS = ("shifted", "unshifted")
-FORMATS = ("parquet", "webdataset")
+FORMATS = ("parquet", "webdataset")  # the shard formats of packtool.formats (a test checks they agree)
 SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat")
 LOSS_ON = ("assistant", "last", "all")
 EMPTY_LOSS_POLICIES = ("drop", "keep", "error")
 ENGINES = ("local", "ray")
+STRATEGIES = ("bfd", "sequential")  # built-in packing strategies (packtool.packing); or module:callable
 
 # Keys that say where and how a job runs, never what it writes. They are left out of the manifest (and
 # the run_id) so that the output is byte-identical for any number of processes, and wherever it is written.
@@ -126,9 +128,7 @@ class PackConfig:
             _positive(key, getattr(self, key))
         if self.max_packs is not None:
             _positive("max_packs", self.max_packs)
-        from packtool.packing import STRATEGIES  # here, not at import: packing imports this module
-
-        if self.strategy not in STRATEGIES and ":" not in str(self.strategy):
+        if self.strategy not in STRATEGIES and not is_plugin_spec(str(self.strategy)):
             raise ConfigError(
                 f"strategy must be one of {', '.join(STRATEGIES)} or module:callable, got {self.strategy!r}"
             )

@@ -61,3 +61,8 @@ def rewrite_tar_json(path: Path, edit: Callable[[dict], dict]) -> None:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def manifest_json(directory: str | Path) -> dict:
+    """An output's ``manifest.json`` as the plain dict a user's script reads."""
+    return json.loads((Path(directory) / "manifest.json").read_text())

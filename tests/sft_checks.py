@@ -8,7 +8,8 @@ import numpy as np
 
 from packtool.encoders.base import IGNORE_INDEX
 from packtool.readers.base import batch_from_pylist
-from packtool.reading import load_manifest, read_packs
+from packtool.reading import read_packs
+from tests.conftest import manifest_json
 
 
 def encode_rows(encoder, rows: list[dict]) -> list[dict[str, list[int]]]:
@@ -42,7 +43,7 @@ def packed_samples(directory: str | Path) -> dict[int, dict[str, np.ndarray]]:
     Also checks what must hold in every pack whatever the sample format: ``seq_lens`` covers the pack,
     padding has label -100 and loss_mask 0, and ``loss_mask == (labels != -100)`` everywhere.
     """
-    manifest = load_manifest(directory)
+    manifest = manifest_json(directory)
     n = manifest["packed_sequence_size"]
     out: dict[int, dict[str, list]] = {}
     for pack in read_packs(directory, with_sample_index=True):
@@ -73,7 +74,7 @@ def check_boundary_property(directory: str | Path, expected: list[dict[str, list
     """The packs hold exactly the per-sample arrays ``expected`` (index = input index), and with shifted
     labels no label is predicted across a sample boundary: every label is the sample's own next token and
     each sample's last label is -100. Returns the number of samples checked."""
-    manifest = load_manifest(directory)
+    manifest = manifest_json(directory)
     samples = packed_samples(directory)
     kept = [i for i, e in enumerate(expected) if e["input_ids"]]
     assert sorted(samples) == kept

@@ -35,7 +35,7 @@ def test_chunk_arrays_are_written_as_np_save_writes_them(tmp_path):
     their concatenation (so np.load and the store's own header parser read them)."""
     import numpy as np
 
-    from packtool.writers.chunks import _save_parts
+    from packtool.pipeline.chunks import _save_parts
 
     for parts, dtype in (
         ([np.arange(5, dtype=np.int32), np.arange(3, dtype=np.int64)], np.int32),
@@ -52,7 +52,7 @@ def test_open_chunks_limit_raises_the_soft_open_file_limit_toward_the_hard_one()
     """Under a low soft limit (1024 is common) with room below the hard one, the store raises the soft limit
     toward what MAX_OPEN chunks need; under a low hard limit it keeps within it."""
     code = (
-        "import resource; from packtool.writers.chunks import _default_max_open, MAX_OPEN; "
+        "import resource; from packtool.pipeline.chunks import _default_max_open, MAX_OPEN; "
         "n = _default_max_open(); soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]; "
         "print(n, MAX_OPEN, soft)"
     )
@@ -77,7 +77,7 @@ def test_gathers_over_more_chunks_than_stay_open_reuse_the_open_ones(tmp_path):
     store that keeps every chunk open."""
     import numpy as np
 
-    from packtool.writers import ChunkStore
+    from packtool.pipeline.chunks import ChunkStore
     from tests.test_properties import sample_tokens, write_store
 
     tokens = sample_tokens([3] * 12)  # 12 one-sample chunks

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from packtool import load_manifest
-from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
+from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, manifest_json, run_cli, write_jsonl
 
 
 def test_config_file_with_flags_overriding(tmp_path):
@@ -15,7 +14,7 @@ def test_config_file_with_flags_overriding(tmp_path):
         "packed-sequence-size: 2048\nlong_samples: truncate\nstrategy: sequential\n"
     )
     run_cli("pack", "--config", cfg, "--packed-sequence-size", 1024, "--max-packs", 5, "-q")
-    m = load_manifest(tmp_path / "out")
+    m = manifest_json(tmp_path / "out")
     assert m["packed_sequence_size"] == 1024 and m["config"]["long_samples"] == "truncate"
     assert m["stats"]["num_packs"] == 5 and m["config"]["max_packs"] == 5
 
@@ -79,4 +78,4 @@ def test_config_errors_are_one_line_with_exit_code_2(tmp_path):
 
 def test_demo_config_runs_from_the_repository_root(tmp_path):
     run_cli("pack", "--config", ROOT / "configs" / "demo.yaml", "-o", tmp_path / "demo", "-q", cwd=ROOT)
-    assert load_manifest(tmp_path / "demo")["stats"]["num_samples"] == 1000
+    assert manifest_json(tmp_path / "demo")["stats"]["num_samples"] == 1000

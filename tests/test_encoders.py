@@ -10,14 +10,14 @@ import pyarrow as pa
 import pytest
 import tokenizers
 
-from packtool import load_manifest, read_packs
+from packtool import read_packs
 from packtool.config import PackConfig
 from packtool.encoders import build_encoder
 from packtool.encoders.base import TOKENS, shifted_labels
 from packtool.encoders.text import add_special
 from packtool.errors import ConfigError, InputError
 from packtool.readers import read_inputs
-from tests.conftest import DEMO_TOKENIZER, run_cli, write_jsonl
+from tests.conftest import DEMO_TOKENIZER, manifest_json, run_cli, write_jsonl
 
 TEXTS = ["The quick brown fox.", "Attention is all you need!", "pack padding"]
 
@@ -150,7 +150,7 @@ def test_plugin_encoder_from_a_file_via_the_cli(tmp_path):
     pack = next(read_packs(out))
     expected = [b + 1 for t in TEXTS for b in t.encode()]
     assert pack["input_ids"][: len(expected)].tolist() == expected
-    assert load_manifest(out)["tokenizer"]["kind"] == "custom"
+    assert manifest_json(out)["tokenizer"]["kind"] == "custom"
 
 
 def test_plugin_class_by_module_name_with_kwargs(tmp_path):
@@ -219,7 +219,7 @@ def test_pretokenized_loss_mask_must_be_0_or_1(tmp_path, bad):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "line 2, field 'loss_mask'" in proc.stderr
     run_cli("pack", tmp_path / "in.jsonl", "-o", out, "--packed-sequence-size", 8, "--on-error", "skip", "-q")
-    stats = load_manifest(out)["stats"]
+    stats = manifest_json(out)["stats"]
     assert stats["skipped_by_reason"] == {"bad_loss_mask": 1} and stats["num_samples"] == 1
 
 
@@ -251,7 +251,7 @@ def test_pretokenized_labels_must_be_ignore_index_or_a_token_id(tmp_path, bad):
     proc = run_cli(*args, check=False)
     assert proc.returncode == 2 and "line 2, field 'labels'" in proc.stderr, proc.stderr
     run_cli(*args, "--on-error", "skip", "-q")
-    stats = load_manifest(out)["stats"]
+    stats = manifest_json(out)["stats"]
     assert sum(stats["skipped_by_reason"].values()) == 1 and stats["num_samples"] == 1
 
 

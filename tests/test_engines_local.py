@@ -8,7 +8,7 @@ import pytest
 
 from packtool import pipeline
 from packtool.config import PackConfig
-from packtool.engines.local import LocalEngine
+from packtool.pipeline.engines.local import LocalEngine
 from tests.conftest import DEMO, DEMO_TOKENIZER
 
 
@@ -42,10 +42,12 @@ def test_a_failing_task_raises_in_task_order(num_proc):
 
 def test_a_run_builds_its_encoder_once_in_the_driver(monkeypatch, tmp_path):
     """The driver builds the run's encoder to fail fast on a bad tokenizer; with --num-proc 1 it also runs
-    the tasks, and the engine's initializer finds that state built instead of loading the tokenizer again."""
+    the tasks, and finds that state built (``pipeline.encode.worker``) instead of loading the tokenizer again."""
+    from packtool.pipeline import encode
+
     built = []
-    real = pipeline.build_encoder
-    monkeypatch.setattr(pipeline, "build_encoder", lambda *a: built.append(a) or real(*a))
+    real = encode.build_encoder
+    monkeypatch.setattr(encode, "build_encoder", lambda *a: built.append(a) or real(*a))
     config = PackConfig.from_dict(
         {
             "inputs": [str(DEMO / "train.jsonl")],

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import DEMO, DEMO_TOKENIZER, rewrite_tar_json, run_cli
+from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, rewrite_tar_json, run_cli
 
 TRAIN = DEMO / "train.jsonl"
 TEXTS = [json.loads(line)["text"] for line in TRAIN.read_text().splitlines()]
+from packtool.manifest import Manifest
 
 
 @pytest.fixture(scope="module")
@@ -181,12 +182,11 @@ def _damaged_copies(out: Path, tmp_path: Path) -> dict[str, Path]:
 def test_one_pack_of_a_damaged_parquet_shard_names_the_shard(out: Path, tmp_path: Path):
     """``--pack I`` on a damaged Parquet shard is a one-line error naming the shard and the pack, as for a
     tar shard (not an internal error, not an error with an empty location)."""
-    from packtool import load_manifest
     from packtool.errors import PacktoolError
     from packtool.inspect import read_one_pack
 
     copies = _damaged_copies(out, tmp_path)
-    m = load_manifest(out)
+    m = Manifest.load(out)
     reasons = {
         "truncated": "does not parse as Parquet: Parquet magic bytes not found in footer",
         "footer": "does not parse as Parquet: ",
@@ -214,7 +214,8 @@ def test_one_pack_of_a_damaged_parquet_shard_names_the_shard(out: Path, tmp_path
 def test_overview_and_full_of_damaged_parquet_shards_warn(out: Path, tmp_path: Path):
     """The overview and ``--full`` of an output with a damaged shard list what is wrong as warnings (no
     error); the overview reads only footers, so it cannot see a damaged page, ``--full`` does."""
-    from packtool.inspect import inspect_report, render_report
+    from packtool.inspect import inspect_report
+    from packtool.inspect.render import render_report
 
     seen = {
         "truncated": "bytes on disk, manifest says",
@@ -322,32 +323,34 @@ def test_tar_one_pack_is_read_through_the_index_and_without_it(tar_out: Path, ou
     import shutil
 
     import numpy as np
-
-    from packtool import load_manifest
+    from packtool.formats import get_format
     from packtool.inspect import read_one_pack
-    from packtool.writers.webdataset import read_tar_pack
 
-    manifest = load_manifest(tar_out)
-    n = manifest["packed_sequence_size"]
+    manifest = Manifest.load(tar_out)
+    tar = get_format("webdataset")
+
+    def read_tar_pack(path, row):
+        return tar.read_pack(path, manifest.shards[int(path.name[6:12])], row, manifest)
+
     copy = tmp_path / "out"
     shutil.copytree(tar_out, copy)
     idx = copy / "packs-000001.tar.idx"
-    last = sum(s["num_packs"] for s in manifest["shards"]) - 1
+    last = manifest.num_packs - 1
     for index in (0, 99, 100, 150, last):
         shard, row = divmod(index, 100)  # shards of 100 packs
-        fast = read_tar_pack(tar_out / f"packs-{shard:06d}.tar", row, n)
+        fast = read_tar_pack(tar_out / f"packs-{shard:06d}.tar", row)
         assert fast is not None
-        want, _, _ = read_one_pack(out, load_manifest(out), index)
+        want, _, _ = read_one_pack(out, Manifest.load(out), index)
         assert fast.keys() == want.keys()  # sample_offset too, as the Parquet path gives it
         for k in want:
             np.testing.assert_array_equal(fast[k], want[k])
     offsets = np.fromfile(idx, dtype="<u8")
     (offsets + 512).astype("<u8").tofile(idx)  # every pack one block off
-    assert read_tar_pack(copy / "packs-000001.tar", 50, n) is None
+    assert read_tar_pack(copy / "packs-000001.tar", 50) is None
     idx.unlink()
-    assert read_tar_pack(copy / "packs-000001.tar", 50, n) is None
+    assert read_tar_pack(copy / "packs-000001.tar", 50) is None
     got, shard_name, row = read_one_pack(copy, manifest, 150)  # read in order, the slow way
-    want, _, _ = read_one_pack(out, load_manifest(out), 150)
+    want, _, _ = read_one_pack(out, Manifest.load(out), 150)
     assert (shard_name, row) == ("packs-000001.tar", 50)
     for k in got:
         np.testing.assert_array_equal(got[k], want[k])

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packtool import load_manifest, read_packs
-from packtool.writers.webdataset import pack_key
-from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
+from packtool import read_packs
+from packtool.formats.tar import pack_key
+from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, run_cli, write_jsonl
 
 N = 256
 FIELDS = ("input_ids", "labels", "position_ids", "seq_lens", "sample_index", "sample_offset")
@@ -68,7 +68,7 @@ def hf_value_types(ds, suffix: str = "") -> dict[str, str]:
 def test_webdataset_yields_every_pack(wds_out):
     import webdataset as wds
 
-    m = load_manifest(wds_out)
+    m = manifest_json(wds_out)
     urls = [str(wds_out / s["path"]) for s in m["shards"]]
     shard_of = np.repeat(np.arange(len(m["shards"])), [s["num_packs"] for s in m["shards"]])
     want = reference(wds_out)
@@ -153,7 +153,7 @@ def test_hf_datasets_loads_parquet_output(tmp_path):
     out = _pack(
         tmp_path / "pq", DEMO / "train.jsonl", "--tokenizer", DEMO_TOKENIZER, "--long-samples", "truncate"
     )
-    files = [str(out / s["path"]) for s in load_manifest(out)["shards"]]
+    files = [str(out / s["path"]) for s in manifest_json(out)["shards"]]
     assert len(files) > 1
     ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(tmp_path / "hf"))
     want = reference(out)
@@ -166,7 +166,7 @@ def test_hf_datasets_loads_parquet_output(tmp_path):
 def test_hf_datasets_loads_webdataset_output(wds_out, tmp_path):
     import datasets
 
-    files = [str(wds_out / s["path"]) for s in load_manifest(wds_out)["shards"]]
+    files = [str(wds_out / s["path"]) for s in manifest_json(wds_out)["shards"]]
     ds = datasets.load_dataset("webdataset", data_files=files, split="train", cache_dir=str(tmp_path / "hf"))
     want = reference(wds_out)
     assert ds.num_rows == len(want)

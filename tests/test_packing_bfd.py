@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool.packing.bfd import bfd_assign, cut_long, plan_bfd
-from packtool.reading import load_manifest, read_packs
-from tests.conftest import run_cli
+from packtool.reading import read_packs
+from tests.conftest import manifest_json, run_cli
 
 N = 512
 
@@ -44,7 +44,7 @@ def dataset(tmp_path_factory) -> tuple[Path, np.ndarray]:
 
 def pack(inp: Path, out: Path, *flags: str) -> dict:
     run_cli("pack", inp, "-o", out, "--packed-sequence-size", N, "-q", "--overwrite", *flags)
-    return load_manifest(out)
+    return manifest_json(out)
 
 
 def check_packs(out: Path, lengths: np.ndarray, kept: np.ndarray) -> None:

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packtool.reading import load_manifest, read_packs
-from tests.conftest import ROOT, run_cli
+from packtool.reading import read_packs
+from tests.conftest import ROOT, manifest_json, run_cli
 
 N = 256
 EXAMPLE = ROOT / "configs" / "custom_policy.py"
@@ -69,7 +69,7 @@ def test_example_policy_packs_its_groups_in_order(dataset, tmp_path):
             assert np.array_equal(p["position_ids"][at : at + ln], np.arange(ln))
             at += ln
         assert p["seq_lens"].sum() == N
-    m = load_manifest(tmp_path / "o")
+    m = manifest_json(tmp_path / "o")
     assert m["stats"]["num_tokens"] == int(lengths.sum())
 
 
@@ -165,9 +165,9 @@ def test_pack_selected_samples_output_is_written(dataset, tmp_path):
             assert np.array_equal(p["input_ids"][at : at + ln], want)
             at += ln
         assert np.all(p["input_ids"][at:] == 0) and np.all(p["labels"][at:] == -100)
-    m1 = load_manifest(one)
+    m1 = manifest_json(one)
     pack(inp, one, spec, "--num-proc", "2", "--shard-size", "16")
-    m2 = load_manifest(one)
+    m2 = manifest_json(one)
     assert len(m1["shards"]) > 1
     assert [s["sha256"] for s in m1["shards"]] == [s["sha256"] for s in m2["shards"]]
 

@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from packtool import load_manifest, read_packs
-from packtool.pipeline import chunked
+from packtool import read_packs
+from packtool.pipeline.encode import chunked
 from packtool.readers import read_inputs
-from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
+from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, manifest_json, run_cli, write_jsonl
 
 
 def _pretokenized(tmp_path: Path, count: int = 500, seed: int = 0, max_len: int = 300) -> Path:
@@ -118,7 +118,7 @@ def test_manifest_describes_the_run(tmp_path):
         8,
         "-q",
     )
-    m = load_manifest(out)
+    m = manifest_json(out)
     s = m["stats"]
     packs = list(read_packs(out))
     lengths = [len(json.loads(line)["input_ids"]) for line in open(src)]
@@ -155,7 +155,7 @@ def test_dropped_samples_are_counted(tmp_path):
         "drop",
         "-q",
     )
-    s = load_manifest(out)["stats"]
+    s = manifest_json(out)["stats"]
     assert (s["dropped_samples"], s["dropped_tokens"], s["packed_samples"]) == (2, 557, 3)
 
 
@@ -193,7 +193,7 @@ def test_overwrite_is_required_to_replace_output(tmp_path):
     again = run_cli("pack", src, "-o", out, "--packed-sequence-size", 32, "-q", check=False)
     assert again.returncode == 2 and "exists; pass --overwrite" in again.stderr
     run_cli("pack", src, "-o", out, "--packed-sequence-size", 64, "--overwrite", "-q")
-    assert load_manifest(out)["packed_sequence_size"] == 64
+    assert manifest_json(out)["packed_sequence_size"] == 64
 
 
 def test_bad_input_late_in_the_stream_leaves_nothing(tmp_path):
@@ -262,7 +262,7 @@ def test_max_packs_stats_partition_the_samples(tmp_path, strategy):
         "pack", DEMO / "train.jsonl", "-o", out, "--tokenizer", DEMO_TOKENIZER, "--add-eos",
         "--packed-sequence-size", 512, "--split-across-pack", "--max-packs", 33, "--strategy", strategy, "-q",
     )  # fmt: skip
-    s = load_manifest(out)["stats"]
+    s = manifest_json(out)["stats"]
     assert s["num_packs"] == 33 and s["num_tokens"] + s["tokens_over_max_packs"] == s["input_tokens"]
     assert s["packed_samples"] + s["empty_samples"] + s["samples_over_max_packs"] == s["num_samples"]
     kept = set()

@@ -28,8 +28,9 @@ from hypothesis import strategies as st
 from packtool.config import PackConfig
 from packtool.errors import InputError
 from packtool.packing import STRATEGIES, make_plan
+from packtool.pipeline.chunks import ChunkStore, write_chunk
+from packtool.pipeline.write import build_pack_arrays
 from packtool.readers.base import SourceBatch
-from packtool.writers import ChunkStore, build_pack_arrays, write_chunk
 from tests.conftest import run_cli, write_jsonl
 
 LABEL_SHIFT = 1_000_000  # labels of token t are t + LABEL_SHIFT: any misalignment shows

@@ -17,10 +17,10 @@ import pytest
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from packtool import load_manifest, read_packs
+from packtool import read_packs
 from packtool.config import PackConfig
 from packtool.pipeline import run_pack
-from tests.conftest import write_jsonl
+from tests.conftest import manifest_json, write_jsonl
 
 LIMIT = 16  # the shipped tokenizers cut and pad to this many tokens
 SPECIALS = ["[PAD]", "[UNK]", "<|im_start|>", "<|im_end|>", "</s>"]
@@ -111,7 +111,7 @@ def _pack(tmp_path: Path, records: list[dict], tokenizer: Path, **config) -> tup
         offsets = np.concatenate([[0], np.cumsum(pack["seq_lens"])])
         for j, s in enumerate(pack["sample_index"].tolist()):
             samples[s] = pack["input_ids"][offsets[j] : offsets[j + 1]].tolist()
-    return load_manifest(out), samples
+    return manifest_json(out), samples
 
 
 FAMILIES = ["wordpiece", "bpe", "unigram"]

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from packtool.utils import prefetch
+from packtool.formats.parquet import prefetch
 
 
 def _threads() -> set[str]:

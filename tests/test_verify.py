@@ -3,6 +3,7 @@ must name the problem (shard, pack, field) and exit 1; ``--source`` proves nothi
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -16,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool import read_packs
-from packtool.reading import samples_per_pack_stats, total_stats
-from packtool.utils import file_sha256
+from packtool.fileio import file_sha256
+from packtool.manifest import SamplesPerPack, total_stats
 from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
 
 TRAIN = DEMO / "train.jsonl"
@@ -92,7 +93,9 @@ def rewrite_shard(out: Path, shard: int, change, *, row_group_size: int = 16, up
         per_pack = [len(v) for e in m["shards"] for v in pq.read_table(out / e["path"])["sample_index"]]
         m["stats"].update(
             total_stats(m["packed_sequence_size"], packs, tokens),
-            samples_per_pack=samples_per_pack_stats(packs, sum(per_pack), min(per_pack), max(per_pack)),
+            samples_per_pack=dataclasses.asdict(
+                SamplesPerPack.of(packs, sum(per_pack), min(per_pack), max(per_pack))
+            ),
         )
         (out / "manifest.json").write_text(json.dumps(m))
 

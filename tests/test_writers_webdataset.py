@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import yaml
 
-from packtool import load_manifest, read_packs
-from packtool.writers.webdataset import pack_key, read_tar_index
-from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
+from packtool import read_packs
+from packtool.formats.tar import pack_key
+from packtool.formats.tar import read_index as read_tar_index
+from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, run_cli, write_jsonl
 
 N = 256
 BASE = [
@@ -33,7 +34,7 @@ NPY = {"input_ids", "labels", "position_ids", "seq_lens", "sample_index", "sampl
 
 def pack(out: Path, *args: str) -> dict:
     run_cli("pack", *BASE, "--output", str(out), *args)
-    return load_manifest(out)
+    return manifest_json(out)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def tar_samples(path: Path) -> list[tuple[str, dict[str, tarfile.TarInfo]]]:
 
 
 def test_layout_members_and_manifest(wds_out):
-    m = load_manifest(wds_out)
+    m = manifest_json(wds_out)
     assert m["shard_format"] == "webdataset"
     packs = list(read_packs(wds_out, with_sample_index=True))
     assert len(packs) == m["stats"]["num_packs"] > 64  # several shards
@@ -96,7 +97,7 @@ def test_tar_idx_is_the_sample_offsets_energon_reads(wds_out):
     """Every .tar.idx holds, as little-endian uint64, the offset of each sample's first header and the end
     offset, as Energon's indexer computes them from the tar (first member of each key; offset after the
     last member)."""
-    m = load_manifest(wds_out)
+    m = manifest_json(wds_out)
     for shard in m["shards"]:
         path = wds_out / shard["path"]
         expected, last = [], None
@@ -121,7 +122,7 @@ def test_tar_idx_is_the_sample_offsets_energon_reads(wds_out):
 
 
 def test_dataset_index_files(wds_out):
-    m = load_manifest(wds_out)
+    m = manifest_json(wds_out)
     assert m["index_files"] == [
         "wids.json",
         ".nv-meta/.info.json",
@@ -174,7 +175,7 @@ def test_shard_max_bytes_bounds_every_tar(wds_out, tmp_path):
     limit = 200_000
     out = tmp_path / "small"
     m = pack(out, "--format", "webdataset", "--shard-size", "64", "--shard-max-bytes", str(limit))
-    assert len(m["shards"]) > len(load_manifest(wds_out)["shards"])
+    assert len(m["shards"]) > len(manifest_json(wds_out)["shards"])
     sizes = [(out / s["path"]).stat().st_size for s in m["shards"]]
     assert max(sizes) <= limit
     assert all(s["num_packs"] <= 64 for s in m["shards"])
@@ -219,7 +220,7 @@ def test_loss_mask_member_when_input_has_one(tmp_path):
     run_cli(
         "pack", src, "--output", out, "--packed-sequence-size", "128", "--format", "webdataset", "--quiet"
     )
-    m = load_manifest(out)
+    m = manifest_json(out)
     assert "loss_mask" in m["columns"]
     _, members = tar_samples(out / "packs-000000.tar")[0]
     assert "loss_mask.npy" in members
@@ -241,7 +242,7 @@ def test_manifest_records_both_formats_alike(wds_out, tmp_path):
     pq_out = tmp_path / "pq"
     m = pack(pq_out, "--shard-size", "64", "--row-group-size", "16")
     common = {"path", "first_pack", "num_packs", "num_tokens", "bytes", "sha256"}
-    for shard in load_manifest(wds_out)["shards"]:
+    for shard in manifest_json(wds_out)["shards"]:
         assert set(shard) == common | {"index"}
     for shard in m["shards"]:
         assert set(shard) == common | {"row_groups", "row_group_offsets"}
@@ -259,17 +260,17 @@ def test_manifest_records_both_formats_alike(wds_out, tmp_path):
 
 def test_reader_rejects_truncated_corrupt_and_pickled_shards(wds_out, tmp_path):
     from packtool.errors import PacktoolError
-    from packtool.writers.webdataset import read_tar_packs
+    from packtool.formats.webdataset import read_tar_packs
 
     data = (wds_out / "packs-000000.tar").read_bytes()
     cut = tmp_path / "cut.tar"
     cut.write_bytes(data[:5000])
     with pytest.raises(PacktoolError, match="cut.tar: truncated tar archive"):
-        list(read_tar_packs(cut, N))
+        read_tar_packs(cut, N, ["input_ids"])
     bad = tmp_path / "bad.tar"
     bad.write_bytes(data[:2050] + b"\xff" + data[2051:])  # in the 2nd header (1st: 512 + 1536 bytes)
     with pytest.raises(PacktoolError, match="bad.tar: bad tar header checksum at byte"):
-        list(read_tar_packs(bad, N))
+        read_tar_packs(bad, N, ["input_ids"])
     pickled = tmp_path / "pickled.tar"
     buf = io.BytesIO()
     np.save(buf, np.array([{"a": 1}], dtype=object), allow_pickle=True)
@@ -278,7 +279,7 @@ def test_reader_rejects_truncated_corrupt_and_pickled_shards(wds_out, tmp_path):
         ti.size = len(buf.getvalue())
         tar.addfile(ti, io.BytesIO(buf.getvalue()))
     with pytest.raises(PacktoolError, match="000000000.input_ids.npy"):
-        list(read_tar_packs(pickled, N))
+        read_tar_packs(pickled, N, ["input_ids"])
 
 
 def test_packtool_imports_neither_energon_nor_torch():
@@ -289,7 +290,7 @@ def test_packtool_imports_neither_energon_nor_torch():
     from tests.conftest import ROOT
 
     code = (
-        "import sys, packtool, packtool.pipeline, packtool.cli, packtool.writers.webdataset\n"
+        "import sys, packtool, packtool.pipeline, packtool.cli, packtool.formats.webdataset\n"
         "print(sorted(m for m in ('torch', 'webdataset', 'megatron.energon', 'wids') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

@@ -15,22 +15,17 @@
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 from packtool.config import PackConfig
-from packtool.encoders.base import Encoder, FunctionEncoder, load_object
+from packtool.encoders.base import Encoder, FunctionEncoder
 from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.pretokenized import PretokenizedEncoder
 from packtool.encoders.prompt_completion import BUILTIN_TEMPLATES, PromptCompletionEncoder, template_fields
 from packtool.encoders.text import HFTokenizer, TextEncoder
 from packtool.errors import ConfigError
+from packtool.plugins import is_plugin_spec, load_plugin
 
-__all__ = ["Encoder", "build_encoder", "fields_read", "resolve_sample_format", "is_plugin_spec"]
-
-
-def is_plugin_spec(spec: str | None) -> bool:
-    """``module:callable`` (and not a Windows drive or an existing path)."""
-    return bool(spec) and ":" in spec and not Path(spec).exists()
+__all__ = ["Encoder", "build_encoder", "fields_read", "resolve_sample_format"]
 
 
 def resolve_sample_format(config: PackConfig, field_names: list[str]) -> str:
@@ -69,7 +64,7 @@ def fields_read(config: PackConfig, sample_format: str) -> frozenset[str] | None
 def build_encoder(config: PackConfig, sample_format: str) -> Encoder:
     """Build the encoder named by ``config`` for records of ``sample_format``."""
     if is_plugin_spec(config.tokenizer):
-        obj = load_object(config.tokenizer)
+        obj = load_plugin(config.tokenizer, "tokenizer")
         if inspect.isclass(obj):
             obj = obj(**(config.encoder_kwargs or {}))
         if not callable(obj):

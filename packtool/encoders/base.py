@@ -17,22 +17,17 @@ per process with the ``encoder_kwargs`` config mapping.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from packtool.errors import ConfigError, InputError, PacktoolError
+from packtool.arrays import arrow_array, np_view
+from packtool.errors import InputError, PacktoolError
+from packtool.manifest import IGNORE_INDEX
 from packtool.readers.base import SourceBatch
-from packtool.utils import arrow_array, np_view
 
-IGNORE_INDEX = -100
 TOKENS = pa.large_list(pa.int32())
 MASK = pa.large_list(pa.int8())
 
@@ -158,36 +153,6 @@ def check_same_lengths(a: pa.LargeListArray, b: pa.LargeListArray, batch: Source
     if len(bad):
         i = int(bad[0])
         raise batch.error(i, field, f"has {lb[i]} values but input_ids has {la[i]}", "length_mismatch")
-
-
-def load_object(spec: str) -> Any:
-    """Resolve ``module:name`` or ``path/to/file.py:name`` to the named object."""
-    module_name, _, attr = spec.rpartition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"'{spec}' is not of the form module:callable")
-    try:
-        if module_name.endswith(".py") or "/" in module_name:
-            path = Path(module_name).resolve()
-            if not path.exists():
-                raise ConfigError(f"'{spec}': no such file {module_name}")
-            name = f"packtool_user_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-            if name in sys.modules:
-                module = sys.modules[name]
-            else:
-                mod_spec = importlib.util.spec_from_file_location(name, path)
-                module = importlib.util.module_from_spec(mod_spec)
-                sys.modules[name] = module
-                mod_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except ConfigError:
-        raise
-    except Exception as e:
-        raise ConfigError(f"'{spec}': cannot import {module_name}: {type(e).__name__}: {e}") from None
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ConfigError(f"'{spec}': module {module_name} has no attribute {attr}") from None
 
 
 class FunctionEncoder:

@@ -45,11 +45,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packtool.arrays import token_lists
 from packtool.encoders.masking import apply_empty_loss, loss_columns
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError
 from packtool.readers.base import SourceBatch
-from packtool.utils import token_lists
 
 SHAREGPT_ROLES = {
     "human": "user",

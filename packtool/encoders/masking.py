@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from packtool.arrays import arrow_array, large_lists, np_view
 from packtool.encoders.base import IGNORE_INDEX, MASK, TOKENS, encoded_batch
 from packtool.readers.base import SourceBatch
-from packtool.utils import arrow_array, large_lists, np_view
 
 EMPTY_LOSS_META = b"packtool.empty_loss_samples"
 

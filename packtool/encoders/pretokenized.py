@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from packtool.arrays import np_view
 from packtool.encoders.base import (
     IGNORE_INDEX,
     MASK,
@@ -24,7 +25,6 @@ from packtool.encoders.base import (
 )
 from packtool.encoders.masking import loss_columns
 from packtool.readers.base import SourceBatch
-from packtool.utils import np_view
 
 
 class PretokenizedEncoder:

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from packtool.arrays import arrow_array, np_view, token_lists
 from packtool.encoders.masking import apply_empty_loss, concat_lists, loss_columns
 from packtool.encoders.text import HFTokenizer, TextEncoder, add_special, text_column
 from packtool.errors import ConfigError
 from packtool.readers.base import SourceBatch
-from packtool.utils import arrow_array, np_view, token_lists
 
 ALPACA = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "

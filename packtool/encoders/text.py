@@ -15,10 +15,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from packtool.arrays import large_lists, list_parts, token_lists
 from packtool.encoders.base import encoded_batch, make_labels
 from packtool.errors import ConfigError
+from packtool.fileio import file_sha256
 from packtool.readers.base import SourceBatch
-from packtool.utils import file_sha256, large_lists, list_parts, token_lists
 
 _EOS_GUESSES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]", "<|im_end|>")
 _BOS_GUESSES = ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")

@@ -15,13 +15,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from packtool.config import STRATEGIES as STRATEGY_NAMES
 from packtool.config import PackConfig
 from packtool.errors import ConfigError, InputError
 from packtool.packing.bfd import plan_bfd
-from packtool.packing.custom import is_custom, plan_custom
+from packtool.packing.custom import Fetch, StorePacks, plan_custom
 from packtool.packing.plan import PackPlan, PackStats, empty_plan
 from packtool.packing.sequential import plan_sequential
-from packtool.writers.chunks import ChunkStore
+from packtool.plugins import is_plugin_spec
 
 __all__ = ["PackPlan", "PackStats", "STRATEGIES", "make_plan", "resolve_position_ids"]
 
@@ -38,6 +39,7 @@ def _bfd(lengths, samples, n, split_across_pack, position_ids, config: PackConfi
 
 # name -> fn(lengths, samples, n, split_across_pack, position_ids, config) -> PackPlan
 STRATEGIES: dict[str, Callable[..., PackPlan]] = {"bfd": _bfd, "sequential": _sequential}
+assert tuple(STRATEGIES) == STRATEGY_NAMES  # config validates the names, this dispatches on them
 
 
 def resolve_position_ids(config: PackConfig) -> str:
@@ -55,7 +57,11 @@ def _plain_locate(i: int, field: str, message: str) -> InputError:
 
 
 def make_plan(
-    lengths: np.ndarray, config: PackConfig, locate: Locate | None = None, store: ChunkStore | None = None
+    lengths: np.ndarray,
+    config: PackConfig,
+    locate: Locate | None = None,
+    fetch: Fetch | None = None,
+    store_packs: StorePacks | None = None,
 ) -> PackPlan:
     """Plan packs for samples of token counts ``lengths`` (``(num_samples,)``, in input order).
 
@@ -64,19 +70,30 @@ def make_plan(
         config: uses ``packed_sequence_size``, ``strategy``, ``split_across_pack``, ``max_packs``,
             ``long_samples`` and ``position_ids``.
         locate: ``locate(i, field, message) -> InputError`` naming sample ``i``'s file and row.
-        store: the encoded samples; needed by custom (``module:callable``) strategies only.
+        fetch, store_packs: for custom (``module:callable``) strategies only: how the policy gets its
+            samples' tokens, and where the packs its ``pack_selected_samples`` makes are kept
+            (``packing.custom``).
+
+    Example::
+
+        >>> cfg = PackConfig(packed_sequence_size=8, strategy="sequential")
+        >>> plan = make_plan(np.array([5, 3, 6]), cfg)
+        >>> plan.num_packs, plan.pack_tokens().tolist()
+        (2, [8, 6])
     """
     n = config.packed_sequence_size
     lengths = np.asarray(lengths, dtype=np.int64)
-    custom = is_custom(config.strategy)
+    custom = is_plugin_spec(config.strategy)
     if not custom and config.strategy not in STRATEGIES:
         raise ConfigError(
             f"strategy must be one of {', '.join(STRATEGIES)} or module:callable, got {config.strategy!r}"
         )
     if custom and config.split_across_pack:
         raise ConfigError("split_across_pack is not available with a custom strategy (module:callable)")
-    if custom and store is None:
-        raise ConfigError("a custom strategy (module:callable) needs the encoded samples (store)")
+    if custom and (fetch is None or store_packs is None):
+        raise ConfigError(
+            "a custom strategy (module:callable) needs the encoded samples (fetch, store_packs)"
+        )
     position_ids = resolve_position_ids(config)
     stats = PackStats(num_samples=len(lengths))
     keep = lengths > 0
@@ -109,7 +126,8 @@ def make_plan(
             samples,
             n,
             config.strategy,
-            store,
+            fetch,
+            store_packs,
             locate or _plain_locate,
             position_ids,
             config.packing_buffer_size,

@@ -44,56 +44,34 @@ Example: ``configs/custom_policy.py`` (``--strategy configs/custom_policy.py:sel
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from packtool.encoders.base import load_object
 from packtool.errors import ConfigError, PacktoolError
 from packtool.packing.plan import PackPlan
-from packtool.writers.chunks import ChunkStore, chunk_dir
+from packtool.plugins import load_plugin
 
-
-def is_custom(strategy: str) -> bool:
-    return ":" in strategy
+# fetch(samples, lengths) -> the sample dicts (see above) of global indices ``samples``
+Fetch = Callable[[np.ndarray, np.ndarray], list[dict]]
+# store_packs(packs) -> the sample numbers given to the pieces of the packs (one per seq_lens entry)
+StorePacks = Callable[[list[dict[str, np.ndarray]]], np.ndarray]
 
 
 def load_policy(
     spec: str,
 ) -> tuple[Callable[[list[dict]], list[list[dict]]], Callable[[list[dict]], Any] | None]:
     """``select_samples_to_pack`` named by ``spec`` and the module's ``pack_selected_samples`` (or None)."""
-    select = load_object(spec)
+    select = load_plugin(spec, "strategy")
     if not callable(select):
         raise ConfigError(f"strategy {spec}: not a callable")
     module_spec = spec.rpartition(":")[0]
     try:
-        pack_fn = load_object(f"{module_spec}:pack_selected_samples")
+        pack_fn = load_plugin(f"{module_spec}:pack_selected_samples", "strategy")
     except ConfigError:
         pack_fn = None
     return select, pack_fn
-
-
-def buffer_samples(store: ChunkStore, samples: np.ndarray, lengths: np.ndarray) -> list[dict]:
-    """The sample dicts (see module docstring) of global indices ``samples`` with token counts ``lengths``."""
-    out = []
-    chunk = np.searchsorted(store.sample_starts, samples, side="right") - 1
-    for s, c, length in zip(samples.tolist(), chunk.tolist(), lengths.tolist(), strict=True):
-        a = store.arrays(c)
-        begin = int(a["offsets"][s - int(store.sample_starts[c])])
-        d = {
-            "index": s,
-            "length": length,
-            "input_ids": a["input_ids"][begin : begin + length],
-            "labels": a["labels"][begin : begin + length],
-        }
-        if "loss_mask" in a:
-            d["loss_mask"] = a["loss_mask"][begin : begin + length]
-        out.append(d)
-    return out
 
 
 def _index_of(item: Any, spec: str, group: int) -> int:
@@ -194,45 +172,13 @@ def _custom_pack(pack: Any, group: np.ndarray, n: int, spec: str, g: int) -> dic
     return out
 
 
-def _write_packs_chunk(store: ChunkStore, packs: list[dict[str, np.ndarray]]) -> None:
-    """Store packs returned by pack_selected_samples as extra encoded samples (one per seq_lens entry)."""
-    index = max((m["index"] for m in store.metas), default=-1) + 1
-    final = chunk_dir(store.work_dir, index)
-    shutil.rmtree(final, ignore_errors=True)
-    final.mkdir(parents=True)
-    seq = np.concatenate([p["seq_lens"] for p in packs])
-    has_mask = any("loss_mask" in p for p in packs)
-    np.save(final / "input_ids.npy", np.concatenate([p["input_ids"] for p in packs]))
-    np.save(final / "labels.npy", np.concatenate([p["labels"] for p in packs]))
-    if has_mask:
-        masks = [p.get("loss_mask", (p["labels"] != -100).astype(np.int8)) for p in packs]
-        np.save(final / "loss_mask.npy", np.concatenate(masks))
-    np.save(final / "offsets.npy", np.concatenate([[0], np.cumsum(seq)]).astype(np.int64))
-    np.save(final / "rows.npy", np.repeat(np.arange(len(packs)), [len(p["seq_lens"]) for p in packs]))
-    np.save(final / "source_ids.npy", np.zeros(len(seq), dtype=np.int32))
-    np.save(final / "origin.npy", np.concatenate([p["origin"] for p in packs]))
-    meta = {
-        "index": index,
-        "num_samples": len(seq),
-        "num_tokens": int(seq.sum()),
-        "has_loss_mask": has_mask,
-        "sources": ["pack_selected_samples output"],
-        "row_kinds": ["pack"],
-        "origin": True,
-    }
-    (final / "meta.json").write_text(json.dumps(meta))
-    store.append_chunk(meta)
-    tmp = store.work_dir / "chunks.json.tmp"
-    tmp.write_text(json.dumps(store.metas))
-    os.replace(tmp, store.work_dir / "chunks.json")
-
-
 def plan_custom(
     lengths: np.ndarray,
     samples: np.ndarray,
     n: int,
     spec: str,
-    store: ChunkStore,
+    fetch: Fetch,
+    store_packs: StorePacks,
     locate: Callable,
     position_ids: str = "restart",
     packing_buffer_size: int | None = None,
@@ -240,7 +186,9 @@ def plan_custom(
     """Plan packs with the policy ``spec`` over buffers of ``packing_buffer_size`` samples.
 
     ``lengths``/``samples``: ``(num_samples,)`` int64 token counts (each <= n) and global indices of the
-    samples to pack, in input order. Returns one pack per group, in group order.
+    samples to pack, in input order. ``fetch`` gives the policy its samples' tokens; ``store_packs`` keeps
+    the packs a ``pack_selected_samples`` returns (the caller stores them: no file I/O here). Returns one
+    pack per group, in group order.
     """
     select, pack_fn = load_policy(spec)
     window = packing_buffer_size or max(len(samples), 1)
@@ -248,7 +196,7 @@ def plan_custom(
     made: list[dict[str, np.ndarray]] = []
     for a in range(0, len(samples), window):
         w, wl = samples[a : a + window], lengths[a : a + window]
-        buf = buffer_samples(store, w, wl)
+        buf = fetch(w, wl)
         try:
             chosen = select(buf)
         except PacktoolError:
@@ -277,12 +225,9 @@ def plan_custom(
         pos = np.searchsorted(samples, sample)  # samples is increasing
         length = lengths[pos]
     else:
-        base = store.num_samples
-        if made:
-            _write_packs_chunk(store, made)
         counts = np.array([len(p["seq_lens"]) for p in made], dtype=np.int64)
         length = np.concatenate([p["seq_lens"] for p in made]) if made else np.zeros(0, np.int64)
-        sample = base + np.arange(len(length), dtype=np.int64)
+        sample = store_packs(made) if made else np.zeros(0, np.int64)
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     return PackPlan(

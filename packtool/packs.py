@@ -1,6 +1,7 @@
-"""Plan slice + encoded chunks -> the arrays of a run of packs (format-independent).
+"""``PackArrays``: a run of packs in memory, the one layout the writer, every shard format, ``read_packs``,
+the loader and ``verify`` share.
 
-Layout of one pack (NeMo AutoModel ``PackedSequence`` conventions):
+Layout of one pack (NeMo AutoModel ``PackedSequence`` conventions; columns in ``packtool.manifest``):
 
 * ``input_ids`` ``(N,)`` int32: the pieces end to end, then ``pad_token_id``;
 * ``labels`` ``(N,)`` int32: the pieces' labels, then ``-100``;
@@ -19,14 +20,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packtool.encoders.base import IGNORE_INDEX
-from packtool.packing.plan import PackPlan
-from packtool.writers.chunks import ChunkStore
+from packtool.manifest import TOKEN_COLUMNS
 
 
 @dataclass
 class PackArrays:
-    """A run of ``num_packs`` packs: fixed-width columns ``(num_packs, N)`` and ragged ones as CSR."""
+    """A run of ``num_packs`` packs: per-token columns ``(num_packs, N)``, ragged ones as CSR.
+
+    A reader that was not asked for the provenance columns leaves ``sample_index``,
+    ``sample_index_offsets`` and ``sample_offset`` as None; ``loss_mask`` is None when the data has none.
+    """
 
     input_ids: np.ndarray  # (num_packs, N) int32
     labels: np.ndarray  # (num_packs, N) int32
@@ -34,81 +37,32 @@ class PackArrays:
     loss_mask: np.ndarray | None  # (num_packs, N) int8
     seq_lens: np.ndarray  # flat int32, split by seq_lens_offsets
     seq_lens_offsets: np.ndarray  # (num_packs + 1,) int64
-    sample_index: np.ndarray  # flat int64, split by plan.pack_offsets
-    sample_index_offsets: np.ndarray  # (num_packs + 1,) int64
-    sample_offset: np.ndarray  # flat int64, split by sample_index_offsets
+    sample_index: np.ndarray | None = None  # flat int64, split by sample_index_offsets
+    sample_index_offsets: np.ndarray | None = None  # (num_packs + 1,) int64
+    sample_offset: np.ndarray | None = None  # flat int64, split by sample_index_offsets
 
     @property
     def num_packs(self) -> int:
         return self.input_ids.shape[0]
 
-    def pack(self, k: int) -> dict[str, np.ndarray]:
-        out = {
-            "input_ids": self.input_ids[k],
-            "labels": self.labels[k],
-            "position_ids": self.position_ids[k],
-            "seq_lens": self.seq_lens[self.seq_lens_offsets[k] : self.seq_lens_offsets[k + 1]],
-        }
-        if self.loss_mask is not None:
-            out["loss_mask"] = self.loss_mask[k]
+    def token_columns(self) -> dict[str, np.ndarray]:
+        """The ``(num_packs, N)`` columns present, by name, in column order."""
+        return {name: a for name in TOKEN_COLUMNS if (a := getattr(self, name)) is not None}
+
+    def pack(self, k: int, with_sample_index: bool = False) -> dict[str, np.ndarray]:
+        """Pack ``k`` as a dict of NumPy views: the token columns, ``seq_lens``, and with
+        ``with_sample_index`` its ``sample_index`` and ``sample_offset`` (when read)."""
+        out = {name: a[k] for name, a in self.token_columns().items()}
+        out["seq_lens"] = self.seq_lens[self.seq_lens_offsets[k] : self.seq_lens_offsets[k + 1]]
+        if with_sample_index and self.sample_index is not None:
+            a, b = self.sample_index_offsets[k], self.sample_index_offsets[k + 1]
+            out["sample_index"] = self.sample_index[a:b]
+            if self.sample_offset is not None:
+                out["sample_offset"] = self.sample_offset[a:b]
         return out
 
-
-def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) -> PackArrays:
-    """Materialize the packs of ``plan`` (usually a ``plan.slice`` of one row group).
-
-    Tokens are copied by ``store.pieces_into`` straight from the chunks' maps into the ``(k, N)`` arrays
-    (one slice per run of pieces contiguous in a chunk and in the pack), over arrays filled with the
-    padding values; positions come from one ``arange`` minus each segment's start. Temporaries are
-    O(k * N), never per-token Python.
-    """
-    n = plan.packed_sequence_size
-    k = plan.num_packs
-    counts = np.diff(plan.pack_offsets)
-    cs = np.zeros(len(plan.length) + 1, dtype=np.int64)
-    np.cumsum(plan.length, out=cs[1:])
-    used = np.diff(cs[plan.pack_offsets])
-    pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
-    # piece i lands in row pack_of_piece[i], after the pieces before it in its pack
-    dest = pack_of_piece * n + cs[:-1] - cs[plan.pack_offsets[:-1]][pack_of_piece]
-
-    input_ids = np.full((k, n), pad_token_id, dtype=np.int32)
-    labels = np.full((k, n), IGNORE_INDEX, dtype=np.int32)
-    out = {"input_ids": input_ids.reshape(-1), "labels": labels.reshape(-1)}
-    loss_mask = None
-    if store.has_loss_mask:
-        loss_mask = np.zeros((k, n), dtype=np.int8)
-        out["loss_mask"] = loss_mask.reshape(-1)
-    store.pieces_into(plan.sample, plan.start, plan.length, dest, out)
-
-    # seq_lens: piece lengths, then the padding length if the pack is not full
-    has_pad = (used < n).astype(np.int64)
-    sl_offsets = np.zeros(k + 1, dtype=np.int64)
-    np.cumsum(counts + has_pad, out=sl_offsets[1:])
-    seg_len = np.empty(sl_offsets[-1], dtype=np.int64)
-    piece_slot = (
-        np.arange(len(plan.length), dtype=np.int64)
-        - plan.pack_offsets[pack_of_piece]
-        + sl_offsets[pack_of_piece]
-    )
-    seg_len[piece_slot] = plan.length
-    padded = np.flatnonzero(has_pad)
-    seg_len[sl_offsets[padded + 1] - 1] = n - used[padded]
-
-    position_ids = pack_position_ids(seg_len, sl_offsets, plan.pack_offsets, plan.start, n, plan.position_ids)
-    seq_lens = seg_len.astype(np.int32)
-
-    return PackArrays(
-        input_ids=input_ids,
-        labels=labels,
-        position_ids=position_ids,
-        loss_mask=loss_mask,
-        seq_lens=seq_lens,
-        seq_lens_offsets=sl_offsets,
-        sample_index=store.origin(plan.sample),
-        sample_index_offsets=plan.pack_offsets.astype(np.int64),
-        sample_offset=plan.start.astype(np.int64),
-    )
+    def packs(self, with_sample_index: bool = False) -> list[dict[str, np.ndarray]]:
+        return [self.pack(k, with_sample_index) for k in range(self.num_packs)]
 
 
 def pack_position_ids(

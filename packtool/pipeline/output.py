@@ -16,15 +16,16 @@ error): after an error nothing is left behind.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 from pathlib import Path
 
-from packtool.errors import ConfigError
+import filelock
 
-MANIFEST = "manifest.json"
+from packtool.errors import ConfigError
+from packtool.fileio import write_json_atomic
+from packtool.manifest import MANIFEST, Manifest
 
 
 class OutputDir:
@@ -33,7 +34,8 @@ class OutputDir:
         self.partial = self.final.with_name(self.final.name + ".partial")
         self.work = self.partial / "_work"
         self.overwrite = overwrite
-        self._lock_fd: int | None = None
+        self.lock_path = self.final.with_name(self.final.name + ".lock")
+        self._lock: filelock.FileLock | None = None
 
     def open(self) -> OutputDir:
         """Check the destination and take the lock (``ConfigError`` if another job holds it).
@@ -59,7 +61,7 @@ class OutputDir:
             ) from None
         if not os.access(parent, os.W_OK):
             raise ConfigError(f"{parent}: not writable")
-        self._lock_fd = _take_lock(self.final.with_name(self.final.name + ".lock"), self.final)
+        self._lock = _take_lock(self.lock_path, self.final)
         return self
 
     def begin(self, identity: dict) -> dict | None:
@@ -90,12 +92,12 @@ class OutputDir:
     def path(self, name: str) -> Path:
         return self.partial / name
 
-    def commit(self, manifest: dict) -> None:
+    def commit(self, manifest: Manifest) -> None:
         """Write the manifest last, drop the scratch space, and move the whole directory into place."""
         shutil.rmtree(self.work, ignore_errors=True)
         for tmp in self.partial.glob("*.tmp*"):
             tmp.unlink()
-        write_json_atomic(self.partial / MANIFEST, manifest)
+        manifest.save(self.partial)
         old = None
         if self.final.exists():
             old = self.final.with_name(f"{self.final.name}.old-{os.getpid()}")
@@ -106,15 +108,15 @@ class OutputDir:
         self.close()
 
     def close(self) -> None:
-        if self._lock_fd is not None:
-            lock_path = self.final.with_name(self.final.name + ".lock")
+        if self._lock is not None:
+            # removed while still held: a job that opened it meanwhile finds it unlinked once it gets the
+            # lock, and filelock then tries again on the path (so no lock file is left beside the output)
             try:
-                os.unlink(lock_path)
+                os.unlink(self.lock_path)
             except OSError:
                 pass
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
-            self._lock_fd = None
+            self._lock.release()
+            self._lock = None
 
     def abort(self, keep: bool = False) -> None:
         """Release the lock after a failure; remove the partial directory unless ``keep`` (to resume).
@@ -126,41 +128,25 @@ class OutputDir:
         self.close()
 
 
-def _take_lock(lock_path: Path, final: Path) -> int:
-    """``flock`` ``lock_path`` without waiting; return its descriptor, or raise a ``ConfigError``.
+def _take_lock(lock_path: Path, final: Path) -> filelock.FileLock:
+    """Lock ``lock_path`` without waiting (``filelock``), with this process's pid in it for the message a
+    second job gets; ``ConfigError`` if another job holds it."""
 
-    The holder removes the lock file when it finishes, so a lock taken on a file that was just removed
-    (or replaced) is not a lock: check that the path still names the locked file, else try again.
-    """
-    while True:
-        fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+    def write_pid(fd: int) -> None:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+    lock = filelock.FileLock(lock_path, is_singleton=False, on_acquired=write_pid)
+    try:
+        lock.acquire(blocking=False)
+    except filelock.Timeout:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            os.close(fd)
-            who = f"pid {holder}" if holder.isdigit() else "another process"
-            raise ConfigError(
-                f"{final}: another packtool job ({who}) is writing this output directory; "
-                f"wait for it to finish (lock {lock_path})"
-            ) from None
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(lock_path))
-        except FileNotFoundError:
-            same = False
-        if same:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            return fd
-        os.close(fd)
-
-
-def write_json_atomic(path: str | Path, data: dict) -> None:
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+            holder = lock_path.read_text().strip()
+        except OSError:
+            holder = ""
+        who = f"pid {holder}" if holder.isdigit() else "another process"
+        raise ConfigError(
+            f"{final}: another packtool job ({who}) is writing this output directory; "
+            f"wait for it to finish (lock {lock_path})"
+        ) from None
+    return lock

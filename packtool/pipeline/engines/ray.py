@@ -18,22 +18,20 @@ numbers and follow the file layout, while packtool's output bytes rest on chunks
 * no address: start a local Ray with ``num_proc`` CPUs and no dashboard, shut down at the end.
 * a Ray already initialized in this process (a notebook, a test) is used as it is.
 
-Each Ray worker process runs ``initializer(*initargs)`` once (the encoder is built once per process, as
-with local workers). A task's ``PacktoolError`` (bad input naming its file and row) is raised again in the
+A Ray worker process builds a run's state on its first task of that run (``pipeline.encode.worker``), as
+local workers do. A task's ``PacktoolError`` (bad input naming its file and row) is raised again in the
 driver as itself, so errors read the same with every engine.
 
 Example::
 
-    with RayEngine(None, 2, init, (cfg,)) as engine:
+    with RayEngine(None, 2) as engine:
         results = list(engine.map(fn, tasks))
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import pickle
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -41,34 +39,19 @@ from typing import Any
 
 from packtool.errors import ConfigError, PacktoolError
 
-_READY: dict[str, str] = {}  # in a Ray worker: the initializer key it has run
 
-
-def _call(
-    key: str, cwd: str, initializer: Callable[..., None] | None, initargs: tuple, fn: Callable, task: Any
-) -> Any:
+def _call(cwd: str, fn: Callable, task: Any) -> Any:
     """In a Ray worker: enter the driver's working directory (relative input, tokenizer and output paths
-    mean the same there as in the driver; Ray workers serve one job), run the initializer once, then
-    ``fn(task)``."""
+    mean the same there as in the driver; Ray workers serve one job), then ``fn(task)``."""
     if os.getcwd() != cwd and os.path.isdir(cwd):
         os.chdir(cwd)
-    if _READY.get("key") != key:
-        if initializer is not None:
-            initializer(*initargs)
-        _READY["key"] = key
     return fn(task)
 
 
 class RayEngine:
     name = "ray"
 
-    def __init__(
-        self,
-        address: str | None = None,
-        num_proc: int = 1,
-        initializer: Callable[..., None] | None = None,
-        initargs: tuple = (),
-    ) -> None:
+    def __init__(self, address: str | None = None, num_proc: int = 1) -> None:
         try:
             import ray
         except ImportError:
@@ -91,8 +74,6 @@ class RayEngine:
             else:
                 ray.init(address="local", num_cpus=num_proc, include_dashboard=False, **quiet)
             self._started = True
-        self.initializer, self.initargs = initializer, initargs
-        self._key = hashlib.sha256(pickle.dumps((initializer, initargs))).hexdigest()
         self._cwd = os.getcwd()
         self._remote = ray.remote(num_cpus=1, max_retries=0)(_call)
         self.workers = max(1, int(ray.cluster_resources().get("CPU", 1)))  # how many tasks run at once
@@ -111,7 +92,7 @@ class RayEngine:
         submit = self._remote.remote
         try:
             for task in tasks:
-                in_flight.append(submit(self._key, self._cwd, self.initializer, self.initargs, fn, task))
+                in_flight.append(submit(self._cwd, fn, task))
                 if len(in_flight) >= self.max_in_flight:
                     yield self._get(in_flight.popleft())
             while in_flight:

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from packtool.arrays import groups, list_parts
 from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
 from packtool.readers.base import SourceBatch
-from packtool.utils import list_parts
 
 
 def chunk_dir(work_dir: str | Path, index: int) -> Path:
@@ -126,6 +126,19 @@ def _save_parts(path: Path, parts: list[np.ndarray], dtype) -> None:
             np.ascontiguousarray(part, dtype=dtype).tofile(f)
 
 
+CHUNK_LIST = "chunks.json"  # the metas of a run's chunks, in order, once all are encoded
+
+
+def write_chunk_list(work_dir: str | Path, metas: list[dict]) -> None:
+    tmp = Path(work_dir) / f"{CHUNK_LIST}.tmp"
+    tmp.write_text(json.dumps(metas))
+    os.replace(tmp, Path(work_dir) / CHUNK_LIST)
+
+
+def read_chunk_list(work_dir: str | Path) -> list[dict]:
+    return json.loads((Path(work_dir) / CHUNK_LIST).read_text())
+
+
 def read_chunk_meta(work_dir: str | Path, index: int) -> dict | None:
     path = chunk_dir(work_dir, index) / "meta.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -172,30 +185,6 @@ def _max_map_count() -> int:
         return 65530
 
 
-def _groups(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """``(key, positions)`` for each distinct value of ``keys``, in increasing key order; positions in order.
-
-    >>> [(k, p.tolist()) for k, p in _groups(np.array([2, 0, 2, 1]))]
-    [(0, [1]), (1, [3]), (2, [0, 2])]
-    """
-    order = np.argsort(keys, kind="stable")
-    groups = np.split(order, np.flatnonzero(np.diff(keys[order])) + 1) if len(order) else []
-    return [(int(keys[g[0]]), g) for g in groups]
-
-
-def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of ``arange(s, s + l)`` for every ``(s, l)``, vectorized.
-
-    >>> ranges(np.array([10, 0]), np.array([2, 3])).tolist()
-    [10, 11, 0, 1, 2]
-    """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    ends = np.cumsum(lengths)
-    return np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths) + np.arange(
-        ends[-1] if len(ends) else 0, dtype=np.int64
-    )
-
-
 @dataclass
 class ChunkStore:
     """All encoded chunks of a run, memory-mapped, addressed by global sample index."""
@@ -218,10 +207,57 @@ class ChunkStore:
         if self.max_open is None:
             self.max_open = _default_max_open()
 
-    def append_chunk(self, meta: dict) -> None:
-        """Add a chunk written after the store was opened (packs made by a custom policy)."""
+    def append_packs(self, packs: list[dict[str, np.ndarray]]) -> np.ndarray:
+        """Store packs made by a custom ``pack_selected_samples`` as one more chunk, one new sample per
+        ``seq_lens`` entry (numbered after every sample of the store), and return their sample numbers.
+
+        Each pack is a dict of ``input_ids``, ``labels`` (and ``loss_mask``), ``seq_lens`` and ``origin``
+        (the input index of each ``seq_lens`` entry, what ``sample_index`` says in the output).
+        """
+        first = self.num_samples
+        index = max((m["index"] for m in self.metas), default=-1) + 1
+        final = chunk_dir(self.work_dir, index)
+        shutil.rmtree(final, ignore_errors=True)
+        final.mkdir(parents=True)
+        seq = np.concatenate([p["seq_lens"] for p in packs]).astype(np.int64)
+        has_mask = any("loss_mask" in p for p in packs)
+        np.save(final / "input_ids.npy", np.concatenate([p["input_ids"] for p in packs]).astype(np.int32))
+        np.save(final / "labels.npy", np.concatenate([p["labels"] for p in packs]).astype(np.int32))
+        if has_mask:
+            masks = [p.get("loss_mask", (p["labels"] != -100).astype(np.int8)) for p in packs]
+            np.save(final / "loss_mask.npy", np.concatenate(masks).astype(np.int8))
+        np.save(final / "offsets.npy", np.concatenate([[0], np.cumsum(seq)]).astype(np.int64))
+        np.save(final / "rows.npy", np.repeat(np.arange(len(packs)), [len(p["seq_lens"]) for p in packs]))
+        np.save(final / "source_ids.npy", np.zeros(len(seq), dtype=np.int32))
+        np.save(final / "origin.npy", np.concatenate([p["origin"] for p in packs]).astype(np.int64))
+        meta = {
+            "index": index,
+            "num_samples": len(seq),
+            "num_tokens": int(seq.sum()),
+            "has_loss_mask": has_mask,
+            "sources": ["pack_selected_samples output"],
+            "row_kinds": ["pack"],
+            "origin": True,
+        }
+        (final / "meta.json").write_text(json.dumps(meta))
         self.metas.append(meta)
         self.__post_init__()
+        write_chunk_list(self.work_dir, self.metas)
+        return first + np.arange(len(seq), dtype=np.int64)
+
+    def samples(self, sample: np.ndarray, lengths: np.ndarray) -> list[dict]:
+        """Samples as dicts (what a custom packing policy is given): ``index``, ``length`` and read-only
+        views of their ``input_ids``, ``labels`` (and ``loss_mask``), ``length`` tokens from the start."""
+        out = []
+        chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
+        for s, c, length in zip(sample.tolist(), chunk.tolist(), lengths.tolist(), strict=True):
+            a = self.arrays(c)
+            begin = int(a["offsets"][s - int(self.sample_starts[c])])
+            d = {"index": s, "length": length}
+            for key in self.keys:
+                d[key] = a[key][begin : begin + length]
+            out.append(d)
+        return out
 
     def origin(self, sample: np.ndarray) -> np.ndarray:
         """``(k,)`` int64 input index of each of ``sample``: itself, except for samples stored by a
@@ -367,7 +403,7 @@ class ChunkStore:
             return
         chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
         begin = np.empty(len(sample), dtype=np.int64)
-        for c, sel in _groups(chunk):
+        for c, sel in groups(chunk):
             begin[sel] = self.offsets(c)[sample[sel] - self.sample_starts[c]] + start[sel]
         end = begin + length
         new_run = np.ones(len(sample), dtype=bool)
@@ -379,14 +415,14 @@ class ChunkStore:
         run_chunk = chunk[first]
         # runs grouped by chunk (stable): one chunk mapped at a time, holding every used chunk's maps would
         # hold their file descriptors
-        groups = _groups(run_chunk)
-        if len(groups) > self.max_open:
+        visits = groups(run_chunk)
+        if len(visits) > self.max_open:
             # more chunks than stay open: each gather visits them in the other direction than the last, so
             # it starts with the chunks the last one left open instead of evicting them unused (LRU order)
             self._zigzag = not self._zigzag
             if self._zigzag:
-                groups.reverse()
-        for c, group in groups:
+                visits.reverse()
+        for c, group in visits:
             a = self.arrays(c)
             runs = list(
                 zip(

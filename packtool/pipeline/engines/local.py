@@ -3,9 +3,9 @@
 ``map(fn, tasks)`` yields results in task order, with at most ``2 * num_proc`` tasks in flight, so a
 stream of input chunks is never read far ahead of the workers (bounded memory). Workers never inherit
 the driver's threads or tokenizer state: on Linux they are forked from a ``forkserver`` that has imported
-``packtool.pipeline`` once (about 0.3 s of CPU per job instead of 0.3-0.4 s per worker with ``spawn``, on a
-2-core machine where every worker's start-up is taken from the work), elsewhere they are spawned; each
-runs ``initializer(*initargs)`` once. With several workers each tokenizer runs on one thread
+``packtool.pipeline`` once (so each worker does not import it again, as with ``spawn``; on a 2-core
+machine every worker's start-up is taken from the work), elsewhere they are spawned. With several
+workers each tokenizer runs on one thread
 (``TOKENIZERS_PARALLELISM=false`` unless set): ``num_proc`` processes are the parallelism, and the
 tokenizer's own threads on top of them would oversubscribe the cores. A worker exits as soon as the
 driver does, however it ends (``_exit_with``), so a killed job leaves no worker behind that could still
@@ -23,20 +23,17 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from multiprocessing import forkserver
 from typing import Any
 
 
 class LocalEngine:
     name = "local"
 
-    def __init__(
-        self, num_proc: int = 1, initializer: Callable[..., None] | None = None, initargs: tuple = ()
-    ) -> None:
+    def __init__(self, num_proc: int = 1) -> None:
         self.num_proc = num_proc
         self.workers = max(1, num_proc)  # how many tasks run at once
-        self.initializer, self.initargs = initializer, initargs
         self._pool: ProcessPoolExecutor | None = None
-        self._inline_ready = False
 
     def __enter__(self) -> LocalEngine:
         return self
@@ -47,9 +44,6 @@ class LocalEngine:
     def map(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
         """Apply ``fn`` to every task; results come back in task order."""
         if self.num_proc <= 1:
-            if not self._inline_ready and self.initializer is not None:
-                self.initializer(*self.initargs)
-            self._inline_ready = True
             for task in tasks:
                 yield fn(task)
             return
@@ -58,7 +52,7 @@ class LocalEngine:
                 self.num_proc,
                 mp_context=_context(),
                 initializer=_start_worker,
-                initargs=(os.getpid(), self.initializer, self.initargs),
+                initargs=(os.getpid(),),
             )
         in_flight: deque[Future] = deque()
         try:
@@ -82,8 +76,6 @@ class LocalEngine:
 def _stop_forkserver() -> None:
     """Stop the forkserver and reap it, so that its workers' CPU time counts in this process's children
     (``wait4``, ``time``) as spawned workers' does; a later pool starts a new one."""
-    from multiprocessing import forkserver
-
     try:
         forkserver._forkserver._stop()
     except (AttributeError, OSError):  # no such private helper in this Python: it exits with the job
@@ -93,17 +85,15 @@ def _stop_forkserver() -> None:
 def start_forkserver(num_proc: int) -> None:
     """Start the workers' forkserver now (Linux, ``num_proc > 1``), before the caller imports the pipeline.
 
-    The forkserver imports ``packtool.pipeline`` (numpy, pyarrow, tokenizers; ~0.3-0.45 s of CPU) before it
-    can fork a worker. Started here, from a caller that has not imported them yet, it does that beside the
-    caller's own imports instead of after them: ``packtool pack --num-proc 2`` starts encoding ~0.3 s sooner.
+    The forkserver imports ``packtool.pipeline`` (numpy, pyarrow, tokenizers) before it can fork a worker.
+    Started here, from a caller that has not imported them yet, it does that beside the caller's own
+    imports instead of after them, so ``packtool pack --num-proc 2`` starts encoding sooner.
     The pool made later uses this server; it stops with the engine (``close``) or when this process exits.
     """
     if num_proc <= 1:
         return
     ctx = _context()
     if ctx.get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
         forkserver.ensure_running()
 
 
@@ -115,12 +105,10 @@ def _context() -> mp.context.BaseContext:
     return mp.get_context("spawn")
 
 
-def _start_worker(job: int, initializer: Callable[..., None] | None, initargs: tuple) -> None:
-    """Worker start-up: exit when the driver ``job`` (its pid) is gone, then run the engine's initializer."""
+def _start_worker(job: int) -> None:
+    """Worker start-up: exit when the driver ``job`` (its pid) is gone; one tokenizer thread per worker."""
     _exit_with(job)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if initializer is not None:
-        initializer(*initargs)
 
 
 def _exit_with(job: int) -> None:

@@ -1,79 +1,15 @@
-"""Small helpers shared by several modules."""
+"""NumPy <-> Arrow without copies and without pandas, and vectorized index helpers.
+
+``pa.array()`` and ``Array.to_numpy()`` import pandas on first use (~0.4 s of CPU in every process that
+packs); these helpers build and view Arrow arrays from NumPy buffers directly.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import queue
-import threading
-from collections.abc import Iterable, Iterator
-from pathlib import Path
-from typing import TypeVar
+import itertools
 
 import numpy as np
 import pyarrow as pa
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-T = TypeVar("T")
-
-
-def prefetch(items: Iterable[T], depth: int = 1) -> Iterator[T]:
-    """Yield ``items`` in order while a background thread computes up to ``depth`` of them ahead.
-
-    For a pipeline whose two halves leave the GIL to each other: e.g. the Parquet writer encodes and
-    compresses row group ``i`` in Arrow's C++ (no GIL) while the thread gathers row group ``i + 1``'s tokens.
-    An exception raised by ``items`` is raised here, at the item it replaced. When the consumer stops early
-    (or fails), the thread is told to stop and is joined before this generator returns.
-
-    >>> list(prefetch(iter(range(5)), depth=2))
-    [0, 1, 2, 3, 4]
-    """
-    done = object()
-    slots: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        slots.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            slots.put((done, None))
-        except BaseException as e:  # handed to the consumer, raised there
-            slots.put((done, e))
-
-    thread = threading.Thread(target=produce, name="packtool-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, error = slots.get()
-            if item is done:
-                if error is not None:
-                    raise error
-                return
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():  # unblock a producer waiting on a full queue
-            try:
-                slots.get_nowait()
-            except queue.Empty:
-                pass
-            thread.join(timeout=0.05)
-
 
 _NUMPY_TYPES = {
     pa.int8(): np.int8,
@@ -158,9 +94,31 @@ def token_lists(ids: list[list[int]]) -> pa.LargeListArray:
     >>> token_lists([[1, 2], [], [3]]).to_pylist()
     [[1, 2], [], [3]]
     """
-    import itertools
-
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)), out=offsets[1:])
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
     return large_lists(offsets, flat, pa.int32())
+
+
+def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + l)`` for every ``(s, l)``, vectorized.
+
+    >>> ranges(np.array([10, 0]), np.array([2, 3])).tolist()
+    [10, 11, 0, 1, 2]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    return np.repeat(np.asarray(starts, dtype=np.int64) - (ends - lengths), lengths) + np.arange(
+        ends[-1] if len(ends) else 0, dtype=np.int64
+    )
+
+
+def groups(keys: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``(key, positions)`` for each distinct value of ``keys``, in increasing key order; positions in order.
+
+    >>> [(k, p.tolist()) for k, p in groups(np.array([2, 0, 2, 1]))]
+    [(0, [1]), (1, [3]), (2, [0, 2])]
+    """
+    order = np.argsort(keys, kind="stable")
+    parts = np.split(order, np.flatnonzero(np.diff(keys[order])) + 1) if len(order) else []
+    return [(int(keys[g[0]]), g) for g in parts]

@@ -1,0 +1,176 @@
+"""What a shard format implements: ``ShardFormat``. One subclass per format, registered in ``formats``.
+
+A shard holds a run of consecutive packs. A format says how to
+
+* **write** one (``shard_ranges`` cuts the plan into shards, ``write`` writes one shard from ``PackArrays``
+  blocks and returns its format-specific ``ShardEntry`` fields);
+* **read** one: a shard is read in *units* (``units``: packs per unit, e.g. Parquet row groups; the loader
+  decodes one unit at a time), ``open_reader`` gives a reader of units, ``read_pack`` one pack alone;
+* **summarize** one from its own metadata, without reading packs (``inspect``'s fast path);
+* **check** one for ``verify``: parse it, report what is wrong on a ``ProblemSink`` and yield the packs it
+  could read; and check the dataset-level index files, if the format writes any.
+
+Nothing outside a format's module knows its file layout.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from packtool.config import PackConfig
+from packtool.errors import PacktoolError
+from packtool.manifest import Manifest, ShardEntry
+from packtool.packing.plan import PackPlan
+from packtool.packs import PackArrays
+
+# errors that mean "this unit cannot be read": a damaged or foreign file (anything else is a bug)
+UNIT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, ValueError, KeyError, IndexError, EOFError, PacktoolError, pa.ArrowException,
+)  # fmt: skip
+
+
+class ShardMismatch(ValueError):
+    """A shard that reads, but is not the one the manifest describes (another run's, another pack count)."""
+
+
+class ProblemSink(Protocol):
+    """Where a check reports what it finds (``verify.VerifyReport`` is one)."""
+
+    def add(
+        self,
+        kind: str,
+        message: str,
+        *,
+        shard: str | None = None,
+        pack: int | None = None,
+        field: str | None = None,
+    ) -> None: ...
+
+    def add_many(
+        self,
+        kind: str,
+        count: int,
+        problems: Iterable[tuple[str, int | None]],
+        *,
+        shard: str | None = None,
+        field: str | None = None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class ShardMeta:
+    """What every shard records about itself, so that it can be matched to its manifest."""
+
+    run_id: str
+    shard: int  # the shard's number in the manifest
+    first_pack: int  # global index of its first pack
+    packed_sequence_size: int
+
+
+def shard_meta_problems(
+    meta: dict | None, manifest: Manifest, index: int, report: ProblemSink, name: str
+) -> None:
+    """Compare a shard's own ``packtool`` metadata (any format) with the manifest."""
+    if meta is None:
+        report.add("run_id", "shard carries no packtool metadata (not written by packtool?)", shard=name)
+        return
+    if meta.get("run_id") != manifest.run_id:
+        report.add(
+            "run_id",
+            f"shard belongs to run {meta.get('run_id')}, the manifest to run {manifest.run_id} "
+            "(a manifest or shard from another run)",
+            shard=name,
+            field="run_id",
+        )
+    if meta.get("shard") is not None and meta.get("shard") != index:
+        report.add(
+            "shard",
+            f"shard metadata says shard {meta.get('shard')}, manifest lists it as {index}",
+            shard=name,
+            field="shard",
+        )
+    n = manifest.packed_sequence_size
+    if meta.get("packed_sequence_size") not in (None, n):
+        report.add(
+            "packed_sequence_size",
+            f"shard has packed_sequence_size {meta.get('packed_sequence_size')}, manifest {n}",
+            shard=name,
+            field="packed_sequence_size",
+        )
+
+
+class UnitReader(ABC):
+    """Reads units of one output's shards (keeping files open between calls, as the format likes)."""
+
+    @abstractmethod
+    def read(self, shard: int, part: int, columns: list[str]) -> PackArrays:
+        """Unit ``part`` of shard ``shard`` (positions in the manifest), with ``columns`` (the training
+        columns always; ``sample_index``/``sample_offset`` when named). Raises one of ``UNIT_ERRORS`` or
+        ``PacktoolError`` when the unit cannot be read as the manifest describes it."""
+
+    def close(self) -> None:  # noqa: B027 - nothing to release by default
+        """Release open files."""
+
+
+class ShardFormat(ABC):
+    name: str  # the manifest's shard_format
+    suffix: str  # of the shard files, e.g. ".parquet"
+    unit_kind: str | None = None  # what a read unit is called in messages ("row group"); None: the shard
+
+    def shard_name(self, index: int) -> str:
+        return f"packs-{index:06d}{self.suffix}"
+
+    def shard_ranges(self, plan: PackPlan, config: PackConfig, has_loss_mask: bool) -> list[tuple[int, int]]:
+        """Pack ranges ``[(first, end), ...]`` of the shards: ``shard_size`` packs each by default."""
+        k, size = plan.num_packs, config.shard_size
+        return [(a, min(a + size, k)) for a in range(0, k, size)]
+
+    @abstractmethod
+    def write(self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, config: PackConfig) -> dict:
+        """Write the packs of ``blocks`` (consecutive) as shard ``path``, atomically; return the
+        format-specific ``ShardEntry`` fields (e.g. ``{"row_groups": [...]}``)."""
+
+    def block_packs(self, config: PackConfig) -> int | None:
+        """Packs per block handed to ``write`` (None: the whole shard in one block)."""
+        return None
+
+    @abstractmethod
+    def units(self, entry: ShardEntry) -> list[int]:
+        """Packs in each read unit of the shard, in order."""
+
+    @abstractmethod
+    def open_reader(self, directory: Path, manifest: Manifest) -> UnitReader: ...
+
+    @abstractmethod
+    def read_pack(self, path: Path, entry: ShardEntry, row: int, manifest: Manifest) -> dict | None:
+        """Pack ``row`` of the shard read alone (with ``sample_index``/``sample_offset``), or None when the
+        shard cannot be read that way (the caller then reads it in order with ``check``)."""
+
+    @abstractmethod
+    def summary(self, path: Path) -> dict[str, Any]:
+        """Figures from the shard's own metadata: ``run_id``, ``shard`` and any ``ShardEntry`` field."""
+
+    @abstractmethod
+    def check(
+        self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int
+    ) -> Iterator[tuple[int, PackArrays]]:
+        """Parse shard ``path`` (number ``index``, first pack ``base``) and report what is wrong with it
+        (parsing, ``run_id``, pack count, its own index, per-pack layout); yield ``(first pack in the shard,
+        PackArrays)`` for the packs it could read, with ``sample_index`` and ``sample_offset``."""
+
+    def index_files(self, entry: ShardEntry) -> list[str]:
+        """Files beside the shard that belong to it (e.g. a tar's ``.tar.idx``)."""
+        return []
+
+    def write_dataset_index(self, directory: Path, manifest: Manifest) -> list[str] | None:
+        """Write the dataset-level index files, if the format has any; return their names."""
+        return None
+
+    def check_dataset_index(self, directory: Path, manifest: Manifest, report: ProblemSink) -> None:  # noqa: B027
+        """Compare the dataset-level index files with the manifest (none by default)."""

@@ -1,0 +1,394 @@
+"""Parquet shards ``packs-NNNNNN.parquet``: zstd, one row per pack, row groups of ``row_group_size`` packs.
+
+Every column is ``list<int32>`` (``loss_mask``: ``list<int8>``, ``sample_index``/``sample_offset``:
+``list<int64>``), what ``datasets``, NeMo and pandas read as they are; the columns and their meaning are
+``packtool.manifest.PACK_COLUMNS``. The file's key-value metadata ``packtool`` holds ``{"run_id", "shard",
+"first_pack", "packed_sequence_size"}``, so a shard can be matched to its manifest.
+
+A read unit is a row group: the loader decodes one at a time with Arrow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packtool.arrays import arrow_array, list_parts
+from packtool.config import PackConfig
+from packtool.formats.base import (
+    ProblemSink,
+    ShardFormat,
+    ShardMeta,
+    ShardMismatch,
+    UnitReader,
+    shard_meta_problems,
+)
+from packtool.manifest import COLUMNS, FORMAT_VERSION, TOKEN_COLUMNS, Manifest, ShardEntry
+from packtool.packs import PackArrays
+
+METADATA_KEY = b"packtool"
+# tokens gathered into packs at once when writing (whole row groups): fewer, larger gathers visit each
+# chunk fewer times, while a block's arrays stay small (docs/performance.md has the measurements)
+GATHER_TOKENS = 1 << 20
+
+
+# --- writing -------------------------------------------------------------------------------------------
+def _list(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> pa.Array:
+    if offsets[-1] < np.iinfo(np.int32).max:
+        return pa.ListArray.from_arrays(arrow_array(offsets, pa.int32()), arrow_array(values, value_type))
+    return pa.LargeListArray.from_arrays(arrow_array(offsets, pa.int64()), arrow_array(values, value_type))
+
+
+_ARROW = {np.dtype(np.int8): pa.int8(), np.dtype(np.int32): pa.int32(), np.dtype(np.int64): pa.int64()}
+
+
+def packs_table(packs: PackArrays) -> pa.Table:
+    """The packs as one Arrow table in the stored column order (one row per pack)."""
+    k, n = packs.input_ids.shape
+    fixed = np.arange(k + 1, dtype=np.int64) * n
+    ragged = {
+        "seq_lens": (packs.seq_lens, packs.seq_lens_offsets),
+        "sample_index": (packs.sample_index, packs.sample_index_offsets),
+        "sample_offset": (packs.sample_offset, packs.sample_index_offsets),
+    }
+    cols = {}
+    for name, column in COLUMNS.items():
+        if name in ragged:
+            values, offsets = ragged[name]
+        else:
+            values, offsets = getattr(packs, name), fixed
+        if values is not None:
+            cols[name] = _list(values.reshape(-1), offsets, _ARROW[column.dtype])
+    return pa.table(cols)
+
+
+T = TypeVar("T")
+
+
+def prefetch(items: Iterable[T], depth: int = 1) -> Iterator[T]:
+    """Yield ``items`` in order while a background thread computes up to ``depth`` of them ahead.
+
+    For a pipeline whose two halves leave the GIL to each other: the Parquet writer encodes and compresses
+    row group ``i`` in Arrow's C++ (no GIL) while the thread gathers row group ``i + 1``'s tokens. An
+    exception raised by ``items`` is raised here, at the item it replaced. When the consumer stops early
+    (or fails), the thread is told to stop and is joined before this generator returns.
+
+    >>> list(prefetch(iter(range(5)), depth=2))
+    [0, 1, 2, 3, 4]
+    """
+    done = object()
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        slots.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            slots.put((done, None))
+        except BaseException as e:  # handed to the consumer, raised there
+            slots.put((done, e))
+
+    thread = threading.Thread(target=produce, name="packtool-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = slots.get()
+            if item is done:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                slots.get_nowait()
+            except queue.Empty:
+                pass
+            thread.join(timeout=0.05)
+
+
+def write_parquet_shard(
+    path: str | Path, packs: PackArrays | Iterable[PackArrays], *, row_group_size: int, metadata: dict
+) -> dict:
+    """Write ``packs`` to ``path`` atomically (``NAME.tmp-PID``, renamed); return its row groups.
+
+    ``packs`` is one ``PackArrays`` or an iterable of them (e.g. a few row groups each, built lazily so that
+    a whole shard is never held in memory).
+    """
+    path = Path(path)
+    blocks = [packs] if isinstance(packs, PackArrays) else packs
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    writer = None
+    try:
+        # the next block's tokens are gathered (NumPy, mostly holding the GIL) while Arrow encodes and
+        # compresses this one (C++, without it)
+        for table in prefetch(packs_table(block) for block in blocks):
+            table = table.replace_schema_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+            if writer is None:
+                writer = pq.ParquetWriter(
+                    tmp,
+                    table.schema,
+                    compression="zstd",
+                    use_dictionary=False,
+                    write_statistics=False,
+                    store_schema=True,
+                )
+            writer.write_table(table.cast(writer.schema), row_group_size=row_group_size)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        raise ValueError("write_parquet_shard: no packs to write")
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    md = pq.ParquetFile(path).metadata
+    return {
+        "row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)],
+        "row_group_offsets": row_group_offsets(md),
+    }
+
+
+def row_group_offsets(md: pq.FileMetaData) -> list[int]:
+    """Byte offset where each row group's first page starts, then where the last row group ends
+    (``num_row_groups + 1`` values, the same convention as a tar shard's ``.tar.idx``)."""
+    out: list[int] = []
+    end = 4  # after the leading "PAR1" magic
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        cols = [rg.column(j) for j in range(rg.num_columns)]
+        start = min(c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in cols)
+        out.append(int(start))
+        end = int(start + sum(c.total_compressed_size for c in cols))
+    return out + [end]
+
+
+# --- reading -------------------------------------------------------------------------------------------
+def shard_metadata(pf: pq.ParquetFile) -> dict | None:
+    """The ``packtool`` key-value metadata of an open shard (None if it has none or it does not parse)."""
+    raw = (pf.schema_arrow.metadata or {}).get(METADATA_KEY)
+    try:
+        meta = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    col = table.column(name)
+    # a row group read is one chunk: combine_chunks would copy it anyway
+    return list_parts(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
+
+
+def table_packs(table: pa.Table, n: int) -> PackArrays:
+    """The packs of a table (a row group) as ``PackArrays`` of NumPy views, without a loop over packs.
+
+    Raises ``ValueError`` if a per-token column does not hold exactly ``N`` values in every row.
+    """
+    k = table.num_rows
+    fixed: dict[str, np.ndarray | None] = {name: None for name in TOKEN_COLUMNS}
+    for name in TOKEN_COLUMNS:
+        if name in table.column_names:
+            offsets, values = _column(table, name)
+            if values.size != k * n or not np.array_equal(offsets, np.arange(k + 1, dtype=np.int64) * n):
+                raise ValueError(f"column '{name}' does not hold {n} values in every row")
+            fixed[name] = values.reshape(k, n)
+    sl_off, sl = _column(table, "seq_lens")
+    si_off = si = so = None
+    if "sample_index" in table.column_names:
+        si_off, si = _column(table, "sample_index")
+        if "sample_offset" in table.column_names:
+            so = _column(table, "sample_offset")[1]
+    return PackArrays(
+        **fixed,
+        seq_lens=sl,
+        seq_lens_offsets=sl_off,
+        sample_index=si,
+        sample_index_offsets=si_off,
+        sample_offset=so,
+    )
+
+
+class ParquetReader(UnitReader):
+    """Row groups of an output's Parquet shards; the last few files stay open."""
+
+    def __init__(self, directory: Path, manifest: Manifest, keep_open: int = 8) -> None:
+        self.directory, self.manifest, self.keep_open = Path(directory), manifest, keep_open
+        self.files: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+
+    def _file(self, shard: int) -> pq.ParquetFile:
+        if shard in self.files:
+            self.files.move_to_end(shard)
+            return self.files[shard]
+        pf = pq.ParquetFile(self.directory / self.manifest.shards[shard].path)
+        meta = shard_metadata(pf)
+        if meta is not None and meta.get("run_id") != self.manifest.run_id:
+            raise ShardMismatch(
+                f"shard of run {meta.get('run_id')}, the manifest is run {self.manifest.run_id}"
+            )
+        self.files[shard] = pf
+        while len(self.files) > self.keep_open:
+            self.files.popitem(last=False)[1].close()
+        return pf
+
+    def read(self, shard: int, part: int, columns: list[str]) -> PackArrays:
+        entry = self.manifest.shards[shard]
+        want = [c for c in self.manifest.columns if c in columns]
+        table = self._file(shard).read_row_group(part, columns=want, use_threads=False)
+        expected = (entry.row_groups or [entry.num_packs])[part]
+        if table.num_rows != expected:
+            raise ShardMismatch(f"{table.num_rows} packs, the manifest says {expected}")
+        return table_packs(table, self.manifest.packed_sequence_size)
+
+    def close(self) -> None:
+        for pf in self.files.values():
+            pf.close()
+        self.files.clear()
+
+
+# --- checking ------------------------------------------------------------------------------------------
+def _rows_of_n(
+    offsets: np.ndarray, values: np.ndarray, n: int, first: int, name: str, col: str, report: ProblemSink
+) -> np.ndarray | None:
+    """A list column whose every row must hold ``n`` values, as ``(rows, n)``; None (reported) if not."""
+    lens = np.diff(offsets)
+    bad = np.flatnonzero(lens != n)
+    problems = ((f"has {lens[i]} values, expected packed_sequence_size {n}", first + int(i)) for i in bad)
+    report.add_many("length", len(bad), problems, shard=name, field=col)
+    if len(bad):
+        return None
+    return values.reshape(len(lens), n)
+
+
+class ParquetFormat(ShardFormat):
+    name = "parquet"
+    suffix = ".parquet"
+    unit_kind = "row group"
+
+    def block_packs(self, config: PackConfig) -> int:
+        rg = config.row_group_size
+        return max(rg, GATHER_TOKENS // config.packed_sequence_size // rg * rg)
+
+    def write(self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, config: PackConfig) -> dict:
+        metadata = {
+            "run_id": meta.run_id,
+            "packed_sequence_size": meta.packed_sequence_size,
+            "format_version": FORMAT_VERSION,
+            "first_pack": meta.first_pack,
+            "shard": meta.shard,
+        }
+        return write_parquet_shard(path, blocks, row_group_size=config.row_group_size, metadata=metadata)
+
+    def units(self, entry: ShardEntry) -> list[int]:
+        return list(entry.row_groups or [entry.num_packs])
+
+    def open_reader(self, directory: Path, manifest: Manifest) -> ParquetReader:
+        return ParquetReader(directory, manifest)
+
+    def read_pack(self, path: Path, entry: ShardEntry, row: int, manifest: Manifest) -> dict | None:
+        if not entry.row_groups:
+            return None
+        bounds = np.cumsum([0, *entry.row_groups])
+        rg = int(np.searchsorted(bounds, row, side="right") - 1)
+        try:
+            table = pq.ParquetFile(path).read_row_group(rg).slice(row - int(bounds[rg]), 1)
+            packs = table_packs(table, manifest.packed_sequence_size)
+        except (pa.ArrowException, OSError, ValueError, KeyError):  # damaged, or not the manifest's
+            return None
+        return packs.pack(0, with_sample_index=True) if packs.num_packs else None
+
+    def summary(self, path: Path) -> dict[str, Any]:
+        pf = pq.ParquetFile(path)
+        md = pf.metadata
+        meta = shard_metadata(pf) or {}
+        return {
+            "run_id": meta.get("run_id"),
+            "shard": meta.get("shard"),
+            "num_packs": md.num_rows,
+            "row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)],
+        }
+
+    def check(
+        self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int
+    ) -> Iterator[tuple[int, PackArrays]]:
+        name, n = entry.path, manifest.packed_sequence_size
+        try:
+            pf = pq.ParquetFile(path)
+            md = pf.metadata
+        except Exception as e:  # any parse failure of a damaged file
+            report.add("parse", f"does not parse as Parquet: {str(e).splitlines()[0]}", shard=name)
+            return
+        shard_meta_problems(shard_metadata(pf), manifest, index, report, name)
+        if md.num_rows != entry.num_packs:
+            report.add(
+                "num_packs",
+                f"holds {md.num_rows} packs, manifest says {entry.num_packs}",
+                shard=name,
+                field="num_packs",
+            )
+        groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+        if entry.row_groups is not None and groups != entry.row_groups:
+            report.add(
+                "index",
+                f"row groups {groups} differ from the manifest's index {entry.row_groups} (stale index)",
+                shard=name,
+                field="row_groups",
+            )
+        need = [c for c in manifest.columns if c not in pf.schema_arrow.names]
+        if need:
+            report.add("columns", f"missing column(s) {', '.join(need)}", shard=name)
+            return
+        first = 0
+        for rg, rows in enumerate(groups):
+            try:
+                table = pf.read_row_group(rg)
+            except Exception as e:
+                message = f"row group {rg} does not parse: {str(e).splitlines()[0]}"
+                report.add("parse", message, shard=name, pack=base + first)
+                first += rows
+                continue
+            fixed = {}
+            for col in TOKEN_COLUMNS:
+                if col in table.column_names:
+                    offsets, values = _column(table, col)
+                    fixed[col] = _rows_of_n(offsets, values, n, base + first, name, col, report)
+            if any(v is None for v in fixed.values()):
+                first += rows
+                continue
+            sl_off, sl = _column(table, "seq_lens")
+            si_off, si = _column(table, "sample_index")
+            so = _column(table, "sample_offset")[1] if "sample_offset" in table.column_names else None
+            yield (
+                first,
+                PackArrays(
+                    input_ids=fixed["input_ids"],
+                    labels=fixed["labels"],
+                    position_ids=fixed["position_ids"],
+                    loss_mask=fixed.get("loss_mask"),
+                    seq_lens=sl,
+                    seq_lens_offsets=sl_off,
+                    sample_index=si,
+                    sample_index_offsets=si_off,
+                    # where each piece starts in its sample (bfd shuffles packs, so pack order does not say)
+                    sample_offset=so,
+                ),
+            )
+            first += rows

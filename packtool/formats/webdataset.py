@@ -1,0 +1,324 @@
+"""WebDataset tar shards ``packs-NNNNNN.tar``, their ``.tar.idx`` indexes, and the wids / Energon metadata.
+
+Each pack is one WebDataset *sample*: the tar members ``KEY.EXT``, ``KEY`` the pack's global index as
+nine digits (``000000123``), ``EXT`` each column of ``packtool.manifest.PACK_COLUMNS`` as ``NAME.npy``
+(version 1 ``.npy``, no pickle) plus ``json``: ``{"pack_index", "num_tokens", "num_samples", "run_id",
+"shard"}`` (``run_id``/``shard`` match a shard to its manifest). Members follow the ``webdataset.TarWriter``
+conventions (USTAR, a sample's members adjacent and sorted by extension) and are written by ``tarfile``
+with fixed metadata, so a shard is byte-identical for every run and ``num_proc``.
+
+Beside each shard, ``packs-NNNNNN.tar.idx``: little-endian uint64 byte offsets of every pack's first
+header, then the end of the last one (Megatron-Energon's layout). Once all shards are written, the
+dataset-level index files are added (``packtool.formats.webdataset_index``: wids and Energon metadata), so
+no ``energon prepare`` is needed. ``verify``'s checks of a shard are in ``webdataset_check``.
+
+A tar shard is one read unit (the loader decodes it whole).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import mmap
+import os
+import tarfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packtool.config import PackConfig
+from packtool.errors import ConfigError, PacktoolError
+from packtool.formats import tar
+from packtool.formats.base import ProblemSink, ShardFormat, ShardMeta, ShardMismatch, UnitReader
+from packtool.formats.tar import BLOCK, INDEX_SUFFIX, RECORD, member_size, npy_bytes, pack_key, tar_index_name
+from packtool.formats.webdataset_check import check_tar_shard
+from packtool.formats.webdataset_index import check_dataset_index, write_dataset_index
+from packtool.manifest import COLUMNS, TOKEN_COLUMNS, TRAINING_COLUMNS, Manifest, ShardEntry
+from packtool.packing.plan import PackPlan
+from packtool.packs import PackArrays
+
+
+def pack_json(pack_index: int, num_tokens: int, num_samples: int, run_id: str, shard: int) -> bytes:
+    """The ``.json`` member of a pack (always under one tar block)."""
+    return json.dumps(
+        {
+            "pack_index": int(pack_index),
+            "num_tokens": int(num_tokens),
+            "num_samples": int(num_samples),
+            "run_id": str(run_id),
+            "shard": int(shard),
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+@functools.lru_cache(maxsize=4096)
+def _npy_size(length: int, dtype: str) -> int:
+    """Bytes of a 1-D ``.npy`` file of ``length`` items of ``dtype`` (header included), without writing it."""
+    buf = io.BytesIO()
+    header = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": (int(length),)}
+    np.lib.format.write_array_header_1_0(buf, header)
+    return len(buf.getvalue()) + int(length) * np.dtype(dtype).itemsize
+
+
+def pack_tar_bytes(plan: PackPlan, has_loss_mask: bool) -> np.ndarray:
+    """``(num_packs,)`` int64: bytes each pack of ``plan`` takes in a tar shard, from the plan alone (to cut
+    shards by ``shard_max_bytes`` before any token is written)."""
+    n = plan.packed_sequence_size
+    counts = np.diff(plan.pack_offsets).astype(np.int64)
+    n_seq_lens = counts + (plan.pack_tokens() < n)
+    fixed = member_size(BLOCK - 1)  # the json
+    for name in TOKEN_COLUMNS:
+        if name != "loss_mask" or has_loss_mask:
+            fixed += member_size(_npy_size(n, COLUMNS[name].dtype.name))
+
+    def ragged(lengths: np.ndarray, dtype: str) -> np.ndarray:
+        uniq, inv = np.unique(lengths, return_inverse=True)
+        sizes = np.array([member_size(_npy_size(int(u), dtype)) for u in uniq], dtype=np.int64)
+        return sizes[inv.reshape(-1)]
+
+    return fixed + ragged(n_seq_lens, "int32") + 2 * ragged(counts, "int64")  # sample_index, sample_offset
+
+
+def shard_bounds(
+    plan: PackPlan, shard_size: int, shard_max_bytes: int | None, has_loss_mask: bool
+) -> list[tuple[int, int]]:
+    """Pack ranges ``[(first, end), ...]`` of the tar shards: at most ``shard_size`` packs and, when
+    ``shard_max_bytes`` is set, at most that many bytes per ``.tar`` file (end-of-archive blocks included).
+
+    Raises ``ConfigError`` when one pack alone is larger than ``shard_max_bytes``.
+    """
+    k = plan.num_packs
+    if shard_max_bytes is None:
+        return [(a, min(a + shard_size, k)) for a in range(0, k, shard_size)]
+    sizes = pack_tar_bytes(plan, has_loss_mask)
+    cum = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(sizes, out=cum[1:])
+    # a shard of S bytes of members becomes ceil((S + 2 blocks) / RECORD) * RECORD bytes on disk
+    budget = (shard_max_bytes // RECORD) * RECORD - 2 * BLOCK
+    out, a = [], 0
+    while a < k:
+        by_bytes = int(np.searchsorted(cum, cum[a] + budget, side="right")) - 1
+        b = min(a + shard_size, by_bytes, k)
+        if b <= a:
+            need = -(-(int(sizes[a]) + 2 * BLOCK) // RECORD) * RECORD
+            raise ConfigError(
+                f"shard_max_bytes {shard_max_bytes} is smaller than one pack's tar shard ({need} bytes)"
+            )
+        out.append((a, b))
+        a = b
+    return out
+
+
+def write_tar_shard(path: str | Path, packs: PackArrays, *, first_pack: int, run_id: str, shard: int) -> dict:
+    """Write ``packs`` as the tar shard ``path`` and its ``path.idx`` (both through ``.tmp`` names and a
+    rename); return the shard entry's ``{"index": "packs-NNNNNN.tar.idx"}``."""
+    path = Path(path)
+    k, n = packs.input_ids.shape
+    num_samples = np.diff(packs.sample_index_offsets)
+    has_pad = np.diff(packs.seq_lens_offsets) > num_samples
+    pad = np.where(has_pad, packs.seq_lens[np.maximum(packs.seq_lens_offsets[1:] - 1, 0)], 0)
+    num_tokens = n - pad
+    offsets = np.zeros(k + 1, dtype="<u8")
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+            for i in range(k):
+                offsets[i] = archive.offset
+                key = pack_key(first_pack + i)
+                meta = pack_json(first_pack + i, num_tokens[i], num_samples[i], run_id, shard)
+                assert len(meta) < BLOCK, meta  # pack_tar_bytes counts one block for it
+                members = {f"{name}.npy": npy_bytes(a) for name, a in packs.pack(i, True).items()}
+                members["json"] = meta
+                for ext in sorted(members):  # webdataset.TarWriter's order
+                    data = members[ext]
+                    archive.addfile(tar.tarinfo(f"{key}.{ext}", len(data)), io.BytesIO(data))
+            offsets[k] = archive.offset
+        f.flush()
+        os.fsync(f.fileno())
+    index = path.with_name(path.name + INDEX_SUFFIX)
+    index_tmp = index.with_name(index.name + ".tmp")
+    index_tmp.write_bytes(offsets.tobytes())
+    os.replace(tmp, path)
+    os.replace(index_tmp, index)
+    return {"index": index.name}
+
+
+# --- reading -------------------------------------------------------------------------------------------
+def _check_run_id(path: Path, name: str, data: bytes, run_id: str) -> None:
+    try:
+        found = json.loads(data).get("run_id")
+    except (ValueError, AttributeError):
+        raise PacktoolError(f"{path}: member {name} is not a JSON object") from None
+    if found is not None and found != run_id:
+        raise PacktoolError(f"{path}: shard of run {found}, the manifest is run {run_id}")
+
+
+def _npy_members(
+    path: Path, key: str, found: dict[str, tuple[int, int]], buf, columns
+) -> dict[str, np.ndarray]:
+    """The ``.npy`` members of pack ``key`` named in ``columns`` (``{ext: (data offset, size)}`` in
+    ``buf``), as array copies by name (``buf`` may close after)."""
+    return {
+        ext[: -len(".npy")]: tar.npy_view(path, f"{key}.{ext}", buf, *found[ext]).copy()
+        for ext in found
+        if ext.endswith(".npy") and ext[: -len(".npy")] in columns
+    }
+
+
+def stack_packs(packs: list[dict[str, np.ndarray]]) -> PackArrays:
+    """Pack dicts of one shard (consecutive) as ``PackArrays``."""
+
+    def csr(name: str) -> tuple[np.ndarray | None, np.ndarray | None]:
+        if not packs or name not in packs[0]:
+            return None, None
+        parts = [p[name] for p in packs]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in parts], out=offsets[1:])
+        return np.concatenate(parts).astype(COLUMNS[name].dtype, copy=False), offsets
+
+    fixed = {name: np.stack([p[name] for p in packs]) if name in packs[0] else None for name in TOKEN_COLUMNS}
+    seq_lens, sl_off = csr("seq_lens")
+    sample_index, si_off = csr("sample_index")
+    sample_offset, _ = csr("sample_offset")
+    return PackArrays(
+        **fixed,
+        seq_lens=seq_lens,
+        seq_lens_offsets=sl_off,
+        sample_index=sample_index,
+        sample_index_offsets=si_off,
+        sample_offset=sample_offset,
+    )
+
+
+def read_tar_packs(path: Path, n: int, columns: Iterable[str], run_id: str | None = None) -> list[dict]:
+    """The packs of one tar shard in order, as dicts of the ``columns`` asked for.
+
+    The shard is memory-mapped; each ``.npy`` member becomes one array copy. With ``run_id``, a shard whose
+    first ``.json`` member names another run raises ``PacktoolError``.
+    """
+    columns = set(columns)
+    out = []
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return []
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            for key, _start, found, _end in tar.samples(path, buf):
+                if run_id is not None and "json" in found:
+                    offset, size = found["json"]
+                    _check_run_id(path, f"{key}.json", bytes(buf[offset : offset + size]), run_id)
+                    run_id = None  # the first pack's is enough: a shard is written by one run
+                pack = _npy_members(path, key, found, buf, columns)
+                missing = [c for c in TRAINING_COLUMNS if c in columns and c not in pack]
+                if missing:
+                    raise PacktoolError(f"{path}: pack {key} has no {', '.join(missing)} member")
+                if pack["input_ids"].shape != (n,):
+                    shape = pack["input_ids"].shape
+                    raise PacktoolError(f"{path}: pack {key} has input_ids of shape {shape}, expected ({n},)")
+                out.append(pack)
+    return out
+
+
+class TarReader(UnitReader):
+    """Whole tar shards of an output (a shard is one unit)."""
+
+    def __init__(self, directory: Path, manifest: Manifest) -> None:
+        self.directory, self.manifest = Path(directory), manifest
+
+    def read(self, shard: int, part: int, columns: list[str]) -> PackArrays:
+        entry = self.manifest.shards[shard]
+        m = self.manifest
+        packs = read_tar_packs(self.directory / entry.path, m.packed_sequence_size, columns, m.run_id)
+        if len(packs) != entry.num_packs:
+            raise ShardMismatch(f"{len(packs)} packs, the manifest says {entry.num_packs}")
+        return stack_packs(packs)
+
+
+class WebDatasetFormat(ShardFormat):
+    name = "webdataset"
+    suffix = ".tar"
+
+    def shard_ranges(self, plan: PackPlan, config: PackConfig, has_loss_mask: bool) -> list[tuple[int, int]]:
+        return shard_bounds(plan, config.shard_size, config.shard_max_bytes, has_loss_mask)
+
+    def write(self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, config: PackConfig) -> dict:
+        (packs,) = list(blocks)  # block_packs is None: the whole shard in one block
+        return write_tar_shard(path, packs, first_pack=meta.first_pack, run_id=meta.run_id, shard=meta.shard)
+
+    def units(self, entry: ShardEntry) -> list[int]:
+        return [entry.num_packs]
+
+    def open_reader(self, directory: Path, manifest: Manifest) -> TarReader:
+        return TarReader(directory, manifest)
+
+    def read_pack(self, path: Path, entry: ShardEntry, row: int, manifest: Manifest) -> dict | None:
+        """Pack ``row`` read alone through the shard's ``.tar.idx`` (only that pack's bytes)."""
+        try:
+            offsets = tar.read_index(path)
+        except OSError:
+            return None
+        if not 0 <= row < len(offsets) - 1:
+            return None
+        start, end = int(offsets[row]), int(offsets[row + 1])
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+        if len(data) != end - start:
+            return None
+        try:
+            groups = list(tar.samples(path, data))
+            if len(groups) != 1:
+                return None
+            key, _, found, _ = groups[0]
+            pack = _npy_members(path, key, found, data, COLUMNS)
+        except PacktoolError:  # a damaged member: reading in order says so, as for any format
+            return None
+        n = manifest.packed_sequence_size
+        if any(c not in pack for c in (*TRAINING_COLUMNS, "sample_index")) or pack["input_ids"].shape != (n,):
+            return None
+        return pack
+
+    def summary(self, path: Path) -> dict[str, Any]:
+        """run_id, shard number, first pack and pack count from the ``.tar.idx`` and the ``.json`` of the
+        shard's first and last packs (two small reads, whatever the shard's size)."""
+        offsets = tar.read_index(path).astype(np.int64)
+        size = path.stat().st_size
+        if len(offsets) < 2 or size != -(-(int(offsets[-1]) + 2 * BLOCK) // RECORD) * RECORD:
+            raise PacktoolError(
+                f"{path.name}{INDEX_SUFFIX} does not end where the tar's {size:,} bytes do (stale index?)"
+            )
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            first = _pack_meta(path, buf, int(offsets[0]), int(offsets[1]))
+            last = _pack_meta(path, buf, int(offsets[-2]), int(offsets[-1]))
+        # a shard written before format_version 2 has no run_id or shard to compare (verify says so)
+        return {
+            **{key: first[key] for key in ("run_id", "shard") if key in first},
+            "first_pack": first.get("pack_index"),
+            "num_packs": last["pack_index"] - first["pack_index"] + 1,
+        }
+
+    def check(
+        self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int
+    ) -> Iterator[tuple[int, PackArrays]]:
+        return check_tar_shard(path, entry, manifest, report, index, base)
+
+    def index_files(self, entry: ShardEntry) -> list[str]:
+        return [tar_index_name(entry)]
+
+    def write_dataset_index(self, directory: Path, manifest: Manifest) -> list[str]:
+        return write_dataset_index(directory, manifest)
+
+    def check_dataset_index(self, directory: Path, manifest: Manifest, report: ProblemSink) -> None:
+        check_dataset_index(directory, manifest, report)
+
+
+def _pack_meta(path: Path, buf, start: int, end: int) -> dict:
+    """The ``.json`` member of the pack at ``buf[start:end]`` (offsets from the ``.tar.idx``)."""
+    chunk = bytes(buf[start:end])  # one pack: a few times N bytes
+    for member, offset, size in tar.members(path, chunk):
+        if member.endswith(".json"):
+            return json.loads(chunk[offset : offset + size])
+    raise PacktoolError(f"{path}: no .json member between bytes {start} and {end}")

@@ -1,0 +1,238 @@
+"""``verify``'s checks of one tar shard: it parses member by member, every pack has exactly its members,
+named by its global index, each ``.npy`` has the right dtype and shape, the ``.json`` counts match the
+arrays, and the ``.tar.idx`` holds the offsets the tar really has. Problems name global pack numbers."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from packtool.errors import PacktoolError
+from packtool.formats import tar
+from packtool.formats.base import ProblemSink, shard_meta_problems
+from packtool.formats.tar import BLOCK, RECORD, pack_key, tar_index_name
+from packtool.manifest import COLUMNS, TOKEN_COLUMNS, Manifest, ShardEntry
+from packtool.packs import PackArrays
+
+TAR_BATCH_TOKENS = 1 << 22  # a tar shard is handed to the checks in batches of about this many tokens
+
+
+@dataclass
+class _Batch:
+    """Packs of a tar shard gathered for one ``PackArrays`` batch (fixed columns preallocated)."""
+
+    first: int  # index in the shard of the first pack
+    fixed: dict[str, np.ndarray]  # column -> (capacity, N)
+    ragged: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    k: int = 0
+
+    @classmethod
+    def new(cls, first: int, capacity: int, n: int, columns: list[str]) -> _Batch:
+        fixed = {c: np.empty((capacity, n), COLUMNS[c].dtype) for c in TOKEN_COLUMNS if c in columns}
+        return cls(first, fixed, {c: [] for c in _RAGGED})
+
+    def arrays(self) -> PackArrays:
+        k = self.k
+
+        def csr(col: str) -> tuple[np.ndarray, np.ndarray]:
+            parts = self.ragged[col]
+            offsets = np.zeros(k + 1, dtype=np.int64)
+            np.cumsum([len(p) for p in parts], out=offsets[1:])
+            dtype = np.int32 if col == "seq_lens" else np.int64
+            return (np.concatenate(parts) if parts else np.zeros(0, dtype)), offsets
+
+        seq_lens, sl_off = csr("seq_lens")
+        sample_index, si_off = csr("sample_index")
+        return PackArrays(
+            input_ids=self.fixed["input_ids"][:k],
+            labels=self.fixed["labels"][:k],
+            position_ids=self.fixed["position_ids"][:k],
+            loss_mask=self.fixed["loss_mask"][:k] if "loss_mask" in self.fixed else None,
+            seq_lens=seq_lens,
+            seq_lens_offsets=sl_off,
+            sample_index=sample_index,
+            sample_index_offsets=si_off,
+            # None for an output whose manifest has no sample_offset column (as for Parquet)
+            sample_offset=np.concatenate(self.ragged["sample_offset"])
+            if self.ragged["sample_offset"]
+            else None,
+        )
+
+
+_RAGGED = ("seq_lens", "sample_index", "sample_offset")
+
+
+def _pack_arrays(
+    path: Path, buf, key: str, members: dict, columns: list[str], n: int, problem: Callable
+) -> dict[str, np.ndarray] | None:
+    """The ``.npy`` members of one pack as arrays (copies), or None (reported) if one is unusable."""
+    arrays: dict[str, np.ndarray] = {}
+    for col in columns:
+        offset, nbytes = members[f"{col}.npy"]
+        try:
+            arr = tar.npy_view(path, f"{key}.{col}.npy", buf, offset, nbytes)
+        except PacktoolError as e:
+            problem("npy", str(e).removeprefix(f"{path}: "), col)
+            continue
+        want = np.dtype(COLUMNS[col].dtype)
+        if arr.dtype != want or arr.ndim != 1:
+            problem("npy", f"{arr.dtype} array of shape {arr.shape}, expected a 1-D {want} array", col)
+        elif col in TOKEN_COLUMNS and len(arr) != n:
+            problem("length", f"has {len(arr)} values, expected packed_sequence_size {n}", col)
+        else:
+            arrays[col] = arr.copy()  # the mmap closes after the walk: no view may outlive it
+        del arr
+    return arrays if len(arrays) == len(columns) else None
+
+
+def _pack_json(buf, key: str, members: dict, problem: Callable) -> dict | None:
+    """The ``.json`` member of one pack, or None (reported) if it does not parse as an object."""
+    offset, nbytes = members["json"]
+    try:
+        meta = json.loads(bytes(buf[offset : offset + nbytes]))
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        problem("json", f"member {key}.json is not a JSON object", "json")
+        return None
+    return meta
+
+
+def check_tar_shard(
+    path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int = 0, base: int = 0
+) -> Iterator[tuple[int, PackArrays]]:
+    """Parse a tar shard member by member; check each pack's members, ``.npy`` headers (dtype, shape)
+    and ``.json`` (pack index, run_id, shard, counts), the shard's pack count and its ``.tar.idx``;
+    yield the packs that could be read, in batches of consecutive packs."""
+    name = entry.path
+    n = manifest.packed_sequence_size
+    columns = [c for c in manifest.columns if c in COLUMNS]
+    want = {f"{c}.npy" for c in columns} | {"json"}
+    old = manifest.format_version < 2  # no run_id in .json; verify says so once
+    capacity = max(1, TAR_BATCH_TOKENS // n)
+    starts: list[int] = []  # header offset of every pack, then the end of the last one
+    shard_meta: dict | None = None  # the .json of the shard's first pack: its run_id and shard
+    batch = _Batch.new(0, capacity, n, columns)
+    local = 0  # index in the shard of the pack being read
+
+    def problem(kind: str, message: str, col: str | None = None) -> None:
+        report.add(kind, message, shard=name, pack=base + local, field=col)
+
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            report.add("parse", "empty file, not a tar archive", shard=name)
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            groups = tar.samples(path, buf, complete=want)
+            end = 0
+            while True:
+                try:
+                    key, start, members, end = next(groups)
+                except StopIteration:
+                    break
+                except PacktoolError as e:
+                    problem("parse", f"does not parse as tar: {str(e).removeprefix(f'{path}: ')}")
+                    starts = []  # no pack count or index to compare: the parse problem says it all
+                    break
+                starts.append(start)
+                missing, extra = sorted(want - members.keys()), sorted(members.keys() - want)
+                if extra:
+                    problem("members", f"unexpected member(s) {', '.join(f'{key}.{x}' for x in extra)}")
+                if missing:
+                    problem("members", f"missing member(s) {', '.join(f'{key}.{x}' for x in missing)}")
+                arrays = None if missing else _pack_arrays(path, buf, key, members, columns, n, problem)
+                meta = _pack_json(buf, key, members, problem) if "json" in members else None
+                if meta is not None and shard_meta is None:
+                    shard_meta = meta
+                    if "run_id" in meta:
+                        shard_meta_problems(meta, manifest, index, report, name)
+                    elif not old:
+                        problem("run_id", "the pack's .json carries no run_id", "run_id")
+                # a shard of another run is reported once, above, not as every pack's misplaced number
+                ours = shard_meta is None or shard_meta.get("run_id") in (None, manifest.run_id)
+                if ours and key != pack_key(base + local):
+                    problem("key", f"members are named {key}.*, expected {pack_key(base + local)}.*")
+                if meta is not None:
+                    expect = {
+                        "pack_index": base + local if ours else None,
+                        "run_id": shard_meta.get("run_id"),
+                        "shard": shard_meta.get("shard"),
+                    }
+                    if arrays is not None:
+                        expect["num_samples"] = len(arrays["sample_index"])
+                        expect["num_tokens"] = int(arrays["seq_lens"][: expect["num_samples"]].sum())
+                    for k, v in expect.items():
+                        if v is not None and meta.get(k) != v:
+                            problem("json", f"{key}.json says {k} {meta.get(k)}, expected {v}", k)
+                if arrays is not None:
+                    for col, arr in arrays.items():
+                        if col in TOKEN_COLUMNS:
+                            batch.fixed[col][batch.k] = arr
+                        else:
+                            batch.ragged[col].append(arr)
+                    batch.k += 1
+                local += 1
+                if arrays is None or batch.k == capacity:  # a batch holds consecutive packs: cut here
+                    if batch.k:
+                        yield batch.first, batch.arrays()
+                    batch = _Batch.new(local, capacity, n, columns)
+            if batch.k:
+                yield batch.first, batch.arrays()
+            if starts:
+                # two zero blocks, then zeros up to the tar record size (a whole record at most)
+                tail = bytes(buf[end : end + RECORD + 2 * BLOCK + 1])
+                if len(tail) < 2 * BLOCK or len(tail) > RECORD + 2 * BLOCK or tail.count(0) != len(tail):
+                    report.add(
+                        "parse",
+                        "the archive does not end with zero blocks after its last member (truncated, "
+                        "or data appended?)",
+                        shard=name,
+                    )
+    if starts and local != entry.num_packs:
+        report.add(
+            "num_packs",
+            f"holds {local} packs, manifest says {entry.num_packs}",
+            shard=name,
+            field="num_packs",
+        )
+    if starts:
+        idx = path.parent / tar_index_name(entry)
+        _check_tar_idx(idx, [*starts, end], base, report, name)
+
+
+def _check_tar_idx(idx: Path, real: list[int], base: int, report: ProblemSink, name: str) -> None:
+    """``packs-NNNNNN.tar.idx`` must hold the offsets ``real`` found by parsing the tar."""
+    if not idx.exists():
+        report.add("index", f"index file {idx.name} is missing", shard=name, field="index")
+        return
+    raw = idx.read_bytes()
+    offsets = np.frombuffer(raw[: len(raw) // 8 * 8], dtype="<u8").astype(np.int64)
+    real_arr = np.asarray(real, dtype=np.int64)
+    if len(raw) % 8 or len(offsets) != len(real_arr):
+        report.add(
+            "index",
+            f"{idx.name} holds {len(raw) / 8:g} offsets, the tar has {len(real_arr) - 1} packs + 1 "
+            "(stale index)",
+            shard=name,
+            field="index",
+        )
+        return
+    diff = np.flatnonzero(offsets != real_arr)
+    if len(diff):
+        i = int(diff[0])
+        what = f"pack {base + i}" if i < len(real_arr) - 1 else "the end"
+        report.add(
+            "index",
+            f"{idx.name} puts {what} at byte {offsets[i]}, the tar at byte {real_arr[i]} "
+            f"({len(diff)} offset(s) differ: stale index)",
+            shard=name,
+            pack=base + i if i < len(real_arr) - 1 else None,
+            field="index",
+        )

@@ -1,0 +1,244 @@
+"""``packtool inspect``: how good is this packing? Figures, per-shard table and histograms of an output.
+
+By default everything comes from the manifest and the shards' own metadata (the Parquet footer; for a
+tar shard its ``.tar.idx`` and the ``.json`` of its first and last packs), so ``inspect`` takes the same
+time for 10 packs or 10 million. ``full=True`` (``--full``) reads every pack and recomputes the figures
+from the data, flagging any that differ from the manifest.
+
+Example::
+
+    >>> report = inspect_report("out/demo")  # doctest: +SKIP
+    >>> report["fill_rate"], report["num_packs"], report["lower_bound_packs"]  # doctest: +SKIP
+    (0.9746, 133, 131)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from packtool.arrays import ranges
+from packtool.encoders.text import HFTokenizer
+from packtool.errors import ConfigError, PacktoolError
+from packtool.fileio import file_sha256
+from packtool.formats import get_format
+from packtool.manifest import Histogram, Manifest, SamplesPerPack, total_stats
+from packtool.verify import Problem, VerifyReport, iter_batches
+
+
+def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
+    """The figures of an output directory as one dict (what ``inspect --json`` prints).
+
+    Top-level keys are the manifest's ``stats`` (``num_samples``, ``num_packs``, ``num_tokens``,
+    ``fill_rate``, ``padding_tokens``, ``lower_bound_packs``, ``dropped_samples``, ...) plus
+    ``packed_sequence_size``, ``strategy``, ``config``, ``tokenizer``, ``shards`` (each with
+    ``fill_rate`` and what its own metadata says) and ``histograms``. ``warnings`` lists every
+    disagreement between the manifest and the files; ``full`` adds ``recomputed`` (from the data).
+    """
+    m = Manifest.load(directory)
+    n = m.packed_sequence_size
+    fmt = get_format(m.shard_format)
+    warnings: list[str] = []
+    shards = []
+    for i, entry in enumerate(m.shards):
+        sh = {k: getattr(entry, k) for k in ("path", "num_packs", "num_tokens", "bytes", "row_groups")}
+        sh["fill_rate"] = total_stats(n, entry.num_packs, entry.num_tokens)["fill_rate"]
+        path = Path(directory) / entry.path
+        if not path.exists():
+            warnings.append(f"{entry.path}: missing")
+            shards.append(sh)
+            continue
+        size = path.stat().st_size
+        if size != entry.bytes:
+            warnings.append(f"{entry.path}: {size:,} bytes on disk, manifest says {entry.bytes:,}")
+        try:
+            own = fmt.summary(path)
+        except Exception as e:  # any damage: a warning here, verify says exactly what
+            warnings.append(f"{entry.path}: metadata unreadable ({str(e).splitlines()[0]})")
+        else:
+            for key, value in own.items():
+                recorded = {"run_id": m.run_id, "shard": i}.get(key, getattr(entry, key, value))
+                if value != recorded:
+                    warnings.append(f"{entry.path}: {key} {value} in the file, {recorded} in the manifest")
+        shards.append(sh)
+    stats = m.stats.to_dict()
+    report = {
+        "directory": str(directory),
+        "run_id": m.run_id,
+        "packed_sequence_size": n,
+        "strategy": m.config.strategy,
+        "shard_format": m.shard_format,
+        "sample_format": m.sample_format,
+        "labels": m.labels,
+        "empty_loss": m.config.empty_loss,
+        "position_ids": m.position_ids,
+        "tokenizer": m.tokenizer.to_dict(),
+        "inputs": [dataclasses.asdict(i) for i in m.inputs],
+        "config": m.config.to_dict(include_runtime=False),
+        **stats,
+        "shards": shards,
+        "histograms": {k: dataclasses.asdict(h) for k, h in m.histograms.items()},
+        "warnings": warnings,
+    }
+    if full:
+        report["recomputed"] = recompute_stats(directory, m, warnings)
+        for key, value in report["recomputed"].items():
+            if key in stats and value != stats[key]:
+                warnings.append(f"{key}: {value} in the data, {stats[key]} in the manifest")
+    return report
+
+
+def recompute_stats(directory: str | Path, manifest: Manifest, warnings: list[str] | None = None) -> dict:
+    """Read every pack and compute the figures again from ``seq_lens`` and ``sample_index``.
+
+    What cannot be read is left out of the figures and described in ``warnings``."""
+    n = manifest.packed_sequence_size
+    check = VerifyReport(str(directory))
+    used, per_pack, pieces_sample, pieces_len = [], [], [], []
+    for _, _, _, packs in iter_batches(directory, manifest, check):
+        npieces = np.diff(packs.sample_index_offsets)
+        sl = packs.seq_lens.astype(np.int64)
+        length = sl[ranges(packs.seq_lens_offsets[:-1], npieces)]
+        cs = np.concatenate([[0], np.cumsum(length)])
+        used.append(np.diff(cs[packs.sample_index_offsets]))
+        per_pack.append(npieces)
+        pieces_sample.append(packs.sample_index.astype(np.int64))
+        pieces_len.append(length)
+    if warnings is not None:
+        warnings.extend(str(problem) for problem in check.problems)
+    cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)  # noqa: E731
+    used, per_pack, sample, length = cat(used), cat(per_pack), cat(pieces_sample), cat(pieces_len)
+    num_packs, num_tokens = len(used), int(used.sum())
+    pack_of_piece = np.repeat(np.arange(num_packs), per_pack)
+    uniq_pairs = np.unique(sample * max(num_packs, 1) + pack_of_piece)
+    packs_of_sample = np.bincount(uniq_pairs // max(num_packs, 1)) if len(uniq_pairs) else np.zeros(0)
+    kept = np.bincount(sample, weights=length) if len(sample) else np.zeros(0)
+    kept = kept[kept > 0].astype(np.int64)
+    # samples spread over several packs; not with max_packs, whose manifest counts the samples split before
+    # the cut (one cut at the boundary may have kept a single piece of them): the packs cannot tell
+    split = {} if manifest.config.max_packs else {"split_samples": int((packs_of_sample > 1).sum())}
+    spp = SamplesPerPack.of(
+        num_packs,
+        len(sample),
+        int(per_pack.min()) if num_packs else 0,
+        int(per_pack.max()) if num_packs else 0,
+    )
+    return {
+        **total_stats(n, num_packs, num_tokens),
+        "packed_samples": len(kept),
+        "samples_per_pack": dataclasses.asdict(spp),
+        **split,
+        "histograms": {
+            "packed_sample_lengths": dataclasses.asdict(Histogram.lengths(kept, 1)),
+            "pack_fill": dataclasses.asdict(Histogram.pack_fill(used, n)),
+            "samples_per_pack": dataclasses.asdict(Histogram.per_pack(per_pack)),
+        },
+    }
+
+
+# --- one pack ----------------------------------------------------------------------------------------
+def read_one_pack(directory: str | Path, manifest: Manifest, index: int) -> tuple[dict, str, int]:
+    """Pack ``index`` (global, 0-based) as a dict of arrays (with ``sample_index``); its shard and row.
+
+    The pack is read alone where the format allows (its Parquet row group, its bytes through a tar
+    shard's ``.tar.idx``); failing that the shard is read in order, as ``verify`` reads it. Raises
+    ``PacktoolError`` naming the shard, the pack and why when the pack cannot be read either way.
+    """
+    total = manifest.num_packs
+    if not 0 <= index < total:
+        raise ConfigError(f"--pack {index}: the output has {total:,} packs (0..{total - 1})")
+    base, shard = 0, 0
+    for shard, entry in enumerate(manifest.shards):  # noqa: B007 - the loop finds the pack's shard
+        if index < base + entry.num_packs:
+            break
+        base += entry.num_packs
+    row = index - base
+    path = Path(directory) / entry.path
+    fmt = get_format(manifest.shard_format)
+    check = VerifyReport(str(directory))
+    if not path.exists():
+        check.add("missing", "the shard is missing", shard=entry.path)
+    elif (pack := fmt.read_pack(path, entry, row, manifest)) is not None:  # the pack alone
+        return pack, entry.path, row
+    else:  # read in order: the packs that can be read, and what is wrong with the others
+        for first, packs in fmt.check(path, entry, manifest, check, shard, base):
+            if first <= row < first + packs.num_packs:
+                return packs.pack(row - first, with_sample_index=True), entry.path, row
+    raise PacktoolError(
+        f"{path}: pack {index} cannot be read{_why(check.problems, index)}; run packtool verify"
+    )
+
+
+def _why(problems: list[Problem], index: int) -> str:
+    """What is wrong with pack ``index``, as `` (reason)``, from the problems found reading its shard: the
+    one at that pack, else the last one before it or about the whole shard; ``""`` if none."""
+    before = [p for p in problems if p.pack is None or p.pack <= index]
+    if not before:
+        return ""
+    found = ([p for p in before if p.pack == index] or before)[-1]
+    return f" ({replace(found, shard=None, pack=None if found.pack == index else found.pack)})"
+
+
+def pack_report(
+    directory: str | Path, index: int, *, decode: bool = False, tokenizer: str | None = None
+) -> dict:
+    """One pack: its ``seq_lens``, ``sample_index``, and (``decode``) each sample's text.
+
+    The text is decoded with the tokenizer named in the manifest (or ``tokenizer``), loaded with
+    ``HFTokenizer``. Returns ``{"pack", "shard", "row", "seq_lens", "sample_index", "pieces": [...],
+    "padding_tokens", "fill_rate"}``; each piece has ``sample_index``, ``offset`` (in the pack), ``length``
+    and with ``decode`` ``text``.
+    """
+    m = Manifest.load(directory)
+    n = m.packed_sequence_size
+    pack, shard, row = read_one_pack(directory, m, index)
+    seq_lens = [int(x) for x in pack["seq_lens"]]
+    samples = [int(x) for x in pack["sample_index"]]
+    lengths = seq_lens[: len(samples)]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+    used = int(offsets[-1])
+    pieces = [
+        {"sample_index": s, "offset": int(o), "length": int(length)}
+        for s, o, length in zip(samples, offsets[:-1], lengths, strict=True)
+    ]
+    out = {
+        "pack": index,
+        "shard": shard,
+        "row": row,
+        "seq_lens": seq_lens,
+        "sample_index": samples,
+        "padding_tokens": n - used,
+        "fill_rate": round(used / n, 6),
+        "pieces": pieces,
+    }
+    if decode:
+        tok = load_tokenizer(m, tokenizer)
+        ids = pack["input_ids"]
+        for p in pieces:
+            p["text"] = tok.decode([int(t) for t in ids[p["offset"] : p["offset"] + p["length"]]])
+    return out
+
+
+def load_tokenizer(manifest: Manifest, override: str | None = None) -> HFTokenizer:
+    """``HFTokenizer`` for the manifest's ``tokenizer`` entry (or ``override``); checks its sha256."""
+    ident = manifest.tokenizer
+    spec = override or ident.name
+    if not spec or (override is None and ident.kind != "huggingface"):
+        raise ConfigError(
+            f"the manifest names no Hugging Face tokenizer (tokenizer kind {ident.kind!r}); "
+            "pass --tokenizer PATH to decode"
+        )
+    if not Path(spec).exists():
+        if override:
+            raise ConfigError(f"--tokenizer {spec}: not found")
+        raise ConfigError(f"tokenizer {spec} from the manifest is not found here; pass --tokenizer PATH")
+    tok = HFTokenizer(spec)
+    if override is None and ident.sha256 and tok.hash_file and file_sha256(tok.hash_file) != ident.sha256:
+        raise ConfigError(
+            f"tokenizer {spec} has changed since the run (sha256 differs from the manifest's); "
+            "pass --tokenizer PATH to decode with it anyway"
+        )
+    return tok

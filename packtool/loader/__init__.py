@@ -1,0 +1,49 @@
+"""Train time: stream a packtool output directory into PyTorch.
+
+``PackedDataset`` (the stream: order, ranks, workers, shuffle; ``loader.dataset``), ``get_loader`` /
+``PackedLoader`` (a ``torch.utils.data.DataLoader`` with an exact resume cursor; ``loader.loader``),
+``PackedBatch`` and the Energon-style batching helpers (``loader.batch``), and the epoch's order computed
+from pack indices alone (``loader.order``).
+
+Example::
+
+    from packtool.loader import PackedDataset, get_loader
+
+    ds = PackedDataset("out/", batch_size=8, shuffle=True, seed=0, mask="flex")
+    loader = get_loader(ds, num_workers=2)
+    for batch in loader:                      # PackedBatch
+        batch = batch.to("cuda")              # the mask is built here, on the device
+"""
+
+from packtool.loader.batch import (
+    MASKS,
+    IgnoreSample,
+    PackedBatch,
+    SkipSample,
+    batch_list,
+    batch_pad_stack,
+    batch_stack,
+    default_batch,
+    gather_batch,
+)
+from packtool.loader.dataset import PackedDataset
+from packtool.loader.loader import PackedLoader, get_loader
+from packtool.loader.order import Unit, epoch_plan, units_of
+
+__all__ = [
+    "MASKS",
+    "IgnoreSample",
+    "PackedBatch",
+    "PackedDataset",
+    "PackedLoader",
+    "SkipSample",
+    "Unit",
+    "batch_list",
+    "batch_pad_stack",
+    "batch_stack",
+    "default_batch",
+    "epoch_plan",
+    "gather_batch",
+    "get_loader",
+    "units_of",
+]

@@ -1,0 +1,267 @@
+"""Batches: ``PackedBatch`` (what the loader yields) and the Energon-style batching helpers.
+
+The loader's default stages stack packs into a ``PackedBatch`` with array copies (``gather_batch``, no
+per-pack dicts); a task encoder's ``batch`` stage can use the same helpers (``batch_stack``,
+``batch_pad_stack``, ``batch_list``, ``default_batch``) on pack dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from packtool.manifest import TOKEN_COLUMNS
+from packtool.masks import SEQ_LENS_PAD, block_causal_mask, cu_seqlens_of, flex_block_mask
+from packtool.packs import PackArrays
+
+MASKS = ("varlen", "dense", "flex")
+WIDE_FIELDS = TOKEN_COLUMNS  # kept as stored (int32 / int8) on the host, widened to int64 by PackedBatch.to
+
+
+class SkipSample(Exception):
+    """Raise in ``encode_sample`` to drop a pack, or in ``batch`` / ``encode_batch`` to drop a batch.
+
+    Dropped packs and batches are counted in ``loader.stats`` (``skipped_packs``, ``skipped_batches``).
+    A dropped pack leaves its batch one pack shorter. Dropping whole batches gives ranks different batch
+    counts, which hangs DDP: under ``torch.distributed`` prefer dropping packs.
+    """
+
+
+IgnoreSample = SkipSample  # Megatron-Energon's other name for it
+
+
+# --- batching helpers --------------------------------------------------------------------------------
+def _is_array(v: Any) -> bool:
+    return isinstance(v, (np.ndarray, torch.Tensor))
+
+
+def _torch_dtype(v: np.ndarray | torch.Tensor) -> torch.dtype:
+    return v.dtype if isinstance(v, torch.Tensor) else torch.from_numpy(np.empty(0, dtype=v.dtype)).dtype
+
+
+def _fill(out: torch.Tensor, values: Sequence[np.ndarray | torch.Tensor]) -> torch.Tensor:
+    """Copy ``values[j]`` into ``out[j, :len]`` for every ``j`` (casting), one NumPy call when it can."""
+    if not any(isinstance(v, torch.Tensor) for v in values):
+        dst = out.numpy()
+        if all(v.shape[0] == dst.shape[1] for v in values):
+            np.stack(values, axis=0, out=dst, casting="unsafe")
+        else:
+            for j, v in enumerate(values):
+                dst[j, : v.shape[0]] = v
+        return out
+    for j, v in enumerate(values):
+        out[j, : v.shape[0]].copy_(torch.as_tensor(v))
+    return out
+
+
+def batch_stack(
+    values: Sequence[np.ndarray | torch.Tensor], dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Stack same-shape arrays/tensors into one tensor ``(len(values), *shape)``, cast to ``dtype``.
+
+    Example::
+
+        >>> batch_stack([np.arange(3), np.arange(3)], torch.int64).shape
+        torch.Size([2, 3])
+    """
+    dtype = dtype or _torch_dtype(values[0])
+    return _fill(torch.empty((len(values), *values[0].shape), dtype=dtype), values)
+
+
+def batch_pad_stack(
+    values: Sequence[np.ndarray | torch.Tensor], pad_value: int | float = 0, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Stack 1-D (or leading-dim ragged) arrays, padding each to the longest with ``pad_value``.
+
+    Example::
+
+        >>> batch_pad_stack([np.array([3, 2, 1]), np.array([6])]).tolist()
+        [[3, 2, 1], [6, 0, 0]]
+    """
+    dtype = dtype or _torch_dtype(values[0])
+    longest = max(v.shape[0] for v in values)
+    out = torch.empty((len(values), longest, *values[0].shape[1:]), dtype=dtype)
+    out.fill_(pad_value)
+    return _fill(out, values)
+
+
+def batch_list(values: Sequence[Any]) -> list:
+    """Keep values as a plain list (for strings, ints, dicts...)."""
+    return list(values)
+
+
+def default_batch(packs: list[dict]) -> dict[str, Any]:
+    """The default ``batch`` stage: a dict with one entry per key of the packs.
+
+    Arrays/tensors are stacked (pad-stacked when their lengths differ), keeping their dtype: ``input_ids``,
+    ``labels``, ``position_ids`` int32 and ``loss_mask`` int8 ``(B, N)`` as stored (``PackedBatch.to``
+    widens them to int64 on the device); ``seq_lens`` as int32 ``(B, max_seqs)`` padded with
+    ``SEQ_LENS_PAD`` (0). Everything else becomes a list.
+    """
+    out: dict[str, Any] = {}
+    for key in packs[0]:
+        values = [p[key] for p in packs]
+        if not all(_is_array(v) for v in values):
+            out[key] = batch_list(values)
+            continue
+        dtype = torch.int32 if key == "seq_lens" else None
+        if all(v.shape == values[0].shape for v in values):
+            out[key] = batch_stack(values, dtype)
+        else:
+            out[key] = batch_pad_stack(values, SEQ_LENS_PAD if key == "seq_lens" else 0, dtype)
+    return out
+
+
+@dataclass
+class PackedBatch:
+    """One batch of ``B`` packs of ``N`` tokens.
+
+    On the host (as the loader yields it) the token tensors keep the stored dtypes, half the bytes to move
+    between processes and to the device; ``to(device)`` widens them to int64 there, as trainers expect:
+
+    * ``input_ids``, ``labels``, ``position_ids``: ``(B, N)`` int32 on the host, int64 after ``to()``
+      (``labels`` is ``-100`` where no loss);
+    * ``seq_lens``: ``(B, max_seqs)`` int32, each row the pack's sequence lengths (the padding, if any, is
+      the last one) then ``SEQ_LENS_PAD`` = 0; every row sums to ``N``;
+    * ``cu_seqlens``: ``(T + 1,)`` int32 and ``max_seqlen`` (int): the ``T`` non-empty sequences of the
+      batch flattened to ``B * N`` tokens, for varlen kernels (FlashAttention, TE THD);
+    * ``loss_mask``: ``(B, N)`` int8 on the host, int64 after ``to()``; ``None`` when the data has none;
+    * ``pack_index``: ``(B,)`` int64, each pack's index in the output directory (shard order);
+    * ``mask``: which mask ``to()`` / ``build_mask()`` builds: ``"varlen"`` (none beyond ``cu_seqlens``),
+      ``"dense"`` (``attention_mask``, bool ``[B, 1, N, N]``) or ``"flex"`` (``block_mask``, a
+      ``flex_attention.BlockMask``).
+
+    Example::
+
+        >>> batch = next(iter(loader))  # doctest: +SKIP
+        >>> batch.input_ids.dtype, batch.to("cuda").input_ids.dtype  # doctest: +SKIP
+        (torch.int32, torch.int64)
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    loss_mask: torch.Tensor | None = None
+    pack_index: torch.Tensor | None = None
+    mask: str = "varlen"
+    attention_mask: torch.Tensor | None = None
+    block_mask: Any = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def packed_sequence_size(self) -> int:
+        return self.input_ids.shape[1]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def _map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> PackedBatch:
+        changes = {
+            f.name: fn(f.name, getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **changes)
+
+    def pin_memory(self) -> PackedBatch:
+        """A copy with every tensor in pinned memory (``DataLoader(pin_memory=True)`` calls this)."""
+        return self._map(lambda name, t: t.pin_memory())
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
+        """A copy on ``device``, with the mask of kind ``self.mask`` built there.
+
+        ``input_ids``, ``labels``, ``position_ids`` and ``loss_mask`` arrive as int64 (copied at their
+        host dtype, widened on the device); the other tensors keep their dtype.
+        """
+
+        def move(name: str, t: torch.Tensor) -> torch.Tensor:
+            t = t.to(device, non_blocking=non_blocking)
+            return t.to(torch.int64) if name in WIDE_FIELDS else t
+
+        moved = self._map(move)
+        # built again on the device, not moved: BlockMask.to moves its block tensors but not the tensors
+        # its mask_mod captured (the per-token sequence ids), which flex_attention would index on the host
+        moved.block_mask = None
+        return moved.build_mask()
+
+    def build_mask(self) -> PackedBatch:
+        """Build the ``dense`` or ``flex`` mask (if not built yet) on the batch's device; returns self."""
+        if self.mask not in MASKS:
+            raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {self.mask!r}")
+        n = self.packed_sequence_size
+        if self.mask == "dense" and self.attention_mask is None:
+            self.attention_mask = block_causal_mask(self.seq_lens, n)
+        elif self.mask == "flex" and self.block_mask is None:
+            self.block_mask = flex_block_mask(self.seq_lens, n)
+        return self
+
+
+_BATCH_KEYS = {"input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "pack_index"}
+
+
+def gather_batch(
+    decoded: dict[int, PackArrays],
+    units: np.ndarray,
+    rows: np.ndarray,
+    ids: np.ndarray,
+    alloc: Callable[[tuple[int, ...], Any], np.ndarray] = np.empty,
+) -> dict:
+    """The default raw batch of packs ``rows`` of ``units`` (``default_batch`` of their pack dicts).
+
+    ``decoded`` maps a unit to its ``PackArrays``. No per-pack dicts: each ``(B, N)`` column is filled
+    with one row copy per pack (fancy indexing copies every row twice, through a temporary), keeping its
+    stored dtype; ``seq_lens`` is int32 ``(B, max_seqs)`` padded with ``SEQ_LENS_PAD``; ``pack_index`` is
+    the list of pack indices. The arrays are made by ``alloc(shape, dtype)``.
+    """
+    k = len(units)
+    first = decoded[int(units[0])].token_columns()
+    out: dict[str, Any] = {}
+    unit_list, row_list = units.tolist(), rows.tolist()
+    for name, template in first.items():
+        col = alloc((k, template.shape[1]), template.dtype)
+        for j in range(k):
+            col[j] = getattr(decoded[unit_list[j]], name)[row_list[j]]
+        out[name] = torch.from_numpy(col)
+    pieces = []  # each pack's seq_lens: a slice of its unit's flat values (a few per batch)
+    for u, r in zip(unit_list, row_list, strict=True):
+        off = decoded[u].seq_lens_offsets
+        pieces.append(decoded[u].seq_lens[off[r] : off[r + 1]])
+    width = max(1, max(len(p) for p in pieces))
+    seq_lens = alloc((k, width), np.int32)
+    for j, piece in enumerate(pieces):
+        seq_lens[j, : len(piece)] = piece
+        seq_lens[j, len(piece) :] = SEQ_LENS_PAD
+    out["seq_lens"] = torch.from_numpy(seq_lens)
+    out["pack_index"] = ids.tolist()
+    return out
+
+
+def host_cu_seqlens(seq_lens: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``cu_seqlens_of`` for a CPU tensor, in NumPy (a few times cheaper for one batch)."""
+    if seq_lens.device.type != "cpu" or seq_lens.dim() != 2:
+        return cu_seqlens_of(seq_lens)
+    flat = seq_lens.numpy().reshape(-1)
+    flat = flat[flat > 0]
+    cu = np.zeros(flat.size + 1, dtype=np.int32)
+    np.cumsum(flat, out=cu[1:])
+    return torch.from_numpy(cu), int(flat.max()) if flat.size else 0
+
+
+def pack_dict(packs: PackArrays, row: int, pack_index: int, tensors: bool) -> dict:
+    """Row ``row`` of a decoded unit as a pack dict (NumPy views, or tensor views for task encoders)."""
+    pack: dict[str, Any] = packs.pack(row)
+    if tensors:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only Arrow memory: documented as views
+            pack = {k: torch.from_numpy(v) for k, v in pack.items()}
+    pack["pack_index"] = pack_index
+    return pack

@@ -1,0 +1,374 @@
+"""The manifest of an output directory, its shard entries, and the pack columns, each defined once here.
+
+``manifest.json`` is written last by ``packtool pack``: a directory without one is not a finished output.
+It says what the packs hold (``packed_sequence_size``, the ``columns``, the ``labels`` and
+``position_ids`` conventions, the tokenizer), how they were made (``config``, ``inputs``), what happened
+to every input sample (``stats``) and where the packs are (``shards``). Everything else in packtool reads
+it through ``Manifest`` (``Manifest.load(directory)``), never by string keys.
+
+Example::
+
+    >>> m = Manifest.load("out/demo")  # doctest: +SKIP
+    >>> m.packed_sequence_size, m.stats.fill_rate, m.shards[0].path  # doctest: +SKIP
+    (1024, 0.993768, 'packs-000000.parquet')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packtool import __version__
+from packtool.config import PackConfig
+from packtool.errors import ConfigError, PacktoolError
+from packtool.fileio import write_json_atomic
+
+MANIFEST = "manifest.json"
+FORMAT = "packtool"
+# 2: every pack's .json member in a tar shard carries the run_id and shard number (verify matches them)
+FORMAT_VERSION = 2
+IGNORE_INDEX = -100  # the label of a token that takes no loss (padding, prompts, sample ends)
+
+
+# --- the pack columns ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Column:
+    """One column of a pack.
+
+    Attributes:
+        name: the column's name everywhere (Parquet column, tar member ``KEY.NAME.npy``, loader field).
+        dtype: NumPy dtype of its values, as stored.
+        per: ``token`` (``N`` values per pack), ``segment`` (one per ``seq_lens`` entry: the pieces, then
+            the padding if any) or ``piece`` (one per piece of a sample).
+        optional: written only when the input carries it.
+        meaning: one line, for docs and dataset cards.
+    """
+
+    name: str
+    dtype: np.dtype
+    per: str
+    optional: bool
+    meaning: str
+
+
+PACK_COLUMNS: tuple[Column, ...] = (
+    Column("input_ids", np.dtype(np.int32), "token", False, "token ids, padded with pad_token_id"),
+    Column("labels", np.dtype(np.int32), "token", False, "labels, -100 where no loss is taken"),
+    Column("position_ids", np.dtype(np.int32), "token", False, "position ids (convention: position_ids)"),
+    Column("seq_lens", np.dtype(np.int32), "segment", False, "lengths of the pieces, then of the padding"),
+    Column("loss_mask", np.dtype(np.int8), "token", True, "1 where the loss is taken (fine-tuning input)"),
+    Column("sample_index", np.dtype(np.int64), "piece", False, "input index of each piece's sample"),
+    Column("sample_offset", np.dtype(np.int64), "piece", False, "where each piece starts in its sample"),
+)
+COLUMNS: dict[str, Column] = {c.name: c for c in PACK_COLUMNS}
+TOKEN_COLUMNS = tuple(c.name for c in PACK_COLUMNS if c.per == "token")  # (N,) per pack
+TRAINING_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens")  # every pack has these
+
+
+def column_names(has_loss_mask: bool) -> list[str]:
+    """The columns of an output, in their stored order."""
+    return [c.name for c in PACK_COLUMNS if has_loss_mask or c.name != "loss_mask"]
+
+
+# --- statistics ----------------------------------------------------------------------------------------
+def total_stats(n: int, num_packs: int, num_tokens: int) -> dict[str, int | float]:
+    """The stats that follow from ``num_packs`` packs of ``n`` tokens holding ``num_tokens`` real tokens
+    (``pack`` writes them, ``verify`` and ``inspect --full`` check them).
+
+    >>> total_stats(4, 3, 10)["fill_rate"], total_stats(4, 3, 10)["packs_over_lower_bound"]
+    (0.833333, 0)
+    """
+    lower_bound = -(-num_tokens // n)
+    return {
+        "num_packs": num_packs,
+        "num_tokens": num_tokens,
+        "padding_tokens": num_packs * n - num_tokens,
+        "fill_rate": round(num_tokens / (num_packs * n), 6) if num_packs else 0.0,
+        "lower_bound_packs": lower_bound,
+        "packs_over_lower_bound": num_packs - lower_bound,
+    }
+
+
+@dataclass
+class SamplesPerPack:
+    """Pieces (``sample_index`` entries) per pack."""
+
+    mean: float = 0.0
+    min: int = 0
+    max: int = 0
+
+    @classmethod
+    def of(cls, num_packs: int, num_pieces: int, fewest: int, most: int) -> SamplesPerPack:
+        """``num_packs`` packs holding ``num_pieces`` pieces, ``fewest`` to ``most`` in one pack."""
+        if not num_packs:
+            return cls()
+        return cls(round(num_pieces / num_packs, 4), fewest, most)
+
+
+@dataclass
+class Stats:
+    """What happened to every input sample, and what the packs hold.
+
+    The sample counts add up: ``packed_samples + empty_samples + dropped_samples +
+    samples_over_max_packs = num_samples`` (a sample partly cut by ``max_packs`` is packed and also in
+    ``partial_samples``); ``skipped_samples`` are bad records left out before counting.
+    """
+
+    num_samples: int = 0  # records encoded (bad records skipped under on_error=skip are not among them)
+    packed_samples: int = 0
+    num_packs: int = 0
+    num_tokens: int = 0  # real tokens in the packs
+    input_tokens: int = 0  # tokens of every encoded sample
+    padding_tokens: int = 0
+    fill_rate: float = 0.0
+    lower_bound_packs: int = 0
+    packs_over_lower_bound: int = 0
+    samples_per_pack: SamplesPerPack = field(default_factory=SamplesPerPack)
+    empty_samples: int = 0  # encoded to no tokens: left out
+    dropped_samples: int = 0  # longer than N under long_samples=drop
+    dropped_tokens: int = 0
+    truncated_samples: int = 0  # cut to N under long_samples=truncate
+    truncated_tokens: int = 0
+    split_samples: int = 0  # packed samples spread over more than one pack (before max_packs)
+    samples_over_max_packs: int = 0  # left out whole by max_packs
+    tokens_over_max_packs: int = 0
+    partial_samples: int = 0  # packed, partly cut off by max_packs
+    skipped_samples: int = 0  # bad records left out under on_error=skip, by reason below
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)
+    empty_loss_samples: int = 0  # tokens but nothing to learn (empty_loss policy)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Stats:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        values["samples_per_pack"] = SamplesPerPack(**d.get("samples_per_pack", {}))
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Histogram:
+    """Counts per bin: ``counts[i]`` values in ``[edges[i], edges[i + 1])`` (the last bin closed)."""
+
+    edges: list[int]
+    counts: list[int]
+
+    @classmethod
+    def of(cls, values: np.ndarray, edges: np.ndarray) -> Histogram:
+        counts, edges = np.histogram(values, bins=edges)
+        return cls([int(e) for e in edges], [int(c) for c in counts])
+
+    # the manifest's histograms (``pack`` writes them, ``inspect --full`` recomputes them)
+    @classmethod
+    def lengths(cls, lengths: np.ndarray, at_least: int) -> Histogram:
+        """Lengths in 32 bins from 0 to the longest (``at_least`` at least)."""
+        top = max(int(lengths.max()) if len(lengths) else 1, at_least)
+        return cls.of(lengths, np.unique(np.linspace(0, top, 33).astype(int)))
+
+    @classmethod
+    def pack_fill(cls, pack_tokens: np.ndarray, n: int) -> Histogram:
+        """Real tokens per pack in 20 bins from 0 to N."""
+        return cls.of(pack_tokens, np.linspace(0, n, 21).astype(int))
+
+    @classmethod
+    def per_pack(cls, counts: np.ndarray) -> Histogram:
+        """Pieces per pack, one bin per count."""
+        return cls.of(counts, np.arange(0, (int(counts.max()) if len(counts) else 1) + 2))
+
+
+# --- provenance ----------------------------------------------------------------------------------------
+@dataclass
+class TokenizerIdentity:
+    """What encoded the samples, as the encoder reports it (``Encoder.identity()``).
+
+    ``kind``: ``huggingface``, ``pretokenized`` or ``custom``; ``name``: the tokenizer path or plugin spec;
+    ``sha256``: of the tokenizer file. ``details`` holds the rest in the encoder's order (``vocab_size``,
+    ``bos_token_id``, ``eos_token_id``, the chat template's source and hash, what was ``switched_off``).
+    """
+
+    kind: str | None = None
+    name: str | None = None
+    sha256: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TokenizerIdentity:
+        rest = {k: v for k, v in d.items() if k not in ("kind", "name", "sha256")}
+        return cls(d.get("kind"), d.get("name"), d.get("sha256"), rest)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "sha256": self.sha256, **self.details}
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.details.get("vocab_size")
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.details.get("bos_token_id")
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.details.get("eos_token_id")
+
+
+@dataclass
+class InputEntry:
+    """One input as the run saw it: its name, reader kind and size in bytes."""
+
+    source: str
+    kind: str
+    bytes: int
+
+
+# --- shards --------------------------------------------------------------------------------------------
+@dataclass
+class ShardEntry:
+    """One shard file: ``num_packs`` packs from global pack ``first_pack`` on.
+
+    The last fields belong to one format each (``None`` for the others): Parquet's ``row_groups`` (packs
+    per row group, the loader's read units) and ``row_group_offsets`` (byte offset of each, then the end);
+    a tar shard's ``index`` (its ``.tar.idx`` file).
+    """
+
+    path: str
+    first_pack: int
+    num_packs: int
+    num_tokens: int
+    bytes: int
+    sha256: str
+    row_groups: list[int] | None = None
+    row_group_offsets: list[int] | None = None
+    index: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ShardEntry:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+# --- the manifest --------------------------------------------------------------------------------------
+@dataclass
+class Manifest:
+    """``manifest.json``, typed. ``load`` / ``from_dict`` validate; ``save`` writes it atomically."""
+
+    run_id: str
+    shard_format: str
+    packed_sequence_size: int
+    sample_format: str
+    labels: str
+    position_ids: str
+    pad_token_id: int
+    columns: list[str]
+    tokenizer: TokenizerIdentity
+    inputs: list[InputEntry]
+    config: PackConfig
+    stats: Stats
+    histograms: dict[str, Histogram]
+    shards: list[ShardEntry]
+    index_files: list[str] | None = None  # dataset-level index files (webdataset: wids, Energon)
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+    packtool_version: str = __version__
+
+    # what other packtool tools need, named once -------------------------------------------------------
+    @property
+    def num_packs(self) -> int:
+        """Packs listed in the shard entries."""
+        return sum(s.num_packs for s in self.shards)
+
+    @property
+    def has_loss_mask(self) -> bool:
+        return "loss_mask" in self.columns
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.tokenizer.vocab_size
+
+    # reading and writing ----------------------------------------------------------------------------
+    @classmethod
+    def load(cls, directory: str | Path) -> Manifest:
+        """The manifest of output ``directory``; ``PacktoolError`` naming the file and field if there is
+        none, it does not parse, or it is not a packtool manifest this version can read."""
+        path = Path(directory) / MANIFEST
+        if not path.exists():
+            raise PacktoolError(f"{directory}: no {MANIFEST} (not packtool output, or an unfinished run)")
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise PacktoolError(f"{path}: not valid JSON ({getattr(e, 'msg', e)})") from None
+        return cls.from_dict(data, origin=str(path))
+
+    @classmethod
+    def from_dict(cls, d: Any, origin: str = MANIFEST) -> Manifest:
+        if not isinstance(d, dict) or d.get("format", FORMAT) != FORMAT:
+            raise PacktoolError(f"{origin}: not a packtool manifest")
+        for key in ("run_id", "packed_sequence_size", "shards", "stats", "config"):
+            if key not in d:
+                raise PacktoolError(f"{origin}, field '{key}': missing (not a complete packtool manifest)")
+        if not isinstance(d["packed_sequence_size"], int) or d["packed_sequence_size"] <= 0:
+            raise PacktoolError(f"{origin}, field 'packed_sequence_size': not a positive integer")
+        try:
+            shards = [ShardEntry.from_dict(s) for s in d["shards"]]
+            config = PackConfig.from_dict(d["config"], origin=f"{origin}, field 'config'")
+            return cls(
+                run_id=d["run_id"],
+                shard_format=d.get("shard_format", "parquet"),
+                packed_sequence_size=d["packed_sequence_size"],
+                sample_format=d.get("sample_format", "text"),
+                labels=d.get("labels", "shifted"),
+                position_ids=d.get("position_ids", "nemo"),
+                pad_token_id=d.get("pad_token_id", 0),
+                columns=list(d.get("columns") or column_names(False)[:4]),
+                tokenizer=TokenizerIdentity.from_dict(d.get("tokenizer") or {}),
+                inputs=[InputEntry(**i) for i in d.get("inputs", [])],
+                config=config,
+                stats=Stats.from_dict(d["stats"]),
+                histograms={k: Histogram(**h) for k, h in d.get("histograms", {}).items()},
+                shards=shards,
+                index_files=d.get("index_files"),
+                format=d.get("format", FORMAT),
+                format_version=d.get("format_version", 1),
+                packtool_version=d.get("packtool_version", "unknown"),
+            )
+        except (TypeError, KeyError, AttributeError, ConfigError) as e:
+            raise PacktoolError(f"{origin}: not a valid packtool manifest ({e})") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "format": self.format,
+            "format_version": self.format_version,
+            "packtool_version": self.packtool_version,
+            "run_id": self.run_id,
+            "shard_format": self.shard_format,
+            "packed_sequence_size": self.packed_sequence_size,
+            "sample_format": self.sample_format,
+            "labels": self.labels,
+            "position_ids": self.position_ids,
+            "pad_token_id": self.pad_token_id,
+            "columns": list(self.columns),
+            "tokenizer": self.tokenizer.to_dict(),
+            "inputs": [dataclasses.asdict(i) for i in self.inputs],
+            "config": self.config.to_dict(include_runtime=False),
+            "stats": self.stats.to_dict(),
+            "histograms": {k: dataclasses.asdict(h) for k, h in self.histograms.items()},
+            "shards": [s.to_dict() for s in self.shards],
+        }
+        if self.index_files is not None:
+            out["index_files"] = list(self.index_files)
+        return out
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / MANIFEST
+        write_json_atomic(path, self.to_dict())
+        return path

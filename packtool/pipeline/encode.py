@@ -1,0 +1,202 @@
+"""The encode step: records -> encoded chunks on disk, by the engine's workers.
+
+The driver groups the input stream into chunks of exactly ``chunk_size`` records (``chunked``), in input
+order; each chunk is one task. A worker loads its chunk (lazy Parquet rows and JSON Lines ranges are read
+here, by the process that encodes them), encodes it batch by batch and writes it to the scratch directory
+(``chunks.write_chunk``). Chunk boundaries depend only on the config, so the output does not depend on
+the number of workers or the engine.
+
+A worker's state (the config and the encoder) is built once per process and run, by ``worker(spec)``:
+every task carries the small ``RunSpec``, so any process (the driver, a pool worker, a Ray worker) can run
+any task.
+
+Bad records (``on_error``): a batch the encoder rejects is re-encoded record by record to find the bad
+ones; the first is raised (``fail``) or all are left out and counted (``skip``) in the chunk's meta, so the
+rest keep their order and the output stays the same for any number of workers.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packtool.config import PackConfig
+from packtool.encoders import Encoder, build_encoder
+from packtool.errors import ErrorSink, InputError
+from packtool.pipeline.chunks import ChunkStore, read_chunk_list, write_chunk, write_chunk_list
+from packtool.readers import expand_inputs
+from packtool.readers.base import SourceBatch
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a process needs to run a task of one run: the config (as JSON), the resolved sample format,
+    and a token unique to the run (a long-lived worker, e.g. Ray's, serves several runs)."""
+
+    config: str
+    sample_format: str
+    token: str
+
+
+@dataclass
+class Worker:
+    """One process's state for one run: the config, the encoder, the chunk stores it reads."""
+
+    config: PackConfig
+    encoder: Encoder
+    stores: dict[str, ChunkStore] = field(default_factory=dict)
+
+    def store(self, work_dir: str) -> ChunkStore:
+        if work_dir not in self.stores:
+            self.stores[work_dir] = ChunkStore(Path(work_dir), read_chunk_list(work_dir))
+        return self.stores[work_dir]
+
+
+@functools.lru_cache(maxsize=1)
+def worker(spec: RunSpec) -> Worker:
+    """This process's state for ``spec``'s run, built on first use (the driver builds it first, so a bad
+    tokenizer fails there, before any worker starts)."""
+    config = PackConfig.from_dict(json.loads(spec.config))
+    return Worker(config, build_encoder(config, spec.sample_format))
+
+
+def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir: str) -> dict:
+    """Encode one chunk and write it to ``work_dir``; returns its meta. Every engine runs this function."""
+    w = worker(spec)
+    sink = ErrorSink(w.config.on_error)
+    kept, encoded = encode_batches(w.encoder, pieces, sink)
+    # in meta.json: a resumed run counts the chunk's skipped records, and compares input_rows (rows or
+    # lines of input the chunk covers, bad and blank ones included) with the chunk it would make
+    extra = {"skipped": sink.to_dict(), "input_rows": sum(p.num_rows for p in pieces)}
+    return write_chunk(work_dir, index, kept, encoded, extra)
+
+
+def encode_chunks(tasks: list[tuple[RunSpec, int, list[SourceBatch], str]]) -> list[dict]:
+    """Several consecutive chunks in one task: a worker reading lazy Parquet rows then continues one
+    stream through them instead of decoding the row groups that other workers' chunks share."""
+    return [encode_chunk(*task) for task in tasks]
+
+
+def encode_batches(
+    encoder: Encoder, pieces: list[SourceBatch], sink: ErrorSink
+) -> tuple[list[SourceBatch], list[pa.RecordBatch]]:
+    """Load ``pieces`` and encode them batch by batch; returns the records kept and their encodings."""
+    kept, encoded = [], []
+    for b in (b for piece in pieces for b in piece.load(sink)):
+        good, enc = encode_checked(encoder, b, sink)
+        if good.num_rows:
+            kept.append(good)
+            encoded.append(enc)
+    return kept, encoded
+
+
+def encode_checked(
+    encoder: Encoder, batch: SourceBatch, sink: ErrorSink
+) -> tuple[SourceBatch, pa.RecordBatch | None]:
+    """Encode ``batch``; if the encoder rejects it, find the bad records one by one and hand them to ``sink``.
+
+    Returns the records kept (all of them unless ``sink`` skips some) and their encoding (None if none is
+    left). Under ``on_error=fail`` the first bad record's error is raised, naming its row and field.
+    """
+    try:
+        return batch, encoder(batch)
+    except InputError as e:
+        batch_error = e
+    bad = []
+    for i in range(batch.num_rows):
+        try:
+            encoder(batch.take([i]))
+        except InputError as e:
+            sink.bad(e)
+            bad.append(i)
+    if not bad:  # no single record reproduces it
+        raise batch_error
+    keep = np.setdiff1d(np.arange(batch.num_rows), bad)
+    good = batch.take(keep)
+    return good, (encoder(good) if len(keep) else None)
+
+
+def chunked(batches: Iterator[SourceBatch], chunk_size: int) -> Iterator[list[SourceBatch]]:
+    """Group batches into chunks of exactly ``chunk_size`` records (the last may be smaller)."""
+    chunk: list[SourceBatch] = []
+    size = 0
+    for b in batches:
+        start = 0
+        while start < b.num_rows:
+            take = min(chunk_size - size, b.num_rows - start)
+            piece = b if (start == 0 and take == b.num_rows) else b.slice(start, take)
+            chunk.append(piece)
+            size += take
+            start += take
+            if size == chunk_size:
+                yield chunk
+                chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def batched(items: Iterator, n: int) -> Iterator[list]:
+    while batch := list(itertools.islice(items, n)):
+        yield batch
+
+
+def chunks_per_task(config: PackConfig, workers: int) -> int:
+    """Chunks per encode task: 1 unless every input is Parquet (whose rows the workers read), where a
+    worker given consecutive chunks reads them as one stream; then about 4 tasks per worker (input rows
+    known from the footers), at most 8 chunks each. Only how work is handed out depends on ``workers``,
+    never a chunk's bytes."""
+    if workers <= 1:
+        return 1
+    rows = 0
+    for kind, source, _ in expand_inputs(config.inputs):
+        if kind != "parquet":
+            return 1
+        rows += pq.ParquetFile(source).metadata.num_rows
+    chunks = -(-rows // config.chunk_size)
+    return max(1, min(8, -(-chunks // (4 * workers))))
+
+
+def encode_to_chunks(
+    spec: RunSpec,
+    config: PackConfig,
+    batches: Iterator[SourceBatch],
+    work: str,
+    engine: Any,
+    on_chunk: Callable[[dict, bool], None] = lambda meta, new: None,
+    done: dict[int, dict] | None = None,
+) -> list[dict]:
+    """Encode ``batches`` into chunks in ``work`` with ``engine``; returns every chunk's meta in order and
+    writes the list (``chunks.json``). ``done`` holds chunks a killed attempt of this run finished: a chunk
+    covering the same input rows is not encoded again (its records are still read past). ``on_chunk`` is
+    called with each chunk's meta as it is finished, and whether it was encoded now (progress, test hooks)."""
+    done = done if done is not None else {}
+    reused: dict[int, dict] = {}
+
+    def tasks() -> Iterator[tuple[RunSpec, int, list[SourceBatch], str]]:
+        for i, chunk in enumerate(chunked(batches, config.chunk_size)):
+            meta = done.get(i)
+            if meta is not None and meta.get("input_rows") == sum(b.num_rows for b in chunk):
+                reused[i] = meta
+                on_chunk(meta, False)
+                continue
+            yield (spec, i, chunk, work)
+
+    metas = []
+    group = chunks_per_task(config, engine.workers)
+    for group_metas in engine.map(encode_chunks, batched(tasks(), group)):
+        for meta in group_metas:
+            metas.append(meta)
+            on_chunk(meta, True)
+    metas = sorted([*metas, *reused.values()], key=lambda m: m["index"])
+    assert [m["index"] for m in metas] == list(range(len(metas)))
+    write_chunk_list(work, metas)
+    return metas

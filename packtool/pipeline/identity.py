@@ -1,0 +1,48 @@
+"""A run's identity: ``run_id`` (what the output is made from) and the stamps a resumed run must match."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from packtool.config import PackConfig
+from packtool.manifest import FORMAT_VERSION
+from packtool.readers import expand_inputs
+
+
+def _files(source: str, files: list[str]) -> list[str]:
+    if files:
+        return files
+    if Path(source).is_dir():
+        return sorted(str(p) for p in Path(source).rglob("*") if p.is_file())
+    return [source] if Path(source).is_file() else []
+
+
+def input_fingerprint(inputs: list[str]) -> list[dict]:
+    """Names, reader kinds and sizes of the inputs (what the ``run_id`` and the manifest record)."""
+    return [
+        {"source": source, "kind": kind, "bytes": sum(os.path.getsize(p) for p in _files(source, files))}
+        for kind, source, files in expand_inputs(inputs)
+    ]
+
+
+def input_stamps(inputs: list[str]) -> list[list]:
+    """``[path, size, mtime_ns]`` of every input file: a resumed run must see the very same files."""
+    out = []
+    for _kind, source, files in expand_inputs(inputs):
+        paths = _files(source, files)
+        for p in paths:
+            st = os.stat(p)
+            out.append([str(p), st.st_size, st.st_mtime_ns])
+        if not paths:
+            out.append([source, None, None])
+    return out
+
+
+def make_run_id(config: PackConfig, tokenizer: dict, fingerprint: list[dict]) -> str:
+    """16 hex digits from the config (less its runtime keys), the tokenizer's identity, the inputs'
+    fingerprint and the format version: two runs with the same ``run_id`` write the same bytes."""
+    basis = [config.to_dict(include_runtime=False), tokenizer, fingerprint, FORMAT_VERSION]
+    return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,279 @@
+"""``packtool pack`` as four steps: read -> encode -> plan -> write.
+
+* **read** (the driver): inputs are streamed as ``SourceBatch`` objects and grouped into chunks of
+  ``chunk_size`` records, in input order. Parquet rows and JSON Lines are handed out as row and line ranges
+  that the process encoding them reads, so a chunk of them counts rows or lines, not records.
+* **encode** (the engine, parallel by chunk; ``pipeline.encode``): each chunk is encoded and written to
+  the scratch directory as flat token arrays (``pipeline.chunks``).
+* **plan** (the driver; ``packing``): sample lengths are read from the chunks' offsets and packed by the
+  strategy into a ``PackPlan``; no token is touched.
+* **write** (the engine, parallel by shard; ``pipeline.write``): each shard gathers its packs' tokens from
+  the chunks and is written by its format; the manifest is written last and the directory renamed.
+
+Chunk and shard boundaries depend only on the config, never on the number of processes, so the output
+is byte-identical for every ``num_proc`` and engine.
+
+**Resuming.** The run's identity (``run_id``, plus the input files' sizes and modification times and
+packtool's version) is recorded in ``<output>.partial/_work/run.json``. A run started again with the same
+command after being killed (SIGKILL included) or interrupted finds it, skips the chunks whose ``meta.json``
+exists (it still streams past their records) and the shards whose record exists, and writes the same
+bytes as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from packtool import __version__
+from packtool.config import PackConfig
+from packtool.encoders import fields_read, resolve_sample_format
+from packtool.errors import MAX_LOGGED, ErrorSink, InputError, PacktoolError
+from packtool.formats import ShardMeta, get_format
+from packtool.manifest import Manifest, ShardEntry
+from packtool.packing import make_plan
+from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
+from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
+from packtool.pipeline.engines import make_engine
+from packtool.pipeline.identity import input_fingerprint, input_stamps, make_run_id
+from packtool.pipeline.output import OutputDir
+from packtool.pipeline.summary import build_manifest
+from packtool.pipeline.write import finished_shard, write_shard
+from packtool.readers import expand_inputs, read_inputs
+
+ERRORS_LOG = "errors.jsonl"  # first MAX_LOGGED skipped records (on_error=skip), one JSON object a line
+
+
+def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
+    """Run ``packtool pack`` for ``config``; return the manifest. Raises ``PacktoolError`` subclasses.
+
+    On every error it reports (bad input or options, disk full, internal error) the partial directory is
+    removed: nothing is left behind. When the job is interrupted (Ctrl-C) or killed it is kept, so that the
+    same command resumes the run.
+    """
+    config.validate()
+    show = (not config.quiet) if progress is None else progress
+    out = OutputDir(config.output, overwrite=config.overwrite).open()
+    try:
+        manifest = _run(config, out, show)
+        out.commit(manifest)
+        return manifest
+    except OSError as e:  # reading errors are InputError by now: this is the output (disk full, ...)
+        out.abort()
+        detail = os.strerror(e.errno) if e.errno else str(e)
+        raise PacktoolError(
+            f"{config.output}: cannot write the output ({detail}; is the disk full?); nothing was left behind"
+        ) from e
+    except Exception:
+        out.abort()
+        raise
+    except BaseException:  # KeyboardInterrupt: keep the finished work for a resume
+        out.abort(keep=True)
+        raise
+
+
+def _note(config: PackConfig, message: str) -> None:
+    if not config.quiet:
+        print(f"packtool: {message}", file=sys.stderr, flush=True)
+
+
+def _progress(show: bool, **kw) -> tqdm:
+    return tqdm(disable=not show, file=sys.stderr, dynamic_ncols=True, **kw)
+
+
+def _fault(step: str, done: int) -> None:
+    """Test hook: ``PACKTOOL_TEST_KILL=STEP:N`` SIGKILLs this process once N items of STEP are done
+    (``encode``: chunks, ``write``: shards); it lets the tests kill a job at a chosen point."""
+    spec = os.environ.get("PACKTOOL_TEST_KILL")
+    if spec and spec == f"{step}:{done}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _FieldsRead:
+    """``read_inputs``' ``used_fields`` for a run: the sample format is resolved once, from the fields of
+    the first batch that needs it (the readers ask only when a field cannot be one column)."""
+
+    def __init__(self, config: PackConfig) -> None:
+        self.config, self.sample_format = config, None
+
+    def __call__(self, names: list[str]) -> frozenset[str] | None:
+        if self.sample_format is None:
+            self.sample_format = resolve_sample_format(self.config, names)
+        return fields_read(self.config, self.sample_format)
+
+
+def start_run(config: PackConfig, sample_format: str) -> RunSpec:
+    """The run's ``RunSpec``, with this process's worker state built (a bad tokenizer fails here)."""
+    spec = RunSpec(json.dumps(config.to_dict()), sample_format, os.urandom(8).hex())
+    worker(spec)
+    return spec
+
+
+def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
+    sink = ErrorSink(config.on_error)  # bad records met while reading
+    fields = _FieldsRead(config)
+    # workers (local processes or Ray tasks) read their own Parquet rows: the driver hands out row ranges
+    batches = read_inputs(
+        config.inputs,
+        split=config.split,
+        text_field=config.text_field,
+        sink=sink,
+        lazy=True,
+        used_fields=fields,
+    )
+    first = next(batches, None)
+    if first is None:
+        raise InputError(_nothing_left(sink), source=", ".join(config.inputs), code="empty_input")
+    if fields.sample_format is None:
+        fields.sample_format = resolve_sample_format(config, first.schema.names)
+    sample_format = fields.sample_format
+    spec = start_run(config, sample_format)
+    identity = worker(spec).encoder.identity()
+    work = str(out.work)
+    fingerprint = input_fingerprint(config.inputs)
+    run_id = make_run_id(config, identity, fingerprint)
+
+    resume = out.begin({"run_id": run_id, "inputs": input_stamps(config.inputs), "packtool": __version__})
+    if resume is not None and not resume["resumed"]:
+        _note(
+            config,
+            f"{out.partial} holds an interrupted run of another job (config, inputs or "
+            "tokenizer differ); starting afresh",
+        )
+    resumed = bool(resume and resume["resumed"])
+    if resumed:
+        _note(config, f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
+    fmt = get_format(config.format)
+
+    with make_engine(config) as engine:
+        done = {}
+        if resumed:
+            done = {m["index"]: m for m in _chunk_metas(work)}
+        encoded = 0
+        with _progress(show, desc="encode", unit=" samples") as bar:
+
+            def on_chunk(meta: dict, new: bool) -> None:
+                nonlocal encoded
+                bar.update(meta["num_samples"])
+                if new:
+                    encoded += 1
+                    _fault("encode", encoded)
+
+            metas = encode_to_chunks(
+                spec, config, itertools.chain([first], batches), work, engine, on_chunk, done
+            )
+        skipped = _merge_skipped(config, sink, metas)
+        store = ChunkStore(Path(work), metas)
+        if store.num_samples == 0:
+            raise InputError(_nothing_left(skipped), source=", ".join(config.inputs), code="empty_input")
+        lengths = store.lengths()
+        # a too-long sample is named by the field it was read from
+        field = {"text": config.text_field, "pretokenized": "input_ids"}.get(sample_format)
+        plan = make_plan(
+            lengths,
+            config,
+            lambda i, f, m: store.locate(i, field or f, m),
+            fetch=store.samples,
+            store_packs=store.append_packs,
+        )
+        if plan.num_packs == 0:  # an empty output would look like a finished dataset
+            st = plan.stats
+            raise InputError(
+                f"nothing to pack: all {st.num_samples} samples were left out (empty: {st.empty_samples}, "
+                f"too long and dropped: {st.dropped_samples})",
+                source=", ".join(config.inputs),
+                code="empty_input",
+            )
+        shard_ranges = list(enumerate(fmt.shard_ranges(plan, config, store.has_loss_mask)))
+        finished = {}
+        if resumed:
+            finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
+            _note(
+                config,
+                f"resumed: {len(done)} of {len(metas)} chunks and {len(finished)} of "
+                f"{len(shard_ranges)} shards were already done",
+            )
+        (Path(work) / "shards").mkdir(exist_ok=True)
+        written = []
+        with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
+            bar.update(sum(e.num_packs for e in finished.values()))
+            tasks = (
+                (
+                    spec,
+                    ShardMeta(run_id, i, a, config.packed_sequence_size),
+                    plan.slice(a, b),
+                    work,
+                    str(out.partial),
+                )
+                for i, (a, b) in shard_ranges
+                if i not in finished
+            )
+            for entry in engine.map(_write_shard_task, tasks):
+                written.append(entry)
+                bar.update(entry.num_packs)
+                _fault("write", len(written))
+        shards = sorted([*written, *finished.values()], key=lambda e: e.path)
+    if skipped.total:
+        with open(out.partial / ERRORS_LOG, "w") as f:
+            f.writelines(json.dumps(e) + "\n" for e in skipped.entries)
+    manifest = build_manifest(
+        config,
+        plan,
+        lengths,
+        shards,
+        identity,
+        sample_format,
+        run_id,
+        fingerprint,
+        has_loss_mask=store.has_loss_mask,
+        empty_loss_samples=sum(m.get("empty_loss_samples", 0) for m in metas),
+        skipped=skipped,
+    )
+    manifest.index_files = fmt.write_dataset_index(out.partial, manifest)
+    return manifest
+
+
+def _write_shard_task(task: tuple) -> ShardEntry:
+    return write_shard(*task)
+
+
+def _chunk_metas(work: str) -> list[dict]:
+    """Metas of the chunks a killed attempt of this run finished."""
+    metas = []
+    for path in sorted(Path(work).glob("chunk-*/meta.json")):
+        meta = read_chunk_meta(work, int(path.parent.name.removeprefix("chunk-")))
+        if meta is not None:
+            metas.append(meta)
+    return metas
+
+
+def _merge_skipped(config: PackConfig, sink: ErrorSink, metas: list[dict]) -> ErrorSink:
+    """One sink for the run: the readers' and every chunk's counts; the first entries in input order."""
+    encoding = ErrorSink(config.on_error)
+    for meta in metas:
+        encoding.merge(meta.get("skipped", {}))
+    total = ErrorSink(config.on_error)
+    for part in (sink, encoding):
+        for code, n in part.counts.items():
+            total.counts[code] = total.counts.get(code, 0) + n
+    # each part's entries are its first MAX_LOGGED in input order, so together they hold the first overall
+    order = {src: i for i, (_, src, _) in enumerate(expand_inputs(config.inputs))}
+    entries = sorted(
+        sink.entries + encoding.entries,
+        key=lambda e: (order.get(e["source"], len(order)), str(e["source"]), e["row"] or 0),
+    )
+    total.entries = entries[:MAX_LOGGED]
+    return total
+
+
+def _nothing_left(sink: ErrorSink) -> str:
+    if not sink.total:
+        return "input holds no records"
+    reasons = ", ".join(f"{k}: {v}" for k, v in sorted(sink.counts.items()))
+    return f"no record left: all {sink.total} were skipped as bad input ({reasons})"

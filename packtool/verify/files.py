@@ -1,0 +1,98 @@
+"""Checks of an output as a whole: the version, the files the manifest names (present, size, sha256, no
+stray shard) and the manifest's totals against its shard entries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packtool.fileio import file_sha256
+from packtool.formats import FORMATS, ShardFormat
+from packtool.manifest import FORMAT_VERSION, MANIFEST, Manifest, SamplesPerPack, total_stats
+from packtool.verify.report import VerifyReport
+
+
+def check_files(directory: Path, manifest: Manifest, report: VerifyReport, fmt: ShardFormat) -> None:
+    """Every shard the manifest names exists with its recorded size and sha256; no stray shard beside."""
+    named = set()
+    for entry in manifest.shards:
+        name = entry.path
+        named.add(name)
+        named.update(fmt.index_files(entry))
+        path = directory / name
+        if not path.exists():
+            report.add("missing", "shard named in the manifest is missing", shard=name)
+            continue
+        size = path.stat().st_size
+        if size != entry.bytes:
+            how = "truncated" if size < entry.bytes else "grown"
+            report.add(
+                "size",
+                f"{size:,} bytes, manifest says {entry.bytes:,} ({how})",
+                shard=name,
+                field="bytes",
+            )
+        if file_sha256(path) != entry.sha256:
+            report.add(
+                "sha256",
+                "sha256 differs from the manifest's (the file was changed)",
+                shard=name,
+                field="sha256",
+            )
+    # a shard of any format: one of another format left beside the output's own is stray too
+    strays = {path for other in FORMATS.values() for path in directory.glob(f"*{other.suffix}")}
+    for path in sorted(strays):
+        if path.name not in named:
+            report.add(
+                "unlisted", "shard file is not in the manifest (left from another run?)", shard=path.name
+            )
+
+
+def check_version(manifest: Manifest, report: VerifyReport) -> None:
+    """An output of a newer packtool cannot be judged; a tar output older than format_version 2 has no
+    run_id in its shards (said once here; its other checks still run)."""
+    version = manifest.format_version
+    if version > FORMAT_VERSION:
+        report.add(
+            "format_version",
+            f"written by a newer packtool (format_version {version}, this one reads up to "
+            f"{FORMAT_VERSION}): upgrade packtool to verify it",
+            shard=MANIFEST,
+            field="format_version",
+        )
+    elif manifest.shard_format == "webdataset" and version < 2:
+        report.add(
+            "format_version",
+            f"written by an older packtool (format_version {version}): its tar shards carry no run_id, "
+            "so they cannot be matched to this manifest; pack it again to verify it (it still loads)",
+            shard=MANIFEST,
+            field="format_version",
+        )
+
+
+def check_stats(manifest: Manifest, report: VerifyReport, per_pack: SamplesPerPack | None) -> None:
+    """The manifest's totals must be those of its shard entries (each checked against its shard's data),
+    and ``samples_per_pack`` (``per_pack``, None when not every pack could be read) that of the packs."""
+    stats = manifest.stats
+    packs = sum(e.num_packs for e in manifest.shards)
+    tokens = sum(e.num_tokens for e in manifest.shards)
+    basis = f"the shards' {packs:,} packs of {tokens:,} tokens give"
+    for key, want in total_stats(manifest.packed_sequence_size, packs, tokens).items():
+        got = getattr(stats, key)
+        if got == want:
+            continue
+        if key in ("num_packs", "num_tokens"):
+            message = f"the shards list {want:,} {key.removeprefix('num_')}, stats say {_number(got)}"
+        else:
+            message = f"stats say {_number(got)}, {basis} {_number(want)}"
+        report.add(key, message, shard=MANIFEST, field=key)
+    recorded = stats.samples_per_pack
+    for key, want in (vars(per_pack) if per_pack else {}).items():
+        got = getattr(recorded, key)
+        if got != want:
+            field = f"samples_per_pack.{key}"
+            message = f"stats say {_number(got)}, the packs give {_number(want)}"
+            report.add("samples_per_pack", message, shard=MANIFEST, field=field)
+
+
+def _number(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)

@@ -1,0 +1,129 @@
+"""Format-independent checks of a batch of packs (``PackArrays``), vectorized per batch."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from packtool.manifest import IGNORE_INDEX, Manifest
+from packtool.packs import PackArrays, pack_position_ids
+from packtool.verify.report import VerifyReport
+
+
+def check_packs(
+    packs: PackArrays,
+    first: int,
+    name: str,
+    manifest: Manifest,
+    report: VerifyReport,
+    vocab_size: int | None,
+    text_labels: bool,
+) -> np.ndarray:
+    """Format-independent checks of a batch of packs; returns ``(k,)`` real tokens per pack."""
+    k, n = packs.input_ids.shape
+    pad_id = manifest.pad_token_id
+    sl, slo = packs.seq_lens.astype(np.int64), packs.seq_lens_offsets
+    npieces = np.diff(packs.sample_index_offsets)
+    nsl = np.diff(slo)
+    csl = np.concatenate([[0], np.cumsum(sl)])
+    sums = csl[slo[1:]] - csl[slo[:-1]]
+    nonpos = np.concatenate([[0], np.cumsum(sl <= 0)])
+    has_pad = nsl - npieces
+    layout = {
+        "seq_lens": [
+            (sums != n, lambda i: f"sum(seq_lens) = {sums[i]}, expected {n}"),
+            (nonpos[slo[1:]] > nonpos[slo[:-1]], lambda i: "holds a zero or negative length"),
+        ],
+        "sample_index": [
+            (
+                (has_pad < 0) | (has_pad > 1) | (npieces == 0),
+                lambda i: f"{npieces[i]} sample_index entries for {nsl[i]} seq_lens entries",
+            )
+        ],
+    }
+    broken = np.zeros(k, dtype=bool)
+    for col, tests in layout.items():
+        for bad, message in tests:
+            broken |= bad
+            where = np.flatnonzero(bad)
+            problems = ((message(i), first + int(i)) for i in where)
+            report.add_many(col, len(where), problems, shard=name, field=col)
+    # a pack whose layout is broken is reported once, above; the checks below look at the others
+    check_position_ids(packs, broken, first, name, manifest, report)
+    pad_len = np.where((has_pad == 1) & ~broken, sl[np.clip(slo[1:] - 1, 0, max(len(sl) - 1, 0))], 0)
+    used = n - pad_len
+    cols = np.arange(n)[None, :]
+    pad = cols >= used[:, None]
+    checks = [
+        ("input_ids", packs.input_ids, pad_id, "padding is not pad_token_id"),
+        ("labels", packs.labels, IGNORE_INDEX, "label on padding is not -100"),
+    ]
+    if packs.loss_mask is not None:
+        checks.append(("loss_mask", packs.loss_mask, 0, "loss_mask on padding is not 0"))
+    for col, arr, want, message in checks:
+        where = np.flatnonzero((pad & (arr != want)).any(axis=1) & ~broken)
+        problems = ((message, first + int(i)) for i in where)
+        report.add_many(f"padding {col}", len(where), problems, shard=name, field=col)
+    real = ~pad
+    ids = packs.input_ids
+    bad_vocab = real & ((ids < 0) | (ids >= vocab_size) if vocab_size else (ids < 0))
+    size = f" (size {vocab_size})" if vocab_size else ""
+
+    def vocab_problem(i: int) -> tuple[str, int]:
+        j = int(np.flatnonzero(bad_vocab[i])[0])
+        return f"token id {ids[i, j]} at position {j} is outside the vocabulary{size}", first + i
+
+    where = np.flatnonzero(bad_vocab.any(axis=1))  # any pack: the ids are there
+    report.add_many("vocab", len(where), map(vocab_problem, where.tolist()), shard=name, field="input_ids")
+    if text_labels:
+        # inside a piece, label j is -100 or the id the labels convention names; a piece's last label
+        # may point past the pack (split or truncated samples), so it is not checked
+        csl = np.cumsum(sl)
+        ends = csl - np.repeat(np.r_[0, csl][slo[:-1]], nsl)  # end of every seq_lens entry, 1..n
+        piece_end = np.zeros((k, n + 1), dtype=bool)
+        whole = np.repeat(~broken, nsl)
+        piece_end[np.repeat(np.arange(k), nsl)[whole], ends[whole]] = True
+        last = piece_end[:, 1:]  # last[i, j]: token j is the last of its piece
+        shifted = manifest.labels == "shifted"
+        target = np.concatenate([ids[:, 1:], ids[:, -1:]], axis=1) if shifted else ids
+        bad = real & ~(last & shifted) & (packs.labels != IGNORE_INDEX) & (packs.labels != target)
+
+        def labels_problem(i: int) -> tuple[str, int]:
+            j = int(np.flatnonzero(bad[i])[0])
+            return (
+                f"label {packs.labels[i, j]} at position {j} is not aligned with input_ids "
+                f"({manifest.labels} labels expect {target[i, j]} or -100)",
+                first + i,
+            )
+
+        where = np.flatnonzero(bad.any(axis=1) & ~broken)
+        report.add_many("labels", len(where), map(labels_problem, where.tolist()), shard=name, field="labels")
+    return used
+
+
+def check_position_ids(
+    packs: PackArrays, broken: np.ndarray, first: int, name: str, manifest: Manifest, report: VerifyReport
+) -> None:
+    """``position_ids`` must be what the writer makes of each pack's layout (``seq_lens``, each piece's
+    ``sample_offset``) under the manifest's ``position_ids`` convention; packs whose layout is broken are
+    left out (already reported)."""
+    k, n = packs.position_ids.shape
+    convention = manifest.position_ids
+    ok = np.flatnonzero(~broken)
+    if not len(ok) or (packs.sample_offset is None and convention == "nemo"):  # an older output
+        return
+    nsl, npieces = np.diff(packs.seq_lens_offsets), np.diff(packs.sample_index_offsets)
+    csr = lambda counts: np.concatenate([[0], np.cumsum(counts[ok])])  # noqa: E731
+    starts = np.zeros(int(npieces[ok].sum()), dtype=np.int64)
+    if packs.sample_offset is not None:
+        starts = packs.sample_offset[np.repeat(~broken, npieces)]
+    want = pack_position_ids(
+        packs.seq_lens[np.repeat(~broken, nsl)], csr(nsl), csr(npieces), starts, n, convention
+    )
+    got = packs.position_ids[ok]
+    bad = np.flatnonzero((got != want).any(axis=1))
+
+    def problem(i: int) -> tuple[str, int]:
+        j = int(np.flatnonzero(got[i] != want[i])[0])
+        return f"position id {got[i, j]} at position {j}, the layout gives {want[i, j]}", first + int(ok[i])
+
+    report.add_many("position_ids", len(bad), map(problem, bad.tolist()), shard=name, field="position_ids")
