@@ -5,6 +5,9 @@ Python API::
     from packtool import read_packs
     for pack in read_packs("out/"):
         pack["input_ids"], pack["labels"], pack["position_ids"], pack["seq_lens"]
+
+``run_pack(PackConfig(...))`` packs (what ``packtool pack`` runs), ``load_manifest(DIR)`` reads an
+output's typed manifest; the loader is ``packtool.loader``, the masks ``packtool.masks``.
 """
 
 from __future__ import annotations
@@ -13,14 +16,18 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load_manifest", "read_packs"]
+__all__ = ["__version__", "load_manifest", "read_packs", "run_pack"]
 
 
 def __getattr__(name: str) -> Any:
-    # imported on first use: ``packtool pack`` starts its workers' forkserver before numpy and pyarrow
-    # are imported, so that the two processes import them at the same time (packtool.cli)
+    # imported on first use, so that `import packtool` stays light: `packtool pack` starts its workers'
+    # forkserver before numpy and pyarrow are imported, and the two processes then import them side by side
     if name in ("load_manifest", "read_packs"):
         from packtool import reading
 
         return getattr(reading, name)
+    if name == "run_pack":
+        from packtool.pipeline.run import run_pack
+
+        return run_pack
     raise AttributeError(f"module 'packtool' has no attribute {name!r}")

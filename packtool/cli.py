@@ -7,28 +7,19 @@ internal errors.
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import click
 
-from packtool.config import (
-    EMPTY_LOSS_POLICIES,
-    ENGINES,
-    FORMATS,
-    LABELS,
-    LONG_SAMPLE_POLICIES,
-    LOSS_ON,
-    POSITION_IDS,
-    SAMPLE_FORMATS,
-    PackConfig,
-    load_config_file,
-)
-from packtool.errors import ON_ERROR, ConfigError, PacktoolError
+from packtool.config import PackConfig, load_config_file
+from packtool.errors import ConfigError, PacktoolError
+from packtool.pipeline.engines.local import start_forkserver
 
 
 def _one_line(e: BaseException) -> str:
@@ -36,17 +27,21 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
-def _one_line_errors(fn):
-    """Turn packtool errors into one line on stderr and the documented exit code."""
+class PacktoolGroup(click.Group):
+    """The ``packtool`` group: every error of every command, its option parsing included, is one line on
+    stderr (``packtool: error: ...``) with the documented exit code."""
 
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
         try:
-            return fn(*args, **kwargs)
+            code = super().main(*args, **kwargs)
         except PacktoolError as e:
             click.echo(f"packtool: error: {_one_line(e)}", err=True)
             sys.exit(e.exit_code)
-        except KeyboardInterrupt:
+        except click.ClickException as e:  # a usage error: an unknown option, a bad value, ...
+            click.echo(f"packtool: error: {_one_line(e.format_message())}", err=True)
+            sys.exit(e.exit_code)
+        except (KeyboardInterrupt, click.Abort):
             click.echo(
                 "packtool: interrupted; no complete-looking output was left behind "
                 "(run the same command again to resume)",
@@ -65,112 +60,72 @@ def _one_line_errors(fn):
                 err=True,
             )
             sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
-    return wrapper
 
-
-@click.group()
+@click.group(cls=PacktoolGroup)
 @click.version_option(package_name="packtool")
 def main() -> None:
     """Pack LLM training samples offline into fixed-length sequences, and inspect the result."""
 
 
+def config_options(fn: Callable) -> Callable:
+    """Add one click option per ``PackConfig`` key that has a flag, from the key's own declaration (its
+    name, type, default, choices and help), so that the flag, the config key and the manifest field are
+    one name with one meaning."""
+    for f in reversed(dataclasses.fields(PackConfig)):
+        meta = f.metadata
+        if not meta["flag"]:
+            continue
+        name = "--" + f.name.replace("_", "-")
+        names = [name] + ([f"-{meta['short']}"] if meta["short"] else [])
+        kind = str(f.type).split(" |")[0]
+        kwargs: dict[str, Any] = {"help": meta["help"], "show_default": f.default is not None}
+        if f.default is not dataclasses.MISSING:
+            kwargs["default"] = f.default
+        if kind == "bool":
+            if f.name == "quiet":
+                kwargs["is_flag"] = True
+            else:
+                names = [f"{name}/--no-{name[2:]}"]
+        elif meta["choices"]:
+            kwargs["type"] = click.Choice(meta["choices"])
+        elif kind == "int":
+            kwargs["type"] = int
+        fn = click.option(*names, f.name, **kwargs)(fn)
+    return fn
+
+
+def _read_config_file(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
+    """``--config FILE``: the file's keys become the options' defaults (click's ``default_map``), so a
+    flag given on the command line overrides the file and the file overrides the built-in default."""
+    if path:
+        ctx.default_map = {**(ctx.default_map or {}), **load_config_file(path)}
+    return path
+
+
 @main.command()
 @click.argument("inputs", nargs=-1)
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML file of config keys.")
-@click.option("--output", "-o", help="Output directory (written atomically).")
-@click.option("--tokenizer", help="tokenizer.json, a local model directory, or module:callable encoder.")
-@click.option("--packed-sequence-size", type=int, help="Tokens per pack (N).")
 @click.option(
-    "--split-across-pack/--no-split-across-pack",
-    default=None,
-    help="Let a sample run over into the next pack instead of moving it whole.",
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    is_eager=True,
+    callback=_read_config_file,
+    help="YAML file of config keys (the flags' names with underscores); flags override it.",
 )
-@click.option("--max-packs", type=int, help="Keep at most this many packs (the rest is counted, not kept).")
-@click.option(
-    "--strategy",
-    help="Packing strategy: bfd (default: best-fit decreasing, packs shuffled by --seed), sequential "
-    "(NeMo PackedSequence order), or module:callable naming a select_samples_to_pack policy.",
-)
-@click.option(
-    "--packing-buffer-size",
-    type=int,
-    help="Samples planned together by bfd or a custom policy (default: the whole input).",
-)
-@click.option(
-    "--long-samples",
-    type=click.Choice(LONG_SAMPLE_POLICIES),
-    help="Samples longer than N without --split-across-pack: error (default), drop or truncate.",
-)
-@click.option(
-    "--position-ids",
-    type=click.Choice(POSITION_IDS),
-    help="nemo (PackedSequence parity; default for sequential) or restart (0 at every sample piece and "
-    "padding; default for the other strategies).",
-)
-@click.option("--num-proc", type=int, help="Processes for encoding and writing (output identical for any).")
-@click.option("--engine", type=click.Choice(ENGINES), help="Where encoding and writing run: local or ray.")
-@click.option("--ray-address", help="Ray cluster to join with --engine ray (default: start a local Ray).")
-@click.option("--split", help="Split of a Hugging Face dataset (default train).")
-@click.option("--text-field", help="Field holding the text (default text).")
-@click.option("--sample-format", type=click.Choice(SAMPLE_FORMATS), help="How records are encoded.")
-@click.option("--add-bos/--no-add-bos", default=None, help="Prepend the BOS token to every sample.")
-@click.option("--add-eos/--no-add-eos", default=None, help="Append the EOS token to every sample.")
-@click.option("--bos-token", help="BOS token text (default: the tokenizer's).")
-@click.option("--eos-token", help="EOS token text (default: the tokenizer's).")
-@click.option(
-    "--labels",
-    type=click.Choice(LABELS),
-    help="shifted (default: labels[i] is the target of input_ids[i]) or unshifted (labels = ids).",
-)
-@click.option("--prompt-field", help="prompt_completion: field holding the prompt (default prompt).")
-@click.option("--completion-field", help="prompt_completion: field holding the completion.")
-@click.option(
-    "--prompt-template",
-    help="prompt_completion: 'alpaca' (instruction/input) or a format string over fields ('Q: {question}').",
-)
-@click.option(
-    "--train-on-prompt/--no-train-on-prompt", default=None, help="prompt_completion: train on the prompt too."
-)
-@click.option("--chat-template", help="chat: Jinja template file (default: the tokenizer directory's own).")
-@click.option(
-    "--loss-on",
-    type=click.Choice(LOSS_ON),
-    help="chat: train on every assistant turn (default), the last one only, or all tokens.",
-)
-@click.option(
-    "--empty-loss",
-    type=click.Choice(EMPTY_LOSS_POLICIES),
-    help="prompt_completion/chat: samples with nothing to learn: drop (default, counted), keep or error.",
-)
-@click.option("--pad-token-id", type=int, help="Id used to pad input_ids (default 0, as PackedSequence).")
-@click.option("--format", "format_", type=click.Choice(FORMATS), help="Shard format: parquet, webdataset.")
-@click.option("--shard-size", type=int, help="Packs per shard (default 2048).")
-@click.option("--shard-max-bytes", type=int, help="webdataset: at most this many bytes per .tar shard.")
-@click.option("--row-group-size", type=int, help="Packs per Parquet row group (default 128).")
-@click.option("--chunk-size", type=int, help="Samples per encoding chunk (default 4096).")
-@click.option("--seed", type=int, help="Seed of the pack shuffle of bfd (same seed, same bytes).")
-@click.option(
-    "--on-error",
-    type=click.Choice(ON_ERROR),
-    help="Bad records: fail (default: stop, exit code 2) or skip (count by reason, log errors.jsonl).",
-)
-@click.option("--overwrite/--no-overwrite", default=None, help="Replace an existing output directory.")
-@click.option("--quiet", "-q", is_flag=True, default=None, help="No progress bars.")
-@_one_line_errors
-def pack(inputs: tuple[str, ...], config_file: str | None, format_: str | None, **flags: Any) -> None:
+@config_options
+@click.pass_context
+def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, **values: Any) -> None:
     """Tokenize INPUTS (JSONL/JSON, Parquet, text, save_to_disk dirs, hf:NAME) and pack them into shards."""
-    values: dict[str, Any] = load_config_file(config_file) if config_file else {}
-    flags["format"] = format_
-    if inputs:
-        flags["inputs"] = list(inputs)
-    values.update({k: v for k, v in flags.items() if v is not None})
+    # keys without a flag (encoder_kwargs) come from the config file alone
+    file_only = {k: v for k, v in (ctx.default_map or {}).items() if k not in ctx.params}
+    values = {**file_only, **values, "inputs": list(inputs)}
     config = PackConfig.from_dict(values, origin=config_file or "options")
     if config.engine == "local":  # its imports then run beside ours (see start_forkserver)
-        from packtool.pipeline.engines.local import start_forkserver
-
         start_forkserver(config.num_proc)
-    from packtool.pipeline import run_pack
+    # imported after the forkserver started: the two processes then import numpy and pyarrow side by side
+    from packtool.pipeline.run import run_pack
 
     manifest = run_pack(config)
     if not config.quiet:
@@ -200,7 +155,6 @@ def pack(inputs: tuple[str, ...], config_file: str | None, format_: str | None, 
 @click.option("--pack", "pack_index", type=int, help="Show pack I (0-based): its seq_lens and samples.")
 @click.option("--decode", is_flag=True, help="With --pack: the text of each sample, via the run's tokenizer.")
 @click.option("--tokenizer", help="With --decode: use this tokenizer instead of the manifest's.")
-@_one_line_errors
 def inspect(
     directory: str,
     as_json: bool,
@@ -214,6 +168,7 @@ def inspect(
 
     Fast: from the manifest and the shards' metadata, unless --full.
     """
+    # the command's own modules, imported once its options are parsed (--help stays quick)
     from packtool.inspect import inspect_report, pack_report
     from packtool.inspect.render import plot_report, render_pack, render_report
 
@@ -248,14 +203,13 @@ def inspect(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar while re-encoding the source.")
-@_one_line_errors
 def verify(directory: str, inputs: tuple[str, ...], source: bool, as_json: bool, quiet: bool) -> None:
     """Check that a packtool output DIRECTORY is whole: shards, sizes, sha256, run_id, index, packs.
 
     Prints OK, or every problem with its shard, pack and field. Exit code: 0 OK, 1 problems found,
     2 bad options or unreadable source input.
     """
-    from packtool.verify import verify_output
+    from packtool.verify import verify_output  # imported once its options are parsed (--help stays quick)
 
     if inputs and not source:
         raise ConfigError("input paths after DIRECTORY are the source: pass --source")

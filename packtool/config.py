@@ -1,7 +1,10 @@
 """``PackConfig``: every option of ``packtool pack``, with one name per concept.
 
-The same key is used for the CLI flag (``packed_sequence_size`` <-> ``--packed-sequence-size``), the YAML
-config file and the manifest. Precedence: defaults < config file < flags given on the command line.
+The same key is the CLI flag (``packed_sequence_size`` <-> ``--packed-sequence-size``), the YAML config
+file key and the manifest's ``config`` key. Each field declares its help text and its constraints
+(``choices``, ``positive``) once, here: the CLI builds its options from them (``cli.config_options``) and
+``validate`` checks them. Precedence: defaults < config file < flags given on the command line (the CLI
+passes the file's values to click as the options' defaults, its ``default_map``).
 
 Example::
 
@@ -32,64 +35,124 @@ EMPTY_LOSS_POLICIES = ("drop", "keep", "error")
 ENGINES = ("local", "ray")
 STRATEGIES = ("bfd", "sequential")  # built-in packing strategies (packtool.packing); or module:callable
 
-# Keys that say where and how a job runs, never what it writes. They are left out of the manifest (and
-# the run_id) so that the output is byte-identical for any number of processes, and wherever it is written.
-RUNTIME_KEYS = ("output", "num_proc", "quiet", "overwrite", "engine", "ray_address")
+
+def key(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    positive: bool = False,
+    runtime: bool = False,
+    flag: bool = True,
+    short: str | None = None,
+) -> Any:
+    """A config key: its default, its ``--help`` text and its constraints.
+
+    ``choices``: the allowed values; ``positive``: a positive integer (when set); ``runtime``: says where
+    and how the job runs, never what it writes (left out of the manifest and the run_id, so the output is
+    byte-identical for any number of processes); ``flag``: has a command-line flag (``False``: config
+    file only); ``short``: a one-letter flag too.
+    """
+    meta = {"help": help, "choices": choices, "positive": positive, "runtime": runtime, "flag": flag}
+    meta["short"] = short
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
 class PackConfig:
-    """All settings of one ``packtool pack`` run.
+    """All settings of one ``packtool pack`` run (see each key's help: ``packtool pack --help``)."""
 
-    Attributes mirror the CLI flags; see ``packtool pack --help`` for each one's meaning.
-    """
-
-    inputs: list[str] = field(default_factory=list)
-    output: str | None = None
-    packed_sequence_size: int | None = None
+    inputs: list[str] = key([], "Input files, globs, directories, or hf:NAME[:CONFIG].", flag=False)
+    output: str | None = key(None, "Output directory (written atomically).", runtime=True, short="o")
+    packed_sequence_size: int | None = key(None, "Tokens per pack (N).", positive=True)
     # reading
-    split: str = "train"
-    text_field: str = "text"
-    sample_format: str = "auto"
+    split: str = key("train", "Split of a Hugging Face dataset.")
+    text_field: str = key("text", "Field holding the text.")
+    sample_format: str = key("auto", "How records are encoded.", choices=SAMPLE_FORMATS)
     # encoding
-    tokenizer: str | None = None
-    add_bos: bool = False
-    add_eos: bool = False
-    bos_token: str | None = None
-    eos_token: str | None = None
-    labels: str = "shifted"
-    encoder_kwargs: dict | None = None  # keyword arguments for a module:callable encoder class
+    tokenizer: str | None = key(
+        None, "tokenizer.json, a local model directory, or a module:callable encoder."
+    )
+    add_bos: bool = key(False, "Prepend the BOS token to every sample.")
+    add_eos: bool = key(False, "Append the EOS token to every sample.")
+    bos_token: str | None = key(None, "BOS token text [default: the tokenizer's].")
+    eos_token: str | None = key(None, "EOS token text [default: the tokenizer's].")
+    labels: str = key(
+        "shifted",
+        "shifted: labels[i] is the target of input_ids[i]; unshifted: labels = input_ids (the model shifts).",
+        choices=LABELS,
+    )
+    encoder_kwargs: dict | None = key(
+        None, "Keyword arguments for a module:callable encoder class.", flag=False
+    )
     # fine-tuning (sample_format prompt_completion / chat; see packtool.encoders.prompt_completion, .chat)
-    prompt_field: str = "prompt"
-    completion_field: str = "completion"
-    prompt_template: str | None = None
-    train_on_prompt: bool = False
-    chat_template: str | None = None
-    loss_on: str = "assistant"
-    empty_loss: str = "drop"
+    prompt_field: str = key("prompt", "prompt_completion: field holding the prompt.")
+    completion_field: str = key("completion", "prompt_completion: field holding the completion.")
+    prompt_template: str | None = key(
+        None,
+        "prompt_completion: 'alpaca' (instruction/input) or a format string over fields ('Q: {question}').",
+    )
+    train_on_prompt: bool = key(False, "prompt_completion: train on the prompt too.")
+    chat_template: str | None = key(
+        None, "chat: Jinja template file [default: the tokenizer directory's own]."
+    )
+    loss_on: str = key(
+        "assistant", "chat: train on every assistant turn, the last one only, or all tokens.", choices=LOSS_ON
+    )
+    empty_loss: str = key(
+        "drop", "Samples with nothing to learn: drop (counted), keep, or error.", choices=EMPTY_LOSS_POLICIES
+    )
     # packing
-    strategy: str = "bfd"  # bfd | sequential | module:callable (a custom packing policy)
-    packing_buffer_size: int | None = None  # samples per planning window (bfd, custom); None: whole input
-    split_across_pack: bool = False
-    max_packs: int | None = None
-    long_samples: str = "error"
-    position_ids: str | None = None  # None: "nemo" for sequential, "restart" for the other strategies
-    pad_token_id: int = 0
-    seed: int = 0
-    # bad records: fail (stop with exit code 2) or skip (count by reason, log to errors.jsonl)
-    on_error: str = "fail"
+    strategy: str = key(
+        "bfd",
+        "bfd (best-fit decreasing, packs shuffled by --seed), sequential (NeMo PackedSequence order), or "
+        "module:callable naming a select_samples_to_pack policy.",
+    )
+    packing_buffer_size: int | None = key(
+        None, "Samples planned together by bfd or a custom policy [default: the whole input].", positive=True
+    )
+    split_across_pack: bool = key(
+        False, "Let a sample run over into the next pack instead of moving it whole."
+    )
+    max_packs: int | None = key(
+        None, "Keep at most this many packs (the rest is counted, not kept).", positive=True
+    )
+    long_samples: str = key(
+        "error", "Samples longer than N without --split-across-pack.", choices=LONG_SAMPLE_POLICIES
+    )
+    position_ids: str | None = key(
+        None,
+        "nemo (PackedSequence parity) or restart (0 at every piece and the padding) [default: nemo for "
+        "sequential, restart otherwise].",
+        choices=POSITION_IDS,
+    )
+    pad_token_id: int = key(0, "Id that pads input_ids (PackedSequence's).")
+    seed: int = key(0, "Seed of bfd's pack shuffle (same seed, same bytes).")
+    on_error: str = key(
+        "fail",
+        "Bad records: fail (stop, exit code 2) or skip (count by reason, log errors.jsonl).",
+        choices=ON_ERROR,
+    )
     # writing
-    format: str = "parquet"
-    shard_size: int = 2048
-    shard_max_bytes: int | None = None  # webdataset: bytes per .tar shard at most (None: shard_size only)
-    row_group_size: int = 128
-    chunk_size: int = 4096
+    format: str = key("parquet", "Shard format.", choices=FORMATS)
+    shard_size: int = key(2048, "Packs per shard.", positive=True)
+    shard_max_bytes: int | None = key(
+        None, "webdataset: at most this many bytes per .tar shard.", positive=True
+    )
+    row_group_size: int = key(128, "Packs per Parquet row group.", positive=True)
+    chunk_size: int = key(4096, "Samples per encoding chunk.", positive=True)
     # running
-    num_proc: int = 1
-    engine: str = "local"
-    ray_address: str | None = None  # with engine ray: the cluster to join; None starts a local Ray
-    overwrite: bool = False
-    quiet: bool = False
+    num_proc: int = key(
+        1, "Processes for encoding and writing (output identical for any).", positive=True, runtime=True
+    )
+    engine: str = key("local", "Where encoding and writing run.", choices=ENGINES, runtime=True)
+    ray_address: str | None = key(
+        None, "Ray cluster to join with --engine ray [default: start a local Ray].", runtime=True
+    )
+    overwrite: bool = key(False, "Replace an existing output directory (a packtool output).", runtime=True)
+    quiet: bool = key(False, "No progress bars.", runtime=True, short="q")
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -97,13 +160,11 @@ class PackConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, origin: str = "config") -> PackConfig:
-        """Build a config from a mapping, rejecting unknown keys, then validate it."""
-        known = set(cls.keys())
-        unknown = sorted(set(values) - known)
+        """Build a config from a mapping, rejecting unknown keys (``validate`` checks the values)."""
+        unknown = sorted(set(values) - set(cls.keys()))
         if unknown:
-            raise ConfigError(
-                f"{origin}: unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
-            )
+            known = ", ".join(sorted(cls.keys()))
+            raise ConfigError(f"{origin}: unknown key(s) {', '.join(unknown)}; known keys: {known}")
         cfg = cls(**values)
         if isinstance(cfg.inputs, str):
             cfg.inputs = [cfg.inputs]
@@ -118,44 +179,57 @@ class PackConfig:
         return d
 
     def validate(self) -> PackConfig:
-        """Check values; raise ``ConfigError`` with the offending key. Returns self."""
+        """Check values; raise ``ConfigError`` naming the offending key. Returns self."""
         if not self.inputs:
             raise ConfigError("no input given: pass INPUT paths or set 'inputs' in the config")
         if not self.output:
             raise ConfigError("no output directory: pass --output DIR or set 'output' in the config")
-        _positive("packed_sequence_size", self.packed_sequence_size)
-        for key in ("shard_size", "row_group_size", "chunk_size", "num_proc"):
-            _positive(key, getattr(self, key))
-        if self.max_packs is not None:
-            _positive("max_packs", self.max_packs)
+        if self.packed_sequence_size is None:
+            raise ConfigError("packed_sequence_size is required (--packed-sequence-size)")
+        for name in self.keys():
+            check_value(name, getattr(self, name))
         if self.strategy not in STRATEGIES and not is_plugin_spec(str(self.strategy)):
             raise ConfigError(
                 f"strategy must be one of {', '.join(STRATEGIES)} or module:callable, got {self.strategy!r}"
             )
-        if self.shard_max_bytes is not None:
-            _positive("shard_max_bytes", self.shard_max_bytes)
-            if self.format != "webdataset":
-                raise ConfigError("shard_max_bytes bounds tar shards: it needs format webdataset")
-        _choice("long_samples", self.long_samples, LONG_SAMPLE_POLICIES)
-        if self.packing_buffer_size is not None:
-            _positive("packing_buffer_size", self.packing_buffer_size)
-        if self.position_ids is not None:
-            _choice("position_ids", self.position_ids, POSITION_IDS)
-        _choice("labels", self.labels, LABELS)
-        _choice("format", self.format, FORMATS)
-        _choice("sample_format", self.sample_format, SAMPLE_FORMATS)
-        _choice("loss_on", self.loss_on, LOSS_ON)
-        _choice("empty_loss", self.empty_loss, EMPTY_LOSS_POLICIES)
-        _choice("on_error", self.on_error, ON_ERROR)
-        _choice("engine", self.engine, ENGINES)
+        if self.shard_max_bytes is not None and self.format != "webdataset":
+            raise ConfigError("shard_max_bytes bounds tar shards: it needs format webdataset")
         if not isinstance(self.pad_token_id, int) or isinstance(self.pad_token_id, bool):
             raise ConfigError(f"pad_token_id must be an integer, got {self.pad_token_id!r}")
         return self
 
 
-def _positive(key: str, value: Any) -> None:
+# Keys that say where and how a job runs, never what it writes. They are left out of the manifest (and
+# the run_id) so that the output is byte-identical for any number of processes, and wherever it is written.
+RUNTIME_KEYS = tuple(f.name for f in dataclasses.fields(PackConfig) if f.metadata["runtime"])
+
+
+_TYPES = {"bool": bool, "int": int, "str": str, "list": list, "dict": dict}
+_FIELDS = {f.name: f for f in dataclasses.fields(PackConfig)}
+
+
+def check_value(name: str, value: Any) -> None:
+    """``value`` is one key ``name`` may take (its type, choices, sign); else ``ConfigError`` naming it."""
+    f = _FIELDS[name]
     if value is None:
-        raise ConfigError(f"{key} is required (--{key.replace('_', '-')})")
+        if "None" not in str(f.type):
+            raise ConfigError(f"{name} must be set, got null")
+        return
+    _type(name, value, str(f.type))
+    if f.metadata["positive"]:
+        _positive(name, value)
+    if f.metadata["choices"]:
+        _choice(name, value, f.metadata["choices"])
+
+
+def _type(key: str, value: Any, annotation: str) -> None:
+    """``value`` has the type the field's annotation names (a bool is not an int here)."""
+    want = _TYPES[annotation.split("[")[0].split(" |")[0]]
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise ConfigError(f"{key} must be {want.__name__ if want is not str else 'a string'}, got {value!r}")
+
+
+def _positive(key: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{key} must be a positive integer, got {value!r}")
 
@@ -166,7 +240,8 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file into a dict of PackConfig keys (dashes accepted for underscores)."""
+    """Read a YAML config file into a dict of PackConfig keys (dashes accepted for underscores);
+    ``ConfigError`` naming the file for a missing file, bad YAML or an unknown key."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -178,4 +253,12 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config file must be a mapping of keys to values")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    values = {str(k).replace("-", "_"): v for k, v in data.items()}
+    PackConfig.from_dict(values, origin=str(path))  # unknown keys are an error here, naming the file
+    for name, value in values.items():
+        if name != "inputs":
+            try:
+                check_value(name, value)
+            except ConfigError as e:
+                raise ConfigError(f"{path}: {e}") from None
+    return values

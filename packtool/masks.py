@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 
 SEQ_LENS_PAD = 0
 """Value that pads ``seq_lens`` rows to a common width (a zero-length sequence changes nothing)."""
@@ -176,8 +177,6 @@ def flex_block_mask(
         >>> bm.kv_num_blocks.shape, bm.full_kv_num_blocks[0, 0].tolist()
         (torch.Size([1, 1, 4]), [0, 1, 0, 0])
     """
-    from torch.nn.attention.flex_attention import BlockMask
-
     n = packed_sequence_size
     doc, _ = sequence_starts(seq_lens, n, device)
     dev = doc.device

@@ -112,13 +112,12 @@ def ray_data_row(data: Path) -> dict:
         import numpy as np
         import pyarrow as pa
 
-        from packtool import pipeline
+        from packtool.pipeline.encode import RunSpec, worker
 
-        if pipeline._WORKER.get("config") is None or pipeline._WORKER["config"].to_dict() != config:
-            pipeline.init_run(PackConfig.from_dict(config), fmt)
+        encoder = worker(RunSpec(json.dumps(config), fmt, "ray-data")).encoder
         out = []
         for b in table.to_batches():  # row numbers are not known here: -1 stands for them
-            enc = pipeline._WORKER["encoder"](SourceBatch(str(data), b, np.full(b.num_rows, -1), "row"))
+            enc = encoder(SourceBatch(str(data), b, np.full(b.num_rows, -1), "row"))
             out.append(enc.select(["input_ids"]))
         if not out:  # an empty block
             return pa.table({"input_ids": pa.array([], pa.list_(pa.int32()))})

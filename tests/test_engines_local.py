@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from packtool import pipeline
+from packtool import run_pack
 from packtool.config import PackConfig
 from packtool.pipeline.engines.local import LocalEngine
 from tests.conftest import DEMO, DEMO_TOKENIZER
@@ -59,5 +59,5 @@ def test_a_run_builds_its_encoder_once_in_the_driver(monkeypatch, tmp_path):
             "quiet": True,
         }
     )
-    pipeline.run_pack(config, progress=False)
+    run_pack(config, progress=False)
     assert len(built) == 1

@@ -13,7 +13,7 @@ import pytest
 
 from packtool import read_packs
 from packtool.config import PackConfig
-from packtool.pipeline import run_pack
+from packtool import run_pack
 from tests.conftest import run_cli, write_jsonl
 from tests.nemo_reference import load_packed_sequence_module
 

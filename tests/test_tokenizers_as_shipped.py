@@ -19,7 +19,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from packtool import read_packs
 from packtool.config import PackConfig
-from packtool.pipeline import run_pack
+from packtool import run_pack
 from tests.conftest import manifest_json, write_jsonl
 
 LIMIT = 16  # the shipped tokenizers cut and pad to this many tokens

@@ -290,7 +290,7 @@ def test_packtool_imports_neither_energon_nor_torch():
     from tests.conftest import ROOT
 
     code = (
-        "import sys, packtool, packtool.pipeline, packtool.cli, packtool.formats.webdataset\n"
+        "import sys, packtool, packtool.pipeline.run, packtool.cli, packtool.formats.webdataset\n"
         "print(sorted(m for m in ('torch', 'webdataset', 'megatron.energon', 'wids') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import tokenizers
 
 from packtool.arrays import large_lists, list_parts, token_lists
 from packtool.encoders.base import encoded_batch, make_labels
@@ -172,9 +173,7 @@ class HFTokenizer:
         return ident
 
 
-def _load_tokenizer_file(path: Path):
-    import tokenizers
-
+def _load_tokenizer_file(path: Path) -> tokenizers.Tokenizer:
     try:
         return tokenizers.Tokenizer.from_file(str(path))
     except Exception as e:

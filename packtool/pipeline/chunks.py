@@ -29,6 +29,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+try:
+    import resource  # Unix: the open-file limit
+except ImportError:  # pragma: no cover - Windows
+    resource = None
+
 from packtool.arrays import groups, list_parts
 from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
@@ -156,11 +161,11 @@ def _default_max_open() -> int:
     kept open, each gather reopens them all (1M samples, 245 chunks kept to 64: 58 s of writing instead of
     7 s), so the more that stay open the better, within the open-file and memory-map limits.
     """
+    if resource is None:
+        return 8
     try:
-        import resource
-
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
+    except (OSError, ValueError):
         return 8
     want = 64 + 3 * MAX_OPEN
     if soft != resource.RLIM_INFINITY and soft < want:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, UsedFields
-from packtool.readers.hf import read_hf_disk, read_hf_hub
 from packtool.readers.jsonl import read_jsonl
 from packtool.readers.parquet import read_parquet
 from packtool.readers.text import read_text_dir, read_text_lines
@@ -117,10 +116,11 @@ def read_inputs(
             batches = read_text_lines(source, text_field=text_field, sink=sink)
         elif kind == "text_dir":
             batches = read_text_dir(files, source, text_field=text_field, sink=sink)
-        elif kind == "hf_disk":
-            batches = read_hf_disk(source, split=split)
-        else:
-            batches = read_hf_hub(source, split=split)
+        else:  # datasets is slow to import: only a run that reads a dataset pays for it
+            from packtool.readers import hf
+
+            read = hf.read_hf_disk if kind == "hf_disk" else hf.read_hf_hub
+            batches = read(source, split=split)
         try:
             for batch in batches:
                 if batch.num_rows:

@@ -3,7 +3,8 @@
 Two sources: a directory written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, and
 ``hf:NAME[:CONFIG]``, loaded with ``datasets.load_dataset`` offline, from the local cache (no request is
 made, whatever ``HF_HUB_OFFLINE`` says).
-Both are read as Arrow, batch by batch, without converting rows to Python objects.
+Both are read as Arrow, batch by batch, without converting rows to Python objects. This module imports
+``datasets``, which is slow to import: ``packtool.readers`` imports it only for these inputs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+import datasets
+import datasets.config
+import huggingface_hub.constants
 import numpy as np
 
 from packtool.errors import InputError
@@ -19,8 +23,6 @@ from packtool.readers.base import SourceBatch
 
 
 def _pick_split(ds, split: str, source: str):
-    import datasets
-
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise InputError(f"no split '{split}' (has: {', '.join(ds.keys())}); pass --split", source=source)
@@ -45,8 +47,6 @@ def _iter_dataset(ds, source: str, batch_rows: int) -> Iterator[SourceBatch]:
 
 def read_hf_disk(path: str, split: str = "train", batch_rows: int = 8192) -> Iterator[SourceBatch]:
     """A dataset saved with ``save_to_disk`` (memory-mapped Arrow; nothing is copied into Python)."""
-    import datasets
-
     try:
         ds = datasets.load_from_disk(path)
     except Exception as e:  # datasets raises several types for a bad directory
@@ -60,9 +60,6 @@ def _offline() -> Iterator[None]:
     local cache or is an error at once, not after retries), restored afterwards. ``datasets`` and
     ``huggingface_hub`` read ``HF_HUB_OFFLINE`` once, at import, into module constants: those are set
     (the variables too, for what is imported inside), whenever the modules were imported."""
-    import datasets.config
-    import huggingface_hub.constants
-
     saved_env = {k: os.environ.get(k) for k in _OFFLINE_VARS}
     modules = [(datasets.config, "HF_HUB_OFFLINE"), (datasets.config, "HF_DATASETS_OFFLINE")]
     modules.append((huggingface_hub.constants, "HF_HUB_OFFLINE"))
@@ -87,8 +84,6 @@ _OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 def read_hf_hub(spec: str, split: str = "train", batch_rows: int = 8192) -> Iterator[SourceBatch]:
     """``hf:NAME[:CONFIG]`` through ``datasets.load_dataset``, offline: from the local cache only."""
-    import datasets
-
     name, _, config = spec[len("hf:") :].partition(":")
     try:
         with _offline():

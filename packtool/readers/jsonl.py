@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.json as pj
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, UsedFields, batch_from_pylist, resolve_used
@@ -251,8 +252,6 @@ class JsonlLines:
         )
 
     def _load_arrow(self, data: bytes) -> list[SourceBatch] | None:
-        import pyarrow.json as pj
-
         if not data or not _plain(data):
             return None
         try:
@@ -310,8 +309,6 @@ def _read_arrow(path: str, batch_rows: int, state: dict) -> Iterator[SourceBatch
     ``state["complete"]`` once the whole file is read. Stopping early (a block it cannot read or would
     type differently, a line that is not plain) is not an error: the caller reads on line by line from the
     first row not yielded."""
-    import pyarrow.json as pj
-
     plain = _PlainLines(path)
     if not plain.cover(1):
         return

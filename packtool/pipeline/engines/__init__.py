@@ -20,8 +20,11 @@ def make_engine(config: PackConfig):
     if config.engine == "local":
         return LocalEngine(config.num_proc)
     if config.engine == "ray":
-        # ray is an optional extra (packtool[ray]): imported only by a run that asks for it
-        from packtool.pipeline.engines.ray import RayEngine
-
+        try:  # ray is an optional extra (packtool[ray]): imported only by a run that asks for it
+            from packtool.pipeline.engines.ray import RayEngine
+        except ImportError as e:
+            if e.name != "ray":
+                raise
+            raise ConfigError("--engine ray needs Ray: pip install 'packtool[ray]'") from None
         return RayEngine(config.ray_address, config.num_proc)
     raise ConfigError(f"engine must be 'local' or 'ray', got {config.engine!r}")

@@ -100,7 +100,7 @@ def start_forkserver(num_proc: int) -> None:
 def _context() -> mp.context.BaseContext:
     if "forkserver" in mp.get_all_start_methods() and sys.platform.startswith("linux"):
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["packtool.pipeline"])
+        ctx.set_forkserver_preload(["packtool.pipeline.run"])
         return ctx
     return mp.get_context("spawn")
 

@@ -37,6 +37,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import ray
+
+import packtool
 from packtool.errors import ConfigError, PacktoolError
 
 
@@ -52,17 +55,10 @@ class RayEngine:
     name = "ray"
 
     def __init__(self, address: str | None = None, num_proc: int = 1) -> None:
-        try:
-            import ray
-        except ImportError:
-            raise ConfigError("--engine ray needs Ray: pip install 'packtool[ray]'") from None
-        self._ray = ray
         self._started = False
         if not ray.is_initialized():
             quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
             if address:
-                import packtool
-
                 try:
                     ray.init(
                         address=address,
@@ -87,7 +83,6 @@ class RayEngine:
 
     def map(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
         """Apply ``fn`` to every task as a Ray task; results come back in task order."""
-        ray = self._ray
         in_flight: deque = deque()
         submit = self._remote.remote
         try:
@@ -103,13 +98,13 @@ class RayEngine:
 
     def _get(self, ref: Any) -> Any:
         try:
-            return self._ray.get(ref)
-        except self._ray.exceptions.RayTaskError as e:
+            return ray.get(ref)
+        except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, PacktoolError):
                 raise e.cause from None
             raise
 
     def close(self) -> None:
         if self._started:
-            self._ray.shutdown()
+            ray.shutdown()
             self._started = False
