@@ -280,7 +280,8 @@ def packtool_row(name: str, data: Path, samples: int, *flags: str) -> dict:
 def floor_rows(data: Path, packed: Path, samples: int) -> list[dict]:
     """Start-up, read alone, write alone, and their sums (see the module docstring)."""
     out = []
-    m = measure([sys.executable, "-c", "import packtool.cli, packtool.pipeline.run"], {"PYTHONPATH": str(ROOT)})
+    imports = "import packtool.cli, packtool.pipeline.run"
+    m = measure([sys.executable, "-c", imports], {"PYTHONPATH": str(ROOT)})
     start = {"name": "floor: python + packtool imports", "wall": m["wall"], "cpu": m["cpu"], "rss": m["rss"]}
     out.append(start)
     for kind, src, label in (

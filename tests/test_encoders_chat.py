@@ -8,12 +8,12 @@ import random
 import numpy as np
 import pytest
 
+from packtool import run_pack
 from packtool.config import PackConfig
 from packtool.encoders import build_encoder, resolve_sample_format
 from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
-from packtool import run_pack
 from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
 from tests.sft_checks import check_boundary_property, encode_rows, label_runs, packed_samples
 

@@ -42,7 +42,8 @@ def test_a_failing_task_raises_in_task_order(num_proc):
 
 def test_a_run_builds_its_encoder_once_in_the_driver(monkeypatch, tmp_path):
     """The driver builds the run's encoder to fail fast on a bad tokenizer; with --num-proc 1 it also runs
-    the tasks, and finds that state built (``pipeline.encode.worker``) instead of loading the tokenizer again."""
+    the tasks, and finds that state built (``pipeline.encode.worker``) instead of loading the tokenizer
+    again."""
     from packtool.pipeline import encode
 
     built = []

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, rewrite_tar_json, run_cli
+from packtool.manifest import Manifest
+from tests.conftest import DEMO, DEMO_TOKENIZER, rewrite_tar_json, run_cli
 
 TRAIN = DEMO / "train.jsonl"
 TEXTS = [json.loads(line)["text"] for line in TRAIN.read_text().splitlines()]
-from packtool.manifest import Manifest
 
 
 @pytest.fixture(scope="module")
@@ -323,6 +323,7 @@ def test_tar_one_pack_is_read_through_the_index_and_without_it(tar_out: Path, ou
     import shutil
 
     import numpy as np
+
     from packtool.formats import get_format
     from packtool.inspect import read_one_pack
 

@@ -11,9 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packtool import read_packs
+from packtool import read_packs, run_pack
 from packtool.config import PackConfig
-from packtool import run_pack
 from tests.conftest import run_cli, write_jsonl
 from tests.nemo_reference import load_packed_sequence_module
 

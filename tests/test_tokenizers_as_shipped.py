@@ -17,9 +17,8 @@ import pytest
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from packtool import read_packs
+from packtool import read_packs, run_pack
 from packtool.config import PackConfig
-from packtool import run_pack
 from tests.conftest import manifest_json, write_jsonl
 
 LIMIT = 16  # the shipped tokenizers cut and pad to this many tokens
@@ -42,7 +41,8 @@ def _corpus() -> list[str]:
 
 def _build(family: str) -> tokenizers.Tokenizer:
     if family == "wordpiece":
-        vocab = {t: i for i, t in enumerate(SPECIALS + sorted(set(WORDS)) + list("abcdefghijklmnopqrstuvwxyz"))}
+        tokens = SPECIALS + sorted(set(WORDS)) + list("abcdefghijklmnopqrstuvwxyz")
+        vocab = {t: i for i, t in enumerate(tokens)}
         tok = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
         tok.decoder = decoders.WordPiece()
@@ -162,7 +162,12 @@ def test_chat_samples_arrive_whole(tmp_path, shipped, family, as_directory):
     template.write_text(CHAT_TEMPLATE)
     rng = np.random.default_rng(3)
     rows = [
-        {"messages": [{"role": "user", "content": _text(rng, 20)}, {"role": "assistant", "content": _text(rng, 40)}]}
+        {
+            "messages": [
+                {"role": "user", "content": _text(rng, 20)},
+                {"role": "assistant", "content": _text(rng, 40)},
+            ]
+        }
         for _ in range(8)
     ]
     extra = {} if as_directory else {"chat_template": str(template)}
