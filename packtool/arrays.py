@@ -1,6 +1,6 @@
 """NumPy <-> Arrow without copies and without pandas, and vectorized index helpers.
 
-``pa.array()`` and ``Array.to_numpy()`` import pandas on first use (~0.4 s of CPU in every process that
+``pa.array()`` and ``Array.to_numpy()`` import pandas on first use (a cost paid again in every process that
 packs); these helpers build and view Arrow arrays from NumPy buffers directly.
 """
 
@@ -28,7 +28,7 @@ _NUMPY_TYPES = {
 def np_view(arr: pa.Array) -> np.ndarray:
     """Zero-copy read-only NumPy view of a primitive Arrow array without nulls (slices respected).
 
-    Unlike ``pa.Array.to_numpy`` it does not import pandas (~0.3 s and ~40 MB in every process).
+    Unlike ``pa.Array.to_numpy`` it does not import pandas.
 
     >>> np_view(pa.array([1, 2, 3], type=pa.int32()).slice(1)).tolist()
     [2, 3]
@@ -64,8 +64,7 @@ _ARROW_TYPES = {np.dtype(v): k for k, v in _NUMPY_TYPES.items()}
 def arrow_array(values: np.ndarray, type_: pa.DataType | None = None) -> pa.Array:
     """Arrow array over a 1-D NumPy array (zero-copy when it is contiguous and of ``type_``'s dtype).
 
-    ``pa.array`` imports pandas on its first call (~0.4 s of CPU in every process that packs); this does
-    not.
+    ``pa.array`` imports pandas on its first call; this does not.
 
     >>> arrow_array(np.array([1, 2, 3]), pa.int32()).to_pylist()
     [1, 2, 3]

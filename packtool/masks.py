@@ -34,7 +34,7 @@ SeqLens = torch.Tensor | Sequence[torch.Tensor]
 MASK_CACHE_SIZE = 2
 """Host buffers ``block_causal_mask`` keeps for reuse (CPU only). Once no tensor uses a kept buffer, the
 next mask of the same size is written into it after one ``memset``, instead of into fresh pages that the
-kernel must fault in and zero (which costs 2-5x the memset, more when the machine is busy). Two buffers
+kernel must fault in and zero (which costs several times the memset; docs/performance.md). Two buffers
 cover a training loop that builds the next batch's mask while the last one is still referenced. ``0``
 turns the reuse off."""
 

@@ -26,9 +26,9 @@ _EOS_GUESSES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]", "<
 _BOS_GUESSES = ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")
 
 
-# Texts per call into the Rust tokenizer: its Encoding objects of one call are all alive at once, and on the
-# bench's texts calls of 512 ran 1.4x faster than one call of 20,000 and 1.05x faster than 2,048
-# (scripts/bench_pack.py, the "tokenizer alone" rows).
+# Texts per call into the Rust tokenizer: its Encoding objects of one call are all alive at once, so calls
+# of a few hundred texts run faster than one call over all of them (scripts/bench_pack.py's "tokenizer
+# alone" rows; docs/performance.md).
 TOKENIZER_CALL_TEXTS = 512
 VERY_LARGE = int(1e30)  # transformers' own "no limit" value of model_max_length
 

@@ -12,7 +12,7 @@ Algorithm (exact BFD, computed over *groups of equal lengths* rather than one sa
   handled by one NumPy ``repeat``, and the Python loop runs once per (length, room class) visited, not
   once per sample. With lengths in ``1..N`` there are at most ``N`` distinct lengths and ``N`` room classes.
   Cost: ``O(n log n)`` for the sort plus ``O(steps * log N)``, with ``steps`` a few per distinct length on
-  real data (measured: ~10k steps for 100k lognormal samples at N=4096).
+  real data (docs/performance.md).
 * ``packing_buffer_size``: the input (after the long-sample policy) is cut into consecutive windows of that
   many samples and each window is packed on its own (for inputs too large to plan at once, and the
   semantics of TRL / Energon buffers). ``None`` plans the whole input at once.

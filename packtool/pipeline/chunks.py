@@ -158,8 +158,8 @@ def _default_max_open() -> int:
     maps); the soft limit is first raised toward the hard one, as far as ``MAX_OPEN`` chunks need.
 
     Writing shuffled packs, every gather touches nearly every chunk: when the chunks outnumber the ones
-    kept open, each gather reopens them all (1M samples, 245 chunks kept to 64: 58 s of writing instead of
-    7 s), so the more that stay open the better, within the open-file and memory-map limits.
+    kept open, each gather reopens them all (docs/performance.md has what that cost), so the more that
+    stay open the better, within the open-file and memory-map limits.
     """
     if resource is None:
         return 8

@@ -60,7 +60,7 @@ class SourceBatch:
 
     def __reduce__(self):
         # pyarrow pickles a slice with its parent's whole buffers: a JSON Lines chunk (slices of the
-        # reader's blocks) went to the workers as 2.7x its bytes. Only this batch's rows are sent.
+        # reader's blocks) would carry its neighbours' bytes to the workers. Only this batch's rows are sent.
         batch = self.batch
         if batch.num_rows and batch.get_total_buffer_size() > 1.25 * batch.nbytes:
             batch = pa.RecordBatch.from_arrays(

@@ -37,7 +37,7 @@ def _iter_groups(pf: pq.ParquetFile, groups: range, batch_rows: int) -> Iterator
 def _open(path: str) -> pq.ParquetFile:
     """The file as a buffered stream (``pre_buffer=False``, 1 MiB reads): by default pyarrow loads a whole
     row group before the first batch, and writers default to row groups of 1Mi rows, so memory would grow
-    with the file (e.g. 390 MiB instead of 160 MiB for a 210 MiB file of 117M tokens)."""
+    with the file (docs/performance.md, memory)."""
     try:
         return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
     except (pa.ArrowException, OSError) as e:
