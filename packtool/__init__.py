@@ -14,20 +14,21 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from packtool.version import __version__
 
 __all__ = ["__version__", "load_manifest", "read_packs", "run_pack"]
 
 
 def __getattr__(name: str) -> Any:
-    # imported on first use, so that `import packtool` stays light: `packtool pack` starts its workers'
-    # forkserver before numpy and pyarrow are imported, and the two processes then import them side by side
+    """The public API, imported on first use so that ``import packtool`` stays light: ``packtool pack``
+    starts its workers' forkserver before numpy and pyarrow are imported (the two processes then import
+    them side by side)."""
     if name in ("load_manifest", "read_packs"):
-        from packtool import reading
+        from packtool import reading  # deferred: see above
 
         return getattr(reading, name)
     if name == "run_pack":
-        from packtool.pipeline.run import run_pack
+        from packtool.pipeline.run import run_pack  # deferred: see above
 
         return run_pack
     raise AttributeError(f"module 'packtool' has no attribute {name!r}")

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from packtool import __version__
 from packtool.config import PackConfig
 from packtool.errors import ConfigError, PacktoolError
 from packtool.fileio import write_json_atomic
+from packtool.version import __version__
 
 MANIFEST = "manifest.json"
 FORMAT = "packtool"

@@ -100,7 +100,7 @@ class ChatEncoder:
         labels: str = "shifted",
         empty_loss: str = "drop",
     ) -> None:
-        try:
+        try:  # transformers (and jinja2) are an optional extra, packtool[transformers]: chat needs them
             from transformers.utils.chat_template_utils import render_jinja_template
         except ImportError:
             raise ConfigError(

@@ -45,7 +45,7 @@ class HFTokenizer:
             self._fast = _load_tokenizer_file(path)
             self.hash_file = path
         elif path.is_dir():
-            try:
+            try:  # transformers is an optional extra (packtool[transformers]): only model directories need it
                 import transformers
             except ImportError:
                 transformers = None

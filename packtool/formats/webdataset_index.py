@@ -14,7 +14,7 @@ import yaml
 
 from packtool.formats.base import ProblemSink
 from packtool.formats.tar import INDEX_SUFFIX, tar_index_name
-from packtool.manifest import Manifest
+from packtool.manifest import MANIFEST, Manifest
 
 WIDS_INDEX = "wids.json"
 ENERGON_DIR = ".nv-meta"
@@ -76,7 +76,17 @@ def _short(value: object, limit: int = 60) -> str:
 
 
 def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink) -> None:
-    """``wids.json`` and ``.nv-meta/`` must say what the manifest says; no stray ``.tar.idx``."""
+    """``wids.json`` and ``.nv-meta/`` must say what the manifest says; no stray ``.tar.idx``. An output
+    older than format_version 2 is said once here: its tar shards carry no run_id (the other checks run)."""
+    if manifest.format_version < 2:
+        report.add(
+            "format_version",
+            f"written by an older packtool (format_version {manifest.format_version}): its tar shards "
+            "carry no run_id, so they cannot be matched to this manifest; pack it again to verify it "
+            "(it still loads)",
+            shard=MANIFEST,
+            field="format_version",
+        )
     for name, want in dataset_index_contents(manifest).items():
         path = directory / name
         if not path.exists():

@@ -193,8 +193,8 @@ def plot_report(report: dict, path: str | Path) -> None:
     try:  # matplotlib is an optional extra (packtool[plot])
         import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        matplotlib.use("Agg")  # no display: draw to the file
+        import matplotlib.pyplot as plt  # after use("Agg")
     except ImportError:
         raise ConfigError("--plot needs matplotlib: pip install 'packtool[plot]'") from None
     hists = dict(report.get("histograms", {}))

@@ -31,7 +31,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from packtool import __version__
 from packtool.config import PackConfig
 from packtool.encoders import fields_read, resolve_sample_format
 from packtool.errors import MAX_LOGGED, ErrorSink, InputError, PacktoolError
@@ -46,6 +45,7 @@ from packtool.pipeline.output import OutputDir
 from packtool.pipeline.summary import build_manifest
 from packtool.pipeline.write import finished_shard, write_shard
 from packtool.readers import expand_inputs, read_inputs
+from packtool.version import __version__
 
 ERRORS_LOG = "errors.jsonl"  # first MAX_LOGGED skipped records (on_error=skip), one JSON object a line
 

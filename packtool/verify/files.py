@@ -48,22 +48,13 @@ def check_files(directory: Path, manifest: Manifest, report: VerifyReport, fmt: 
 
 
 def check_version(manifest: Manifest, report: VerifyReport) -> None:
-    """An output of a newer packtool cannot be judged; a tar output older than format_version 2 has no
-    run_id in its shards (said once here; its other checks still run)."""
+    """An output of a newer packtool cannot be judged (what an older one lacks, its format says)."""
     version = manifest.format_version
     if version > FORMAT_VERSION:
         report.add(
             "format_version",
             f"written by a newer packtool (format_version {version}, this one reads up to "
             f"{FORMAT_VERSION}): upgrade packtool to verify it",
-            shard=MANIFEST,
-            field="format_version",
-        )
-    elif manifest.shard_format == "webdataset" and version < 2:
-        report.add(
-            "format_version",
-            f"written by an older packtool (format_version {version}): its tar shards carry no run_id, "
-            "so they cannot be matched to this manifest; pack it again to verify it (it still loads)",
             shard=MANIFEST,
             field="format_version",
         )

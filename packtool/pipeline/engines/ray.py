@@ -39,8 +39,9 @@ from typing import Any
 
 import ray
 
-import packtool
 from packtool.errors import ConfigError, PacktoolError
+
+PACKAGE_DIR = Path(__file__).resolve().parents[2]  # packtool/, shipped to a cluster's workers
 
 
 def _call(cwd: str, fn: Callable, task: Any) -> Any:
@@ -62,7 +63,7 @@ class RayEngine:
                 try:
                     ray.init(
                         address=address,
-                        runtime_env={"py_modules": [str(Path(packtool.__file__).parent)]},
+                        runtime_env={"py_modules": [str(PACKAGE_DIR)]},
                         **quiet,
                     )
                 except (ConnectionError, RuntimeError, ValueError) as e:
