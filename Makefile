@@ -26,7 +26,7 @@ demo: install
 	$(BIN)/packtool inspect out/demo
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 lint: install
 	$(BIN)/ruff check packtool tests scripts

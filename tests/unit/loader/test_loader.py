@@ -1,4 +1,6 @@
-"""packtool.loader on real packtool output (built with the CLI): sharding, order, resume, faults, stages."""
+"""packtool.loader on real packtool output (built with the CLI): sharding, order, resume, faults, stages.
+
+(In-process tests; the CLI's are in tests/e2e.)"""
 
 from __future__ import annotations
 
@@ -24,35 +26,11 @@ from packtool.loader import (
 )
 from packtool.masks import block_causal_mask, varlen_args
 from packtool.reading import read_packs
-from tests.conftest import rewrite_tar_json, run_cli, write_jsonl
+from tests.fixtures.loader_outputs import packed, packs  # noqa: F401 - fixtures
 
 N = 64
 # more workers than this machine's cores is what the layout tests need, not a mistake
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory) -> Path:
-    """~200 packs of 64 tokens in 5 shards of 40, row groups of 7 (units of 7 and 5 packs)."""
-    root = tmp_path_factory.mktemp("loader")
-    rng = np.random.default_rng(0)
-    rows = []
-    for _ in range(300):
-        n = int(rng.integers(3, 60))
-        rows.append(
-            {"input_ids": rng.integers(1, 1000, n).tolist(), "loss_mask": rng.integers(0, 2, n).tolist()}
-        )
-    src = write_jsonl(root / "in.jsonl", rows)
-    out = root / "out"
-    run_cli(
-        "pack", src, "-o", out, "--packed-sequence-size", N, "--row-group-size", 7, "--shard-size", 40, "-q"
-    )
-    return out
-
-
-@pytest.fixture(scope="module")
-def packs(packed) -> list[dict]:
-    return list(read_packs(packed))
 
 
 def stream(loader, limit: int | None = None) -> list[np.ndarray]:
@@ -104,57 +82,6 @@ def test_every_pack_returned_over_epochs_and_content_matches(packed, packs):
                 assert (batch.seq_lens[row, k:] == 0).all()
     assert loader.state_dict()["epoch"] == 3
     assert seen == set(range(len(packs)))
-
-
-def test_webdataset_shards_stream_the_same_packs(packed, packs, tmp_path):
-    src = packed.parent / "in.jsonl"
-    out = tmp_path / "wds"
-    run_cli(
-        "pack",
-        src,
-        "-o",
-        out,
-        "--packed-sequence-size",
-        N,
-        "--shard-size",
-        40,
-        "--format",
-        "webdataset",
-        "-q",
-    )
-    ds = PackedDataset(out, batch_size=4, shuffle=True, seed=3)
-    seen = []
-    for batch in get_loader(ds, num_workers=2):
-        for row, p in enumerate(batch.pack_index.tolist()):
-            seen.append(p)
-            assert torch.equal(batch.input_ids[row], torch.from_numpy(packs[p]["input_ids"]))
-            assert torch.equal(batch.loss_mask[row], torch.from_numpy(packs[p]["loss_mask"]))
-    assert len(seen) == len(set(seen)) >= len(packs) - 4
-
-
-def test_webdataset_json_members_with_more_keys_are_read_alike(packed, packs, tmp_path):
-    """Other tools (and later packtool versions) may put more keys in each pack's ``.json`` member: the
-    loader reads the ``.npy`` members and must not care."""
-
-    out = tmp_path / "wds"
-    src = packed.parent / "in.jsonl"
-    run_cli("pack", src, "-o", out, "--packed-sequence-size", N, "--format", "webdataset", "-q")
-    shards = sorted(out.glob("*.tar"))
-    assert shards
-    for shard in shards:
-
-        def more_keys(meta: dict, name: str = shard.name) -> dict:
-            assert "pack_index" in meta
-            return {**meta, "shard": name, "note": {"nested": [1, 2]}}  # run_id kept: checked
-
-        rewrite_tar_json(shard, more_keys)
-    ds = PackedDataset(out, batch_size=4, shuffle=False, seed=0)
-    seen = []
-    for batch in get_loader(ds, num_workers=1):
-        for row, p in enumerate(batch.pack_index.tolist()):
-            seen.append(p)
-            assert torch.equal(batch.input_ids[row], torch.from_numpy(packs[p]["input_ids"]))
-    assert len(seen) == len(set(seen)) >= len(packs) - 4
 
 
 def test_batch_fields(packed):
@@ -234,7 +161,7 @@ def test_attention_on_loader_batches_equals_each_sample_alone(packed, mask):
     causal self-attention layer, give each sample the output it gets alone, at positions 0..len-1."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    from tests.test_masks import CausalSelfAttention, sdpa, varlen_reference
+    from tests.unit.test_masks import CausalSelfAttention, sdpa, varlen_reference
 
     samples = [len(p["sample_index"]) for p in read_packs(packed, with_sample_index=True)]
     torch.manual_seed(0)
@@ -435,45 +362,6 @@ def test_bad_shard_skipped_and_counted(packed, packs, tmp_path, how):
     assert loader.stats["bad_packs"] == len(planned & shard1) > 0
     assert sorted(loader.stats["bad_units"]) == sorted(f"{name}#{i}" for i in range(6))
     assert loader.state_dict()["stats"]["bad_packs"] == loader.stats["bad_packs"]
-
-
-def pack_formats(packed: Path, tmp_path: Path, fmt: str, *extra) -> Path:
-    """The ``packed`` fixture's input packed again, as ``fmt``, into ``tmp_path / name``."""
-    out = tmp_path / "-".join([fmt, *map(str, extra)])
-    run_cli("pack", packed.parent / "in.jsonl", "-o", out, "--packed-sequence-size", N, "--shard-size", 40,
-            "--format", fmt, *extra, "-q")  # fmt: skip
-    return out
-
-
-@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
-def test_shard_of_another_run_is_refused(packed, tmp_path, fmt):
-    ours, other = pack_formats(packed, tmp_path, fmt), pack_formats(packed, tmp_path, fmt, "--seed", "1")
-    name = json.loads((ours / "manifest.json").read_text())["shards"][1]["path"]
-    shutil.copy(other / name, ours / name)  # same name and pack count, another run (seed)
-    loader = get_loader(PackedDataset(ours, batch_size=4, shuffle=False), num_workers=0)
-    with pytest.raises(InputError, match=rf"{name}.*shard of run \w+, (the )?manifest is run"):
-        stream(loader)
-
-
-@pytest.mark.parametrize("on_error", ["fail", "skip"])
-def test_corrupt_tar_shard_follows_the_policy(packed, tmp_path, on_error):
-    out = pack_formats(packed, tmp_path, "webdataset")
-    shards = json.loads((out / "manifest.json").read_text())["shards"]
-    path = out / shards[1]["path"]
-    data = bytearray(path.read_bytes())
-    data[600:1100] = bytes(500)  # the second member's header: the tar no longer parses there
-    path.write_bytes(bytes(data))
-    ds = PackedDataset(out, batch_size=4, shuffle=False, on_error=on_error)
-    loader = get_loader(ds, num_workers=0)
-    if on_error == "fail":
-        with pytest.raises(InputError, match=rf"{shards[1]['path']}.*cannot read packs"):
-            stream(loader)
-        return
-    got = flat(stream(loader))
-    first = shards[0]["num_packs"]
-    bad = set(range(first, first + shards[1]["num_packs"]))
-    assert len(got) == len(set(got)) and not bad & set(got)
-    assert loader.stats["bad_packs"] == len(bad & set(ds.plan(0).reshape(-1).tolist())) > 0
 
 
 # --- task encoder stages --------------------------------------------------------------------------

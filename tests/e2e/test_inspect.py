@@ -1,4 +1,6 @@
-"""``packtool inspect`` on real outputs made by the CLI from the demo data."""
+"""``packtool inspect`` on real outputs made by the CLI from the demo data.
+
+(The CLI in a subprocess; in-process tests are in tests/unit.)"""
 
 from __future__ import annotations
 
@@ -11,22 +13,10 @@ import pytest
 
 from packtool.manifest import Manifest
 from tests.conftest import DEMO, DEMO_TOKENIZER, rewrite_tar_json, run_cli
+from tests.fixtures.inspect_outputs import out, tar_out  # noqa: F401 - fixtures
 
 TRAIN = DEMO / "train.jsonl"
 TEXTS = [json.loads(line)["text"] for line in TRAIN.read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def out(tmp_path_factory) -> Path:
-    # 1000 demo samples, N=512, long ones split over packs: 3 shards of 100 packs, row groups of 32
-    out = tmp_path_factory.mktemp("inspect") / "out"
-    run_cli(
-        "pack", TRAIN, "-o", out, "--tokenizer", DEMO_TOKENIZER, "--add-eos", "-q",
-        "--strategy", "sequential",
-        "--packed-sequence-size", "512", "--split-across-pack", "--shard-size", "100",
-        "--row-group-size", "32",
-    )  # fmt: skip
-    return out
 
 
 def inspect_json(*args) -> dict:
@@ -211,28 +201,6 @@ def test_one_pack_of_a_damaged_parquet_shard_names_the_shard(out: Path, tmp_path
     assert proc.stderr.startswith(f"packtool: error: {copies['page'] / 'packs-000001.parquet'}: pack 140")
 
 
-def test_overview_and_full_of_damaged_parquet_shards_warn(out: Path, tmp_path: Path):
-    """The overview and ``--full`` of an output with a damaged shard list what is wrong as warnings (no
-    error); the overview reads only footers, so it cannot see a damaged page, ``--full`` does."""
-    from packtool.inspect import inspect_report
-    from packtool.inspect.render import render_report
-
-    seen = {
-        "truncated": "bytes on disk, manifest says",
-        "footer": "metadata unreadable (",
-        "missing": "missing",
-    }
-    for how, copy in _damaged_copies(out, tmp_path).items():
-        fast, full = inspect_report(copy), inspect_report(copy, full=True)
-        assert all(w.startswith("packs-000001.parquet: ") for w in fast["warnings"])
-        assert any(seen[how] in w for w in fast["warnings"]) if how in seen else fast["warnings"] == []
-        assert full["recomputed"]["num_packs"] < full["num_packs"]  # shard 1's packs, or some, left out
-        assert any(w.startswith("num_packs: ") for w in full["warnings"])
-        if how != "missing":
-            assert any(w.startswith("packs-000001.parquet") and "parse" in w for w in full["warnings"])
-        render_report(full)
-
-
 def test_one_pack_of_a_damaged_tar_shard_names_the_shard_the_same_way(tar_out: Path, tmp_path: Path):
     """A damaged member found through the .tar.idx gives the message of the Parquet shards, with the
     reason found reading the shard in order."""
@@ -252,18 +220,6 @@ def test_one_pack_of_a_damaged_tar_shard_names_the_shard_the_same_way(tar_out: P
 def test_not_an_output_directory(tmp_path: Path):
     proc = run_cli("inspect", tmp_path, check=False)
     assert proc.returncode == 1 and "no manifest.json" in proc.stderr
-
-
-@pytest.fixture(scope="module")
-def tar_out(tmp_path_factory) -> Path:
-    # the layout of ``out`` as webdataset tar shards: 3 shards of 100 packs
-    out = tmp_path_factory.mktemp("inspect-tar") / "out"
-    run_cli(
-        "pack", TRAIN, "-o", out, "--tokenizer", DEMO_TOKENIZER, "--add-eos", "-q",
-        "--strategy", "sequential", "--format", "webdataset",
-        "--packed-sequence-size", "512", "--split-across-pack", "--shard-size", "100",
-    )  # fmt: skip
-    return out
 
 
 def test_tar_output_fast_full_and_one_pack(tar_out: Path, out: Path):
@@ -314,44 +270,3 @@ def test_tar_fast_path_notices_a_foreign_manifest_and_a_wrong_count(tar_out: Pat
         f"packs-000000.tar: metadata unreadable (packs-000000.tar.idx does not end where the tar's {size:,} "
         "bytes do (stale index?))" in warnings
     )
-
-
-def test_tar_one_pack_is_read_through_the_index_and_without_it(tar_out: Path, out: Path, tmp_path: Path):
-    """``--pack I`` on a tar reads only pack I's bytes through the shard's .tar.idx; without the index, or
-    with one that points elsewhere, it reads the shard in order: the same pack either way (and the same
-    as the Parquet output's pack I)."""
-    import shutil
-
-    import numpy as np
-
-    from packtool.formats import get_format
-    from packtool.inspect import read_one_pack
-
-    manifest = Manifest.load(tar_out)
-    tar = get_format("webdataset")
-
-    def read_tar_pack(path, row):
-        return tar.read_pack(path, manifest.shards[int(path.name[6:12])], row, manifest)
-
-    copy = tmp_path / "out"
-    shutil.copytree(tar_out, copy)
-    idx = copy / "packs-000001.tar.idx"
-    last = manifest.num_packs - 1
-    for index in (0, 99, 100, 150, last):
-        shard, row = divmod(index, 100)  # shards of 100 packs
-        fast = read_tar_pack(tar_out / f"packs-{shard:06d}.tar", row)
-        assert fast is not None
-        want, _, _ = read_one_pack(out, Manifest.load(out), index)
-        assert fast.keys() == want.keys()  # sample_offset too, as the Parquet path gives it
-        for k in want:
-            np.testing.assert_array_equal(fast[k], want[k])
-    offsets = np.fromfile(idx, dtype="<u8")
-    (offsets + 512).astype("<u8").tofile(idx)  # every pack one block off
-    assert read_tar_pack(copy / "packs-000001.tar", 50) is None
-    idx.unlink()
-    assert read_tar_pack(copy / "packs-000001.tar", 50) is None
-    got, shard_name, row = read_one_pack(copy, manifest, 150)  # read in order, the slow way
-    want, _, _ = read_one_pack(out, Manifest.load(out), 150)
-    assert (shard_name, row) == ("packs-000001.tar", 50)
-    for k in got:
-        np.testing.assert_array_equal(got[k], want[k])

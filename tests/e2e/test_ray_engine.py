@@ -20,6 +20,9 @@ import ray  # noqa: E402  (a dev dependency: the Ray engine is tested in CI, nev
 
 from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli
 
+# one local Ray for the module: its tests run on one xdist worker
+pytestmark = pytest.mark.xdist_group("ray")
+
 TEXT_ARGS = [
     str(DEMO / "train.jsonl"), "--tokenizer", str(DEMO_TOKENIZER), "--add-eos",
     "--packed-sequence-size", "512", "--long-samples", "truncate",

@@ -1,4 +1,6 @@
-"""The whole ``pack`` pipeline: determinism across --num-proc, the manifest, atomic output."""
+"""The whole ``pack`` pipeline: determinism across --num-proc, the manifest, atomic output.
+
+(The CLI in a subprocess; in-process tests are in tests/unit.)"""
 
 from __future__ import annotations
 
@@ -15,8 +17,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool import read_packs
-from packtool.pipeline.encode import chunked
-from packtool.readers import read_inputs
 from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, manifest_json, run_cli, write_jsonl
 
 
@@ -246,12 +246,6 @@ def test_killed_run_leaves_no_output_that_looks_complete(tmp_path):
     assert list(partial.glob("packs-*.parquet")), "the run finished before it could be interrupted"
     assert not out.exists()
     assert not (partial / "manifest.json").exists()
-
-
-def test_chunks_have_exactly_chunk_size_records(tmp_path):
-    src = _pretokenized(tmp_path, 103, max_len=5)
-    sizes = [sum(b.num_rows for b in c) for c in chunked(read_inputs([str(src)]), 10)]
-    assert sizes == [10] * 10 + [3]
 
 
 @pytest.mark.parametrize("strategy", ["bfd", "sequential"])

@@ -1,4 +1,6 @@
-"""Every reader on real files, through ``read_inputs`` and through the CLI."""
+"""Every reader on real files, through ``read_inputs`` and through the CLI.
+
+(In-process tests; the CLI's are in tests/e2e.)"""
 
 from __future__ import annotations
 
@@ -13,10 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packtool import read_packs
 from packtool.errors import InputError
 from packtool.readers import expand_inputs, read_inputs
-from tests.conftest import run_cli, write_jsonl
+from tests.conftest import write_jsonl
 
 ROWS = [{"text": f"sample number {i}", "input_ids": list(range(1, i + 2))} for i in range(7)]
 
@@ -97,31 +98,6 @@ def test_mixed_types_name_the_row_and_field(tmp_path):
     with pytest.raises(InputError) as e:
         list(read_inputs([str(path)]))
     assert str(e.value).startswith(f"{path}, line 3, field 'text': expected str")
-
-
-@pytest.mark.parametrize("fmt", ["jsonl", "json", "parquet", "hf_disk"])
-def test_every_format_packs_the_same_through_the_cli(tmp_path, fmt):
-    rng = np.random.default_rng(0)
-    rows = [{"input_ids": rng.integers(1, 100, size=n).tolist()} for n in rng.integers(1, 30, size=40)]
-    if fmt == "jsonl":
-        src = write_jsonl(tmp_path / "in.jsonl", rows)
-    elif fmt == "json":
-        src = tmp_path / "in.json"
-        src.write_text(json.dumps(rows))
-    elif fmt == "parquet":
-        src = tmp_path / "in.parquet"
-        pq.write_table(pa.Table.from_pylist(rows), src)
-    else:
-        src = tmp_path / "in_ds"
-        datasets.Dataset.from_list(rows).save_to_disk(str(src))
-    run_cli(
-        "pack", src, "-o", tmp_path / "out", "--packed-sequence-size", 32, "--strategy", "sequential", "-q"
-    )
-    packed = np.concatenate(
-        [p["input_ids"][: p["seq_lens"][: len(p["seq_lens"])].sum()] for p in read_packs(tmp_path / "out")]
-    )
-    packed = packed[packed != 0]
-    assert packed.tolist() == [t for r in rows for t in r["input_ids"]]
 
 
 def test_lazy_parquet_rows_read_the_same_records_in_any_order(tmp_path):

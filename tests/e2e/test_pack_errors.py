@@ -4,14 +4,15 @@ Every failure must be: one line on stderr naming the file, the row and the field
 code 2 for bad input or options (1 for a failure to write); and no output directory, ``.partial`` or lock
 left behind. Under ``--on-error skip`` the bad records are left out, counted by reason in the manifest and
 in ``inspect --json``, and logged to ``errors.jsonl``.
-"""
+
+
+(The CLI in a subprocess; in-process tests are in tests/unit.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool.reading import read_packs
-from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
+from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
 
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 GOOD = [{"text": f"sample number {i} has a few words"} for i in range(6)]
@@ -539,34 +540,6 @@ def test_output_in_a_read_only_directory(tmp_path):
         (tmp_path / "ro").chmod(0o700)
     assert proc.returncode == 2 and "not writable" in proc.stderr
     assert list((tmp_path / "ro").iterdir()) == []
-
-
-LIMIT_FSIZE = (
-    "import resource, runpy, sys\n"
-    "limit = int(sys.argv.pop(1))\n"
-    "resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))\n"
-    "sys.argv[0] = 'packtool'\n"
-    "runpy.run_module('packtool.cli', run_name='__main__')\n"
-)
-
-
-@pytest.mark.parametrize(("limit", "num_proc"), [(20_000, 1), (300_000, 1), (300_000, 2)])
-def test_disk_full_while_writing(tmp_path, limit, num_proc):
-    """A file size limit (what a full disk looks like to a writer): one line, exit 1, nothing left."""
-    args = [
-        "pack", DEMO / "train.jsonl", "-o", tmp_path / "out", "-q", "--tokenizer", DEMO_TOKENIZER,
-        "--packed-sequence-size", "512", "--long-samples", "truncate", "--num-proc", num_proc,
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", LIMIT_FSIZE, str(limit), *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    line = assert_clean_failure(proc, tmp_path, code=1)
-    assert f"{tmp_path / 'out'}: cannot write the output" in line and "nothing was left behind" in line
-    assert os.listdir(tmp_path) == []
 
 
 # --- fields the encoder does not read, and type conflicts in those it does --------------------------------

@@ -11,11 +11,12 @@ At the plan level (``make_plan`` + ``build_pack_arrays`` over a real ``ChunkStor
 * the plan and the packs are the same when made again (with the same seed).
 
 Through the CLI, a few examples check that the output is byte-identical for ``--num-proc`` 1 and 2.
-"""
+
+
+(In-process tests; the CLI's are in tests/e2e.)"""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -31,7 +32,6 @@ from packtool.packing import STRATEGIES, make_plan
 from packtool.pipeline.chunks import ChunkStore, write_chunk
 from packtool.pipeline.write import build_pack_arrays
 from packtool.readers.base import SourceBatch
-from tests.conftest import run_cli, write_jsonl
 
 LABEL_SHIFT = 1_000_000  # labels of token t are t + LABEL_SHIFT: any misalignment shows
 PAD = 7  # pad_token_id, never a real token (real tokens start above it)
@@ -197,29 +197,3 @@ def test_packing_invariants(strategy, case):
     with tempfile.TemporaryDirectory() as work:
         store = write_store(Path(work), tokens, case["chunk_size"], case["with_mask"])
         check_packs(case, strategy, store, tokens)
-
-
-# --- through the CLI: the same bytes for any --num-proc ----------------------------------------------------
-@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=30).filter(any),  # some tokens to pack
-    split=st.booleans(),
-    max_packs=st.none() | st.integers(1, 4),
-)
-def test_output_is_identical_for_any_num_proc(tmp_path_factory, strategy, lengths, split, max_packs):
-    tmp = tmp_path_factory.mktemp("numproc")
-    src = write_jsonl(tmp / "in.jsonl", [{"input_ids": t.tolist()} for t in sample_tokens(lengths)])
-    args = ["--packed-sequence-size", "16", "--strategy", strategy, "--long-samples", "truncate"]
-    args += ["--chunk-size", "4", "--shard-size", "2", "-q"]
-    args += ["--split-across-pack"] if split else []
-    args += ["--max-packs", str(max_packs)] if max_packs else []
-    for num_proc in (1, 2):
-        (tmp / f"p{num_proc}").mkdir()
-        run_cli("pack", src, "-o", "out", "--num-proc", num_proc, *args, cwd=tmp / f"p{num_proc}")
-    m1 = json.loads((tmp / "p1" / "out" / "manifest.json").read_text())
-    assert m1 == json.loads((tmp / "p2" / "out" / "manifest.json").read_text())
-    for shard in m1["shards"]:
-        assert (tmp / "p1" / "out" / shard["path"]).read_bytes() == (
-            tmp / "p2" / "out" / shard["path"]
-        ).read_bytes()

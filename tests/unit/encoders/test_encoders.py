@@ -1,0 +1,138 @@
+"""Built-in encoders (tokenizer, pretokenized) and the module:callable plugin path.
+
+(In-process tests; the CLI's are in tests/e2e.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow as pa
+import pytest
+import tokenizers
+
+from packtool.config import PackConfig
+from packtool.encoders import build_encoder
+from packtool.encoders.base import TOKENS, shifted_labels
+from packtool.encoders.text import add_special
+from packtool.errors import ConfigError, InputError
+from packtool.readers import read_inputs
+from tests.conftest import DEMO_TOKENIZER, write_jsonl
+
+TEXTS = ["The quick brown fox.", "Attention is all you need!", "pack padding"]
+
+
+def _encode(tmp_path, rows, **cfg):
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    config = PackConfig.from_dict({"inputs": [str(src)], "output": "o", "packed_sequence_size": 64, **cfg})
+    batch = next(read_inputs([str(src)]))
+    return build_encoder(config, cfg.get("sample_format", "text"))(batch)
+
+
+def test_text_encoder_matches_the_tokenizer(tmp_path):
+    tok = tokenizers.Tokenizer.from_file(str(DEMO_TOKENIZER))
+    out = _encode(tmp_path, [{"text": t} for t in TEXTS], tokenizer=str(DEMO_TOKENIZER))
+    expected = [tok.encode(t, add_special_tokens=False).ids for t in TEXTS]
+    assert out.column("input_ids").to_pylist() == expected
+    assert out.column("labels").to_pylist() == [ids[1:] + [-100] for ids in expected]
+
+
+def test_bos_eos_and_unshifted_labels(tmp_path):
+    tok = tokenizers.Tokenizer.from_file(str(DEMO_TOKENIZER))
+    out = _encode(
+        tmp_path,
+        [{"body": t} for t in TEXTS],
+        tokenizer=str(DEMO_TOKENIZER),
+        text_field="body",
+        add_bos=True,
+        add_eos=True,
+        labels="unshifted",
+    )
+    bos, eos = tok.token_to_id("<|begin_of_text|>"), tok.token_to_id("<|endoftext|>")
+    expected = [[bos] + tok.encode(t, add_special_tokens=False).ids + [eos] for t in TEXTS]
+    assert out.column("input_ids").to_pylist() == expected
+    assert out.column("labels").to_pylist() == expected
+
+
+def test_named_eos_token_must_exist(tmp_path):
+    with pytest.raises(ConfigError, match="not in the vocabulary"):
+        _encode(tmp_path, [{"text": "x"}], tokenizer=str(DEMO_TOKENIZER), add_eos=True, eos_token="<nope>")
+
+
+def test_add_special_and_shifted_labels_are_vectorized_correctly():
+    ids = pa.array([[5, 6], [], [7]], type=TOKENS)
+    assert add_special(ids, 1, 2).to_pylist() == [[1, 5, 6, 2], [], [1, 7, 2]]
+    assert add_special(ids, None, 2).to_pylist() == [[5, 6, 2], [], [7, 2]]
+    assert shifted_labels(ids).to_pylist() == [[6, -100], [], [-100]]
+
+
+def test_model_directory_through_auto_tokenizer(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(DEMO_TOKENIZER, model / "tokenizer.json")
+    (model / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": None}
+        )
+    )
+    tok = tokenizers.Tokenizer.from_file(str(DEMO_TOKENIZER))
+    out = _encode(tmp_path, [{"text": t} for t in TEXTS], tokenizer=str(model), add_eos=True)
+    eos = tok.token_to_id("<|endoftext|>")
+    assert out.column("input_ids").to_pylist() == [
+        tok.encode(t, add_special_tokens=False).ids + [eos] for t in TEXTS
+    ]
+
+
+def test_pretokenized_keeps_labels_and_loss_mask(tmp_path):
+    rows = [
+        {"input_ids": [1, 2, 3], "labels": [2, 3, -100], "loss_mask": [0, 1, 1]},
+        {"input_ids": [4], "labels": [-100], "loss_mask": [1]},
+    ]
+    out = _encode(tmp_path, rows, sample_format="pretokenized")
+    assert out.column("labels").to_pylist() == [[2, 3, -100], [-100]]
+    assert out.column("loss_mask").to_pylist() == [[0, 1, 1], [1]]
+    assert out.column("input_ids").type == TOKENS
+
+
+def test_pretokenized_errors_name_row_and_field(tmp_path):
+    with pytest.raises(InputError, match=r"line 2, field 'labels': has 1 values but input_ids has 2"):
+        _encode(
+            tmp_path,
+            [{"input_ids": [1], "labels": [1]}, {"input_ids": [1, 2], "labels": [1]}],
+            sample_format="pretokenized",
+        )
+    with pytest.raises(InputError, match=r"line 1, field 'input_ids': value 9999999999 does not fit"):
+        _encode(tmp_path, [{"input_ids": [9999999999]}], sample_format="pretokenized")
+    with pytest.raises(InputError, match=r"line 2, field 'input_ids': token id outside the vocabulary"):
+        _encode(
+            tmp_path,
+            [{"input_ids": [1]}, {"input_ids": [5, 100000]}],
+            sample_format="pretokenized",
+            tokenizer=str(DEMO_TOKENIZER),
+        )
+
+
+def test_pretokenized_loss_mask_accepts_bools(tmp_path):
+    rows = [{"input_ids": [1, 2, 3], "labels": [2, 3, -100], "loss_mask": [True, False, True]}]
+    out = _encode(tmp_path, rows, sample_format="pretokenized")
+    assert out.column("loss_mask").to_pylist() == [[1, 0, 1]]
+
+
+def test_pretokenized_labels_keep_ignore_index(tmp_path):
+    rows = [{"input_ids": [1, 2, 3], "labels": [-100, 3, -100]}]
+    out = _encode(tmp_path, rows, sample_format="pretokenized", tokenizer=str(DEMO_TOKENIZER))
+    assert out.column("labels").to_pylist() == [[-100, 3, -100]]
+
+
+@pytest.mark.parametrize(
+    "convention,labels,mask",
+    [("shifted", [[-100, 3, -100], [6, -100]], [[0, 1, 0], [1, 0]]),
+     ("unshifted", [[1, -100, 3], [5, 6]], [[1, 0, 1], [1, 1]])],
+)  # fmt: skip
+def test_pretokenized_loss_mask_without_labels_decides_the_labels(tmp_path, convention, labels, mask):
+    """A loss_mask over input_ids marks the tokens to learn, as in prompt_completion/chat: labels are -100
+    wherever no loss is taken, and the stored loss_mask is exactly labels != -100."""
+    rows = [{"input_ids": [1, 2, 3], "loss_mask": [1, 0, 1]}, {"input_ids": [5, 6], "loss_mask": [1, 1]}]
+    out = _encode(tmp_path, rows, sample_format="pretokenized", labels=convention)
+    assert out.column("labels").to_pylist() == labels
+    assert out.column("loss_mask").to_pylist() == mask
