@@ -5,23 +5,32 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 NEMO_WHEEL_SPEC ?= nemo-automodel==0.1.2
 BIN := $(VENV)/bin
+DEMO_STAMP := $(VENV)/.packtool-demo-installed
 STAMP := $(VENV)/.packtool-installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install install-demo demo test lint bench clean
 
-install: $(STAMP)
+# The demo needs torch and packtool's core dependencies only.
+install-demo: $(DEMO_STAMP)
 
-$(STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e .
+	touch $(DEMO_STAMP)
+
+# Tests add the dev extras (ray, energon, transformers, pytest, ...) and NeMo's wheel.
+install: $(STAMP)
+
+$(STAMP): $(DEMO_STAMP)
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	# reference implementation for parity tests: only its wheel file, never imported as a dependency
 	mkdir -p .cache/wheels
 	$(BIN)/python -m pip download -q --no-deps -d .cache/wheels "$(NEMO_WHEEL_SPEC)"
 	touch $(STAMP)
 
-demo: install
+demo: install-demo
 	$(BIN)/packtool pack --config configs/demo.yaml --overwrite
 	$(BIN)/packtool inspect out/demo
 
