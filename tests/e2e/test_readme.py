@@ -1,0 +1,242 @@
+"""The README and docs/ say what the code does.
+
+* Every ```bash and ```python block of the README, except the set-up block (it installs), runs in order
+  in a scratch copy of ``data/`` and ``configs/``, with a ``packtool`` on PATH that runs this checkout's
+  code, and exits 0. The examples are small (the shipped demo data): the whole run is bounded by
+  ``EXAMPLES_BUDGET_S``.
+* The README's flag table and pack-column table are the ones generated from the code (``PackConfig``'s
+  keys, ``manifest.PACK_COLUMNS``). ``python tests/e2e/test_readme.py`` prints them; ``--write`` puts
+  them into the README.
+* Relative links and ``#anchors`` in the README and ``docs/*.md`` resolve.
+* The README is at most ``MAX_README_LINES`` lines; the rest belongs in ``docs/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MAX_README_LINES = 300
+EXAMPLES_BUDGET_S = 30  # every README example together, on the 2-core development machine: ~5 s
+SETUP_HEADING = "## Set-up"  # its block installs (make demo, make test): not run here
+# generated sections of the README: (start marker, end marker)
+FLAGS = ("<!-- flags: python tests/e2e/test_readme.py --write -->", "<!-- /flags -->")
+COLUMNS = ("<!-- columns: python tests/e2e/test_readme.py --write -->", "<!-- /columns -->")
+FENCE = re.compile(r"^```(\w*)\s*$")
+
+
+# --- generated tables ------------------------------------------------------------------------------------
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _default(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "unset"
+    return f"`{value}`"
+
+
+def flags_table() -> str:
+    """The ``packtool pack`` flag table, from ``PackConfig``'s key declarations (default, help, choices);
+    the flag spellings are the click options that ``cli.config_options`` made of them."""
+    from packtool.cli import pack
+    from packtool.config import PackConfig
+
+    options = {p.name: p for p in pack.params}
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(PackConfig):
+        if not f.metadata["flag"]:
+            continue
+        option = options[f.name]
+        names = sorted(option.opts, key=len) + option.secondary_opts
+        flag = " / ".join(f"`{n}`" for n in names)
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        meaning = f.metadata["help"]
+        if f.metadata["choices"]:
+            meaning += " One of " + ", ".join(f"`{c}`" for c in f.metadata["choices"]) + "."
+        rows.append(f"| {flag} | {_default(default)} | {_cell(meaning)} |")
+    return "\n".join(rows)
+
+
+def columns_table() -> str:
+    """The pack columns, from ``packtool.manifest.PACK_COLUMNS``."""
+    from packtool.manifest import PACK_COLUMNS
+
+    per = {"token": "N", "segment": "one per piece, +1 for padding", "piece": "one per piece"}
+    rows = ["| column | stored as | values per pack | meaning |", "|---|---|---|---|"]
+    for c in PACK_COLUMNS:
+        name = f"`{c.name}`" + (" (optional)" if c.optional else "")
+        rows.append(f"| {name} | `list<{c.dtype.name}>` | {per[c.per]} | {_cell(c.meaning)} |")
+    return "\n".join(rows)
+
+
+def generated(text: str, markers: tuple[str, str]) -> str:
+    """The README's text between ``markers`` (without the blank lines around it)."""
+    start, end = markers
+    assert text.count(start) == 1 and text.count(end) == 1, f"README needs exactly one {start} ... {end}"
+    return text.split(start, 1)[1].split(end, 1)[0].strip()
+
+
+def regenerate(text: str) -> str:
+    for markers, table in ((FLAGS, flags_table()), (COLUMNS, columns_table())):
+        start, end = markers
+        head, rest = text.split(start, 1)
+        text = f"{head}{start}\n{table}\n{end}{rest.split(end, 1)[1]}"
+    return text
+
+
+# --- markdown --------------------------------------------------------------------------------------------
+def code_blocks(text: str) -> list[tuple[int, str, str]]:
+    """``(line, language, code)`` of every fenced block, in order, with the ``##`` section it is in
+    prefixed to the language as ``SECTION\\tLANG``."""
+    blocks, section, lang, start, body = [], "", None, 0, []
+    for n, line in enumerate(text.splitlines(), 1):
+        m = FENCE.match(line)
+        if lang is None:
+            if line.startswith("## "):
+                section = line
+            elif m:
+                lang, start, body = m.group(1), n, []
+        elif line.strip() == "```":
+            blocks.append((start, f"{section}\t{lang}", "\n".join(body) + "\n"))
+            lang = None
+        else:
+            body.append(line)
+    return blocks
+
+
+def prose(text: str) -> str:
+    """``text`` without fenced blocks and inline code (where link-like text is not a link)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            out.append(re.sub(r"`[^`]*`", "", line))
+    return "\n".join(out)
+
+
+def anchors(text: str) -> set[str]:
+    """The ``#anchors`` GitHub gives the headings of ``text`` (repeats get ``-1``, ``-2``, ...)."""
+    seen: dict[str, int] = {}
+    out = set()
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        m = None if fenced else re.match(r"^#{1,6} (.*)$", line)
+        if not m:
+            continue
+        title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1)).replace("`", "")
+        slug = re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def broken_links(path: Path) -> list[str]:
+    """The relative links and anchors of markdown file ``path`` that do not resolve."""
+    bad = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose(path.read_text())):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            bad.append(f"{path.relative_to(ROOT)}: {target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+            bad.append(f"{path.relative_to(ROOT)}: {target}: no such heading")
+    return bad
+
+
+# --- the tests -------------------------------------------------------------------------------------------
+def _packtool_shim(bin_dir: Path) -> None:
+    """``packtool`` on PATH, running this checkout's code with the test's Python."""
+    module = "packtool" if (ROOT / "packtool" / "__main__.py").exists() else "packtool.cli"
+    bin_dir.mkdir()
+    shim = bin_dir / "packtool"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m {module} "$@"\n')
+    shim.chmod(0o755)
+
+
+def test_readme_examples_run(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("data", "configs"):
+        shutil.copytree(ROOT / name, work / name)
+    _packtool_shim(tmp_path / "bin")
+    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": pythonpath,
+    }
+    blocks = [
+        (line, kind.split("\t")[1], code)
+        for line, kind, code in code_blocks(README.read_text())
+        if kind.split("\t")[1] in ("bash", "python") and not kind.startswith(SETUP_HEADING)
+    ]
+    assert blocks, "the README has no examples to run"
+    deadline = time.monotonic() + EXAMPLES_BUDGET_S
+    for line, lang, code in blocks:
+        cmd = ["bash", "-euo", "pipefail", "-c", code] if lang == "bash" else [sys.executable, "-c", code]
+        left = deadline - time.monotonic()
+        assert left > 0, f"README examples took over {EXAMPLES_BUDGET_S} s (at the block of line {line})"
+        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=left)
+        assert proc.returncode == 0, (
+            f"README.md line {line}: the {lang} block exited {proc.returncode}:\n{code}\n"
+            f"--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n{proc.stderr[-2000:]}"
+        )
+
+
+def test_readme_flag_table_is_the_code():
+    assert generated(README.read_text(), FLAGS) == flags_table(), (
+        "the README's flag table differs from PackConfig: run python tests/e2e/test_readme.py --write"
+    )
+
+
+def test_readme_column_table_is_the_code():
+    assert generated(README.read_text(), COLUMNS) == columns_table(), (
+        "the README's column table differs from PACK_COLUMNS: run python tests/e2e/test_readme.py --write"
+    )
+
+
+def test_links_and_anchors_resolve():
+    pages = [README, *sorted(DOCS.glob("*.md"))]
+    assert len(pages) > 1, "docs/ has no pages"
+    bad = [b for page in pages for b in broken_links(page)]
+    assert not bad, "\n".join(bad)
+
+
+def test_readme_is_short():
+    n = len(README.read_text().splitlines())
+    assert n <= MAX_README_LINES, f"README.md has {n} lines (at most {MAX_README_LINES}): move some to docs/"
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    text = README.read_text()
+    missing = [p.name for p in sorted(DOCS.glob("*.md")) if f"](docs/{p.name})" not in text]
+    assert not missing, f"README.md does not link to docs/{', docs/'.join(missing)}"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    if sys.argv[1:] == ["--write"]:
+        README.write_text(regenerate(README.read_text()))
+        print(f"wrote the flag and column tables into {README}")
+    else:
+        print(flags_table())
+        print()
+        print(columns_table())
