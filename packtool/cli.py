@@ -1,8 +1,8 @@
 """The ``packtool`` command line: parse, load the config, call the pipeline, print.
 
 Every flag of ``pack`` has the same name as its config key (``--packed-sequence-size`` <->
-``packed_sequence_size``). Errors are one line on stderr; exit code 2 for bad input or options, 1 for
-internal errors.
+``packed_sequence_size``). Every command prints an error as one line on stderr and exits with the code
+of its kind (``packtool.errors``: 1 problems found, 2 usage, 3 bad input, 4 failure, 130 interrupted).
 """
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ from typing import Any
 import click
 
 from packtool.config import PackConfig, load_config_file
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    ConfigError,
+    PacktoolError,
+)
 from packtool.pipeline.engines.local import start_forkserver
 
 
@@ -40,17 +47,17 @@ class PacktoolGroup(click.Group):
             sys.exit(e.exit_code)
         except click.ClickException as e:  # a usage error: an unknown option, a bad value, ...
             click.echo(f"packtool: error: {_one_line(e.format_message())}", err=True)
-            sys.exit(e.exit_code)
+            sys.exit(EXIT_USAGE)
         except (KeyboardInterrupt, click.Abort):
             click.echo(
                 "packtool: interrupted; no complete-looking output was left behind "
                 "(run the same command again to resume)",
                 err=True,
             )
-            sys.exit(130)
+            sys.exit(EXIT_INTERRUPTED)
         except OSError as e:
             click.echo(f"packtool: error: {e.filename or ''}: {e.strerror or e}", err=True)
-            sys.exit(1)
+            sys.exit(EXIT_FAILURE)
         except Exception as e:  # an internal error: say so, with the traceback only when asked
             if os.environ.get("PACKTOOL_DEBUG"):
                 traceback.print_exc()
@@ -59,7 +66,7 @@ class PacktoolGroup(click.Group):
                 "(set PACKTOOL_DEBUG=1 for a traceback)",
                 err=True,
             )
-            sys.exit(1)
+            sys.exit(EXIT_FAILURE)
         sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -128,23 +135,27 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     from packtool.pipeline.run import run_pack
 
     manifest = run_pack(config)
+    s = manifest.stats
     if not config.quiet:
-        s = manifest.stats
+        split = f"; {s.split_samples:,} split across packs" if s.split_samples else ""
         click.echo(
-            f"packed {s.packed_samples:,} of {s.num_samples:,} samples into {s.num_packs:,} packs "
-            f"of {manifest.packed_sequence_size} tokens (fill rate {s.fill_rate:.2%}, lower bound "
-            f"{s.lower_bound_packs:,} packs) -> {config.output}",
+            f"packed {s.whole_samples + s.split_samples:,} of {s.input_samples:,} samples whole into "
+            f"{s.num_packs:,} packs of {manifest.packed_sequence_size} tokens (fill rate {s.fill_rate:.2%}, "
+            f"lower bound {s.lower_bound_packs:,} packs{split}) -> {config.output}",
             err=True,
         )
-        if s.empty_samples:
-            click.echo(f"left out {s.empty_samples:,} empty samples (no tokens)", err=True)
-        if s.skipped_samples:
-            reasons = ", ".join(f"{k} {v:,}" for k, v in s.skipped_by_reason.items())
-            click.echo(
-                f"skipped {s.skipped_samples:,} bad records ({reasons}); first ones in "
-                f"{os.path.join(config.output, 'errors.jsonl')}",
-                err=True,
-            )
+    # lost data is said even with --quiet: quiet is about progress, not about what the packs miss
+    losses = s.losses(config)
+    for line in losses:
+        click.echo(f"packtool: warning: {line}", err=True)
+    if losses:
+        samples, tokens = s.lost_totals()
+        click.echo(
+            f"packtool: warning: in all {samples:,} of {s.input_samples:,} samples were not packed whole "
+            f"and {tokens:,} of {s.input_tokens:,} tokens are not in the packs "
+            "(--strict makes this an error)",
+            err=True,
+        )
 
 
 @main.command()
@@ -207,7 +218,7 @@ def verify(directory: str, inputs: tuple[str, ...], source: bool, as_json: bool,
     """Check that a packtool output DIRECTORY is whole: shards, sizes, sha256, run_id, index, packs.
 
     Prints OK, or every problem with its shard, pack and field. Exit code: 0 OK, 1 problems found,
-    2 bad options or unreadable source input.
+    2 bad options, 3 not a packtool output or an unreadable source input.
     """
     from packtool.verify import verify_output  # imported once its options are parsed (--help stays quick)
 
@@ -219,7 +230,7 @@ def verify(directory: str, inputs: tuple[str, ...], source: bool, as_json: bool,
     else:
         for line in report.lines():
             click.echo(line)
-    sys.exit(0 if report.ok else 1)
+    sys.exit(0 if report.ok else EXIT_PROBLEMS)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,7 @@ class PackConfig:
     seed: int = key(0, "Seed of bfd's pack shuffle (same seed, same bytes).")
     on_error: str = key(
         "fail",
-        "Bad records: fail (stop, exit code 2) or skip (count by reason, log errors.jsonl).",
+        "Bad records: fail (stop, exit code 3) or skip (count by reason, log errors.jsonl).",
         choices=ON_ERROR,
     )
     # writing
@@ -152,6 +153,12 @@ class PackConfig:
         None, "Ray cluster to join with --engine ray [default: start a local Ray].", runtime=True
     )
     overwrite: bool = key(False, "Replace an existing output directory (a packtool output).", runtime=True)
+    strict: bool = key(
+        False,
+        "Exit 1 before writing any shard if a sample would not be packed whole (truncated, dropped, cut "
+        "by --max-packs, empty, nothing to learn, skipped as bad).",
+        runtime=True,
+    )
     quiet: bool = key(False, "No progress bars.", runtime=True, short="q")
 
     @classmethod
@@ -192,16 +199,123 @@ class PackConfig:
             raise ConfigError(
                 f"strategy must be one of {', '.join(STRATEGIES)} or module:callable, got {self.strategy!r}"
             )
-        if self.shard_max_bytes is not None and self.format != "webdataset":
-            raise ConfigError("shard_max_bytes bounds tar shards: it needs format webdataset")
         if not isinstance(self.pad_token_id, int) or isinstance(self.pad_token_id, bool):
             raise ConfigError(f"pad_token_id must be an integer, got {self.pad_token_id!r}")
+        self.check_conflicts(self.sample_format)
         return self
+
+    def check_conflicts(self, sample_format: str) -> None:
+        """``ConfigError`` naming both options when one is set where the other makes it do nothing (an
+        option without effect would be recorded in the manifest as if it had one). ``sample_format``: the
+        format in effect (``auto`` until the input's fields have decided it)."""
+        d = {f.name: f.default for f in dataclasses.fields(self)}
+
+        def changed(name: str) -> bool:
+            return getattr(self, name) != d[name]
+
+        custom = is_plugin_spec(str(self.strategy))
+        pairs = [
+            (
+                "long_samples",
+                "split_across_pack",
+                self.split_across_pack and changed("long_samples"),
+                "with --split-across-pack a long sample runs over into the next pack",
+            ),
+            (
+                "shard_max_bytes",
+                "format",
+                self.shard_max_bytes is not None and self.format != "webdataset",
+                "--shard-max-bytes bounds .tar shards (--format webdataset)",
+            ),
+            (
+                "row_group_size",
+                "format",
+                changed("row_group_size") and self.format != "parquet",
+                "--row-group-size is for Parquet shards",
+            ),
+            (
+                "ray_address",
+                "engine",
+                self.ray_address is not None and self.engine != "ray",
+                "--ray-address is for --engine ray",
+            ),
+            (
+                "split_across_pack",
+                "strategy",
+                self.split_across_pack and custom,
+                "a custom strategy splits in its pack_selected_samples",
+            ),
+            (
+                "packing_buffer_size",
+                "strategy",
+                self.packing_buffer_size is not None and self.strategy == "sequential",
+                "sequential packing reads the input once in order, with no buffer",
+            ),
+            (
+                "seed",
+                "strategy",
+                changed("seed") and self.strategy == "sequential",
+                "sequential packing keeps the input order and does not shuffle",
+            ),
+            (
+                "bos_token",
+                "add_bos",
+                self.bos_token is not None and not self.add_bos,
+                "--bos-token names the token --add-bos adds",
+            ),
+            (
+                "eos_token",
+                "add_eos",
+                self.eos_token is not None and not self.add_eos,
+                "--eos-token names the token --add-eos adds",
+            ),
+        ]
+        fine_tuning = {
+            "prompt_completion": ("prompt_field", "completion_field", "prompt_template", "train_on_prompt"),
+            "chat": ("chat_template", "loss_on"),
+        }
+        if sample_format != "auto":
+            for fmt, names in fine_tuning.items():
+                for name in names:
+                    pairs.append(
+                        (
+                            name,
+                            "sample_format",
+                            changed(name) and sample_format != fmt,
+                            f"--{_flag(name)} is for --sample-format {fmt.replace('_', '-')}",
+                        )
+                    )
+            pairs.append(
+                (
+                    "empty_loss",
+                    "sample_format",
+                    changed("empty_loss") and sample_format not in fine_tuning,
+                    "only fine-tuning formats (prompt_completion, chat) have samples with no loss",
+                )
+            )
+        for a, b, conflict, why in pairs:
+            if conflict:
+                value = sample_format if b == "sample_format" else getattr(self, b)
+                raise ConfigError(
+                    f"--{_flag(a)} {_shown(getattr(self, a))} and --{_flag(b)} {_shown(value)} conflict: "
+                    f"{why}; drop one"
+                )
 
 
 # Keys that say where and how a job runs, never what it writes. They are left out of the manifest (and
 # the run_id) so that the output is byte-identical for any number of processes, and wherever it is written.
 RUNTIME_KEYS = tuple(f.name for f in dataclasses.fields(PackConfig) if f.metadata["runtime"])
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _shown(value: Any) -> str:
+    """A value as a flag would take it (``on`` / ``off`` for booleans)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value).replace("_", "-") if isinstance(value, str) and value.isidentifier() else str(value)
 
 
 _TYPES = {"bool": bool, "int": int, "str": str, "list": list, "dict": dict}
@@ -239,9 +353,52 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
 
 
+def resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``values`` with the relative paths of a config file made relative to ``base`` (the file's folder),
+    so that a config file means the same files from any working directory.
+
+    Paths are the ``inputs`` (not ``hf:`` names), ``output``, ``chat_template``, and ``tokenizer`` or
+    ``strategy`` when they are a path (a ``.py`` file of a ``file.py:callable`` spec; not a dotted module).
+
+    >>> got = resolve_paths({"inputs": ["../data/a.jsonl", "hf:org/name"], "output": "/abs/out",
+    ...                      "strategy": "bfd", "tokenizer": "enc.py:encode"}, Path("configs"))
+    >>> got["inputs"], got["output"], got["strategy"], got["tokenizer"]
+    (['data/a.jsonl', 'hf:org/name'], '/abs/out', 'bfd', 'configs/enc.py:encode')
+    """
+
+    def rel(p: str) -> str:
+        return p if os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
+
+    def spec_or_path(p: str, named: tuple[str, ...] = ()) -> str:
+        if p in named:
+            return p
+        if is_plugin_spec(p):
+            module, _, name = p.rpartition(":")
+            file_like = module.endswith(".py") or "/" in module or "\\" in module
+            return f"{rel(module)}:{name}" if file_like else p
+        return rel(p)
+
+    out = dict(values)
+    for k, v in values.items():
+        if not isinstance(v, str) and k != "inputs":
+            continue
+        if k == "inputs":
+            items = [v] if isinstance(v, str) else v
+            if isinstance(items, list):
+                out[k] = [i if str(i).startswith("hf:") else rel(str(i)) for i in items]
+        elif k in ("output", "chat_template"):
+            out[k] = rel(v)
+        elif k == "tokenizer":
+            out[k] = spec_or_path(v)
+        elif k == "strategy":
+            out[k] = spec_or_path(v, STRATEGIES)
+    return out
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into a dict of PackConfig keys (dashes accepted for underscores);
-    ``ConfigError`` naming the file for a missing file, bad YAML or an unknown key."""
+    ``ConfigError`` naming the file for a missing file, bad YAML or an unknown key. Relative paths in it
+    are relative to the file (``resolve_paths``)."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -255,6 +412,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: a config file must be a mapping of keys to values")
     values = {str(k).replace("-", "_"): v for k, v in data.items()}
     PackConfig.from_dict(values, origin=str(path))  # unknown keys are an error here, naming the file
+    values = resolve_paths(values, path.parent)
     for name, value in values.items():
         if name != "inputs":
             try:

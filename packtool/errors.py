@@ -1,8 +1,18 @@
 """Errors that packtool reports to the user as one line, with a non-zero exit.
 
-``InputError`` is bad input (exit code 2): it names the file, the row and the field.
-``ConfigError`` is a bad option or config file (exit code 2).
-Anything else escaping the pipeline is an internal error (exit code 1).
+Every command (``pack``, ``inspect``, ``verify``) prints an error as one line on stderr,
+``packtool: error: <file>, row <r>, field '<f>': <what>``, and exits with one code per kind:
+
+====  ===================  ======================================================================
+code  name                 when
+====  ===================  ======================================================================
+0                          done; nothing lost, or every loss allowed and said as a warning
+1     ``EXIT_PROBLEMS``    problems found: ``verify`` found a defect; ``pack --strict`` would lose data
+2     ``EXIT_USAGE``       a bad or conflicting option, config file or output location (``ConfigError``)
+3     ``EXIT_INPUT``       bad input: an input record, a shard or a manifest (``InputError``)
+4     ``EXIT_FAILURE``     the run failed: the system (disk full) or an internal error (a bug)
+130   ``EXIT_INTERRUPTED`` interrupted (Ctrl-C); a ``pack`` run resumes when run again
+====  ===================  ======================================================================
 
 ``ErrorSink`` is the ``on_error`` policy in one place: readers and the encoding step hand it every bad
 record; under ``fail`` it raises the error, under ``skip`` it counts the record by reason and keeps the
@@ -15,25 +25,32 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 
 ON_ERROR = ("fail", "skip")
+EXIT_PROBLEMS, EXIT_USAGE, EXIT_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 MAX_LOGGED = 100  # locations of skipped records kept for errors.jsonl
 
 
 class PacktoolError(Exception):
     """Base class for errors that are shown to the user as a single line."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILURE
+
+
+class DataLossError(PacktoolError):
+    """``pack --strict``: samples would not be packed whole (raised before any shard is written)."""
+
+    exit_code = EXIT_PROBLEMS
 
 
 class ConfigError(PacktoolError):
     """A bad option, config key or config value."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class InputError(PacktoolError):
     """Bad input data. The message names the file, the row and the field."""
 
-    exit_code = 2
+    exit_code = EXIT_INPUT
 
     def __init__(
         self,

@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 
 from packtool.config import PackConfig
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import ConfigError, InputError
 from packtool.fileio import write_json_atomic
 from packtool.version import __version__
 
 MANIFEST = "manifest.json"
+ERRORS_LOG = "errors.jsonl"  # the first skipped records (on_error=skip), one JSON object a line
 FORMAT = "packtool"
 # 2: every pack's .json member in a tar shard carries the run_id and shard number (verify matches them)
 FORMAT_VERSION = 2
@@ -112,15 +113,15 @@ class SamplesPerPack:
 
 @dataclass
 class Stats:
-    """What happened to every input sample, and what the packs hold.
+    """What happened to every input sample and token, and what the packs hold.
 
-    The sample counts add up: ``packed_samples + empty_samples + dropped_samples +
-    samples_over_max_packs = num_samples`` (a sample partly cut by ``max_packs`` is packed and also in
-    ``partial_samples``); ``skipped_samples`` are bad records left out before counting.
+    Every input sample has one fate (``sample_fates``), and they add up to ``input_samples``; the tokens
+    add up the same way (``token_fates``). Any fate but packed whole or split across packs is a loss, and
+    ``losses()`` says each one in a line (the pack summary, ``inspect`` and its ``warnings`` show them).
     """
 
     num_samples: int = 0  # records encoded (bad records skipped under on_error=skip are not among them)
-    packed_samples: int = 0
+    packed_samples: int = 0  # samples with tokens in the packs (whole, split, truncated or partial)
     num_packs: int = 0
     num_tokens: int = 0  # real tokens in the packs
     input_tokens: int = 0  # tokens of every encoded sample
@@ -129,18 +130,23 @@ class Stats:
     lower_bound_packs: int = 0
     packs_over_lower_bound: int = 0
     samples_per_pack: SamplesPerPack = field(default_factory=SamplesPerPack)
-    empty_samples: int = 0  # encoded to no tokens: left out
-    dropped_samples: int = 0  # longer than N under long_samples=drop
-    dropped_tokens: int = 0
-    truncated_samples: int = 0  # cut to N under long_samples=truncate
+    # the fates of the samples (one each)
+    whole_samples: int = 0  # packed whole, in one pack
+    split_samples: int = 0  # packed whole, spread over more than one pack
+    truncated_samples: int = 0  # packed cut to N (long_samples=truncate)
     truncated_tokens: int = 0
-    split_samples: int = 0  # packed samples spread over more than one pack (before max_packs)
-    samples_over_max_packs: int = 0  # left out whole by max_packs
-    tokens_over_max_packs: int = 0
     partial_samples: int = 0  # packed, partly cut off by max_packs
+    samples_over_max_packs: int = 0  # left out wholly by max_packs
+    tokens_over_max_packs: int = 0
+    dropped_samples: int = 0  # longer than N, left out (long_samples=drop)
+    dropped_tokens: int = 0
+    empty_samples: int = 0  # encoded to no tokens: left out
+    empty_loss_samples: int = 0  # tokens but nothing to learn (the empty_loss policy says what happened)
+    empty_loss_dropped: int = 0  # ... of them left out (empty_loss=drop)
+    empty_loss_tokens: int = 0  # tokens of those left out
     skipped_samples: int = 0  # bad records left out under on_error=skip, by reason below
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
-    empty_loss_samples: int = 0  # tokens but nothing to learn (empty_loss policy)
+    policy_token_delta: int = 0  # tokens a custom pack_selected_samples added (+) or removed (-)
 
     @classmethod
     def from_dict(cls, d: dict) -> Stats:
@@ -151,6 +157,103 @@ class Stats:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def input_samples(self) -> int:
+        """Records read: encoded ones and bad ones skipped."""
+        return self.num_samples + self.skipped_samples
+
+    def sample_fates(self) -> dict[str, int]:
+        """Input samples by fate, one fate each: the values add up to ``input_samples``.
+
+        >>> Stats(num_samples=5, whole_samples=3, empty_samples=1, skipped_samples=1,
+        ...       dropped_samples=1).sample_fates()["packed whole"]
+        3
+        """
+        return {
+            "packed whole": self.whole_samples,
+            "split across packs": self.split_samples,
+            "truncated": self.truncated_samples,
+            "partly cut by max_packs": self.partial_samples,
+            "left out by max_packs": self.samples_over_max_packs,
+            "too long, dropped": self.dropped_samples,
+            "empty, left out": self.empty_samples,
+            "nothing to learn, left out": self.empty_loss_dropped,
+            "bad record, skipped": self.skipped_samples,
+        }
+
+    def token_fates(self) -> dict[str, int]:
+        """Input tokens by fate: the values add up to ``input_tokens`` (+ ``policy_token_delta``)."""
+        return {
+            "packed": self.num_tokens,
+            "cut by truncation": self.truncated_tokens,
+            "cut by max_packs": self.tokens_over_max_packs,
+            "in dropped samples": self.dropped_tokens,
+            "in samples with nothing to learn": self.empty_loss_tokens,
+        }
+
+    def check(self) -> list[str]:
+        """What does not add up (a damaged manifest, or a packtool bug); empty when all is well."""
+        wrong = []
+        fates = sum(self.sample_fates().values())
+        if fates != self.input_samples:
+            wrong.append(f"sample fates add up to {fates:,}, not the {self.input_samples:,} input samples")
+        tokens = sum(self.token_fates().values())
+        if tokens != self.input_tokens + self.policy_token_delta:
+            wrong.append(
+                f"token fates add up to {tokens:,}, not the {self.input_tokens + self.policy_token_delta:,} "
+                "input tokens"
+            )
+        packed = self.whole_samples + self.split_samples + self.truncated_samples + self.partial_samples
+        if packed != self.packed_samples:
+            wrong.append(f"packed_samples is {self.packed_samples:,}, its fates add up to {packed:,}")
+        return wrong
+
+    def losses(self, config: PackConfig) -> list[str]:
+        """One line per kind of loss (every sample not packed whole, with its tokens), in input terms.
+
+        >>> Stats(num_samples=10, dropped_samples=2, dropped_tokens=900).losses(PackConfig(
+        ...     packed_sequence_size=256))
+        ['2 of 10 samples longer than 256 tokens were dropped (900 tokens; long_samples=drop)']
+        """
+        n, total = config.packed_sequence_size, self.input_samples
+        out = []
+        if self.truncated_samples:
+            out.append(
+                f"{self.truncated_samples:,} of {total:,} samples were truncated to {n} tokens "
+                f"({self.truncated_tokens:,} tokens cut; long_samples=truncate)"
+            )
+        if self.dropped_samples:
+            out.append(
+                f"{self.dropped_samples:,} of {total:,} samples longer than {n} tokens were dropped "
+                f"({self.dropped_tokens:,} tokens; long_samples=drop)"
+            )
+        if self.samples_over_max_packs or self.partial_samples:
+            part = f", {self.partial_samples:,} more cut short" if self.partial_samples else ""
+            out.append(
+                f"{self.samples_over_max_packs:,} of {total:,} samples were left out by max_packs "
+                f"{config.max_packs}{part} ({self.tokens_over_max_packs:,} tokens)"
+            )
+        if self.empty_samples:
+            out.append(f"{self.empty_samples:,} of {total:,} samples were empty (no tokens) and left out")
+        if self.empty_loss_dropped:
+            out.append(
+                f"{self.empty_loss_dropped:,} of {total:,} samples had nothing to learn (every label -100) "
+                f"and were left out ({self.empty_loss_tokens:,} tokens; empty_loss=drop)"
+            )
+        if self.skipped_samples:
+            reasons = ", ".join(f"{k} {v:,}" for k, v in self.skipped_by_reason.items())
+            out.append(
+                f"{self.skipped_samples:,} of {total:,} records were bad and skipped ({reasons}; "
+                "on_error=skip, first ones in errors.jsonl)"
+            )
+        return out
+
+    def lost_totals(self) -> tuple[int, int]:
+        """(samples not packed whole, input tokens not in the packs)."""
+        kept = self.whole_samples + self.split_samples
+        lost_tokens = sum(v for k, v in self.token_fates().items() if k != "packed")
+        return self.input_samples - kept, lost_tokens
 
 
 @dataclass
@@ -221,11 +324,15 @@ class TokenizerIdentity:
 
 @dataclass
 class InputEntry:
-    """One input as the run saw it: its name, reader kind and size in bytes."""
+    """One input as the run saw it: its name, reader kind, size in bytes, the samples it gave (its
+    records less the bad ones skipped; ``sample_index`` numbers them in input order across inputs) and
+    its absolute ``path`` (a local input), so that ``inspect`` finds it from any directory."""
 
     source: str
     kind: str
     bytes: int
+    num_samples: int | None = None
+    path: str | None = None
 
 
 # --- shards --------------------------------------------------------------------------------------------
@@ -298,26 +405,26 @@ class Manifest:
     # reading and writing ----------------------------------------------------------------------------
     @classmethod
     def load(cls, directory: str | Path) -> Manifest:
-        """The manifest of output ``directory``; ``PacktoolError`` naming the file and field if there is
+        """The manifest of output ``directory``; ``InputError`` naming the file and field if there is
         none, it does not parse, or it is not a packtool manifest this version can read."""
         path = Path(directory) / MANIFEST
         if not path.exists():
-            raise PacktoolError(f"{directory}: no {MANIFEST} (not packtool output, or an unfinished run)")
+            raise InputError(f"{directory}: no {MANIFEST} (not packtool output, or an unfinished run)")
         try:
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise PacktoolError(f"{path}: not valid JSON ({getattr(e, 'msg', e)})") from None
+            raise InputError(f"{path}: not valid JSON ({getattr(e, 'msg', e)})") from None
         return cls.from_dict(data, origin=str(path))
 
     @classmethod
     def from_dict(cls, d: Any, origin: str = MANIFEST) -> Manifest:
         if not isinstance(d, dict) or d.get("format", FORMAT) != FORMAT:
-            raise PacktoolError(f"{origin}: not a packtool manifest")
+            raise InputError(f"{origin}: not a packtool manifest")
         for key in ("run_id", "packed_sequence_size", "shards", "stats", "config"):
             if key not in d:
-                raise PacktoolError(f"{origin}, field '{key}': missing (not a complete packtool manifest)")
+                raise InputError(f"{origin}, field '{key}': missing (not a complete packtool manifest)")
         if not isinstance(d["packed_sequence_size"], int) or d["packed_sequence_size"] <= 0:
-            raise PacktoolError(f"{origin}, field 'packed_sequence_size': not a positive integer")
+            raise InputError(f"{origin}, field 'packed_sequence_size': not a positive integer")
         try:
             shards = [ShardEntry.from_dict(s) for s in d["shards"]]
             config = PackConfig.from_dict(d["config"], origin=f"{origin}, field 'config'")
@@ -342,7 +449,7 @@ class Manifest:
                 packtool_version=d.get("packtool_version", "unknown"),
             )
         except (TypeError, KeyError, AttributeError, ConfigError) as e:
-            raise PacktoolError(f"{origin}: not a valid packtool manifest ({e})") from None
+            raise InputError(f"{origin}: not a valid packtool manifest ({e})") from None
 
     def to_dict(self) -> dict[str, Any]:
         out = {

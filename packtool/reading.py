@@ -14,14 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
-from packtool.errors import PacktoolError
+from packtool.errors import InputError, PacktoolError
 from packtool.formats import get_format
 from packtool.formats.base import UNIT_ERRORS, ShardMismatch
 from packtool.manifest import TRAINING_COLUMNS, Manifest
 
 
 def load_manifest(directory: str | Path) -> Manifest:
-    """The output's manifest, typed (``packtool.manifest.Manifest``); ``PacktoolError`` if ``directory``
+    """The output's manifest, typed (``packtool.manifest.Manifest``); ``InputError`` if ``directory``
     is not a finished packtool output. ``.to_dict()`` gives ``manifest.json`` as a dict."""
     return Manifest.load(directory)
 
@@ -36,7 +36,7 @@ def read_packs(directory: str | Path, *, with_sample_index: bool = False) -> Ite
     starts inside its sample).
 
     A shard that is not the manifest's (another run's, one that does not parse, one holding another number
-    of packs) raises ``PacktoolError`` naming it, once the packs before it are out.
+    of packs) raises ``InputError`` naming it, once the packs before it are out.
     """
     directory = Path(directory)
     manifest = Manifest.load(directory)
@@ -52,11 +52,11 @@ def read_packs(directory: str | Path, *, with_sample_index: bool = False) -> Ite
                 try:
                     packs = reader.read(s, part, columns)
                 except PacktoolError as e:  # names the shard already
-                    raise PacktoolError(f"{e}; run packtool verify") from None
+                    raise InputError(f"{e}; run packtool verify") from None
                 except ShardMismatch as e:  # it reads, but it is not the manifest's shard
-                    raise PacktoolError(f"{path}: {e}; run packtool verify") from None
+                    raise InputError(f"{path}: {e}; run packtool verify") from None
                 except UNIT_ERRORS as e:
-                    raise PacktoolError(f"{path}: cannot be read ({e}); run packtool verify") from None
+                    raise InputError(f"{path}: cannot be read ({e}); run packtool verify") from None
                 yield from packs.packs(with_sample_index)
     finally:
         reader.close()

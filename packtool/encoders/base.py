@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packtool.arrays import arrow_array, np_view
-from packtool.errors import InputError, PacktoolError
+from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.manifest import IGNORE_INDEX
 from packtool.readers.base import SourceBatch
 
@@ -175,10 +175,10 @@ class FunctionEncoder:
                 code="encoder_failed",
             ) from e
         if not isinstance(out, dict) or "input_ids" not in out:
-            raise PacktoolError(f"encoder {self.spec} must return a dict with 'input_ids'")
+            raise ConfigError(f"encoder {self.spec} must return a dict with 'input_ids'")
         input_ids = to_token_lists(out["input_ids"], batch, "input_ids")
         if len(input_ids) != batch.num_rows:
-            raise PacktoolError(
+            raise ConfigError(
                 f"encoder {self.spec} returned {len(input_ids)} rows for {batch.num_rows} records"
             )
         if out.get("labels") is not None:

@@ -12,7 +12,8 @@ should learn to produce). ``loss_columns`` turns that flat 0/1 array into the tw
 
 In both, ``loss_mask == (labels != -100)``. ``apply_empty_loss`` then applies the ``empty_loss`` policy to
 samples that have tokens but no trained one, and records how many there were in the record batch's schema
-metadata (key ``packtool.empty_loss_samples``), which the chunk writer adds up into the manifest stats.
+metadata (keys ``packtool.empty_loss_samples`` and ``packtool.empty_loss_tokens``), which the chunk writer
+adds up into the manifest stats.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from packtool.encoders.base import IGNORE_INDEX, MASK, TOKENS, encoded_batch
 from packtool.readers.base import SourceBatch
 
 EMPTY_LOSS_META = b"packtool.empty_loss_samples"
+EMPTY_LOSS_TOKENS_META = b"packtool.empty_loss_tokens"
 
 
 def loss_columns(
@@ -117,13 +119,17 @@ def apply_empty_loss(
 
         input_ids, labels, loss_mask = cut(input_ids, TOKENS), cut(labels, TOKENS), cut(loss_mask, MASK)
     rb = encoded_batch(input_ids, labels, loss_mask)
-    return rb.replace_schema_metadata({EMPTY_LOSS_META: str(count).encode()})
+    tokens = int(lengths[empty].sum())
+    return rb.replace_schema_metadata(
+        {EMPTY_LOSS_META: str(count).encode(), EMPTY_LOSS_TOKENS_META: str(tokens).encode()}
+    )
 
 
-def empty_loss_count(rb: pa.RecordBatch) -> int:
-    """How many samples of an encoded batch had nothing to learn (0 when the encoder does not say)."""
+def empty_loss_count(rb: pa.RecordBatch) -> tuple[int, int]:
+    """How many samples of an encoded batch had nothing to learn, and their tokens (0, 0 when the encoder
+    does not say)."""
     meta = rb.schema.metadata or {}
-    return int(meta.get(EMPTY_LOSS_META, b"0"))
+    return int(meta.get(EMPTY_LOSS_META, b"0")), int(meta.get(EMPTY_LOSS_TOKENS_META, b"0"))
 
 
 def concat_lists(

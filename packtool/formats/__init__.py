@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from packtool.errors import PacktoolError
+from packtool.errors import InputError
 from packtool.formats.base import ShardFormat, ShardMeta, UnitReader
 from packtool.formats.parquet import ParquetFormat
 from packtool.formats.webdataset import WebDatasetFormat
@@ -15,11 +15,11 @@ FORMATS: dict[str, ShardFormat] = {f.name: f for f in (ParquetFormat(), WebDatas
 
 
 def get_format(name: str) -> ShardFormat:
-    """The format named ``name``; ``PacktoolError`` for a name this packtool does not know."""
+    """The format named ``name``; ``InputError`` for a name this packtool does not know."""
     try:
         return FORMATS[name]
     except KeyError:
-        raise PacktoolError(
+        raise InputError(
             f"shard format {name!r} is not known to this packtool (known: {', '.join(FORMATS)})"
         ) from None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packtool.errors import PacktoolError
+from packtool.errors import InputError
 from packtool.manifest import ShardEntry
 
 BLOCK = tarfile.BLOCKSIZE  # 512
@@ -60,7 +60,7 @@ def npy_bytes(array: np.ndarray) -> bytes:
 def members(path: Path, buf) -> Iterator[tuple[str, int, int]]:
     """``(name, data offset, size)`` of every regular file of the archive in ``buf``, in order.
 
-    Raises ``PacktoolError`` naming ``path`` and the byte where the archive stops parsing (a damaged
+    Raises ``InputError`` naming ``path`` and the byte where the archive stops parsing (a damaged
     header, a member running past the end, an end inside a member).
     """
     pos, end = 0, len(buf)
@@ -71,16 +71,16 @@ def members(path: Path, buf) -> Iterator[tuple[str, int, int]]:
         except tarfile.EOFHeaderError:  # the end-of-archive marker (a zero block)
             return
         except (tarfile.HeaderError, UnicodeDecodeError):
-            raise PacktoolError(f"{path}: bad tar header checksum at byte {pos}") from None
+            raise InputError(f"{path}: bad tar header checksum at byte {pos}") from None
         if pos + BLOCK + info.size > end:
-            raise PacktoolError(
+            raise InputError(
                 f"{path}: truncated tar archive (member {info.name} at byte {pos} runs past the end)"
             )
         if info.isreg():
             yield info.name, pos + BLOCK, info.size
         pos += member_size(info.size)
     if pos != end:
-        raise PacktoolError(f"{path}: truncated tar archive (ends inside the member at byte {pos})")
+        raise InputError(f"{path}: truncated tar archive (ends inside the member at byte {pos})")
 
 
 def samples(
@@ -90,7 +90,7 @@ def samples(
     offset)``: adjacent members with the same key, as WebDataset groups them (a repeated member is kept as
     ``"EXT (again)"``).
 
-    Raises ``PacktoolError`` where the archive does not parse, after yielding the samples before it. The
+    Raises ``InputError`` where the archive does not parse, after yielding the samples before it. The
     sample being read when it fails is yielded first only if ``complete`` is given and the sample already
     holds every member of it (so the error belongs to the next one); else it is left out.
     """
@@ -104,7 +104,7 @@ def samples(
                 key, start, found = k, offset - BLOCK, {}
             found[ext if ext not in found else f"{ext} (again)"] = (offset, size)
             end = offset + -(-size // BLOCK) * BLOCK
-    except PacktoolError:
+    except InputError:
         if key is not None and complete is not None and complete <= found.keys():
             yield key, start, found, end
         raise
@@ -115,7 +115,7 @@ def samples(
 def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
     """The ``.npy`` member at ``buf[offset : offset + size]`` as a read-only view into ``buf``.
 
-    Raises ``PacktoolError`` naming ``path`` and member ``name`` if it is not a plain ``.npy`` array of
+    Raises ``InputError`` naming ``path`` and member ``name`` if it is not a plain ``.npy`` array of
     exactly ``size`` bytes (no pickle, no Fortran order).
     """
     header = io.BytesIO(bytes(buf[offset : offset + min(size, 4096)]))
@@ -127,11 +127,11 @@ def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
             raise ValueError(f"version {version}")
         shape, fortran, dtype = read(header)
     except ValueError as e:
-        raise PacktoolError(f"{path}: member {name} has a bad .npy header ({e})") from None
+        raise InputError(f"{path}: member {name} has a bad .npy header ({e})") from None
     count = int(np.prod(shape))
     start = header.tell()
     if dtype.hasobject or fortran or start + count * dtype.itemsize != size:
-        raise PacktoolError(f"{path}: member {name} is not a plain C-order .npy array of its size")
+        raise InputError(f"{path}: member {name} is not a plain C-order .npy array of its size")
     return np.frombuffer(buf, dtype=dtype, count=count, offset=offset + start).reshape(shape)
 
 

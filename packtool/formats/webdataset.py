@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from packtool.config import PackConfig
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.formats import tar
 from packtool.formats.base import ProblemSink, ShardFormat, ShardMeta, ShardMismatch, UnitReader
 from packtool.formats.tar import BLOCK, INDEX_SUFFIX, RECORD, member_size, npy_bytes, pack_key, tar_index_name
@@ -152,9 +152,9 @@ def _check_run_id(path: Path, name: str, data: bytes, run_id: str) -> None:
     try:
         found = json.loads(data).get("run_id")
     except (ValueError, AttributeError):
-        raise PacktoolError(f"{path}: member {name} is not a JSON object") from None
+        raise InputError(f"{path}: member {name} is not a JSON object") from None
     if found is not None and found != run_id:
-        raise PacktoolError(f"{path}: shard of run {found}, the manifest is run {run_id}")
+        raise InputError(f"{path}: shard of run {found}, the manifest is run {run_id}")
 
 
 def _npy_members(
@@ -198,7 +198,7 @@ def read_tar_packs(path: Path, n: int, columns: Iterable[str], run_id: str | Non
     """The packs of one tar shard in order, as dicts of the ``columns`` asked for.
 
     The shard is memory-mapped; each ``.npy`` member becomes one array copy. With ``run_id``, a shard whose
-    first ``.json`` member names another run raises ``PacktoolError``.
+    first ``.json`` member names another run raises ``InputError``.
     """
     columns = set(columns)
     out = []
@@ -214,10 +214,10 @@ def read_tar_packs(path: Path, n: int, columns: Iterable[str], run_id: str | Non
                 pack = _npy_members(path, key, found, buf, columns)
                 missing = [c for c in TRAINING_COLUMNS if c in columns and c not in pack]
                 if missing:
-                    raise PacktoolError(f"{path}: pack {key} has no {', '.join(missing)} member")
+                    raise InputError(f"{path}: pack {key} has no {', '.join(missing)} member")
                 if pack["input_ids"].shape != (n,):
                     shape = pack["input_ids"].shape
-                    raise PacktoolError(f"{path}: pack {key} has input_ids of shape {shape}, expected ({n},)")
+                    raise InputError(f"{path}: pack {key} has input_ids of shape {shape}, expected ({n},)")
                 out.append(pack)
     return out
 
@@ -287,7 +287,7 @@ class WebDatasetFormat(ShardFormat):
         offsets = tar.read_index(path).astype(np.int64)
         size = path.stat().st_size
         if len(offsets) < 2 or size != -(-(int(offsets[-1]) + 2 * BLOCK) // RECORD) * RECORD:
-            raise PacktoolError(
+            raise InputError(
                 f"{path.name}{INDEX_SUFFIX} does not end where the tar's {size:,} bytes do (stale index?)"
             )
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -321,4 +321,4 @@ def _pack_meta(path: Path, buf, start: int, end: int) -> dict:
     for member, offset, size in tar.members(path, chunk):
         if member.endswith(".json"):
             return json.loads(chunk[offset : offset + size])
-    raise PacktoolError(f"{path}: no .json member between bytes {start} and {end}")
+    raise InputError(f"{path}: no .json member between bytes {start} and {end}")

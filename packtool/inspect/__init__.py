@@ -22,10 +22,11 @@ import numpy as np
 
 from packtool.arrays import ranges
 from packtool.encoders.text import HFTokenizer
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import ConfigError, InputError
 from packtool.fileio import file_sha256
 from packtool.formats import get_format
-from packtool.manifest import Histogram, Manifest, SamplesPerPack, total_stats
+from packtool.inspect.sources import locate_samples
+from packtool.manifest import IGNORE_INDEX, Histogram, Manifest, SamplesPerPack, total_stats
 from packtool.verify import Problem, VerifyReport, iter_batches
 
 
@@ -65,6 +66,8 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
                     warnings.append(f"{entry.path}: {key} {value} in the file, {recorded} in the manifest")
         shards.append(sh)
     stats = m.stats.to_dict()
+    losses = m.stats.losses(m.config)
+    warnings[:0] = [f"lost: {line}" for line in losses] + [f"manifest: {w}" for w in m.stats.check()]
     report = {
         "directory": str(directory),
         "run_id": m.run_id,
@@ -78,7 +81,12 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         "tokenizer": m.tokenizer.to_dict(),
         "inputs": [dataclasses.asdict(i) for i in m.inputs],
         "config": m.config.to_dict(include_runtime=False),
+        "settings": settings(m),
         **stats,
+        "input_samples": m.stats.input_samples,
+        "sample_fates": m.stats.sample_fates(),
+        "token_fates": m.stats.token_fates(),
+        "losses": losses,
         "shards": shards,
         "histograms": {k: dataclasses.asdict(h) for k, h in m.histograms.items()},
         "warnings": warnings,
@@ -89,6 +97,32 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
             if key in stats and value != stats[key]:
                 warnings.append(f"{key}: {value} in the data, {stats[key]} in the manifest")
     return report
+
+
+def settings(m: Manifest) -> dict:
+    """The settings in effect for the run, defaults resolved (what ``inspect`` shows as settings)."""
+    c, tok = m.config, m.tokenizer
+    return {
+        "packed_sequence_size": m.packed_sequence_size,
+        "sample_format": m.sample_format,
+        "strategy": c.strategy,
+        "seed": c.seed if c.strategy == "bfd" else None,
+        "split_across_pack": c.split_across_pack,
+        "long_samples": None if c.split_across_pack else c.long_samples,
+        "max_packs": c.max_packs,
+        "position_ids": m.position_ids,
+        "labels": m.labels,
+        "add_bos": c.add_bos,
+        "add_eos": c.add_eos,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": m.pad_token_id,
+        "empty_loss": c.empty_loss if m.sample_format in ("prompt_completion", "chat") else None,
+        "on_error": c.on_error,
+        "shard_format": m.shard_format,
+        "shard_size": c.shard_size,
+        "row_group_size": c.row_group_size if get_format(m.shard_format).unit_kind else None,
+    }
 
 
 def recompute_stats(directory: str | Path, manifest: Manifest, warnings: list[str] | None = None) -> dict:
@@ -145,7 +179,7 @@ def read_one_pack(directory: str | Path, manifest: Manifest, index: int) -> tupl
 
     The pack is read alone where the format allows (its Parquet row group, its bytes through a tar
     shard's ``.tar.idx``); failing that the shard is read in order, as ``verify`` reads it. Raises
-    ``PacktoolError`` naming the shard, the pack and why when the pack cannot be read either way.
+    ``InputError`` naming the shard, the pack and why when the pack cannot be read either way.
     """
     total = manifest.num_packs
     if not 0 <= index < total:
@@ -167,9 +201,7 @@ def read_one_pack(directory: str | Path, manifest: Manifest, index: int) -> tupl
         for first, packs in fmt.check(path, entry, manifest, check, shard, base):
             if first <= row < first + packs.num_packs:
                 return packs.pack(row - first, with_sample_index=True), entry.path, row
-    raise PacktoolError(
-        f"{path}: pack {index} cannot be read{_why(check.problems, index)}; run packtool verify"
-    )
+    raise InputError(f"{path}: pack {index} cannot be read{_why(check.problems, index)}; run packtool verify")
 
 
 def _why(problems: list[Problem], index: int) -> str:
@@ -185,24 +217,35 @@ def _why(problems: list[Problem], index: int) -> str:
 def pack_report(
     directory: str | Path, index: int, *, decode: bool = False, tokenizer: str | None = None
 ) -> dict:
-    """One pack: its ``seq_lens``, ``sample_index``, and (``decode``) each sample's text.
+    """One pack: its ``seq_lens``, ``sample_index``, and where each piece comes from.
 
-    The text is decoded with the tokenizer named in the manifest (or ``tokenizer``), loaded with
-    ``HFTokenizer``. Returns ``{"pack", "shard", "row", "seq_lens", "sample_index", "pieces": [...],
-    "padding_tokens", "fill_rate"}``; each piece has ``sample_index``, ``offset`` (in the pack), ``length``
-    and with ``decode`` ``text``.
+    Returns ``{"pack", "shard", "row", "seq_lens", "sample_index", "pieces": [...], "padding_tokens",
+    "fill_rate"}``. Each piece has ``sample_index``, ``offset`` (its place in the pack), ``length``,
+    ``sample_offset`` (where it starts in its sample), ``continuation`` (it continues a sample begun in
+    an earlier pack) and ``source`` (``{"source", "row_kind", "row", "sample_in_source"}``). With
+    ``decode``, ``text`` and ``segments``: the text cut where the tokens go from trained (a target of
+    the loss) to untrained and back, decoded with the run's tokenizer (or ``tokenizer``).
     """
     m = Manifest.load(directory)
     n = m.packed_sequence_size
     pack, shard, row = read_one_pack(directory, m, index)
     seq_lens = [int(x) for x in pack["seq_lens"]]
     samples = [int(x) for x in pack["sample_index"]]
+    starts = [int(x) for x in pack.get("sample_offset", np.zeros(len(samples), dtype=np.int64))]
     lengths = seq_lens[: len(samples)]
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
     used = int(offsets[-1])
+    where = locate_samples(directory, m, samples)
     pieces = [
-        {"sample_index": s, "offset": int(o), "length": int(length)}
-        for s, o, length in zip(samples, offsets[:-1], lengths, strict=True)
+        {
+            "sample_index": s,
+            "offset": int(o),
+            "length": int(length),
+            "sample_offset": start,
+            "continuation": start > 0,
+            "source": where.get(s),
+        }
+        for s, o, length, start in zip(samples, offsets[:-1], lengths, starts, strict=True)
     ]
     out = {
         "pack": index,
@@ -215,28 +258,69 @@ def pack_report(
         "pieces": pieces,
     }
     if decode:
-        tok = load_tokenizer(m, tokenizer)
+        tok = load_tokenizer(m, tokenizer, directory)
         ids = pack["input_ids"]
+        trained = trained_tokens(pack["labels"], pack["seq_lens"], m.labels)
         for p in pieces:
-            p["text"] = tok.decode([int(t) for t in ids[p["offset"] : p["offset"] + p["length"]]])
+            a, b = p["offset"], p["offset"] + p["length"]
+            p["text"] = tok.decode([int(t) for t in ids[a:b]])
+            cuts = [a, *(a + 1 + np.flatnonzero(np.diff(trained[a:b].astype(np.int8)))).tolist(), b]
+            p["segments"] = [
+                {"trained": bool(trained[x]), "text": tok.decode([int(t) for t in ids[x:y]])}
+                for x, y in zip(cuts[:-1], cuts[1:], strict=True)
+            ]
     return out
 
 
-def load_tokenizer(manifest: Manifest, override: str | None = None) -> HFTokenizer:
-    """``HFTokenizer`` for the manifest's ``tokenizer`` entry (or ``override``); checks its sha256."""
+def trained_tokens(labels: np.ndarray, seq_lens: np.ndarray, convention: str) -> np.ndarray:
+    """``(N,)`` bool: the tokens of a pack the loss trains the model to produce.
+
+    ``unshifted`` labels name the token itself; ``shifted`` labels at ``i`` name token ``i + 1``, so a
+    token is trained when the label before it is not -100 (the first token of every ``seq_lens`` entry
+    is not: no earlier token of its piece predicts it).
+
+    >>> trained_tokens(np.array([-100, 7, 8, -100, 5, -100]), np.array([4, 2]), "shifted").tolist()
+    [False, False, True, True, False, True]
+    """
+    taken = np.asarray(labels) != IGNORE_INDEX
+    if convention != "shifted":
+        return taken
+    out = np.zeros(len(taken), dtype=bool)
+    out[1:] = taken[:-1]
+    out[np.cumsum(np.asarray(seq_lens, dtype=np.int64))[:-1]] = False
+    return out
+
+
+def load_tokenizer(
+    manifest: Manifest, override: str | None = None, directory: str | Path | None = None
+) -> HFTokenizer:
+    """``HFTokenizer`` for the manifest's ``tokenizer`` entry (or ``override``); checks its sha256.
+
+    The run's tokenizer is looked for where the run found it: its name as given (relative to the working
+    directory), its absolute ``path``, then its name relative to the output ``directory``; the error
+    names every place tried.
+    """
     ident = manifest.tokenizer
-    spec = override or ident.name
-    if not spec or (override is None and ident.kind != "huggingface"):
+    if override:
+        if not Path(override).exists():
+            raise ConfigError(f"--tokenizer {override}: not found")
+        return HFTokenizer(override)
+    if not ident.name or ident.kind != "huggingface":
         raise ConfigError(
             f"the manifest names no Hugging Face tokenizer (tokenizer kind {ident.kind!r}); "
             "pass --tokenizer PATH to decode"
         )
-    if not Path(spec).exists():
-        if override:
-            raise ConfigError(f"--tokenizer {spec}: not found")
-        raise ConfigError(f"tokenizer {spec} from the manifest is not found here; pass --tokenizer PATH")
+    tried = [ident.name, ident.details.get("path")]
+    if directory is not None and not Path(ident.name).is_absolute():
+        tried.append(str(Path(directory) / ident.name))
+    tried = list(dict.fromkeys(t for t in tried if t))
+    spec = next((t for t in tried if Path(t).exists()), None)
+    if spec is None:
+        raise ConfigError(
+            f"tokenizer of the run not found: tried {', '.join(tried)}; pass --tokenizer PATH to decode"
+        )
     tok = HFTokenizer(spec)
-    if override is None and ident.sha256 and tok.hash_file and file_sha256(tok.hash_file) != ident.sha256:
+    if ident.sha256 and tok.hash_file and file_sha256(tok.hash_file) != ident.sha256:
         raise ConfigError(
             f"tokenizer {spec} has changed since the run (sha256 differs from the manifest's); "
             "pass --tokenizer PATH to decode with it anyway"

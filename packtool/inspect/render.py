@@ -12,20 +12,6 @@ from rich.text import Text
 
 from packtool.errors import ConfigError
 
-# config keys shown as "strategy and config" (the rest is in --json)
-CONFIG_KEYS = (
-    "strategy",
-    "split_across_pack",
-    "long_samples",
-    "max_packs",
-    "position_ids",
-    "labels",
-    "add_bos",
-    "add_eos",
-    "pad_token_id",
-    "shard_size",
-    "row_group_size",
-)
 HISTOGRAM_TITLES = {
     "sample_lengths": "sample lengths (tokens, as read)",
     "pack_fill": "pack fill (real tokens per pack)",
@@ -79,51 +65,44 @@ def render_report(report: dict) -> None:
     rows = [
         ("run_id", report["run_id"]),
         ("packed_sequence_size (N)", f"{n:,}"),
-        ("samples in", f"{report['num_samples']:,}"),
-        ("samples packed", f"{report['packed_samples']:,}"),
         ("packs", f"{report['num_packs']:,}"),
-        ("tokens", f"{report['num_tokens']:,}"),
+        ("tokens in the packs", f"{report['num_tokens']:,}"),
         ("padding tokens", f"{report['padding_tokens']:,}"),
         ("fill rate", f"{report['fill_rate']:.2%}"),
         ("lower bound ceil(tokens / N)", f"{report['lower_bound_packs']:,} packs"),
         ("packs over lower bound", f"{report['packs_over_lower_bound']:,}"),
         ("samples per pack mean / min / max", f"{spp['mean']:.2f} / {spp['min']} / {spp['max']}"),
-        ("empty samples", f"{report['empty_samples']:,}"),
-        (
-            f"nothing to learn ({report.get('empty_loss', 'drop')})",
-            f"{report.get('empty_loss_samples', 0):,}",
-        ),
-        (
-            "dropped samples (too long)",
-            f"{report['dropped_samples']:,} ({report.get('dropped_tokens', 0):,} tokens)",
-        ),
-        (
-            "truncated samples",
-            f"{report['truncated_samples']:,} ({report.get('truncated_tokens', 0):,} tokens cut)",
-        ),
-        ("split samples", f"{report['split_samples']:,}"),
-        (
-            "samples over max_packs",
-            f"{report['samples_over_max_packs']:,} ({report.get('tokens_over_max_packs', 0):,} tokens)",
-        ),
-        ("skipped samples (bad input)", f"{report.get('skipped_samples', 0):,}"),
     ]
-    rows += [(f"  skipped: {k}", f"{v:,}") for k, v in report.get("skipped_by_reason", {}).items()]
     for k, v in rows:
         overview.add_row(k, v)
     overview.add_section()
-    cfg = report.get("config") or {}
-    overview.add_row("format", f"{report.get('shard_format')} ({report.get('sample_format')} input)")
-    for key in CONFIG_KEYS:
-        if key in cfg:
-            overview.add_row(key, str(cfg[key]))
+    total = report.get("input_samples", report["num_samples"])
+    overview.add_row("input samples", f"{total:,}")
+    for fate, count in report.get("sample_fates", {}).items():
+        if count or fate == "packed whole":
+            overview.add_row(f"  {fate}", f"{count:,}")
+    if report.get("empty_loss_samples") and report.get("settings", {}).get("empty_loss") == "keep":
+        overview.add_row("  (of them, nothing to learn, kept)", f"{report['empty_loss_samples']:,}")
+    for k, v in report.get("skipped_by_reason", {}).items():
+        overview.add_row(f"    skipped: {k}", f"{v:,}")
+    overview.add_row("input tokens", f"{report.get('input_tokens', 0):,}")
+    for fate, count in report.get("token_fates", {}).items():
+        if count or fate == "packed":
+            overview.add_row(f"  {fate}", f"{count:,}")
+    overview.add_section()
+    for key, value in report.get("settings", {}).items():
+        if key == "packed_sequence_size":
+            continue
+        if key in ("bos_token_id", "eos_token_id") and not report["settings"].get(f"add_{key[:3]}"):
+            value = f"{value} (not added)" if value is not None else "-"
+        overview.add_row(key, "-" if value is None else str(value))
     overview.add_section()
     overview.add_row("tokenizer", str(tok.get("name")))
     overview.add_row("tokenizer kind / vocab_size", f"{tok.get('kind')} / {tok.get('vocab_size')}")
     if tok.get("sha256"):
         overview.add_row("tokenizer sha256", str(tok["sha256"])[:16] + "…")
-    if tok.get("bos_token_id") is not None or tok.get("eos_token_id") is not None:
-        overview.add_row("bos / eos token id", f"{tok.get('bos_token_id')} / {tok.get('eos_token_id')}")
+    if tok.get("switched_off"):
+        overview.add_row("switched off in the tokenizer", ", ".join(map(str, tok["switched_off"])))
     console.print(overview)
 
     shards = Table(title="shards")
@@ -162,30 +141,61 @@ def render_report(report: dict) -> None:
         hist = rec["histograms"]["packed_sample_lengths"]
         console.print(render_histogram(HISTOGRAM_TITLES["packed_sample_lengths"], hist))
     for w in report.get("warnings", []):
-        console.print(f"[bold red]warning:[/bold red] {w} (run packtool verify)")
+        if w.startswith("lost: "):  # what the run left out, by its settings
+            console.print(f"[bold yellow]warning:[/bold yellow] {w}")
+        else:  # the files disagree with the manifest
+            console.print(f"[bold red]warning:[/bold red] {w} (run packtool verify)")
 
 
 def render_pack(report: dict) -> None:
-    """Print one pack's layout, and its samples' text when decoded."""
+    """Print one pack's layout, where each piece comes from, and its text when decoded (trained tokens
+    bold green, untrained dim)."""
     console = Console()
     console.print(
         f"pack {report['pack']} ({report['shard']}, row {report['row']}): fill {report['fill_rate']:.2%}, "
         f"{report['padding_tokens']:,} padding tokens"
     )
     console.print(f"seq_lens: {report['seq_lens']}")
-    console.print(f"sample_index: {report['sample_index']}")
     table = Table(show_header=True)
-    for col in ("piece", "sample_index", "offset", "length"):
-        table.add_column(col, justify="right")
+    for col in ("piece", "sample", "source", "at (pack)", "length", "from token (sample)"):
+        table.add_column(col, justify="left" if col == "source" else "right", overflow="fold")
     for i, p in enumerate(report["pieces"]):
-        table.add_row(str(i), str(p["sample_index"]), str(p["offset"]), str(p["length"]))
+        start = f"{p.get('sample_offset', 0):,}" + (" (continued)" if p.get("continuation") else "")
+        table.add_row(
+            str(i),
+            str(p["sample_index"]),
+            _source(p.get("source")),
+            str(p["offset"]),
+            str(p["length"]),
+            start,
+        )
     console.print(table)
+    decoded = any("text" in p for p in report["pieces"])
+    if decoded:
+        console.print(
+            "[dim]text: [bold green]trained[/bold green] (a target of the loss), untrained dim[/dim]"
+        )
     for i, p in enumerate(report["pieces"]):
-        if "text" in p:
-            title = f"piece {i}: sample {p['sample_index']}, {p['length']} tokens at offset {p['offset']}"
-            console.print(Panel(Text(p["text"]), title=title, title_align="left"))
-    if report["padding_tokens"] and any("text" in p for p in report["pieces"]):
+        if "text" not in p:
+            continue
+        text = Text()
+        for seg in p.get("segments", [{"trained": True, "text": p["text"]}]):
+            text.append(seg["text"], style="bold green" if seg["trained"] else "dim")
+        cont = f", continued from token {p['sample_offset']:,}" if p.get("continuation") else ""
+        title = f"piece {i}: sample {p['sample_index']}{cont}, {p['length']} tokens at {p['offset']}"
+        console.print(Panel(text, title=title, title_align="left"))
+    if report["padding_tokens"] and decoded:
         console.print(f"[dim][padding: {report['padding_tokens']} tokens][/dim]")
+
+
+def _source(where: dict | None) -> str:
+    """``file:line`` (or ``file, row r``) of a piece's sample; ``-`` when not known."""
+    if not where:
+        return "-"
+    if where.get("row") is None:
+        return f"{where['source']} (sample {where['sample_in_source']:,} of it)"
+    sep = ":" if where.get("row_kind") == "line" else f", {where['row_kind']} "
+    return f"{where['source']}{sep}{where['row']}"
 
 
 def plot_report(report: dict, path: str | Path) -> None:

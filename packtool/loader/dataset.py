@@ -143,7 +143,11 @@ class PackedDataset(IterableDataset):
 
     Args:
         directory: the output directory (with ``manifest.json``).
-        batch_size: packs per batch (every batch is full).
+        batch_size: packs per batch.
+        drop_last: ``True`` (default): every batch is full, and the packs left over (fewer than
+            ``world_size * batch_size``) sit out the epoch. ``False``: every pack is used; packs repeat
+            so that every rank has as many (as torch's ``DistributedSampler``), and the last batch of a
+            rank may be short.
         shuffle, seed: deterministic order from ``(seed, epoch)``; ``shuffle=False`` keeps the file order
             within each lane.
         task_encoder: an object with any of ``encode_sample(pack) -> pack``, ``batch(packs) -> raw`` and
@@ -174,6 +178,7 @@ class PackedDataset(IterableDataset):
         world_size: int | None = None,
         on_error: str = "fail",
         lanes: int | None = None,
+        drop_last: bool = True,
     ) -> None:
         super().__init__()
         self.directory = Path(directory)
@@ -197,15 +202,21 @@ class PackedDataset(IterableDataset):
         self.batch_size, self.shuffle, self.seed = batch_size, bool(shuffle), int(seed)
         self.task_encoder, self.mask, self.shuffle_buffer = task_encoder, mask, int(shuffle_buffer)
         self.infinite, self.on_error, self.lanes = bool(infinite), on_error, lanes
+        self.drop_last = bool(drop_last)
         self.units = units_of(self.manifest)
         self.unit_sizes = np.array([u.num_packs for u in self.units], dtype=np.int64)
         self.unit_first = np.concatenate([[0], np.cumsum(self.unit_sizes)])
         self.num_packs = int(self.unit_first[-1])
-        self.batches_per_epoch = self.num_packs // (self.world_size * self.batch_size)
+        per_rank = -(-self.num_packs // self.world_size)
+        self.batches_per_epoch = (
+            self.num_packs // (self.world_size * self.batch_size)
+            if self.drop_last
+            else -(-per_rank // self.batch_size)
+        )
         if self.batches_per_epoch == 0:
             raise ValueError(
                 f"{self.directory}: {self.num_packs} packs cannot fill one batch of {batch_size} "
-                f"on each of {self.world_size} rank(s)"
+                f"on each of {self.world_size} rank(s); pass drop_last=False to use them in a short batch"
             )
         self.columns = [c for c in (*TRAINING_COLUMNS, "loss_mask") if c in self.manifest.columns]
         self._start = (0, 0)  # (epoch, batch) where the next iteration starts; set by the loader
@@ -224,7 +235,15 @@ class PackedDataset(IterableDataset):
             world_size=self.world_size,
             batch_size=self.batch_size,
             lanes=lanes or self.lanes or 1,
+            drop_last=self.drop_last,
         )
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (an infinite dataset has no length: ``TypeError``, as Python
+        asks of ``len``)."""
+        if self.infinite:
+            raise TypeError("an infinite PackedDataset has no len(); batches_per_epoch is one epoch")
+        return self.batches_per_epoch
 
     def __iter__(self) -> Iterator[_Parcel]:
         info = get_worker_info()
@@ -270,7 +289,8 @@ class _UnitDecoder:
 
     def start_epoch(self, epoch: int, plan: np.ndarray, batches: np.ndarray) -> None:
         self.epoch, self.plan = epoch, plan
-        units = np.searchsorted(self.ds.unit_first, plan[batches].reshape(-1), side="right") - 1
+        ids = plan[batches].reshape(-1)
+        units = np.searchsorted(self.ds.unit_first, ids[ids >= 0], side="right") - 1
         self.remaining = np.bincount(units, minlength=len(self.ds.units))
         self.cache.clear()
 
@@ -314,6 +334,7 @@ class _UnitDecoder:
         ds = self.ds
         counts = {"skipped_packs": 0, "skipped_batches": 0, "bad_packs": 0}
         ids = self.plan[index]
+        ids = ids[ids >= 0]  # the short last batch (drop_last=False)
         units = np.searchsorted(ds.unit_first, ids, side="right") - 1
         decoded = self.units_of_batch(units)
         good = np.array([decoded[u] is not None for u in units.tolist()], dtype=bool)

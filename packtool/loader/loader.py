@@ -17,8 +17,9 @@ Example::
 **Resume.** The state is one global cursor: ``(epoch, batches consumed in it)`` plus ``lanes``. What may
 change between save and restore: ``num_workers`` (and ``pin_memory``, ``prefetch_factor``, ``mask``, the
 task encoder). What may not (``load_state_dict`` refuses): the data (``run_id``, pack count), ``seed``,
-``batch_size``, ``world_size``, ``shuffle``, ``shuffle_buffer``; ``lanes`` is taken from the state, so the
-stream continues exactly; with ``num_workers != lanes`` some units are decoded by more than one worker.
+``batch_size``, ``world_size``, ``shuffle``, ``shuffle_buffer``, ``drop_last``; ``lanes`` is taken from
+the state, so the stream continues exactly; with ``num_workers != lanes`` some units are decoded by more
+than one worker.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class PackedLoader:
         self._iterating = False
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank."""
+        """Batches per epoch on this rank (also in infinite mode: what an LR schedule counts in)."""
         return self.dataset.batches_per_epoch
 
     def __iter__(self) -> Iterator[Any]:
@@ -122,6 +123,7 @@ class PackedLoader:
             "world_size": ds.world_size,
             "shuffle": ds.shuffle,
             "shuffle_buffer": ds.shuffle_buffer,
+            "drop_last": ds.drop_last,
             "rank": ds.rank,
             "stats": {**self.stats, "bad_units": list(self.stats["bad_units"])},
         }
@@ -134,7 +136,17 @@ class PackedLoader:
             raise ValueError("not a packtool loader state (or from another version)")
         ds = self.dataset
         mine = self.state_dict()
-        fixed = ("run_id", "num_packs", "seed", "batch_size", "world_size", "shuffle", "shuffle_buffer")
+        state = {"drop_last": True, **state}  # states saved before drop_last existed
+        fixed = (
+            "run_id",
+            "num_packs",
+            "seed",
+            "batch_size",
+            "world_size",
+            "shuffle",
+            "shuffle_buffer",
+            "drop_last",
+        )
         diff = [f"{k}: saved {state.get(k)!r}, now {mine[k]!r}" for k in fixed if state.get(k) != mine[k]]
         if diff:
             raise ValueError("loader state does not match this dataset: " + "; ".join(diff))

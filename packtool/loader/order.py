@@ -22,11 +22,18 @@ def epoch_plan(
     world_size: int,
     batch_size: int,
     lanes: int,
+    drop_last: bool = True,
 ) -> np.ndarray:
     """The packs of each batch of ``rank`` in ``epoch``: int64 ``(batches_per_epoch, batch_size)``.
 
     Pack ``p`` is the ``p``-th pack of the output directory (shards in manifest order, units in order).
     Depends only on the arguments (see the module docstring for the construction).
+
+    ``drop_last=True``: every batch is full; the packs left over (fewer than ``world_size * batch_size``)
+    sit out this epoch (which ones changes with the epoch when shuffled). ``drop_last=False``: every pack
+    is used, as torch's ``DistributedSampler`` + ``DataLoader(drop_last=False)`` do: packs are repeated
+    from the start of the epoch's order until the ranks have as many each, and the last batch of a rank
+    may be short; its missing places are ``-1``.
 
     Example::
 
@@ -36,24 +43,36 @@ def epoch_plan(
     """
     sizes = np.asarray(unit_sizes, dtype=np.int64)
     first = np.concatenate([[0], np.cumsum(sizes)])
-    nb = int(first[-1]) // (world_size * batch_size)
-    m = nb * batch_size
+    total = int(first[-1])
+    if drop_last:
+        nb = total // (world_size * batch_size)
+        m = nb * batch_size  # packs of each rank
+    else:
+        m = -(-total // world_size)
+        nb = -(-m // batch_size)
     order, skip = np.arange(len(sizes)), 0
     if shuffle:  # the unit order, and how many of the packs left over come off its head (the rest: its tail)
         rng = np.random.default_rng([seed, epoch])
         order = rng.permutation(len(sizes))
-        skip = int(rng.integers(0, int(first[-1]) - world_size * m + 1))
-    mine = ranges(first[:-1][order], sizes[order])[skip + rank * m : skip + (rank + 1) * m]
+        skip = int(rng.integers(0, total - world_size * m + 1)) if drop_last else 0
+    every = ranges(first[:-1][order], sizes[order])
+    if not drop_last and world_size * m > total:  # as many for every rank: repeat from the start
+        every = np.concatenate([every, every[: world_size * m - total]])
+    mine = every[skip + rank * m : skip + (rank + 1) * m]
     out = np.empty((nb, batch_size), dtype=np.int64)
     counts = np.maximum(0, -(-(nb - np.arange(lanes)) // lanes))  # batches of each lane
-    seg = np.concatenate([[0], np.cumsum(counts)]) * batch_size
+    seg = np.minimum(np.concatenate([[0], np.cumsum(counts)]) * batch_size, m)
     for lane in range(lanes):
         packs = mine[seg[lane] : seg[lane + 1]]
         if shuffle and shuffle_buffer > 1 and len(packs):
             rng = np.random.default_rng([seed, epoch, rank, lane, 1])
             keys = np.arange(len(packs)) + rng.uniform(0, shuffle_buffer, len(packs))
             packs = packs[np.argsort(keys, kind="stable")]
-        out[lane::lanes] = packs.reshape(-1, batch_size)
+        short = counts[lane] * batch_size - len(packs)  # the short last batch (drop_last=False)
+        out[lane::lanes] = np.concatenate([packs, np.full(short, -1)]).reshape(-1, batch_size)
+    partial = np.flatnonzero((out < 0).any(axis=1))
+    if len(partial):  # the short batch comes last
+        out[[partial[0], nb - 1]] = out[[nb - 1, partial[0]]]
     return out
 
 

@@ -24,7 +24,7 @@ from packtool.packing.plan import PackPlan, PackStats, empty_plan
 from packtool.packing.sequential import plan_sequential
 from packtool.plugins import is_plugin_spec
 
-__all__ = ["PackPlan", "PackStats", "STRATEGIES", "make_plan", "resolve_position_ids"]
+__all__ = ["PackPlan", "PackStats", "STRATEGIES", "account", "make_plan", "resolve_position_ids"]
 
 
 def _sequential(lengths, samples, n, split_across_pack, position_ids, config: PackConfig) -> PackPlan:
@@ -95,6 +95,7 @@ def make_plan(
             "a custom strategy (module:callable) needs the encoded samples (fetch, store_packs)"
         )
     position_ids = resolve_position_ids(config)
+    lengths_in = lengths
     stats = PackStats(num_samples=len(lengths))
     keep = lengths > 0
     stats.empty_samples = int((~keep).sum())
@@ -114,7 +115,6 @@ def make_plan(
             stats.dropped_tokens = int(lengths[long].sum())
             keep &= ~long
         else:  # truncate
-            stats.truncated_samples = int(long.sum())
             stats.truncated_tokens = int((lengths[long] - n).sum())
             lengths = np.minimum(lengths, n)
     samples = np.flatnonzero(keep).astype(np.int64)
@@ -136,24 +136,38 @@ def make_plan(
         plan = STRATEGIES[config.strategy](
             lengths[samples], samples, n, config.split_across_pack, position_ids, config
         )
-    split = _split_samples(plan, len(lengths))  # before max_packs: a sample cut there was still split
+    full = plan
+    truncating = config.long_samples == "truncate" and not config.split_across_pack
     if config.max_packs is not None and plan.num_packs > config.max_packs:
-        kept = plan.slice(0, config.max_packs)
-        kept_tokens = np.bincount(kept.sample, weights=kept.length, minlength=len(lengths)).astype(np.int64)
-        kept_tokens, want = kept_tokens[samples], lengths[samples]
-        # a sample partly kept is packed (and counted in partial_samples), one wholly cut is over max_packs:
-        # packed + empty + dropped + over max_packs = num_samples
-        stats.samples_over_max_packs = int((kept_tokens == 0).sum())
-        stats.partial_samples = int(((kept_tokens > 0) & (kept_tokens < want)).sum())
-        stats.tokens_over_max_packs = int((want - kept_tokens).sum())
-        plan = kept
-    # a custom pack_selected_samples may put new samples in the plan, numbered after the input's
-    in_packs = np.zeros(max(len(split), int(plan.sample.max(initial=-1)) + 1), dtype=bool)
-    in_packs[plan.sample] = True
-    stats.split_samples = int((split & in_packs[: len(split)]).sum())
+        plan = plan.slice(0, config.max_packs)
+    account(stats, full, plan, lengths, truncated=lengths_in > n if truncating else None)
     plan.stats = stats
     plan.validate()
     return plan
+
+
+def account(
+    stats: PackStats, full: PackPlan, kept: PackPlan, lengths: np.ndarray, truncated: np.ndarray | None
+) -> None:
+    """Give every planned sample its one fate in ``stats`` (whole, split, truncated, partly or wholly cut
+    by ``max_packs``), from the strategy's plan ``full`` and the ``kept`` packs (``full`` cut at
+    ``max_packs``). ``lengths`` are the samples' lengths as planned (after truncation); ``truncated`` marks
+    the samples truncation cut (``None``: none)."""
+    num = len(lengths)
+    full_in, kept_in = full.input_index, kept.input_index
+    full_tokens = np.bincount(full_in, weights=full.length, minlength=num)[:num].astype(np.int64)
+    kept_tokens = np.bincount(kept_in, weights=kept.length, minlength=num)[:num].astype(np.int64)
+    placed, packed = full_tokens > 0, kept_tokens > 0
+    partial = packed & (kept_tokens < full_tokens)
+    split = _split_samples(full, num) & packed & ~partial
+    cut = np.zeros(num, dtype=bool) if truncated is None else truncated & packed & ~partial
+    stats.samples_over_max_packs = int((placed & ~packed).sum())
+    stats.partial_samples = int(partial.sum())
+    stats.tokens_over_max_packs = full.num_tokens - kept.num_tokens
+    stats.truncated_samples = int(cut.sum())
+    stats.split_samples = int((split & ~cut).sum())
+    stats.whole_samples = int((packed & ~partial & ~split & ~cut).sum())
+    stats.policy_token_delta = full.num_tokens - int(lengths[placed].sum())
 
 
 def _split_samples(plan: PackPlan, num_samples: int) -> np.ndarray:
@@ -162,7 +176,7 @@ def _split_samples(plan: PackPlan, num_samples: int) -> np.ndarray:
     if plan.num_packs == 0:
         return split
     pack_of_piece = np.repeat(np.arange(plan.num_packs, dtype=np.int64), np.diff(plan.pack_offsets))
-    sample_pack = np.unique(plan.sample * plan.num_packs + pack_of_piece)  # distinct (sample, pack) pairs
+    sample_pack = np.unique(plan.input_index * plan.num_packs + pack_of_piece)  # distinct (sample, pack)
     packs_per_sample = np.bincount(sample_pack // plan.num_packs, minlength=num_samples)
     split[:] = packs_per_sample[:num_samples] > 1
     return split

@@ -219,6 +219,7 @@ def plan_custom(
                     ) from e
                 made.append(_custom_pack(pack, idx, n, spec, g))
         groups.extend(checked)
+    origin = None
     if pack_fn is None:
         counts = np.array([len(g) for g in groups], dtype=np.int64)
         sample = np.concatenate(groups) if groups else np.zeros(0, np.int64)
@@ -228,8 +229,15 @@ def plan_custom(
         counts = np.array([len(p["seq_lens"]) for p in made], dtype=np.int64)
         length = np.concatenate([p["seq_lens"] for p in made]) if made else np.zeros(0, np.int64)
         sample = store_packs(made) if made else np.zeros(0, np.int64)
+        origin = np.concatenate([p["origin"] for p in made]).astype(np.int64) if made else sample
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     return PackPlan(
-        n, offsets, sample, np.zeros(len(sample), dtype=np.int64), length.astype(np.int64), position_ids
+        n,
+        offsets,
+        sample,
+        np.zeros(len(sample), dtype=np.int64),
+        length.astype(np.int64),
+        position_ids,
+        origin=origin,
     )

@@ -15,18 +15,26 @@ import numpy as np
 
 @dataclass
 class PackStats:
-    """Counts of what happened to the input samples while planning. Never silent: all go to the manifest."""
+    """What happened to every sample while planning. Never silent: all go to the manifest.
 
-    num_samples: int = 0  # records read
-    empty_samples: int = 0  # no tokens: left out
-    dropped_samples: int = 0  # longer than packed_sequence_size under long_samples=drop
-    dropped_tokens: int = 0
-    truncated_samples: int = 0  # cut to packed_sequence_size under long_samples=truncate
+    Each sample has exactly one fate, so ``whole_samples + split_samples + truncated_samples +
+    partial_samples + samples_over_max_packs + dropped_samples + empty_samples == num_samples``; and the
+    tokens add up: packed tokens ``+ truncated_tokens + dropped_tokens + tokens_over_max_packs ==`` the
+    samples' tokens ``+ policy_token_delta``.
+    """
+
+    num_samples: int = 0  # samples planned (records encoded)
+    whole_samples: int = 0  # packed whole, in one pack
+    split_samples: int = 0  # packed whole, spread over more than one pack (split_across_pack)
+    truncated_samples: int = 0  # packed cut to packed_sequence_size (long_samples=truncate)
     truncated_tokens: int = 0  # tokens cut off by truncation
-    split_samples: int = 0  # packed samples the planner spread over more than one pack (before max_packs)
-    samples_over_max_packs: int = 0  # samples wholly left out because of max_packs
+    partial_samples: int = 0  # packed, but partly cut off by max_packs
+    samples_over_max_packs: int = 0  # left out wholly because of max_packs
     tokens_over_max_packs: int = 0  # tokens left out because of max_packs (partial samples' included)
-    partial_samples: int = 0  # packed samples partly cut off by max_packs (also in packed_samples)
+    dropped_samples: int = 0  # longer than packed_sequence_size, left out (long_samples=drop)
+    dropped_tokens: int = 0
+    empty_samples: int = 0  # no tokens: left out
+    policy_token_delta: int = 0  # tokens a custom pack_selected_samples added (+) or removed (-)
 
     def to_dict(self) -> dict[str, int]:
         return {k: int(v) for k, v in self.__dict__.items()}
@@ -44,6 +52,8 @@ class PackPlan:
         length: ``(num_pieces,)`` int64, tokens in the piece (1..N).
         position_ids: ``"nemo"`` (positions run on over a split sample, modulo N, and padding continues the
             last position, clamped to N-1) or ``"restart"`` (every piece and the padding start at 0).
+        origin: ``(num_pieces,)`` int64, the input index each piece comes from, when it differs from
+            ``sample`` (pieces a custom ``pack_selected_samples`` made are new samples); else ``None``.
     """
 
     packed_sequence_size: int
@@ -53,6 +63,12 @@ class PackPlan:
     length: np.ndarray
     position_ids: str = "nemo"
     stats: PackStats = field(default_factory=PackStats)
+    origin: np.ndarray | None = None
+
+    @property
+    def input_index(self) -> np.ndarray:
+        """``(num_pieces,)`` int64: the input sample each piece comes from."""
+        return self.sample if self.origin is None else self.origin
 
     @property
     def num_packs(self) -> int:
@@ -77,6 +93,7 @@ class PackPlan:
             self.start[lo:hi],
             self.length[lo:hi],
             self.position_ids,
+            origin=None if self.origin is None else self.origin[lo:hi],
         )
 
     def permute(self, order: np.ndarray) -> PackPlan:
@@ -94,6 +111,7 @@ class PackPlan:
             self.length[idx],
             self.position_ids,
             self.stats,
+            None if self.origin is None else self.origin[idx],
         )
 
     def validate(self) -> None:

@@ -96,7 +96,8 @@ def write_chunk(
         "num_tokens": base,
         "has_loss_mask": has_mask,
         # samples with tokens but nothing to learn, as the encoder reported them (packtool.encoders.masking)
-        "empty_loss_samples": sum(empty_loss_count(e) for e in encoded),
+        "empty_loss_samples": sum(empty_loss_count(e)[0] for e in encoded),
+        "empty_loss_tokens": sum(empty_loss_count(e)[1] for e in encoded),
         "sources": sources,
         "row_kinds": row_kinds,
         **(extra or {}),
@@ -452,6 +453,17 @@ class ChunkStore:
         """``(num_samples,)`` int64 tokens per sample, from the offsets alone."""
         parts = [np.diff(self.offsets(c)) for c in range(len(self.metas))]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def samples_per_source(self) -> dict[str, int]:
+        """How many samples each source (a file, or an ``hf:`` name) gave, from the chunks' records."""
+        counts: dict[str, int] = {}
+        for c, meta in enumerate(self.metas):
+            if meta.get("origin"):  # packs made by a custom policy: no input of their own
+                continue
+            per = np.bincount(self._small(c, "source_ids"), minlength=len(meta["sources"]))
+            for source, n in zip(meta["sources"], per.tolist(), strict=True):
+                counts[source] = counts.get(source, 0) + n
+        return counts
 
     def locate(self, sample: int, field: str, message: str) -> InputError:
         """An ``InputError`` naming the file and row of global sample ``sample``."""

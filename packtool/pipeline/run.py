@@ -29,25 +29,24 @@ import signal
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from packtool.config import PackConfig
 from packtool.encoders import fields_read, resolve_sample_format
-from packtool.errors import MAX_LOGGED, ErrorSink, InputError, PacktoolError
+from packtool.errors import MAX_LOGGED, DataLossError, ErrorSink, InputError, PacktoolError
 from packtool.formats import ShardMeta, get_format
-from packtool.manifest import Manifest, ShardEntry
+from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.packing import make_plan
 from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
 from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
 from packtool.pipeline.engines import make_engine
 from packtool.pipeline.identity import input_fingerprint, input_stamps, make_run_id
 from packtool.pipeline.output import OutputDir
-from packtool.pipeline.summary import build_manifest
+from packtool.pipeline.summary import build_manifest, run_stats
 from packtool.pipeline.write import finished_shard, write_shard
 from packtool.readers import expand_inputs, read_inputs
 from packtool.version import __version__
-
-ERRORS_LOG = "errors.jsonl"  # first MAX_LOGGED skipped records (on_error=skip), one JSON object a line
 
 
 def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
@@ -81,6 +80,19 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
 def _note(config: PackConfig, message: str) -> None:
     if not config.quiet:
         print(f"packtool: {message}", file=sys.stderr, flush=True)
+
+
+def _input_rows(inputs: list[str]) -> int | None:
+    """Records in the inputs when the files say so cheaply (Parquet footers), else ``None``."""
+    total = 0
+    for kind, source, _ in expand_inputs(inputs):
+        if kind != "parquet":
+            return None
+        try:
+            total += pq.ParquetFile(source).metadata.num_rows
+        except Exception:  # the reader names a damaged file; the bar just goes without its total
+            return None
+    return total
 
 
 def _progress(show: bool, **kw) -> tqdm:
@@ -133,6 +145,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
     if fields.sample_format is None:
         fields.sample_format = resolve_sample_format(config, first.schema.names)
     sample_format = fields.sample_format
+    config.check_conflicts(sample_format)
     spec = start_run(config, sample_format)
     identity = worker(spec).encoder.identity()
     work = str(out.work)
@@ -156,11 +169,12 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         if resumed:
             done = {m["index"]: m for m in _chunk_metas(work)}
         encoded = 0
-        with _progress(show, desc="encode", unit=" samples") as bar:
+        total = _input_rows(config.inputs) if show else None
+        with _progress(show, desc="encode", unit=" records", total=total) as bar:
 
             def on_chunk(meta: dict, new: bool) -> None:
                 nonlocal encoded
-                bar.update(meta["num_samples"])
+                bar.update(meta.get("input_rows", meta["num_samples"]))
                 if new:
                     encoded += 1
                     _fault("encode", encoded)
@@ -182,13 +196,28 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
             fetch=store.samples,
             store_packs=store.append_packs,
         )
+        stats = run_stats(
+            config,
+            plan,
+            lengths,
+            empty_loss=(
+                sum(m.get("empty_loss_samples", 0) for m in metas),
+                sum(m.get("empty_loss_tokens", 0) for m in metas),
+            ),
+            skipped=skipped,
+        )
         if plan.num_packs == 0:  # an empty output would look like a finished dataset
-            st = plan.stats
             raise InputError(
-                f"nothing to pack: all {st.num_samples} samples were left out (empty: {st.empty_samples}, "
-                f"too long and dropped: {st.dropped_samples})",
+                f"nothing to pack: all {stats.input_samples:,} samples were left out ("
+                + "; ".join(stats.losses(config))
+                + ")",
                 source=", ".join(config.inputs),
                 code="empty_input",
+            )
+        if config.strict and (losses := stats.losses(config)):
+            raise DataLossError(
+                "--strict: not every sample would be packed whole, so no shard was written: "
+                + "; ".join(losses)
             )
         shard_ranges = list(enumerate(fmt.shard_ranges(plan, config, store.has_loss_mask)))
         finished = {}
@@ -226,17 +255,37 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         config,
         plan,
         lengths,
+        stats,
         shards,
-        identity,
+        _with_path(identity),
         sample_format,
         run_id,
-        fingerprint,
+        _with_counts(fingerprint, store.samples_per_source()),
         has_loss_mask=store.has_loss_mask,
-        empty_loss_samples=sum(m.get("empty_loss_samples", 0) for m in metas),
-        skipped=skipped,
     )
     manifest.index_files = fmt.write_dataset_index(out.partial, manifest)
     return manifest
+
+
+def _with_counts(fingerprint: list[dict], counts: dict[str, int]) -> list[dict]:
+    """The inputs' entries for the manifest, each with the samples it gave (a folder's files add up)."""
+    out = []
+    for entry in fingerprint:
+        src = entry["source"]
+        mine = sum(n for s, n in counts.items() if s == src or s.startswith(src.rstrip("/") + "/"))
+        path = None if src.startswith("hf:") else os.path.abspath(src)
+        out.append({**entry, "num_samples": mine, "path": path})
+    return out
+
+
+def _with_path(identity: dict) -> dict:
+    """The tokenizer identity for the manifest, with its absolute ``path`` when it is a local file or
+    folder, so that ``inspect --decode`` finds it from any directory (not in the run_id: the same input
+    gives the same shards wherever it lies)."""
+    name = identity.get("name")
+    if identity.get("kind") == "huggingface" and name and os.path.exists(name):
+        return {**identity, "path": os.path.abspath(name)}
+    return identity
 
 
 def _write_shard_task(task: tuple) -> ShardEntry:

@@ -20,33 +20,34 @@ from packtool.manifest import (
 from packtool.packing.plan import PackPlan
 
 
-def build_manifest(
+def run_stats(
     config: PackConfig,
     plan: PackPlan,
     lengths: np.ndarray,
-    shards: list[ShardEntry],
-    tokenizer: dict,
-    sample_format: str,
-    run_id: str,
-    inputs: list[dict],
-    has_loss_mask: bool,
-    empty_loss_samples: int = 0,
+    empty_loss: tuple[int, int] = (0, 0),
     skipped: ErrorSink | None = None,
-) -> Manifest:
-    """The manifest of a finished run (``index_files`` are added by the format, if it writes any)."""
+) -> Stats:
+    """What happened to every input sample and token of the run, from its plan.
+
+    ``lengths``: the planned samples' lengths; ``empty_loss``: (samples, tokens) with nothing to learn
+    (under ``empty_loss=drop`` they reach the planner as empty samples); ``skipped``: the bad records.
+    Raises ``AssertionError`` when the fates do not add up (a packtool bug).
+    """
     n = config.packed_sequence_size
     pack_tokens = plan.pack_tokens()
     per_pack = np.diff(plan.pack_offsets)
     num_packs = plan.num_packs
     planned = plan.stats.to_dict()
-    # samples with tokens but no trained token (empty_loss policy); when dropped, the planner saw them as
-    # empty: count them here only, so empty_samples keeps meaning "encoded to no tokens"
-    if config.empty_loss == "drop":
-        planned["empty_samples"] -= int(empty_loss_samples)
+    planned.pop("num_samples")
+    empty_loss_samples, empty_loss_tokens = (int(v) for v in empty_loss)
+    dropping = config.empty_loss == "drop"
+    if dropping:  # the planner saw them as empty: count them once, as what they are
+        planned["empty_samples"] -= empty_loss_samples
     stats = Stats(
         **total_stats(n, num_packs, int(pack_tokens.sum())),
-        packed_samples=int(len(np.unique(plan.sample))),
-        input_tokens=int(lengths.sum()),
+        num_samples=len(lengths),
+        packed_samples=int(len(np.unique(plan.input_index))),
+        input_tokens=int(lengths.sum()) + (empty_loss_tokens if dropping else 0),
         samples_per_pack=SamplesPerPack.of(
             num_packs,
             len(plan.sample),
@@ -54,10 +55,31 @@ def build_manifest(
             int(per_pack.max()) if num_packs else 0,
         ),
         **planned,
+        empty_loss_samples=empty_loss_samples,
+        empty_loss_dropped=empty_loss_samples if dropping else 0,
+        empty_loss_tokens=empty_loss_tokens if dropping else 0,
         skipped_samples=skipped.total if skipped else 0,
         skipped_by_reason=dict(sorted(skipped.counts.items())) if skipped else {},
-        empty_loss_samples=int(empty_loss_samples),
     )
+    wrong = stats.check()
+    assert not wrong, f"packtool bug, the run's accounting: {'; '.join(wrong)}"
+    return stats
+
+
+def build_manifest(
+    config: PackConfig,
+    plan: PackPlan,
+    lengths: np.ndarray,
+    stats: Stats,
+    shards: list[ShardEntry],
+    tokenizer: dict,
+    sample_format: str,
+    run_id: str,
+    inputs: list[dict],
+    has_loss_mask: bool,
+) -> Manifest:
+    """The manifest of a finished run (``index_files`` are added by the format, if it writes any)."""
+    n = config.packed_sequence_size
     return Manifest(
         run_id=run_id,
         shard_format=config.format,
@@ -73,8 +95,8 @@ def build_manifest(
         stats=stats,
         histograms={
             "sample_lengths": Histogram.lengths(lengths, n),
-            "pack_fill": Histogram.pack_fill(pack_tokens, n),
-            "samples_per_pack": Histogram.per_pack(per_pack),
+            "pack_fill": Histogram.pack_fill(plan.pack_tokens(), n),
+            "samples_per_pack": Histogram.per_pack(np.diff(plan.pack_offsets)),
         },
         shards=shards,
     )

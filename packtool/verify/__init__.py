@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packtool.errors import PacktoolError
+from packtool.errors import InputError, PacktoolError
 from packtool.formats import get_format
 from packtool.manifest import MANIFEST, Manifest, SamplesPerPack, ShardEntry
 from packtool.packs import PackArrays
@@ -70,6 +70,8 @@ def verify_output(
     directory = Path(directory)
     report = VerifyReport(str(directory))
     report.checked.update(shards=0, packs=0, tokens=0)
+    if not (directory / MANIFEST).exists():  # not an output at all: an error, as for inspect
+        raise InputError(f"{directory}: no {MANIFEST} (not packtool output, or an unfinished run)")
     try:
         manifest = Manifest.load(directory)
         fmt = get_format(manifest.shard_format)

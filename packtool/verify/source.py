@@ -159,9 +159,10 @@ class SourceCheck:
             "num_samples": len(lengths),
             "packed_samples": int((seen > 0).sum()),
             "empty_samples": int((lengths == 0).sum()),
-            # the long_samples policy applies to every long sample, before max_packs cuts any of them
+            # the long_samples policy applies to every long sample, before max_packs cuts any of them; a
+            # truncated sample that max_packs cut too counts as cut by max_packs (one fate each)
             "dropped_samples": int(long.sum()) if policy == "drop" else 0,
-            "truncated_samples": int(long.sum()) if policy == "truncate" else 0,
+            "truncated_samples": int((long & (seen == n)).sum()) if policy == "truncate" else 0,
         }
         short = (seen < lengths) & (lengths > 0)
         explained = (long & (seen == 0)) if policy == "drop" else np.zeros(len(lengths), dtype=bool)

@@ -110,7 +110,7 @@ def test_truncate_keeps_the_head_of_long_samples(dataset, tmp_path):
 def test_long_sample_error_names_file_and_row(dataset, tmp_path):
     inp, _ = dataset
     proc = run_cli("pack", inp, "-o", tmp_path / "o", "--packed-sequence-size", N, "-q", check=False)
-    assert proc.returncode == 2
+    assert proc.returncode == 3
     assert f"{inp}, row 5, field 'input_ids'" in proc.stderr and not (tmp_path / "o").exists()
 
 

@@ -97,7 +97,7 @@ def test_empty_loss_policies(tmp_path, cli):
     report = inspect(tmp_path / "drop")
     assert report["sample_format"] == "chat"
     assert (report["empty_loss_samples"], report["empty_samples"], report["packed_samples"]) == (3, 0, 3)
-    assert "nothing to learn (drop)" in cli("inspect", tmp_path / "drop").stdout
+    assert "nothing to learn, left out" in cli("inspect", tmp_path / "drop").stdout
 
     # keep: in process (the same pipeline as the CLI, without paying for another interpreter start)
     config = PackConfig(inputs=[str(data)], output=str(tmp_path / "keep"), tokenizer=str(CHAT_TOKENIZER),
@@ -109,7 +109,7 @@ def test_empty_loss_policies(tmp_path, cli):
     assert all(np.all(samples[i]["labels"] == X) for i in (1, 3, 5))
 
     proc = cli(*base, "--empty-loss", "error", "-o", tmp_path / "error", check=False)
-    assert proc.returncode == 2
+    assert proc.returncode == 3
     assert f"{data}, line 2, field 'messages': no token to learn from" in proc.stderr
     assert not (tmp_path / "error").exists()
 
@@ -118,7 +118,7 @@ def test_cli_missing_messages_names_file_line_and_field(tmp_path, cli):
     data = write_jsonl(tmp_path / "bad.jsonl", [{"text": "not a chat"}])
     proc = cli("pack", data, "--sample-format", "chat", "--tokenizer", CHAT_TOKENIZER,
                "--packed-sequence-size", "64", "-o", tmp_path / "out", "-q", check=False)  # fmt: skip
-    assert proc.returncode == 2
+    assert proc.returncode == 3
     assert f"{data}, line 1, field 'messages': missing field" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 

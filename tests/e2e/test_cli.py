@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from packtool.errors import EXIT_INPUT, EXIT_USAGE
 from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, manifest_json, run_cli, write_jsonl
 
 
@@ -52,7 +55,7 @@ def test_inspect_json_has_the_documented_keys(tmp_path):
 def test_progress_goes_to_stderr_and_quiet_silences_it(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3]}] * 10)
     loud = run_cli("pack", src, "-o", tmp_path / "a", "--packed-sequence-size", 8)
-    assert loud.stdout == "" and "packed 10 of 10 samples into 5 packs" in loud.stderr
+    assert loud.stdout == "" and "packed 10 of 10 samples whole into 5 packs" in loud.stderr
     quiet = run_cli("pack", src, "-o", tmp_path / "b", "--packed-sequence-size", 8, "-q")
     assert quiet.stdout == "" and quiet.stderr == ""
 
@@ -79,3 +82,33 @@ def test_config_errors_are_one_line_with_exit_code_2(tmp_path):
 def test_demo_config_runs_from_the_repository_root(tmp_path):
     run_cli("pack", "--config", ROOT / "configs" / "demo.yaml", "-o", tmp_path / "demo", "-q", cwd=ROOT)
     assert manifest_json(tmp_path / "demo")["stats"]["num_samples"] == 1000
+
+
+def test_shipped_config_runs_from_any_directory(tmp_path):
+    """Paths in a config file are the file's: the shipped config works from another directory."""
+    proc = run_cli(
+        "pack", "--config", ROOT / "configs" / "demo.yaml", "-o", tmp_path / "demo", "-q", cwd=tmp_path
+    )
+    assert proc.returncode == 0
+    m = json.loads((tmp_path / "demo" / "manifest.json").read_text())
+    assert m["inputs"][0]["path"] == str(ROOT / "data" / "demo" / "train.jsonl")
+    assert m["inputs"][0]["num_samples"] == 1000
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "start"),
+    [
+        (["inspect", "{notmine}"], EXIT_INPUT, "packtool: error: {notmine}: no manifest.json"),
+        (["verify", "{notmine}"], EXIT_INPUT, "packtool: error: {notmine}: no manifest.json"),
+        (["inspect", "{file}"], EXIT_USAGE, "packtool: error: "),
+        (["pack", "--no-such-flag"], EXIT_USAGE, "packtool: error: No such option '--no-such-flag'"),
+    ],
+)
+def test_one_error_style_and_exit_code_convention_across_commands(tmp_path, args, code, start):
+    (tmp_path / "notmine").mkdir()
+    (tmp_path / "f.jsonl").write_text("{}\n")
+    paths = {"notmine": tmp_path / "notmine", "file": tmp_path / "f.jsonl"}
+    proc = run_cli(*[a.format(**paths) for a in args], check=False)
+    assert proc.returncode == code
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(start.format(**paths))

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from packtool.errors import EXIT_INPUT, EXIT_USAGE
 from packtool.reading import read_packs
 from tests.conftest import ROOT, manifest_json, run_cli
 
@@ -83,7 +84,7 @@ def test_sample_left_out_is_an_error_naming_it(dataset, tmp_path):
         """,
     )
     proc = pack(inp, tmp_path / "o", spec, check=False)
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_INPUT
     assert f"{inp}, row 17, field 'input_ids'" in proc.stderr and "left out of every group" in proc.stderr
     assert not (tmp_path / "o").exists()
 
@@ -98,7 +99,7 @@ def test_sample_in_two_groups_is_an_error(dataset, tmp_path):
         """,
     )
     proc = pack(inp, tmp_path / "o", spec, check=False)
-    assert proc.returncode == 2 and f"{inp}, row 3" in proc.stderr and "two groups" in proc.stderr
+    assert proc.returncode == EXIT_INPUT and f"{inp}, row 3" in proc.stderr and "two groups" in proc.stderr
 
 
 def test_group_longer_than_n_is_an_error(dataset, tmp_path):
@@ -111,7 +112,7 @@ def test_group_longer_than_n_is_an_error(dataset, tmp_path):
         """,
     )
     proc = pack(inp, tmp_path / "o", spec, check=False)
-    assert proc.returncode == 2 and "more than packed_sequence_size 256" in proc.stderr
+    assert proc.returncode == EXIT_INPUT and "more than packed_sequence_size 256" in proc.stderr
     assert f"{inp}, row 0" in proc.stderr
 
 
@@ -121,7 +122,7 @@ def test_not_a_list_of_groups_and_split_are_rejected(dataset, tmp_path):
     proc = pack(inp, tmp_path / "o", spec, check=False)
     assert proc.returncode == 2 and "must return a list of groups" in proc.stderr
     proc = pack(inp, tmp_path / "o", f"{EXAMPLE}:select_samples_to_pack", "--split-across-pack", check=False)
-    assert proc.returncode == 2 and "split_across_pack is not available" in proc.stderr
+    assert proc.returncode == EXIT_USAGE and "--split-across-pack on and --strategy" in proc.stderr
     proc = pack(inp, tmp_path / "o", f"{tmp_path}/nothere.py:f", check=False)
     assert proc.returncode == 2 and "no such file" in proc.stderr
 

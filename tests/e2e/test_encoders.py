@@ -129,7 +129,7 @@ def test_pretokenized_loss_mask_must_be_0_or_1(tmp_path, bad):
         _encode(tmp_path, rows, sample_format="pretokenized")
     out = tmp_path / "o"
     proc = run_cli("pack", tmp_path / "in.jsonl", "-o", out, "--packed-sequence-size", 8, "-q", check=False)
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     assert proc.stderr.count("\n") == 1 and "line 2, field 'loss_mask'" in proc.stderr
     run_cli("pack", tmp_path / "in.jsonl", "-o", out, "--packed-sequence-size", 8, "--on-error", "skip", "-q")
     stats = manifest_json(out)["stats"]
@@ -156,7 +156,7 @@ def test_pretokenized_labels_must_be_ignore_index_or_a_token_id(tmp_path, bad):
         DEMO_TOKENIZER,
     )
     proc = run_cli(*args, check=False)
-    assert proc.returncode == 2 and "line 2, field 'labels'" in proc.stderr, proc.stderr
+    assert proc.returncode == 3 and "line 2, field 'labels'" in proc.stderr, proc.stderr
     run_cli(*args, "--on-error", "skip", "-q")
     stats = manifest_json(out)["stats"]
     assert sum(stats["skipped_by_reason"].values()) == 1 and stats["num_samples"] == 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from packtool.errors import EXIT_INPUT
 from packtool.manifest import Manifest
 from tests.conftest import DEMO, DEMO_TOKENIZER, rewrite_tar_json, run_cli
 from tests.fixtures.inspect_outputs import out, tar_out  # noqa: F401 - fixtures
@@ -51,9 +52,10 @@ def test_json_has_the_figures_of_the_manifest(out: Path):
 def test_terminal_report(out: Path):
     text = run_cli("inspect", out, env={"COLUMNS": "120"}).stdout
     r = inspect_json(out)
-    for needle in ("samples in", "fill rate", f"{r['fill_rate']:.2%}", "padding tokens",
-                   "packs over lower bound", "samples per pack mean / min / max", "split samples",
-                   "split_across_pack", "tokenizer sha256", "packs-000002.parquet",
+    for needle in ("input samples", "packed whole", "split across packs", "input tokens", "fill rate",
+                   f"{r['fill_rate']:.2%}", "padding tokens", "packs over lower bound",
+                   "samples per pack mean / min / max", "split_across_pack", r["position_ids"],
+                   "bos_token_id", "tokenizer sha256", "packs-000002.parquet",
                    "sample lengths (tokens, as read)", "pack fill (real tokens per pack)", "█"):  # fmt: skip
         assert needle in text, needle
 
@@ -81,9 +83,10 @@ def test_full_and_fast_notice_a_manifest_that_lies(out: Path, tmp_path: Path):
     assert "packs-000001.parquet: num_packs 100 in the file, 101 in the manifest" in r["warnings"]
     assert "packs-000001.parquet, field 'num_packs': holds 100 packs, manifest says 101" in r["warnings"]
     assert any(w.startswith("num_tokens:") for w in r["warnings"])
-    # the fast path reads the footer only, and still sees the pack count
+    # the fast path reads the footer only, and still sees the pack count and tokens that do not add up
     assert inspect_json(bad)["warnings"] == [
-        "packs-000001.parquet: num_packs 100 in the file, 101 in the manifest"
+        "manifest: token fates add up to 136,006, not the 136,001 input tokens",
+        "packs-000001.parquet: num_packs 100 in the file, 101 in the manifest",
     ]
 
 
@@ -135,9 +138,13 @@ def test_pack_errors(out: Path, tmp_path: Path):
     moved = Path(shutil.copytree(out, tmp_path / "moved"))
     m = json.loads((moved / "manifest.json").read_text())
     m["tokenizer"]["name"] = str(tmp_path / "gone" / "tokenizer.json")
+    m["tokenizer"]["path"] = str(tmp_path / "gone2" / "tokenizer.json")
     (moved / "manifest.json").write_text(json.dumps(m))
     proc = run_cli("inspect", moved, "--pack", "0", "--decode", check=False)
-    assert proc.returncode == 2 and "not found here; pass --tokenizer PATH" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"packtool: error: tokenizer of the run not found: tried {tmp_path / 'gone' / 'tokenizer.json'}, "
+        f"{tmp_path / 'gone2' / 'tokenizer.json'}; pass --tokenizer PATH to decode"
+    )
     p = inspect_json(moved, "--pack", "0", "--decode", "--tokenizer", DEMO_TOKENIZER)
     assert p["pieces"][1]["text"] == TEXTS[p["pieces"][1]["sample_index"]] + "<|endoftext|>"
     # the message says where the missing path came from
@@ -197,7 +204,7 @@ def test_one_pack_of_a_damaged_parquet_shard_names_the_shard(out: Path, tmp_path
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
     proc = run_cli("inspect", copies["page"], "--pack", "140", check=False)
-    assert proc.returncode == 1 and "internal error" not in proc.stderr
+    assert proc.returncode == EXIT_INPUT and "internal error" not in proc.stderr
     assert proc.stderr.startswith(f"packtool: error: {copies['page'] / 'packs-000001.parquet'}: pack 140")
 
 
@@ -211,7 +218,7 @@ def test_one_pack_of_a_damaged_tar_shard_names_the_shard_the_same_way(tar_out: P
     data[data.index(b"fortran_order", start)] ^= 0xFF  # a .npy header of pack 149
     shard.write_bytes(data)
     proc = run_cli("inspect", copy, "--pack", "149", check=False)
-    assert proc.returncode == 1 and proc.stderr.startswith(
+    assert proc.returncode == EXIT_INPUT and proc.stderr.startswith(
         f"packtool: error: {shard}: pack 149 cannot be read (field '"
     )
     assert "has a bad .npy header" in proc.stderr and "; run packtool verify" in proc.stderr
@@ -219,7 +226,7 @@ def test_one_pack_of_a_damaged_tar_shard_names_the_shard_the_same_way(tar_out: P
 
 def test_not_an_output_directory(tmp_path: Path):
     proc = run_cli("inspect", tmp_path, check=False)
-    assert proc.returncode == 1 and "no manifest.json" in proc.stderr
+    assert proc.returncode == EXIT_INPUT and "no manifest.json" in proc.stderr
 
 
 def test_tar_output_fast_full_and_one_pack(tar_out: Path, out: Path):
@@ -270,3 +277,41 @@ def test_tar_fast_path_notices_a_foreign_manifest_and_a_wrong_count(tar_out: Pat
         f"packs-000000.tar: metadata unreadable (packs-000000.tar.idx does not end where the tar's {size:,} "
         "bytes do (stale index?))" in warnings
     )
+
+
+def test_pack_shows_where_each_piece_comes_from_and_what_is_trained(tmp_path: Path):
+    """From another directory, with relative paths at pack time: source line, offset in the sample,
+    continuation, and the decoded text cut into trained and untrained segments."""
+    rows = [{"prompt": f"question {i}?", "completion": f" answer {i} " + "word " * 40} for i in range(6)]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shutil.copy(DEMO_TOKENIZER, tmp_path / "data" / "tok.json")
+    run_cli("pack", "data/sft.jsonl", "-o", "out", "--tokenizer", "data/tok.json",
+            "--packed-sequence-size", 32, "--split-across-pack", "--strategy", "sequential", "-q",
+            cwd=tmp_path)  # fmt: skip
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    p = json.loads(run_cli("inspect", "../out", "--pack", "1", "--decode", "--json", cwd=elsewhere).stdout)
+    first = p["pieces"][0]
+    assert first["continuation"] and first["sample_offset"] == 32 and first["sample_index"] == 0
+    assert first["source"] == {
+        "source": "data/sft.jsonl",
+        "sample_in_source": 0,
+        "row_kind": "line",
+        "row": 1,
+    }
+    assert "".join(seg["text"] for seg in first["segments"]).strip() == first["text"].strip()
+    # all of it is the completion; its first token's target was taken in the pack before (shifted labels)
+    assert [seg["trained"] for seg in first["segments"]] == [False, True]
+    assert len(first["segments"][0]["text"].split()) <= 1
+    whole = json.loads(
+        run_cli("inspect", "../out", "--pack", "0", "--decode", "--json", cwd=elsewhere).stdout
+    )
+    start = whole["pieces"][0]
+    assert not start["continuation"] and start["sample_offset"] == 0
+    assert [seg["trained"] for seg in start["segments"]] == [False, True]  # the prompt, then the answer
+    assert "question 0?" in start["segments"][0]["text"] and "answer 0" in start["segments"][1]["text"]
+    text = run_cli(
+        "inspect", "../out", "--pack", "1", "--decode", cwd=elsewhere, env={"COLUMNS": "200"}
+    ).stdout
+    assert "data/sft.jsonl:1" in text and "32 (continued)" in text and "continued from token 32" in text

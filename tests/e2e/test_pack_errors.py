@@ -1,9 +1,9 @@
 """Bad input and faults, each on a real file through the real CLI (``packtool.errors``, ``--on-error``).
 
 Every failure must be: one line on stderr naming the file, the row and the field where there is one; exit
-code 2 for bad input or options (1 for a failure to write); and no output directory, ``.partial`` or lock
-left behind. Under ``--on-error skip`` the bad records are left out, counted by reason in the manifest and
-in ``inspect --json``, and logged to ``errors.jsonl``.
+code 3 for bad input, 2 for bad options (4 for a failure to write); and no output directory, ``.partial``
+or lock left behind. Under ``--on-error skip`` the bad records are left out, counted by reason in the
+manifest and in ``inspect --json``, and logged to ``errors.jsonl``.
 
 
 (The CLI in a subprocess; in-process tests are in tests/unit.)"""
@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from packtool.errors import EXIT_INPUT, EXIT_USAGE
 from packtool.reading import read_packs
 from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
 
@@ -35,7 +36,9 @@ def pack(tmp_path: Path, inputs, *extra: str, out: str = "out", check: bool = Fa
     return run_cli("pack", *args, check=check, **kw)
 
 
-def assert_clean_failure(proc: subprocess.CompletedProcess, tmp_path: Path, code: int = 2, out: str = "out"):
+def assert_clean_failure(
+    proc: subprocess.CompletedProcess, tmp_path: Path, code: int = EXIT_INPUT, out: str = "out"
+):
     """Exit code ``code``, exactly one line on stderr, and nothing left that looks like output."""
     assert proc.returncode == code, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -263,7 +266,7 @@ def test_empty_text_is_counted_as_empty_and_left_out(tmp_path):
     stats = manifest(tmp_path)["stats"]
     assert stats["num_samples"] == 3 and stats["empty_samples"] == 1 and stats["packed_samples"] == 2
     assert stats["skipped_samples"] == 0
-    assert "left out 1 empty samples" in proc.stderr
+    assert "packtool: warning: 1 of 3 samples were empty (no tokens) and left out" in proc.stderr
 
 
 def test_empty_input_ids_are_empty_samples(tmp_path):
@@ -288,7 +291,9 @@ def test_nothing_left_to_pack_is_an_error(tmp_path, records, extra):
 def test_packed_sequence_size_must_be_positive(tmp_path, size):
     src = write_jsonl(tmp_path / "in.jsonl", GOOD)
     line = assert_clean_failure(
-        pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, "--packed-sequence-size", size), tmp_path
+        pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, "--packed-sequence-size", size),
+        tmp_path,
+        code=EXIT_USAGE,
     )
     assert "packed_sequence_size must be a positive integer" in line
 
@@ -299,7 +304,7 @@ def test_packed_sequence_size_from_config_file_must_be_positive(tmp_path):
         f"inputs: [{DEMO / 'train.jsonl'}]\ntokenizer: {DEMO_TOKENIZER}\npacked_sequence_size: 0\n"
     )
     line = assert_clean_failure(
-        run_cli("pack", "--config", cfg, "-o", tmp_path / "out", check=False), tmp_path
+        run_cli("pack", "--config", cfg, "-o", tmp_path / "out", check=False), tmp_path, code=EXIT_USAGE
     )
     assert "packed_sequence_size" in line
 
@@ -308,7 +313,7 @@ def test_unknown_on_error_value_is_refused(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"inputs: [{DEMO / 'train.jsonl'}]\npacked_sequence_size: 64\non_error: ignore\n")
     line = assert_clean_failure(
-        run_cli("pack", "--config", cfg, "-o", tmp_path / "out", check=False), tmp_path
+        run_cli("pack", "--config", cfg, "-o", tmp_path / "out", check=False), tmp_path, code=EXIT_USAGE
     )
     assert "on_error must be one of fail, skip" in line
 
@@ -437,7 +442,9 @@ def test_unreadable_file(tmp_path):
 # --- tokenizer --------------------------------------------------------------------------------------------
 def test_tokenizer_path_missing(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", GOOD)
-    line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", tmp_path / "tok.json"), tmp_path)
+    line = assert_clean_failure(
+        pack(tmp_path, src, "--tokenizer", tmp_path / "tok.json"), tmp_path, code=EXIT_USAGE
+    )
     assert "tok.json" in line and "no such file" in line
 
 
@@ -445,7 +452,7 @@ def test_tokenizer_file_that_does_not_load(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", GOOD)
     tok = tmp_path / "tokenizer.json"
     tok.write_text('{"version": "1.0", "model": {"type": "Nonsense"}}')
-    line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", tok), tmp_path)
+    line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", tok), tmp_path, code=EXIT_USAGE)
     assert f"tokenizer {tok}: not a loadable tokenizer.json" in line
 
 
@@ -453,13 +460,17 @@ def test_tokenizer_directory_that_does_not_load(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", GOOD)
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
-    line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", tmp_path / "model"), tmp_path)
+    line = assert_clean_failure(
+        pack(tmp_path, src, "--tokenizer", tmp_path / "model"), tmp_path, code=EXIT_USAGE
+    )
     assert "tokenizer" in line and "model" in line
 
 
 def test_tokenizer_plugin_that_does_not_import(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", GOOD)
-    line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", "no_such_module_xyz:encode"), tmp_path)
+    line = assert_clean_failure(
+        pack(tmp_path, src, "--tokenizer", "no_such_module_xyz:encode"), tmp_path, code=EXIT_USAGE
+    )
     assert "no_such_module_xyz" in line
 
 
@@ -487,13 +498,13 @@ def test_existing_output_is_refused_without_overwrite(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
     proc = pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER)
-    assert proc.returncode == 2 and "output directory exists; pass --overwrite" in proc.stderr
+    assert proc.returncode == EXIT_USAGE and "output directory exists; pass --overwrite" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
     assert not (tmp_path / "out.partial").exists()
     # --overwrite replaces packtool outputs and empty directories only: this one is neither
     proc = pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, "--overwrite")
-    assert proc.returncode == 2 and "not a packtool output (no manifest.json)" in proc.stderr
+    assert proc.returncode == EXIT_USAGE and "not a packtool output (no manifest.json)" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
     (tmp_path / "out" / "keep.txt").unlink()
@@ -507,7 +518,7 @@ def test_output_that_is_a_file_is_named_as_one(tmp_path):
     (tmp_path / "out").write_text("x")
     for flags in ((), ("--overwrite",)):
         proc = pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, *flags)
-        assert proc.returncode == 2 and "exists and is not a directory" in proc.stderr
+        assert proc.returncode == EXIT_USAGE and "exists and is not a directory" in proc.stderr
         assert (tmp_path / "out").read_text() == "x"
 
 
@@ -517,7 +528,7 @@ def test_failed_overwrite_keeps_the_old_output(tmp_path):
     before = manifest(tmp_path)
     bad = write_lines(tmp_path / "bad.jsonl", [b"{broken"])
     proc = pack(tmp_path, bad, "--tokenizer", DEMO_TOKENIZER, "--overwrite")
-    assert proc.returncode == 2 and manifest(tmp_path) == before
+    assert proc.returncode == EXIT_INPUT and manifest(tmp_path) == before
     assert not (tmp_path / "out.partial").exists()
 
 
@@ -525,7 +536,7 @@ def test_output_under_a_file_is_not_writable(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", GOOD)
     (tmp_path / "afile").write_text("x")
     proc = pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, out="afile/out")
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.returncode == EXIT_USAGE and len(proc.stderr.strip().splitlines()) == 1
     assert "afile" in proc.stderr and (tmp_path / "afile").read_text() == "x"
 
 
@@ -538,7 +549,7 @@ def test_output_in_a_read_only_directory(tmp_path):
         proc = pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER, out="ro/out")
     finally:
         (tmp_path / "ro").chmod(0o700)
-    assert proc.returncode == 2 and "not writable" in proc.stderr
+    assert proc.returncode == EXIT_USAGE and "not writable" in proc.stderr
     assert list((tmp_path / "ro").iterdir()) == []
 
 

@@ -39,8 +39,8 @@ def test_boundary_property_on_random_packs(tmp_path, labels, split):
     data = write_jsonl(tmp_path / "rows.jsonl", rows)
     out = tmp_path / "out"
     run_cli("pack", data, "--sample-format", "prompt_completion", "--tokenizer", DEMO_TOKENIZER,
-            "--labels", labels, "--packed-sequence-size", size, "--long-samples", "drop",
-            "--split-across-pack" if split else "--no-split-across-pack", "-o", out, "-q")  # fmt: skip
+            "--labels", labels, "--packed-sequence-size", size,
+            *(["--split-across-pack"] if split else ["--long-samples", "drop"]), "-o", out, "-q")  # fmt: skip
     expected = encode_rows(encoder(labels=labels), rows)
     if not split:
         expected = [e if len(e["input_ids"]) <= size else {"input_ids": []} for e in expected]

@@ -47,9 +47,18 @@ def sample_tokens(lengths: list[int]) -> list[np.ndarray]:
 def test_output_is_identical_for_any_num_proc(tmp_path_factory, strategy, lengths, split, max_packs):
     tmp = tmp_path_factory.mktemp("numproc")
     src = write_jsonl(tmp / "in.jsonl", [{"input_ids": t.tolist()} for t in sample_tokens(lengths)])
-    args = ["--packed-sequence-size", "16", "--strategy", strategy, "--long-samples", "truncate"]
-    args += ["--chunk-size", "4", "--shard-size", "2", "-q"]
-    args += ["--split-across-pack"] if split else []
+    args = [
+        "--packed-sequence-size",
+        "16",
+        "--strategy",
+        strategy,
+        "--chunk-size",
+        "4",
+        "--shard-size",
+        "2",
+        "-q",
+    ]
+    args += ["--split-across-pack"] if split else ["--long-samples", "truncate"]
     args += ["--max-packs", str(max_packs)] if max_packs else []
     for num_proc in (1, 2):
         (tmp / f"p{num_proc}").mkdir()

@@ -102,7 +102,7 @@ def test_ray_reports_bad_input_like_local(tmp_path, ray_address):
     args = ["pack", str(bad), "--packed-sequence-size", "64", "-o", str(tmp_path / "o"), "-q"]
     local = run_cli(*args, check=False)
     on_ray = run_cli(*args, "--engine", "ray", "--ray-address", ray_address, check=False)
-    assert local.returncode == on_ray.returncode == 2
+    assert local.returncode == on_ray.returncode == 3
     assert "bad.jsonl, line 301, field 'input_ids': negative token id: -5" in local.stderr
     assert on_ray.stderr == local.stderr and local.stderr.count("\n") == 1
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()

@@ -11,14 +11,14 @@ import pytest
 
 from packtool import read_packs
 from packtool.errors import PacktoolError
-from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli
+from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, without_conflicts
 
 ARGS = ["--tokenizer", DEMO_TOKENIZER, "--packed-sequence-size", "1024", "--long-samples", "truncate",
         "--shard-size", "48", "-q"]  # fmt: skip
 
 
 def pack(out: Path, *extra: str) -> Path:
-    run_cli("pack", DEMO / "train.jsonl", "-o", out, *ARGS, *extra)
+    run_cli("pack", *without_conflicts(DEMO / "train.jsonl", "-o", out, *ARGS, *extra))
     return out
 
 

@@ -162,7 +162,7 @@ def test_bad_input_removes_the_partial_directory(tmp_path):
     bad.write_text('{"text": "fine"}\n{"text": "also fine"}\nnot json\n')
     out = tmp_path / "out"
     proc = pack(out, inputs=[str(bad)], check=False)
-    assert proc.returncode == 2
+    assert proc.returncode == 3
     assert "bad.jsonl, line 3" in proc.stderr
     assert not out.exists() and not out.with_name("out.partial").exists()
 

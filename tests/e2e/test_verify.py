@@ -17,9 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool import read_packs
+from packtool.errors import EXIT_INPUT
 from packtool.fileio import file_sha256
 from packtool.manifest import SamplesPerPack, total_stats
-from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, write_jsonl
+from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, without_conflicts, write_jsonl
 
 TRAIN = DEMO / "train.jsonl"
 # sequential: the damage tests below name the shards and packs of its layout
@@ -28,7 +29,7 @@ BASE = ["--tokenizer", DEMO_TOKENIZER, "--add-eos", "-q", "--shard-size", "48", 
 
 
 def pack(out: Path, *extra: str, inputs: tuple = (TRAIN,)) -> Path:
-    run_cli("pack", *inputs, "-o", out, *BASE, *extra)
+    run_cli("pack", *without_conflicts(*inputs, "-o", out, *BASE, *extra))
     return out
 
 
@@ -309,7 +310,8 @@ def test_max_packs_cutting_through_samples_verifies_and_inspects_clean(tmp_path:
     code, text = verify(out, "--source", "-q")
     assert code == 0, text
     report = json.loads(run_cli("inspect", out, "--full", "--json").stdout)
-    assert report["warnings"] == []
+    assert [w for w in report["warnings"] if not w.startswith("lost: ")] == []  # only what max_packs cut
+    assert any("left out by max_packs" in w for w in report["warnings"])
 
 
 def test_source_with_another_input_fails(good: Path, tmp_path: Path):
@@ -379,8 +381,8 @@ def test_json_report_and_usage(out: Path):
 
 def test_not_an_output_directory(tmp_path: Path):
     code, text = verify(tmp_path)
-    assert code == 1
-    assert "no manifest.json" in text
+    assert code == EXIT_INPUT  # not an output at all: an error, as inspect says it
+    assert text.startswith("packtool: error: ") and "no manifest.json" in text
 
 
 def test_source_ok_for_bfd_with_split_samples_in_shuffled_packs(tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import yaml
 
 from packtool import read_packs
-from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, run_cli, write_jsonl
+from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, run_cli, without_conflicts, write_jsonl
 from tests.fixtures.webdataset_outputs import wds_out  # noqa: F401 - fixtures
 
 N = 256
@@ -29,7 +29,7 @@ BASE = [
 
 
 def pack(out: Path, *args: str) -> dict:
-    run_cli("pack", *BASE, "--output", str(out), *args)
+    run_cli("pack", *without_conflicts(*BASE, "--output", str(out), *args))
     return manifest_json(out)
 
 
@@ -105,7 +105,7 @@ def test_shard_max_bytes_smaller_than_one_pack_is_an_error(tmp_path):
     assert "shard_max_bytes 1000" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not out.exists()
     proc = run_cli("pack", *BASE, "--output", str(out), "--shard-max-bytes", "10000000", check=False)
-    assert proc.returncode == 2 and "shard_max_bytes" in proc.stderr and "webdataset" in proc.stderr
+    assert proc.returncode == 2 and "--shard-max-bytes" in proc.stderr and "webdataset" in proc.stderr
     assert not out.exists()
 
 

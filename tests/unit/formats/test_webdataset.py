@@ -17,7 +17,7 @@ import yaml
 from packtool import read_packs
 from packtool.formats.tar import pack_key
 from packtool.formats.tar import read_index as read_tar_index
-from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, run_cli
+from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, run_cli, without_conflicts
 from tests.fixtures.webdataset_outputs import wds_out  # noqa: F401 - fixtures
 
 N = 256
@@ -36,7 +36,7 @@ NPY = {"input_ids", "labels", "position_ids", "seq_lens", "sample_index", "sampl
 
 
 def pack(out: Path, *args: str) -> dict:
-    run_cli("pack", *BASE, "--output", str(out), *args)
+    run_cli("pack", *without_conflicts(*BASE, "--output", str(out), *args))
     return manifest_json(out)
 
 

@@ -426,3 +426,49 @@ def test_batch_helpers():
 def test_too_few_packs_is_a_clear_error(packed):
     with pytest.raises(ValueError, match="cannot fill one batch"):
         PackedDataset(packed, batch_size=1000)
+
+
+def test_too_few_packs_for_one_batch_read_with_drop_last_false(packed, packs):
+    ds = PackedDataset(packed, batch_size=1000, shuffle=False, drop_last=False)
+    assert len(ds) == 1
+    (only,) = stream(get_loader(ds, num_workers=0))
+    assert sorted(only.tolist()) == list(range(len(packs)))
+
+
+@pytest.mark.parametrize("world_size,num_workers", [(1, 0), (1, 2), (2, 1), (3, 2)])
+def test_drop_last_false_uses_every_pack_with_equal_batch_counts(packed, packs, world_size, num_workers):
+    """As torch's DistributedSampler(drop_last=False) + DataLoader(drop_last=False): every pack at least
+    once, repeats only to even out the ranks, every rank the same number of batches (the last one short)."""
+    seen, per_rank = [], []
+    for rank in range(world_size):
+        ds = PackedDataset(packed, batch_size=4, seed=3, rank=rank, world_size=world_size, drop_last=False)
+        loader = get_loader(ds, num_workers=num_workers)
+        batches = stream(loader)
+        assert len(batches) == len(loader) == len(ds) == ds.batches_per_epoch
+        assert all(len(b) == 4 for b in batches[:-1]) and 1 <= len(batches[-1]) <= 4
+        per_rank.append(len(batches))
+        seen += flat(batches)
+    per = -(-len(packs) // world_size)
+    assert per_rank == [-(-per // 4)] * world_size
+    assert set(seen) == set(range(len(packs)))  # every pack
+    assert len(seen) == per * world_size  # and only as many repeats as evening out the ranks takes
+
+
+def test_len_is_batches_per_epoch_and_infinite_has_none(packed, packs):
+    ds = PackedDataset(packed, batch_size=4)
+    assert len(ds) == len(get_loader(ds, num_workers=0)) == len(packs) // 4 == len(stream(get_loader(ds, 0)))
+    infinite = PackedDataset(packed, batch_size=4, infinite=True)
+    with pytest.raises(TypeError, match="infinite"):
+        len(infinite)
+    assert len(get_loader(infinite, num_workers=0)) == len(packs) // 4  # one epoch, for LR schedules
+
+
+def test_drop_last_is_part_of_the_resume_state(packed):
+    a = get_loader(PackedDataset(packed, batch_size=4, drop_last=False), num_workers=0)
+    state = a.state_dict()
+    assert state["drop_last"] is False
+    b = get_loader(PackedDataset(packed, batch_size=4), num_workers=0)
+    with pytest.raises(ValueError, match="drop_last"):
+        b.load_state_dict(state)
+    older = {k: v for k, v in b.state_dict().items() if k != "drop_last"}  # saved before drop_last existed
+    b.load_state_dict(older)

@@ -64,7 +64,8 @@ def test_max_packs_with_split_counts_a_partly_kept_sample():
     # sample 1 is partly kept (packed and partial), sample 2 wholly left out (over max_packs)
     assert plan.stats.samples_over_max_packs == 1 and plan.stats.tokens_over_max_packs == 4
     assert plan.stats.partial_samples == 1
-    assert plan.stats.split_samples == 1  # sample 1 was split, though its second piece was cut
+    # one fate each: sample 1 counts as partly cut (not also as split), sample 0 as whole
+    assert plan.stats.split_samples == 0 and plan.stats.whole_samples == 1
 
 
 @pytest.mark.parametrize("strategy", ["sequential", "bfd"])
@@ -82,12 +83,14 @@ def test_max_packs_sample_counts_partition_the_samples(strategy):
         assert s.partial_samples == int(((kept > 0) & (kept < lengths)).sum())
         assert s.samples_over_max_packs == int(((kept == 0) & (lengths > 0)).sum())
         assert s.tokens_over_max_packs == int((lengths - kept).sum())
-        # split: kept samples the planner cut over more than one pack, whether or not all pieces were kept
+        # split: kept samples the planner cut over more than one pack, all of whose pieces were kept
         pack_of = np.repeat(np.arange(full.num_packs), np.diff(full.pack_offsets))
         packs_of = np.bincount(np.unique(full.sample * full.num_packs + pack_of) // full.num_packs)
         split = np.zeros(len(lengths), dtype=bool)
         split[: len(packs_of)] = packs_of > 1
-        assert s.split_samples == int((split & (kept > 0)).sum())
+        partial = (kept > 0) & (kept < lengths)
+        assert s.split_samples == int((split & (kept > 0) & ~partial).sum())
+        assert s.whole_samples + s.split_samples + s.partial_samples == packed
 
 
 def test_long_sample_policies():

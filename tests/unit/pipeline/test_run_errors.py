@@ -1,9 +1,9 @@
 """Bad input and faults, each on a real file through the real CLI (``packtool.errors``, ``--on-error``).
 
 Every failure must be: one line on stderr naming the file, the row and the field where there is one; exit
-code 2 for bad input or options (1 for a failure to write); and no output directory, ``.partial`` or lock
-left behind. Under ``--on-error skip`` the bad records are left out, counted by reason in the manifest and
-in ``inspect --json``, and logged to ``errors.jsonl``.
+code 3 for bad input, 2 for bad options (4 for a failure to write); and no output directory, ``.partial``
+or lock left behind. Under ``--on-error skip`` the bad records are left out, counted by reason in the
+manifest and in ``inspect --json``, and logged to ``errors.jsonl``.
 
 
 (In-process tests; the CLI's are in tests/e2e.)"""
@@ -17,10 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from packtool.errors import EXIT_FAILURE, EXIT_INPUT
 from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT
 
 
-def assert_clean_failure(proc: subprocess.CompletedProcess, tmp_path: Path, code: int = 2, out: str = "out"):
+def assert_clean_failure(
+    proc: subprocess.CompletedProcess, tmp_path: Path, code: int = EXIT_INPUT, out: str = "out"
+):
     """Exit code ``code``, exactly one line on stderr, and nothing left that looks like output."""
     assert proc.returncode == code, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -54,6 +57,6 @@ def test_disk_full_while_writing(tmp_path, limit, num_proc):
         text=True,
         env=env,
     )
-    line = assert_clean_failure(proc, tmp_path, code=1)
+    line = assert_clean_failure(proc, tmp_path, code=EXIT_FAILURE)
     assert f"{tmp_path / 'out'}: cannot write the output" in line and "nothing was left behind" in line
     assert os.listdir(tmp_path) == []

@@ -1,0 +1,84 @@
+"""Where a packed sample came from: its input file and row, found again from the manifest.
+
+The manifest records how many samples each input gave (``InputEntry.num_samples``), so the input of
+sample ``i`` is known at once; its row is found by reading that input again up to it (only that input,
+and only up to the sample). Bad records the run skipped (``--on-error skip``) are left out as the run
+left them out, using ``errors.jsonl``; when the run skipped more records than that log lists, the row
+cannot be told and only the input and the sample's place among its samples are given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from packtool.encoders import fields_read
+from packtool.errors import MAX_LOGGED, ErrorSink, PacktoolError
+from packtool.manifest import ERRORS_LOG, Manifest
+from packtool.readers import read_inputs
+
+
+def locate_samples(directory: str | Path, manifest: Manifest, samples: list[int]) -> dict[int, dict]:
+    """``{sample: {"source", "sample_in_source", "row_kind", "row"}}`` for input samples ``samples``
+    (``row`` is ``None`` where it cannot be told). Samples a custom policy made (numbered past the input)
+    and outputs of runs before inputs recorded their counts are left out."""
+    starts, first = [], 0
+    for entry in manifest.inputs:
+        if entry.num_samples is None:
+            return {}
+        starts.append(first)
+        first += entry.num_samples
+    skipped = _skipped_rows(Path(directory), manifest)
+    out: dict[int, dict] = {}
+    for k, entry in enumerate(manifest.inputs):
+        lo, hi = starts[k], starts[k] + entry.num_samples
+        wanted = sorted(s for s in set(samples) if lo <= s < hi)
+        if not wanted:
+            continue
+        found = next((p for p in (entry.source, entry.path) if p and Path(p).exists()), None)
+        try:
+            rows = _rows(found, manifest, [s - lo for s in wanted], skipped) if found else {}
+        except PacktoolError:  # the input changed since the run: its rows cannot be told
+            rows = {}
+        for s in wanted:
+            kind, row = rows.get(s - lo, (None, None))
+            out[s] = {"source": entry.source, "sample_in_source": s - lo, "row_kind": kind, "row": row}
+    return out
+
+
+def _skipped_rows(directory: Path, manifest: Manifest) -> set[tuple[str, int]] | None:
+    """The (source, row) of every record the run skipped, or ``None`` when the log does not list all."""
+    if not manifest.stats.skipped_samples:
+        return set()
+    if manifest.stats.skipped_samples > MAX_LOGGED:
+        return None
+    try:
+        lines = (directory / ERRORS_LOG).read_text().splitlines()
+    except OSError:
+        return None
+    entries = [json.loads(line) for line in lines if line.strip()]
+    return {(os.path.abspath(e["source"]), e["row"]) for e in entries}
+
+
+def _rows(
+    path: str, manifest: Manifest, wanted: list[int], skipped: set[tuple[str, int]] | None
+) -> dict[int, tuple[str, int]]:
+    """``{k: (row_kind, row)}`` for the ``k``-th samples of the input at ``path`` (0-based)."""
+    if skipped is None:
+        return {}
+    c = manifest.config
+    sink = ErrorSink("skip")  # records the run skipped are skipped here too, never raised
+    found: dict[int, tuple[str, int]] = {}
+    seen, todo = 0, sorted(wanted)
+    used = fields_read(c, manifest.sample_format)  # the fields the run read, so the same records are bad
+    for batch in read_inputs([path], split=c.split, text_field=c.text_field, sink=sink, used_fields=used):
+        src = os.path.abspath(batch.source)
+        rows = [int(r) for r in batch.rows if (src, int(r)) not in skipped]
+        while todo and todo[0] < seen + len(rows):
+            found[todo[0]] = (batch.row_kind, rows[todo[0] - seen])
+            todo.pop(0)
+        seen += len(rows)
+        if not todo:
+            break
+    return found
