@@ -34,6 +34,8 @@ SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat")
 LOSS_ON = ("assistant", "last", "all")
 EMPTY_LOSS_POLICIES = ("drop", "keep", "error")
 ENGINES = ("local", "ray")
+# 16M tokens: 64 MiB per int32 column of one pack (a pack is built, written and read whole)
+MAX_PACKED_SEQUENCE_SIZE = 1 << 24
 STRATEGIES = ("bfd", "sequential")  # built-in packing strategies (packtool.packing); or module:callable
 
 
@@ -201,6 +203,13 @@ class PackConfig:
             )
         if not isinstance(self.pad_token_id, int) or isinstance(self.pad_token_id, bool):
             raise ConfigError(f"pad_token_id must be an integer, got {self.pad_token_id!r}")
+        if self.pad_token_id < 0:
+            raise ConfigError(f"pad_token_id must be a token id (0 or more), got {self.pad_token_id}")
+        if self.packed_sequence_size > MAX_PACKED_SEQUENCE_SIZE:
+            raise ConfigError(
+                f"packed_sequence_size {self.packed_sequence_size:,} is over the "
+                f"{MAX_PACKED_SEQUENCE_SIZE:,} tokens packtool packs into one sequence"
+            )
         self.check_conflicts(self.sample_format)
         return self
 

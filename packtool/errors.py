@@ -41,6 +41,13 @@ class DataLossError(PacktoolError):
     exit_code = EXIT_PROBLEMS
 
 
+class WorkerDied(PacktoolError):
+    """A worker process of the run died (killed by a signal, e.g. out of memory). The work finished so far
+    is kept, so that the same command resumes the run."""
+
+    exit_code = EXIT_FAILURE
+
+
 class ConfigError(PacktoolError):
     """A bad option, config key or config value."""
 
@@ -108,8 +115,15 @@ class ErrorSink:
         return sum(self.counts.values())
 
     def bad(self, err: InputError) -> None:
-        if self.on_error != "skip":
-            raise err
+        if self.on_error != "skip":  # say the way past it, which the error alone does not
+            raise InputError(
+                f"{err.reason} (--on-error skip leaves bad records out and counts them)",
+                source=err.source,
+                row=err.row,
+                field=err.field,
+                row_kind=err.row_kind,
+                code=err.code,
+            ) from None
         self.counts[err.code] = self.counts.get(err.code, 0) + 1
         if len(self.entries) < MAX_LOGGED:
             self.entries.append(err.location())

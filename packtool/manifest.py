@@ -32,7 +32,8 @@ MANIFEST = "manifest.json"
 ERRORS_LOG = "errors.jsonl"  # the first skipped records (on_error=skip), one JSON object a line
 FORMAT = "packtool"
 # 2: every pack's .json member in a tar shard carries the run_id and shard number (verify matches them)
-FORMAT_VERSION = 2
+# 3: shard entries carry the file's crc32 and Parquet pages their CRC checksums (checked at read time)
+FORMAT_VERSION = 3
 IGNORE_INDEX = -100  # the label of a token that takes no loss (padding, prompts, sample ends)
 
 
@@ -340,9 +341,10 @@ class InputEntry:
 class ShardEntry:
     """One shard file: ``num_packs`` packs from global pack ``first_pack`` on.
 
-    The last fields belong to one format each (``None`` for the others): Parquet's ``row_groups`` (packs
-    per row group, the loader's read units) and ``row_group_offsets`` (byte offset of each, then the end);
-    a tar shard's ``index`` (its ``.tar.idx`` file).
+    ``crc32`` is the CRC-32 of the whole file (format 3 on; ``None`` before), which readers that read a
+    whole shard check as they read it. The last fields belong to one format each (``None`` for the
+    others): Parquet's ``row_groups`` (packs per row group, the loader's read units) and
+    ``row_group_offsets`` (byte offset of each, then the end); a tar shard's ``index`` (its ``.tar.idx``).
     """
 
     path: str
@@ -351,6 +353,7 @@ class ShardEntry:
     num_tokens: int
     bytes: int
     sha256: str
+    crc32: int | None = None
     row_groups: list[int] | None = None
     row_group_offsets: list[int] | None = None
     index: str | None = None

@@ -26,7 +26,34 @@ def load_manifest(directory: str | Path) -> Manifest:
     return Manifest.load(directory)
 
 
-def read_packs(directory: str | Path, *, with_sample_index: bool = False) -> Iterator[dict[str, np.ndarray]]:
+def check_shard_files(directory: str | Path, manifest: Manifest) -> list[tuple[str, str]]:
+    """What is wrong with the output's shard set, cheaply (one ``stat`` per shard, no read): the shard
+    entries must hold the packs the stats count, and every shard must exist with its recorded size.
+    Returns ``[(shard path, problem)]``; empty when all is well. Readers check this before the first pack.
+
+    >>> check_shard_files("out/demo", load_manifest("out/demo"))  # doctest: +SKIP
+    []
+    """
+    problems = []
+    listed = manifest.num_packs
+    counted = manifest.stats.num_packs
+    if listed != counted:
+        why = f"its shards hold {listed:,} packs, its stats count {counted:,} (a shard entry removed/added)"
+        problems.append(("manifest.json", why))
+    for entry in manifest.shards:
+        try:
+            size = (Path(directory) / entry.path).stat().st_size
+        except FileNotFoundError:
+            problems.append((entry.path, "missing"))
+            continue
+        if size != entry.bytes:
+            problems.append((entry.path, f"{size:,} bytes on disk, {entry.bytes:,} when written"))
+    return problems
+
+
+def read_packs(
+    directory: str | Path, *, with_sample_index: bool = False, verify_checksums: bool = True
+) -> Iterator[dict[str, np.ndarray]]:
     """Yield every pack of a packtool output directory, in shard order.
 
     Each pack is a dict of NumPy arrays in NeMo AutoModel ``PackedSequence`` layout: ``input_ids``,
@@ -35,8 +62,11 @@ def read_packs(directory: str | Path, *, with_sample_index: bool = False) -> Ite
     ``sample_index`` (the input index of each piece's sample) and ``sample_offset`` (where each piece
     starts inside its sample).
 
-    A shard that is not the manifest's (another run's, one that does not parse, one holding another number
-    of packs) raises ``InputError`` naming it, once the packs before it are out.
+    Before the first pack, the shard set is checked against the manifest (``check_shard_files``); every
+    unit read is checked against the checksums written with it (``verify_checksums``: Parquet page CRCs,
+    a tar shard's CRC-32). A shard that is not the manifest's (another run's, a damaged one, one that does
+    not parse or holds another number of packs) raises ``InputError`` naming it, once the packs before it
+    are out.
     """
     directory = Path(directory)
     manifest = Manifest.load(directory)
@@ -44,7 +74,9 @@ def read_packs(directory: str | Path, *, with_sample_index: bool = False) -> Ite
     columns = [*TRAINING_COLUMNS, "loss_mask"] + (
         ["sample_index", "sample_offset"] if with_sample_index else []
     )
-    reader = fmt.open_reader(directory, manifest)
+    for path, problem in check_shard_files(directory, manifest)[:1]:
+        raise InputError(f"{directory / path}: {problem}; run packtool verify")
+    reader = fmt.open_reader(directory, manifest, verify_checksums=verify_checksums)
     try:
         for s, entry in enumerate(manifest.shards):
             path = directory / entry.path

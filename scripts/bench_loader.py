@@ -19,7 +19,11 @@ Prints, for packs of N=4096 tokens written by ``packtool pack`` (Parquet, zstd, 
   the least a builder that reuses memory (``block_causal_mask`` does, see ``masks.MASK_CACHE_SIZE``) can
   do. As timed here each mask is dropped before the next is built, as in a training loop.
 
-Targets: >= 3,000 packs/s with 2 workers (issue 16); first batch < 1 s; flex_block_mask >= 100x faster
+A last row reads with the integrity checks on (Parquet page CRCs, the default) and off
+(``verify_checksums=False``), runs interleaved.
+
+Targets: >= 3,000 packs/s with 2 workers (issue 16); first batch < 1 s; integrity checks on cost at most
+10% of the CPU per pack against off (issue 19); flex_block_mask >= 100x faster
 than create_block_mask at N=4096; block_causal_mask >= 10x faster than NeMo's, identical output.
 Mask timings are the median of ``--repeats`` interleaved runs after one warm-up run of each; loader
 figures the median of ``--loader-repeats`` runs per worker count (NeMo's time alone varies 150-230 ms at
@@ -44,8 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from packtool.loader import PackedDataset, get_loader  # noqa: E402
+from packtool.manifest import FORMAT_VERSION  # noqa: E402
 from packtool.masks import block_causal_mask, flex_block_mask, padded_seq_lens, sequence_starts, varlen_args  # noqa: E402
-from packtool.reading import read_packs  # noqa: E402
+from packtool.reading import load_manifest, read_packs  # noqa: E402
 
 N = 4096
 
@@ -53,8 +58,8 @@ N = 4096
 def make_data(work: Path, packs: int) -> Path:
     """Pretokenized samples (64..2048 tokens) packed by the real CLI into N=4096 packs; reused if present."""
     out = work / f"loader-{packs}"
-    if (out / "manifest.json").exists():
-        return out
+    if (out / "manifest.json").exists() and load_manifest(out).format_version == FORMAT_VERSION:
+        return out  # (an output of an older format is written again: it may lack the checksums)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -77,10 +82,12 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def bench_loader(data: Path, workers: int, epochs: int) -> dict:
+def bench_loader(data: Path, workers: int, epochs: int, verify_checksums: bool = True) -> dict:
     """Wall-clock packs/s after the first batch, and CPU seconds per 1,000 packs over the whole run
     (workers included, start-up too): the second does not depend on what else runs on the machine."""
-    ds = PackedDataset(data, batch_size=8, shuffle=True, seed=0, infinite=True)
+    ds = PackedDataset(
+        data, batch_size=8, shuffle=True, seed=0, infinite=True, verify_checksums=verify_checksums
+    )
     loader = get_loader(ds, num_workers=workers)
     target = epochs * ds.batches_per_epoch
     c0, t0 = cpu_seconds(), time.perf_counter()
@@ -214,6 +221,16 @@ def main() -> None:
     for w in (0, 1, 2):
         runs = [bench_loader(data, w, args.epochs) for _ in range(args.loader_repeats)]
         res["loader"][w] = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+    # integrity checks (Parquet page CRCs) on against off, 2 workers, runs interleaved so that the load of
+    # the machine weighs on both alike
+    on, off = [], []
+    for _ in range(args.loader_repeats):
+        on.append(bench_loader(data, 2, args.epochs, verify_checksums=True))
+        off.append(bench_loader(data, 2, args.epochs, verify_checksums=False))
+    res["integrity"] = {
+        name: {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+        for name, runs in (("on", on), ("off", off))
+    }
 
     torch.set_num_threads(args.threads)
     try:
@@ -261,6 +278,14 @@ def report(res: dict, args) -> None:
             f"{w:>8} {r['first_batch_s']:>11.3f}s {pps:>10,.0f} {pps * N:>14,.0f} {pps / ref:>12.2f}x"
             f" {r['cpu_s_per_1k_packs']:>15.3f}"
         )
+    on, off = res["integrity"]["on"], res["integrity"]["off"]
+    cpu_ratio = on["cpu_s_per_1k_packs"] / off["cpu_s_per_1k_packs"]
+    print(
+        f"integrity checks, 2 workers, interleaved runs: on {on['packs_per_s']:,.0f} packs/s "
+        f"({on['cpu_s_per_1k_packs']:.3f} CPU s / 1k packs), off {off['packs_per_s']:,.0f} packs/s "
+        f"({off['cpu_s_per_1k_packs']:.3f} CPU s / 1k packs): on / off = "
+        f"{on['packs_per_s'] / off['packs_per_s']:.3f} (CPU {cpu_ratio:.3f}x)"
+    )
     print(f"mask build per batch (torch threads: {args.threads}; median of {args.repeats} after a warm-up)")
     for n, m in res["masks"].items():
         print(f"  N={n}")
@@ -285,6 +310,10 @@ def report(res: dict, args) -> None:
     checks = [
         ("loader >= 3,000 packs/s with 2 workers", two["packs_per_s"] >= 3_000),
         ("first batch < 1 s (2 workers)", two["first_batch_s"] < 1.0),
+        (
+            "integrity checks cost <= 10% of the CPU per pack (2 workers)",
+            on["cpu_s_per_1k_packs"] <= 1.10 * off["cpu_s_per_1k_packs"],
+        ),
         (
             "flex_block_mask >= 100x create_block_mask at N=4096",
             m4["create_block_mask"]["s_per_batch"] / m4["flex_block_mask@dense_B"]["s_per_batch"] >= 100,

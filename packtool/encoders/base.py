@@ -155,6 +155,39 @@ def check_same_lengths(a: pa.LargeListArray, b: pa.LargeListArray, batch: Source
         raise batch.error(i, field, f"has {lb[i]} values but input_ids has {la[i]}", "length_mismatch")
 
 
+def check_token_ids(
+    ids: pa.LargeListArray, batch: SourceBatch, field: str = "input_ids", vocab_size: int | None = None
+) -> None:
+    """Every value is a token id: >= 0 and, when known, < ``vocab_size``; ``labels`` may also be ``-100``
+    (no loss), and nothing else: a label such as -5 would crash ``cross_entropy``. Else the error names
+    the record and the field."""
+    off = np_view(ids.offsets)
+    flat = ids.values.slice(int(off[0]), int(off[-1] - off[0]))
+    if len(flat) == 0:
+        return
+    allowed = IGNORE_INDEX if field == "labels" else None
+    mm = pc.min_max(flat)
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    if lo >= 0 and (vocab_size is None or hi < vocab_size):
+        return
+    arr = np_view(flat)
+    bad = (arr < 0) if vocab_size is None else ((arr < 0) | (arr >= vocab_size))
+    if allowed is not None:
+        bad &= arr != allowed
+        if not bad.any():
+            return
+    pos = int(bad.argmax())
+    row = int((off - off[0]).searchsorted(pos, side="right") - 1)
+    if arr[pos] < 0:
+        if field == "labels":
+            what, code = "negative label other than -100", "negative_label"
+        else:
+            what, code = "negative token id", "negative_token_id"
+    else:
+        what, code = f"token id outside the vocabulary (size {vocab_size})", "token_out_of_vocab"
+    raise batch.error(row, field, f"{what}: {int(arr[pos])}", code)
+
+
 class FunctionEncoder:
     """Wraps a user's ``encode(records: dict[str, list]) -> dict`` callable into the Encoder protocol."""
 
@@ -181,9 +214,11 @@ class FunctionEncoder:
             raise ConfigError(
                 f"encoder {self.spec} returned {len(input_ids)} rows for {batch.num_rows} records"
             )
+        check_token_ids(input_ids, batch)  # a custom encoder's ids are checked like a file's
         if out.get("labels") is not None:
             labels = to_token_lists(out["labels"], batch, "labels")
             check_same_lengths(input_ids, labels, batch, "labels")
+            check_token_ids(labels, batch, "labels")
         else:
             labels = make_labels(input_ids, self.labels)
         loss_mask = None

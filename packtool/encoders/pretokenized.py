@@ -12,13 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from packtool.arrays import np_view
 from packtool.encoders.base import (
-    IGNORE_INDEX,
     MASK,
     check_same_lengths,
+    check_token_ids,
     encoded_batch,
     make_labels,
     to_token_lists,
@@ -38,11 +37,11 @@ class PretokenizedEncoder:
                 0, "input_ids", f"missing field (record has: {', '.join(rb.schema.names)})", "missing_field"
             )
         input_ids = to_token_lists(rb.column("input_ids"), batch, "input_ids")
-        self._check_ids(input_ids, batch)
+        check_token_ids(input_ids, batch, vocab_size=self.vocab_size)
         if "labels" in rb.schema.names:
             labels = to_token_lists(rb.column("labels"), batch, "labels")
             check_same_lengths(input_ids, labels, batch, "labels")
-            self._check_ids(labels, batch, "labels")
+            check_token_ids(labels, batch, "labels", self.vocab_size)
         else:
             labels = None
         loss_mask = None
@@ -56,36 +55,6 @@ class PretokenizedEncoder:
         if labels is None:
             labels = make_labels(input_ids, self.labels)
         return encoded_batch(input_ids, labels, loss_mask)
-
-    def _check_ids(self, ids: pa.LargeListArray, batch: SourceBatch, field: str = "input_ids") -> None:
-        """Every value is a token id: >= 0 and, with a tokenizer, < its vocabulary size. ``labels`` may also
-        be ``-100`` (no loss), and nothing else: a label such as -5 would crash ``cross_entropy``."""
-        off = np_view(ids.offsets)
-        flat = ids.values.slice(int(off[0]), int(off[-1] - off[0]))
-        if len(flat) == 0:
-            return
-        allowed = IGNORE_INDEX if field == "labels" else None
-        mm = pc.min_max(flat)
-        lo, hi = mm["min"].as_py(), mm["max"].as_py()
-        limit = self.vocab_size
-        if lo >= 0 and (limit is None or hi < limit):
-            return
-        arr = np_view(flat)
-        bad = (arr < 0) if limit is None else ((arr < 0) | (arr >= limit))
-        if allowed is not None:
-            bad &= arr != allowed
-            if not bad.any():
-                return
-        pos = int(bad.argmax())
-        row = int((off - off[0]).searchsorted(pos, side="right") - 1)
-        if arr[pos] < 0:
-            if field == "labels":
-                what, code = "negative label other than -100", "negative_label"
-            else:
-                what, code = "negative token id", "negative_token_id"
-        else:
-            what, code = f"token id outside the vocabulary (size {limit})", "token_out_of_vocab"
-        raise batch.error(row, field, f"{what}: {int(arr[pos])}", code)
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "pretokenized", "name": None, "sha256": None, "vocab_size": self.vocab_size}

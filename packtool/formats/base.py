@@ -145,7 +145,9 @@ class ShardFormat(ABC):
         """Packs in each read unit of the shard, in order."""
 
     @abstractmethod
-    def open_reader(self, directory: Path, manifest: Manifest) -> UnitReader: ...
+    def open_reader(self, directory: Path, manifest: Manifest, verify_checksums: bool = True) -> UnitReader:
+        """A reader of the output's units; ``verify_checksums`` checks every unit against the checksums
+        written with it (a mismatch raises one of ``UNIT_ERRORS``)."""
 
     @abstractmethod
     def read_pack(self, path: Path, entry: ShardEntry, row: int, manifest: Manifest) -> dict | None:

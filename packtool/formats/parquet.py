@@ -150,6 +150,7 @@ def write_parquet_shard(
                     use_dictionary=False,
                     write_statistics=False,
                     store_schema=True,
+                    write_page_checksum=True,  # CRC-32 per page: readers check what they decode
                 )
             writer.write_table(table.cast(writer.schema), row_group_size=row_group_size)
     finally:
@@ -230,15 +231,19 @@ def table_packs(table: pa.Table, n: int) -> PackArrays:
 class ParquetReader(UnitReader):
     """Row groups of an output's Parquet shards; the last few files stay open."""
 
-    def __init__(self, directory: Path, manifest: Manifest, keep_open: int = 8) -> None:
+    def __init__(
+        self, directory: Path, manifest: Manifest, keep_open: int = 8, verify_checksums: bool = True
+    ) -> None:
         self.directory, self.manifest, self.keep_open = Path(directory), manifest, keep_open
+        self.verify_checksums = verify_checksums  # pages' CRC-32, checked by Arrow as it decodes them
         self.files: OrderedDict[int, pq.ParquetFile] = OrderedDict()
 
     def _file(self, shard: int) -> pq.ParquetFile:
         if shard in self.files:
             self.files.move_to_end(shard)
             return self.files[shard]
-        pf = pq.ParquetFile(self.directory / self.manifest.shards[shard].path)
+        path = self.directory / self.manifest.shards[shard].path
+        pf = pq.ParquetFile(path, page_checksum_verification=self.verify_checksums)
         meta = shard_metadata(pf)
         if meta is not None and meta.get("run_id") != self.manifest.run_id:
             raise ShardMismatch(
@@ -300,8 +305,10 @@ class ParquetFormat(ShardFormat):
     def units(self, entry: ShardEntry) -> list[int]:
         return list(entry.row_groups or [entry.num_packs])
 
-    def open_reader(self, directory: Path, manifest: Manifest) -> ParquetReader:
-        return ParquetReader(directory, manifest)
+    def open_reader(
+        self, directory: Path, manifest: Manifest, verify_checksums: bool = True
+    ) -> ParquetReader:
+        return ParquetReader(directory, manifest, verify_checksums=verify_checksums)
 
     def read_pack(self, path: Path, entry: ShardEntry, row: int, manifest: Manifest) -> dict | None:
         if not entry.row_groups:
@@ -309,7 +316,8 @@ class ParquetFormat(ShardFormat):
         bounds = np.cumsum([0, *entry.row_groups])
         rg = int(np.searchsorted(bounds, row, side="right") - 1)
         try:
-            table = pq.ParquetFile(path).read_row_group(rg).slice(row - int(bounds[rg]), 1)
+            pf = pq.ParquetFile(path, page_checksum_verification=True)
+            table = pf.read_row_group(rg).slice(row - int(bounds[rg]), 1)
             packs = table_packs(table, manifest.packed_sequence_size)
         except (pa.ArrowException, OSError, ValueError, KeyError):  # damaged, or not the manifest's
             return None
@@ -331,7 +339,7 @@ class ParquetFormat(ShardFormat):
     ) -> Iterator[tuple[int, PackArrays]]:
         name, n = entry.path, manifest.packed_sequence_size
         try:
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(path, page_checksum_verification=True)
             md = pf.metadata
         except Exception as e:  # any parse failure of a damaged file
             report.add("parse", f"does not parse as Parquet: {str(e).splitlines()[0]}", shard=name)

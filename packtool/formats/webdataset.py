@@ -23,6 +23,7 @@ import json
 import mmap
 import os
 import tarfile
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -194,11 +195,14 @@ def stack_packs(packs: list[dict[str, np.ndarray]]) -> PackArrays:
     )
 
 
-def read_tar_packs(path: Path, n: int, columns: Iterable[str], run_id: str | None = None) -> list[dict]:
+def read_tar_packs(
+    path: Path, n: int, columns: Iterable[str], run_id: str | None = None, crc32: int | None = None
+) -> list[dict]:
     """The packs of one tar shard in order, as dicts of the ``columns`` asked for.
 
     The shard is memory-mapped; each ``.npy`` member becomes one array copy. With ``run_id``, a shard whose
-    first ``.json`` member names another run raises ``InputError``.
+    first ``.json`` member names another run raises ``InputError``; with ``crc32``, a shard whose bytes
+    have another CRC-32 (a damaged or replaced file) raises ``ShardMismatch`` before any pack is parsed.
     """
     columns = set(columns)
     out = []
@@ -206,6 +210,11 @@ def read_tar_packs(path: Path, n: int, columns: Iterable[str], run_id: str | Non
         if os.fstat(f.fileno()).st_size == 0:
             return []
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            if crc32 is not None and (found := zlib.crc32(buf)) != crc32:
+                raise ShardMismatch(
+                    f"checksum mismatch (CRC-32 {found:08x}, written {crc32:08x}): the shard's bytes changed "
+                    "since it was written"
+                )
             for key, _start, found, _end in tar.samples(path, buf):
                 if run_id is not None and "json" in found:
                     offset, size = found["json"]
@@ -225,13 +234,14 @@ def read_tar_packs(path: Path, n: int, columns: Iterable[str], run_id: str | Non
 class TarReader(UnitReader):
     """Whole tar shards of an output (a shard is one unit)."""
 
-    def __init__(self, directory: Path, manifest: Manifest) -> None:
-        self.directory, self.manifest = Path(directory), manifest
+    def __init__(self, directory: Path, manifest: Manifest, verify_checksums: bool = True) -> None:
+        self.directory, self.manifest, self.verify_checksums = Path(directory), manifest, verify_checksums
 
     def read(self, shard: int, part: int, columns: list[str]) -> PackArrays:
         entry = self.manifest.shards[shard]
         m = self.manifest
-        packs = read_tar_packs(self.directory / entry.path, m.packed_sequence_size, columns, m.run_id)
+        crc = entry.crc32 if self.verify_checksums else None
+        packs = read_tar_packs(self.directory / entry.path, m.packed_sequence_size, columns, m.run_id, crc)
         if len(packs) != entry.num_packs:
             raise ShardMismatch(f"{len(packs)} packs, the manifest says {entry.num_packs}")
         return stack_packs(packs)
@@ -251,8 +261,8 @@ class WebDatasetFormat(ShardFormat):
     def units(self, entry: ShardEntry) -> list[int]:
         return [entry.num_packs]
 
-    def open_reader(self, directory: Path, manifest: Manifest) -> TarReader:
-        return TarReader(directory, manifest)
+    def open_reader(self, directory: Path, manifest: Manifest, verify_checksums: bool = True) -> TarReader:
+        return TarReader(directory, manifest, verify_checksums)
 
     def read_pack(self, path: Path, entry: ShardEntry, row: int, manifest: Manifest) -> dict | None:
         """Pack ``row`` read alone through the shard's ``.tar.idx`` (only that pack's bytes)."""

@@ -52,6 +52,7 @@ from packtool.loader.batch import (
 from packtool.loader.order import epoch_plan, units_of
 from packtool.manifest import TRAINING_COLUMNS, Manifest
 from packtool.packs import PackArrays
+from packtool.reading import check_shard_files
 
 ON_ERROR = ("fail", "skip")
 PARCEL_BATCHES = 4  # batches a DataLoader worker sends at once (one DataLoader item)
@@ -161,6 +162,10 @@ class PackedDataset(IterableDataset):
         rank, world_size: default from ``torch.distributed`` when initialized, else 0 and 1.
         on_error: ``"fail"`` raises on an unreadable unit; ``"skip"`` drops its packs and counts them.
         lanes: advanced; reading lanes (``get_loader`` sets ``max(1, num_workers)`` when None).
+        verify_checksums: check every unit decoded against the checksums written with it (Parquet page
+            CRCs, a tar shard's CRC-32): a damaged unit raises ``InputError`` (``on_error="skip"``: counted
+            and dropped). The shard set (every shard there, with its size; the pack count) is checked
+            when the dataset is made, under ``on_error="fail"``.
     """
 
     def __init__(
@@ -179,6 +184,7 @@ class PackedDataset(IterableDataset):
         on_error: str = "fail",
         lanes: int | None = None,
         drop_last: bool = True,
+        verify_checksums: bool = True,
     ) -> None:
         super().__init__()
         self.directory = Path(directory)
@@ -202,7 +208,7 @@ class PackedDataset(IterableDataset):
         self.batch_size, self.shuffle, self.seed = batch_size, bool(shuffle), int(seed)
         self.task_encoder, self.mask, self.shuffle_buffer = task_encoder, mask, int(shuffle_buffer)
         self.infinite, self.on_error, self.lanes = bool(infinite), on_error, lanes
-        self.drop_last = bool(drop_last)
+        self.drop_last, self.verify_checksums = bool(drop_last), bool(verify_checksums)
         self.units = units_of(self.manifest)
         self.unit_sizes = np.array([u.num_packs for u in self.units], dtype=np.int64)
         self.unit_first = np.concatenate([[0], np.cumsum(self.unit_sizes)])
@@ -219,6 +225,9 @@ class PackedDataset(IterableDataset):
                 f"on each of {self.world_size} rank(s); pass drop_last=False to use them in a short batch"
             )
         self.columns = [c for c in (*TRAINING_COLUMNS, "loss_mask") if c in self.manifest.columns]
+        if self.on_error == "fail":  # before the first batch; under skip, reading the shard counts it
+            for path, problem in check_shard_files(self.directory, self.manifest)[:1]:
+                raise InputError(f"{self.directory / path}: {problem}; run packtool verify")
         self._start = (0, 0)  # (epoch, batch) where the next iteration starts; set by the loader
         self._parcel_batches = 1  # batches per DataLoader item; set by the loader
 
@@ -276,7 +285,7 @@ class _UnitDecoder:
     def __init__(self, ds: PackedDataset) -> None:
         self.ds, self.epoch, self.plan = ds, None, None
         self.cache: dict[int, PackArrays | None] = {}
-        self.reader = ds.format.open_reader(ds.directory, ds.manifest)
+        self.reader = ds.format.open_reader(ds.directory, ds.manifest, ds.verify_checksums)
         self.new_bad: list[int] = []  # units found unreadable since the last item
         te = ds.task_encoder
         self.encode_sample = getattr(te, "encode_sample", None)

@@ -147,6 +147,11 @@ def _custom_pack(pack: Any, group: np.ndarray, n: int, spec: str, g: int) -> dic
             f"strategy {spec}: pack for group {g} has {length} input_ids and {len(labels)} labels; "
             f"both must be the same length, 1..{n}"
         )
+    if length and (ids.min() < 0 or ((labels < 0) & (labels != -100)).any()):
+        raise ConfigError(
+            f"strategy {spec}: pack for group {g} holds a negative token id or label (labels may be -100, "
+            "no loss)"
+        )
     seq_lens = _as_array(pack, "seq_lens", np.int64, spec, g) if "seq_lens" in pack else np.array([length])
     if len(seq_lens) == 0 or seq_lens.min() < 1 or int(seq_lens.sum()) != length:
         raise ConfigError(

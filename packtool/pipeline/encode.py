@@ -20,6 +20,9 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import multiprocessing as mp
+import os
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +75,8 @@ def worker(spec: RunSpec) -> Worker:
 def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir: str) -> dict:
     """Encode one chunk and write it to ``work_dir``; returns its meta. Every engine runs this function."""
     w = worker(spec)
+    if os.environ.get("PACKTOOL_TEST_KILL_WORKER") == f"encode:{index}" and mp.parent_process():
+        os.kill(os.getpid(), signal.SIGKILL)  # test hook: a worker killed from outside (out of memory)
     sink = ErrorSink(w.config.on_error)
     kept, encoded = encode_batches(w.encoder, pieces, sink)
     # in meta.json: a resumed run counts the chunk's skipped records, and compares input_rows (rows or

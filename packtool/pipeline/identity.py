@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from packtool.config import PackConfig
+from packtool.errors import InputError
 from packtool.manifest import FORMAT_VERSION
 from packtool.readers import expand_inputs
 
@@ -39,6 +40,29 @@ def input_stamps(inputs: list[str]) -> list[list]:
         if not paths:
             out.append([source, None, None])
     return out
+
+
+def check_inputs_unchanged(inputs: list[str], stamps: list[list]) -> None:
+    """``InputError`` naming the first input file whose size or modification time is not what it was
+    when the run started (``stamps``, from ``input_stamps``): its records may be a mix of old and new."""
+    try:
+        now = {p: (size, mtime) for p, size, mtime in input_stamps(inputs)}
+    except InputError as e:  # removed meanwhile
+        raise InputError(f"changed while the run read it: {e.reason}", source=e.source) from None
+    for path, size, mtime in stamps:
+        if path not in now:
+            raise InputError("removed while the run read it; nothing was written", source=path)
+        new_size, new_mtime = now[path]
+        if (new_size, new_mtime) != (size, mtime):
+            what = f"{size:,} -> {new_size:,} bytes" if new_size != size else "rewritten at the same size"
+            raise InputError(
+                f"changed while the run read it ({what}); nothing was written: run again once it is final",
+                source=path,
+                code="input_changed",
+            )
+    added = sorted(set(now) - {p for p, _, _ in stamps})
+    if added:
+        raise InputError("appeared while the run read its inputs; nothing was written", source=added[0])
 
 
 def make_run_id(config: PackConfig, tokenizer: dict, fingerprint: list[dict]) -> str:

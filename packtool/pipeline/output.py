@@ -16,6 +16,7 @@ error): after an error nothing is left behind.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -30,7 +31,11 @@ from packtool.manifest import MANIFEST, Manifest
 
 class OutputDir:
     def __init__(self, output: str | Path, overwrite: bool = False) -> None:
-        self.final = Path(output)
+        # an absolute path, so that "." has a name to put ".partial" after; a symbolic link is followed,
+        # so that --overwrite replaces what it points to and the link stays
+        self.final = Path(os.path.realpath(output) if os.path.islink(output) else os.path.abspath(output))
+        if not self.final.name:
+            raise ConfigError(f"{output}: cannot be the output directory (the root of the file system)")
         self.partial = self.final.with_name(self.final.name + ".partial")
         self.work = self.partial / "_work"
         self.overwrite = overwrite
@@ -62,7 +67,19 @@ class OutputDir:
         if not os.access(parent, os.W_OK):
             raise ConfigError(f"{parent}: not writable")
         self._lock = _take_lock(self.lock_path, self.final)
+        self._remove_stale_old()
         return self
+
+    def _remove_stale_old(self) -> None:
+        """Remove ``<output>.old-<pid>`` copies that a job killed between ``commit``'s two renames left,
+        once the output they were replaced by is in place (the lock says no other job is committing)."""
+        if not self.final.exists():
+            return  # the rename of .partial into place is still to come: the next commit cleans up
+        for old in self.final.parent.glob(f"{glob.escape(self.final.name)}.old-*"):
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
 
     def begin(self, identity: dict) -> dict | None:
         """Resume the partial directory if it was left by a run of the same ``identity``, else wipe it.
@@ -105,6 +122,7 @@ class OutputDir:
         os.replace(self.partial, self.final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+        self._remove_stale_old()
         self.close()
 
     def close(self) -> None:

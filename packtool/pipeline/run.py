@@ -34,14 +34,22 @@ from tqdm import tqdm
 
 from packtool.config import PackConfig
 from packtool.encoders import fields_read, resolve_sample_format
-from packtool.errors import MAX_LOGGED, DataLossError, ErrorSink, InputError, PacktoolError
+from packtool.errors import (
+    MAX_LOGGED,
+    ConfigError,
+    DataLossError,
+    ErrorSink,
+    InputError,
+    PacktoolError,
+    WorkerDied,
+)
 from packtool.formats import ShardMeta, get_format
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.packing import make_plan
 from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
 from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
 from packtool.pipeline.engines import make_engine
-from packtool.pipeline.identity import input_fingerprint, input_stamps, make_run_id
+from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
 from packtool.pipeline.output import OutputDir
 from packtool.pipeline.summary import build_manifest, run_stats
 from packtool.pipeline.write import finished_shard, write_shard
@@ -57,12 +65,18 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
     same command resumes the run.
     """
     config.validate()
+    check_memory(config)
     show = (not config.quiet) if progress is None else progress
     out = OutputDir(config.output, overwrite=config.overwrite).open()
     try:
         manifest = _run(config, out, show)
         out.commit(manifest)
         return manifest
+    except WorkerDied as e:  # killed from outside (out of memory): keep the work for a resume
+        out.abort(keep=True)
+        raise WorkerDied(
+            f"{e}; the finished work is kept in {out.partial}: run the same command again to resume"
+        ) from None
     except OSError as e:  # reading errors are InputError by now: this is the output (disk full, ...)
         out.abort()
         detail = os.strerror(e.errno) if e.errno else str(e)
@@ -80,6 +94,31 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
 def _note(config: PackConfig, message: str) -> None:
     if not config.quiet:
         print(f"packtool: {message}", file=sys.stderr, flush=True)
+
+
+# bytes a writer holds per token of the packs it builds: the token columns (3 x int32, an int8 mask), the
+# encoded table beside them, and the next block gathered while this one is written
+WRITE_BYTES_PER_TOKEN = 40
+
+
+def check_memory(config: PackConfig) -> None:
+    """``ConfigError`` before any work when one writer's block of packs (``packed_sequence_size`` times
+    the packs written at once: a row group's worth for Parquet, a shard for tar) would not fit in a
+    quarter of this machine's memory, with each of ``num_proc`` writers holding one."""
+    fmt = get_format(config.format)
+    packs = fmt.block_packs(config) or config.shard_size
+    need = packs * config.packed_sequence_size * WRITE_BYTES_PER_TOKEN * max(1, config.num_proc)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not known here: nothing to check against
+        return
+    if need > memory // 4:
+        fewer = "--row-group-size" if fmt.unit_kind else "--shard-size (or --shard-max-bytes)"
+        raise ConfigError(
+            f"--packed-sequence-size {config.packed_sequence_size:,} with {packs:,} packs written at once "
+            f"needs about {need / 2**30:,.1f} GiB, more than a quarter of this machine's "
+            f"{memory / 2**30:,.1f} GiB: lower {fewer} or --num-proc"
+        )
 
 
 def _input_rows(inputs: list[str]) -> int | None:
@@ -148,11 +187,17 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
     config.check_conflicts(sample_format)
     spec = start_run(config, sample_format)
     identity = worker(spec).encoder.identity()
+    vocab = identity.get("vocab_size")
+    if vocab is not None and config.pad_token_id >= vocab:
+        raise ConfigError(
+            f"pad_token_id {config.pad_token_id} is not a token id of the tokenizer (vocabulary of {vocab:,})"
+        )
     work = str(out.work)
     fingerprint = input_fingerprint(config.inputs)
     run_id = make_run_id(config, identity, fingerprint)
 
-    resume = out.begin({"run_id": run_id, "inputs": input_stamps(config.inputs), "packtool": __version__})
+    stamps = input_stamps(config.inputs)  # the inputs as the run starts reading them
+    resume = out.begin({"run_id": run_id, "inputs": stamps, "packtool": __version__})
     if resume is not None and not resume["resumed"]:
         _note(
             config,
@@ -248,6 +293,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                 bar.update(entry.num_packs)
                 _fault("write", len(written))
         shards = sorted([*written, *finished.values()], key=lambda e: e.path)
+    check_inputs_unchanged(config.inputs, stamps)  # nothing is committed from an input that changed
     if skipped.total:
         with open(out.partial / ERRORS_LOG, "w") as f:
             f.writelines(json.dumps(e) + "\n" for e in skipped.entries)

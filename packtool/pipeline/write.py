@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packtool.fileio import file_sha256, write_json_atomic
+from packtool.fileio import file_digests, write_json_atomic
 from packtool.formats import ShardMeta, get_format
 from packtool.manifest import IGNORE_INDEX, ShardEntry
 from packtool.packing.plan import PackPlan
@@ -92,13 +92,15 @@ def write_shard(spec: RunSpec, meta: ShardMeta, plan: PackPlan, work_dir: str, o
     name = fmt.shard_name(meta.shard)
     path = Path(out_dir) / name
     info = fmt.write(path, blocks, meta, cfg)
+    sha256, crc32 = file_digests(path)
     entry = ShardEntry(
         path=name,
         first_pack=meta.first_pack,
         num_packs=plan.num_packs,
         num_tokens=int(plan.length.sum()),
         bytes=path.stat().st_size,
-        sha256=file_sha256(path),
+        sha256=sha256,
+        crc32=crc32,
         **info,
     )
     write_json_atomic(_record(work_dir, meta.shard), entry.to_dict())  # done: a resumed run skips it

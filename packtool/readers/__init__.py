@@ -15,6 +15,7 @@ Supported inputs:
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 from collections.abc import Iterator
@@ -51,7 +52,9 @@ def expand_inputs(inputs: list[str]) -> list[tuple[str, str, list[str]]]:
         if spec.startswith("hf:"):
             out.append(("hf_hub", spec, []))
             continue
-        matches = sorted(glob.glob(spec)) if glob.has_magic(spec) else [spec]
+        # a file that exists is itself, even with glob characters in its name (data[1].jsonl)
+        literal = not glob.has_magic(spec) or os.path.lexists(spec)
+        matches = [spec] if literal else sorted(glob.glob(spec))
         if not matches:
             raise InputError("no file matches this pattern", source=spec)
         for m in matches:
@@ -61,6 +64,15 @@ def expand_inputs(inputs: list[str]) -> list[tuple[str, str, list[str]]]:
 
 def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
     if not path.exists():
+        if path.is_symlink():
+            try:
+                path.resolve(strict=True)
+            except RuntimeError:  # Python 3.11 reports a loop this way
+                raise InputError("a symbolic link that loops back on itself", source=str(path)) from None
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise InputError("a symbolic link that loops back on itself", source=str(path)) from None
+            raise InputError(f"a broken symbolic link (to {os.readlink(path)})", source=str(path))
         raise InputError("no such file or directory", source=str(path))
     if path.is_dir():
         if _is_hf_disk(path):

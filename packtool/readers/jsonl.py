@@ -112,6 +112,10 @@ def _parse_lines(
     for lineno, raw in numbered:
         if not raw.strip():
             continue
+        if _too_deep(raw):
+            message = f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+            sink.bad(_line_error(message, path, lineno, "too_deep"))
+            continue
         try:
             rec = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
@@ -186,15 +190,48 @@ class _PlainLines:
 
 
 def _plain(data: bytes) -> bool:
-    """Whether ``data`` (whole lines) is valid UTF-8 with no blank line and no surrogate escape: what
-    ``pyarrow.json`` reads as the line-by-line path does, one record per line."""
+    """Whether ``data`` (whole lines) is valid UTF-8 with no blank line, no surrogate escape and no line
+    nested deeper than ``MAX_JSON_DEPTH``: what ``pyarrow.json`` reads as the line-by-line path does, one
+    record per line."""
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
         return False
     lines = data if data.endswith(b"\n") else data + b"\n"
     blank_first = not lines[: lines.find(b"\n")].strip()
-    return not (blank_first or _BLANK_LINE.search(lines) or _SURROGATE_ESCAPE.search(lines))
+    return not (
+        blank_first or _BLANK_LINE.search(lines) or _SURROGATE_ESCAPE.search(lines) or _has_deep_line(data)
+    )
+
+
+# Deeper JSON than this is a bad record (``too_deep``), found before any parser sees it: Python's parser
+# raises RecursionError near 1,000 levels and Arrow's overflows its stack (a crash) near 20,000. Real
+# records nest a few levels; 128 leaves room for any of them.
+MAX_JSON_DEPTH = 128
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_depth(line: bytes) -> int:
+    """How deep the arrays and objects of one JSON text nest (brackets inside strings do not count).
+
+    >>> json_depth(b'{"a": [[1], {"b": "[[["}]}')
+    3
+    """
+    b = np.frombuffer(_JSON_STRING.sub(b"", line), dtype=np.uint8)
+    step = np.isin(b, (91, 123)).astype(np.int64) - np.isin(b, (93, 125))
+    return int(np.cumsum(step).max(initial=0))
+
+
+def _too_deep(line: bytes) -> bool:
+    return line.count(b"[") + line.count(b"{") > MAX_JSON_DEPTH and json_depth(line) > MAX_JSON_DEPTH
+
+
+def _has_deep_line(data: bytes) -> bool:
+    """Whether a line of ``data`` nests deeper than ``MAX_JSON_DEPTH`` (a quick count of the brackets of
+    the whole block first: no line can be deeper than there are brackets)."""
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    return any(_too_deep(line) for line in data.split(b"\n"))
 
 
 @dataclass
@@ -349,6 +386,8 @@ def _read_json_array(
         raise InputError(
             f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})", source=path, code="malformed_json"
         ) from None
+    except RecursionError:
+        raise InputError("JSON nested too deep to parse", source=path, code="too_deep") from None
     if not isinstance(data, list):
         raise InputError(f"expected a JSON array of objects, got {type(data).__name__}", source=path)
     rows = []

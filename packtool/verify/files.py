@@ -76,6 +76,12 @@ def check_stats(manifest: Manifest, report: VerifyReport, per_pack: SamplesPerPa
         else:
             message = f"stats say {_number(got)}, {basis} {_number(want)}"
         report.add(key, message, shard=MANIFEST, field=key)
+    for wrong in stats.check():  # the fates of the samples and tokens must add up to the input
+        report.add("accounting", wrong, shard=MANIFEST, field="stats")
+    vocab, pad = manifest.vocab_size, manifest.pad_token_id
+    if pad < 0 or (vocab is not None and pad >= vocab):
+        where = f"outside the vocabulary (size {vocab})" if vocab is not None else "negative"
+        report.add("pad_token_id", f"pad_token_id {pad} is {where}", shard=MANIFEST, field="pad_token_id")
     recorded = stats.samples_per_pack
     for key, want in (vars(per_pack) if per_pack else {}).items():
         got = getattr(recorded, key)

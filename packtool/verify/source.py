@@ -14,8 +14,8 @@ import numpy as np
 from tqdm import tqdm
 
 from packtool.arrays import ranges
-from packtool.encoders import resolve_sample_format
-from packtool.errors import InputError
+from packtool.encoders import fields_read
+from packtool.errors import ErrorSink, InputError
 from packtool.manifest import MANIFEST, Manifest
 from packtool.packs import PackArrays
 from packtool.pipeline.chunks import ChunkStore
@@ -41,12 +41,21 @@ class SourceCheck:
     def start(
         cls, manifest: Manifest, inputs: list[str], report: VerifyReport, progress: bool
     ) -> SourceCheck:
-        config = dataclasses.replace(manifest.config, inputs=list(inputs) or manifest.config.inputs)
-        batches = read_inputs(config.inputs, split=config.split, text_field=config.text_field)
+        # the run's inputs where it found them (absolute paths: verify may run from another directory)
+        recorded_inputs = [i.path if i.path and Path(i.path).exists() else i.source for i in manifest.inputs]
+        config = dataclasses.replace(
+            manifest.config, inputs=list(inputs) or recorded_inputs or manifest.config.inputs
+        )
+        # bad records are left out as the run left them (its on_error), fields it did not read ignored
+        sink = ErrorSink(config.on_error)
+        used = fields_read(config, manifest.sample_format)
+        batches = read_inputs(
+            config.inputs, split=config.split, text_field=config.text_field, sink=sink, used_fields=used
+        )
         first = next(batches, None)
         if first is None:
             raise InputError("input holds no records", source=", ".join(config.inputs))
-        spec = start_run(config, resolve_sample_format(config, first.batch.schema.names))
+        spec = start_run(config, manifest.sample_format)
         ident, recorded = worker(spec).encoder.identity(), manifest.tokenizer
         if ident.get("sha256") != recorded.sha256:
             report.add(
@@ -65,6 +74,15 @@ class SourceCheck:
                 spec, config, itertools.chain([first], batches), tmp.name, engine,
                 lambda meta, new: bar.update(meta["num_samples"]),
             )  # fmt: skip
+        skipped = sink.total + sum(sum(m.get("skipped", {}).get("counts", {}).values()) for m in metas)
+        if skipped != manifest.stats.skipped_samples:
+            report.add(
+                "source",
+                f"the source has {skipped:,} bad records to skip, the manifest says "
+                f"{manifest.stats.skipped_samples:,}",
+                shard=MANIFEST,
+                field="skipped_samples",
+            )
         store = ChunkStore(Path(tmp.name), metas)
         lengths = store.lengths().astype(np.int64)
         return cls(manifest, report, store, lengths, np.zeros(len(lengths), dtype=np.int64), tmp)

@@ -577,7 +577,10 @@ def test_mixed_types_in_a_field_read_still_fail_with_line_and_field(tmp_path):
     rows = [{"id": 1, "text": "first good"}, {"id": "b", "text": 5}, {"id": 2, "text": "third"}]
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER), tmp_path)
-    assert line.endswith(f"{src}, line 2, field 'text': expected str, got number: '5'")
+    assert line.endswith(
+        f"{src}, line 2, field 'text': expected str, got number: '5' "
+        "(--on-error skip leaves bad records out and counts them)"
+    )
 
 
 CHAT_TOKENIZER = DEMO / "chat-tokenizer"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import tarfile
 from pathlib import Path
@@ -22,6 +23,16 @@ def pack(out: Path, *extra: str) -> Path:
     return out
 
 
+def _unchecked(out: Path):
+    """The packs of ``out`` with the shard sizes in the manifest made to match the files (so that the
+    check before the first pack passes): what a shard that is not the manifest's gives past it."""
+    m = json.loads((out / "manifest.json").read_text())
+    for s in m["shards"]:
+        s["bytes"] = (out / s["path"]).stat().st_size
+    (out / "manifest.json").write_text(json.dumps(m))
+    return read_packs(out, verify_checksums=False)
+
+
 def test_a_tar_shard_cut_where_a_pack_ends_is_an_error(tmp_path):
     out = pack(tmp_path / "tar", "--format", "webdataset")
     shard = out / "packs-000001.tar"
@@ -34,8 +45,13 @@ def test_a_tar_shard_cut_where_a_pack_ends_is_an_error(tmp_path):
             if m.name.split(".", 1)[0] in kept:
                 dst.addfile(m, io.BytesIO(data))
     packs = []
-    with pytest.raises(PacktoolError, match=r"packs-000001.tar: 10 packs, the manifest says 48"):
+    with pytest.raises(PacktoolError, match=r"packs-000001.tar: [\d,]+ bytes on disk, [\d,]+ when written"):
         for p in read_packs(out):
+            packs.append(p)
+    assert packs == []  # the shard set is checked before the first pack
+    # read unchecked past the size, the shard still holds too few packs
+    with pytest.raises(PacktoolError, match=r"packs-000001.tar: 10 packs, the manifest says 48"):
+        for p in _unchecked(out):
             packs.append(p)
     assert len(packs) == 48  # shard 0 whole; nothing of a shard that is not the manifest's
 
@@ -44,13 +60,17 @@ def test_a_parquet_shard_of_another_run_is_an_error(tmp_path):
     out = pack(tmp_path / "a")
     other = pack(tmp_path / "b", "--seed", "7")
     shutil.copy(other / "packs-000000.parquet", out / "packs-000000.parquet")
-    with pytest.raises(PacktoolError, match=r"packs-000000.parquet: shard of run \w+, the manifest is run"):
+    with pytest.raises(PacktoolError, match=r"packs-000000.parquet: [\d,]+ bytes on disk"):
         list(read_packs(out))
+    with pytest.raises(PacktoolError, match=r"packs-000000.parquet: shard of run \w+, the manifest is run"):
+        list(_unchecked(out))
 
 
 def test_a_truncated_parquet_shard_is_named(tmp_path):
     out = pack(tmp_path / "a")
     shard = out / "packs-000001.parquet"
     shard.write_bytes(shard.read_bytes()[:-3000])
-    with pytest.raises(PacktoolError, match=r"packs-000001.parquet: cannot be read"):
+    with pytest.raises(
+        PacktoolError, match=r"packs-000001.parquet: [\d,]+ bytes on disk, [\d,]+ when written"
+    ):
         list(read_packs(out))

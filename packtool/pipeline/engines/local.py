@@ -17,14 +17,21 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import select
+import signal
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import forkserver
 from typing import Any
+
+from packtool.errors import WorkerDied
+
+# what each pipeline step is called in a message about a worker that died running it
+TASK_NAMES = {"encode_chunks": "encoding chunks", "_write_shard_task": "writing a shard"}
 
 
 class LocalEngine:
@@ -62,9 +69,18 @@ class LocalEngine:
                     yield in_flight.popleft().result()
             while in_flight:
                 yield in_flight.popleft().result()
+        except BrokenProcessPool:
+            raise self._worker_died(fn) from None
         finally:
             for f in in_flight:
                 f.cancel()
+
+    def _worker_died(self, fn: Callable) -> WorkerDied:
+        """Which worker died, how, and during which step (a worker killed by a signal: the out-of-memory
+        killer, most often), when the pool broke."""
+        dead = [p for p in (getattr(self._pool, "_processes", None) or {}).values() if p.exitcode]
+        how = ", ".join(f"pid {p.pid} {_exit_reason(p.exitcode)}" for p in dead) or "a worker exited"
+        return WorkerDied(f"a worker process died while {TASK_NAMES.get(fn.__name__, fn.__name__)} ({how})")
 
     def close(self) -> None:
         if self._pool is not None:
@@ -80,6 +96,15 @@ def _stop_forkserver() -> None:
         forkserver._forkserver._stop()
     except (AttributeError, OSError):  # no such private helper in this Python: it exits with the job
         pass
+
+
+def _exit_reason(code: int) -> str:
+    """``killed by SIGKILL (signal 9: often the out-of-memory killer)`` or ``exited with code N``."""
+    if code >= 0:
+        return f"exited with code {code}"
+    name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+    oom = ": often the out-of-memory killer" if -code == signal.SIGKILL else ""
+    return f"killed by {name} (signal {-code}{oom})"
 
 
 def start_forkserver(num_proc: int) -> None:

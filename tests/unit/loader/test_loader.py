@@ -344,6 +344,10 @@ def damaged_copy(packed: Path, tmp_path: Path, how: str) -> tuple[Path, str, int
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_bad_shard_fails_by_default(packed, tmp_path, how, num_workers):
     out, name, _ = damaged_copy(packed, tmp_path, how)
+    if how == "missing":  # found before the first batch
+        with pytest.raises(InputError, match=rf"{name}: missing; run packtool verify"):
+            PackedDataset(out, batch_size=4, shuffle=False)
+        return
     loader = get_loader(PackedDataset(out, batch_size=4, shuffle=False), num_workers=num_workers)
     with pytest.raises(InputError, match=rf"{name}, row group \d+: cannot read packs"):
         stream(loader)
