@@ -26,6 +26,7 @@ from packtool.errors import (
     ConfigError,
     PacktoolError,
 )
+from packtool.pipeline.engines import resolve_num_proc
 from packtool.pipeline.engines.local import start_forkserver
 
 
@@ -129,6 +130,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     file_only = {k: v for k, v in (ctx.default_map or {}).items() if k not in ctx.params}
     values = {**file_only, **values, "inputs": list(inputs)}
     config = PackConfig.from_dict(values, origin=config_file or "options")
+    config.num_proc = resolve_num_proc(config)
     if config.engine == "local":  # its imports then run beside ours (see start_forkserver)
         start_forkserver(config.num_proc)
     # imported after the forkserver started: the two processes then import numpy and pyarrow side by side

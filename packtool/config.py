@@ -147,8 +147,12 @@ class PackConfig:
     row_group_size: int = key(128, "Packs per Parquet row group.", positive=True)
     chunk_size: int = key(4096, "Samples per encoding chunk.", positive=True)
     # running
-    num_proc: int = key(
-        1, "Processes for encoding and writing (output identical for any).", positive=True, runtime=True
+    num_proc: int | None = key(
+        None,
+        "Processes for encoding and writing (output identical for any) [default: the cores this process "
+        "may use; 1 for inputs under 16 MiB, where starting workers takes longer than the work].",
+        positive=True,
+        runtime=True,
     )
     engine: str = key("local", "Where encoding and writing run.", choices=ENGINES, runtime=True)
     ray_address: str | None = key(

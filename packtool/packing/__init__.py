@@ -24,7 +24,15 @@ from packtool.packing.plan import PackPlan, PackStats, empty_plan
 from packtool.packing.sequential import plan_sequential
 from packtool.plugins import is_plugin_spec
 
-__all__ = ["PackPlan", "PackStats", "STRATEGIES", "account", "make_plan", "resolve_position_ids"]
+__all__ = [
+    "PackPlan",
+    "PackStats",
+    "STRATEGIES",
+    "account",
+    "make_plan",
+    "resolve_position_ids",
+    "too_long_message",
+]
 
 
 def _sequential(lengths, samples, n, split_across_pack, position_ids, config: PackConfig) -> PackPlan:
@@ -40,6 +48,14 @@ def _bfd(lengths, samples, n, split_across_pack, position_ids, config: PackConfi
 # name -> fn(lengths, samples, n, split_across_pack, position_ids, config) -> PackPlan
 STRATEGIES: dict[str, Callable[..., PackPlan]] = {"bfd": _bfd, "sequential": _sequential}
 assert tuple(STRATEGIES) == STRATEGY_NAMES  # config validates the names, this dispatches on them
+
+
+def too_long_message(length: int, n: int) -> str:
+    """What ``long_samples=error`` says of a sample of ``length`` tokens."""
+    return (
+        f"sample has {length} tokens, more than packed_sequence_size {n}; use "
+        "--split-across-pack, --long-samples drop|truncate, or a larger --packed-sequence-size"
+    )
 
 
 def resolve_position_ids(config: PackConfig) -> str:
@@ -103,10 +119,7 @@ def make_plan(
     if long.any() and not config.split_across_pack:
         if config.long_samples == "error":
             i = int(np.flatnonzero(long)[0])
-            message = (
-                f"sample has {lengths[i]} tokens, more than packed_sequence_size {n}; use "
-                "--split-across-pack, --long-samples drop|truncate, or a larger --packed-sequence-size"
-            )
+            message = too_long_message(int(lengths[i]), n)
             if locate is not None:
                 raise locate(i, "input_ids", message)
             raise InputError(f"sample {i}: {message}")

@@ -32,9 +32,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packtool.arrays import np_view
 from packtool.config import PackConfig
 from packtool.encoders import Encoder, build_encoder
 from packtool.errors import ErrorSink, InputError
+from packtool.packing import too_long_message
 from packtool.pipeline.chunks import ChunkStore, read_chunk_list, write_chunk, write_chunk_list
 from packtool.readers import expand_inputs
 from packtool.readers.base import SourceBatch
@@ -79,6 +81,8 @@ def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir:
         os.kill(os.getpid(), signal.SIGKILL)  # test hook: a worker killed from outside (out of memory)
     sink = ErrorSink(w.config.on_error)
     kept, encoded = encode_batches(w.encoder, pieces, sink)
+    if w.config.long_samples == "error" and not w.config.split_across_pack:
+        check_lengths(kept, encoded, w.config, spec.sample_format)  # fail at once, not after the input
     # in meta.json: a resumed run counts the chunk's skipped records, and compares input_rows (rows or
     # lines of input the chunk covers, bad and blank ones included) with the chunk it would make
     extra = {"skipped": sink.to_dict(), "input_rows": sum(p.num_rows for p in pieces)}
@@ -102,6 +106,21 @@ def encode_batches(
             kept.append(good)
             encoded.append(enc)
     return kept, encoded
+
+
+def check_lengths(
+    kept: list[SourceBatch], encoded: list[pa.RecordBatch], config: PackConfig, sample_format: str
+) -> None:
+    """Under ``long_samples=error``: ``InputError`` naming the first sample of the chunk longer than
+    ``packed_sequence_size`` (the planner would stop there too, but only once the whole input is encoded)."""
+    n = config.packed_sequence_size
+    field = {"text": config.text_field, "pretokenized": "input_ids"}.get(sample_format, "input_ids")
+    for batch, enc in zip(kept, encoded, strict=True):
+        lengths = np.diff(np_view(enc.column("input_ids").offsets))
+        long = np.flatnonzero(lengths > n)
+        if len(long):
+            i = int(long[0])
+            raise batch.error(i, field, too_long_message(int(lengths[i]), n), "too_long")
 
 
 def encode_checked(

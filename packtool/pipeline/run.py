@@ -48,7 +48,7 @@ from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.packing import make_plan
 from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
 from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
-from packtool.pipeline.engines import make_engine
+from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
 from packtool.pipeline.output import OutputDir
 from packtool.pipeline.summary import build_manifest, run_stats
@@ -107,7 +107,7 @@ def check_memory(config: PackConfig) -> None:
     quarter of this machine's memory, with each of ``num_proc`` writers holding one."""
     fmt = get_format(config.format)
     packs = fmt.block_packs(config) or config.shard_size
-    need = packs * config.packed_sequence_size * WRITE_BYTES_PER_TOKEN * max(1, config.num_proc)
+    need = packs * config.packed_sequence_size * WRITE_BYTES_PER_TOKEN * resolve_num_proc(config)
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not known here: nothing to check against

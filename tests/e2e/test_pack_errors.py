@@ -600,3 +600,26 @@ def test_conflicting_values_in_a_field_read_name_their_line_and_skip(tmp_path):
     assert stats["skipped_by_reason"] == {"wrong_type": 1} and stats["packed_samples"] == 2
     (entry,) = errors_log(tmp_path)
     assert entry["row"] == 2 and entry["field"] == "messages"
+
+
+def test_long_sample_error_stops_at_its_chunk_not_after_the_input(tmp_path):
+    """--long-samples error stops in the chunk that holds the first over-long sample: later chunks are
+    never encoded (an encoder that counts its calls says so)."""
+    counter = tmp_path / "calls"
+    (tmp_path / "enc.py").write_text(
+        "def encode(records):\n"
+        f"    with open({str(counter)!r}, 'a') as f:\n"
+        "        f.write('x')\n"
+        "    return {'input_ids': [[1] * len(t.split()) for t in records['text']]}\n"
+    )
+    rows = [{"text": "word " * 10} for _ in range(5000)]
+    rows[150] = {"text": "word " * 500}
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    proc = run_cli("pack", src, "-o", tmp_path / "out", "--tokenizer", f"{tmp_path / 'enc.py'}:encode",
+                   "--packed-sequence-size", 64, "--chunk-size", 100, check=False)  # fmt: skip
+    assert proc.returncode == EXIT_INPUT
+    assert (
+        f"{src}, line 151, field 'text': sample has 500 tokens, more than packed_sequence_size 64"
+        in proc.stderr
+    )
+    assert len(counter.read_text()) <= 4  # the chunks up to line 200, not the 50 chunks of the input

@@ -112,12 +112,15 @@ def test_external_kill_of_a_multiprocess_job(reference, out, sig):
     assert len(started) >= 3  # forkserver and two workers at least
     proc.send_signal(sig)
     assert proc.wait(timeout=60) == {signal.SIGINT: 130}.get(sig, -sig)
-    chunks = sorted(p.name for p in work.glob("chunk-*"))
+    # chunks begun by then (a chunk-N.tmp-PID directory counts): a worker busy with one as the driver died
+    # may finish it in the moment before it exits, but no worker may begin another
+    begun = {p.name.split(".")[0] for p in work.glob("chunk-*")}
     deadline = time.monotonic() + 10
     while (alive := [p for p in started if _running(p)]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive, "processes of the killed job are still running"
-    assert sorted(p.name for p in work.glob("chunk-*")) == chunks, "chunks written after the kill"
+    after = {p.name.split(".")[0] for p in work.glob("chunk-*")}
+    assert after <= begun, f"chunks begun after the kill: {sorted(after - begun)}"
     assert (work / "run.json").exists() and not out.exists()
     proc = pack(out, "--num-proc", "2")
     assert "resumed:" in proc.stderr

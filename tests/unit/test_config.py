@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from packtool.plugins import load_plugin
 
 
 def _cfg(**kw) -> PackConfig:
-    return PackConfig(inputs=["x.jsonl"], output="out", packed_sequence_size=64, **kw)
+    return PackConfig(**{"inputs": ["x.jsonl"], "output": "out", "packed_sequence_size": 64, **kw})
 
 
 @pytest.mark.parametrize(
@@ -89,3 +90,19 @@ def test_a_module_in_the_working_directory_is_named_with_its_path(tmp_path: Path
                        r"\./cl100k_enc\.py:encode"):  # fmt: skip
         load_plugin("cl100k_enc:encode", "tokenizer")
     assert callable(load_plugin("./cl100k_enc.py:encode", "tokenizer"))
+
+
+def test_num_proc_defaults_to_the_cores_for_inputs_worth_it(tmp_path: Path):
+    from packtool.pipeline.engines import SMALL_INPUT_BYTES, resolve_num_proc
+
+    cores = len(os.sched_getaffinity(0))
+    small = tmp_path / "small.jsonl"
+    small.write_text('{"text": "a"}\n')
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:  # sparse: the size is what counts
+        f.truncate(SMALL_INPUT_BYTES)
+    assert resolve_num_proc(_cfg(inputs=[str(small)])) == 1
+    assert resolve_num_proc(_cfg(inputs=[str(tmp_path / "*.jsonl")])) == cores
+    assert resolve_num_proc(_cfg(inputs=[str(tmp_path)])) == cores
+    assert resolve_num_proc(_cfg(inputs=["hf:org/set"])) == cores
+    assert resolve_num_proc(_cfg(inputs=[str(big)], num_proc=3)) == 3

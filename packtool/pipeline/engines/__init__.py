@@ -9,16 +9,43 @@ is set up in advance.
 
 from __future__ import annotations
 
+import glob
+import os
+
 from packtool.config import PackConfig
 from packtool.errors import ConfigError
 from packtool.pipeline.engines.local import LocalEngine
 
-__all__ = ["LocalEngine", "make_engine"]
+__all__ = ["LocalEngine", "make_engine", "resolve_num_proc"]
+
+SMALL_INPUT_BYTES = 16 << 20  # below it one process: starting workers would take longer than the work
+
+
+def resolve_num_proc(config: PackConfig) -> int:
+    """``config.num_proc``, or when unset the cores this process may use (its CPU affinity), or 1 for
+    local inputs under ``SMALL_INPUT_BYTES`` in all. (Sized with ``os`` alone: the CLI asks before it
+    imports the pipeline, so that the workers' forkserver starts first.)"""
+    if config.num_proc is not None:
+        return config.num_proc
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    size = 0
+    for spec in config.inputs:
+        if spec.startswith("hf:"):
+            return cores  # a Hub dataset: its size is not known here
+        paths = [spec] if os.path.lexists(spec) else glob.glob(spec)
+        for path in paths:
+            if os.path.isdir(path):
+                size += sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+            elif os.path.isfile(path):
+                size += os.path.getsize(path)
+        if size >= SMALL_INPUT_BYTES:
+            return cores
+    return 1
 
 
 def make_engine(config: PackConfig):
     if config.engine == "local":
-        return LocalEngine(config.num_proc)
+        return LocalEngine(resolve_num_proc(config))
     if config.engine == "ray":
         try:  # ray is an optional extra (packtool[ray]): imported only by a run that asks for it
             from packtool.pipeline.engines.ray import RayEngine
@@ -26,5 +53,5 @@ def make_engine(config: PackConfig):
             if e.name != "ray":
                 raise
             raise ConfigError("--engine ray needs Ray: pip install 'packtool[ray]'") from None
-        return RayEngine(config.ray_address, config.num_proc)
+        return RayEngine(config.ray_address, resolve_num_proc(config))
     raise ConfigError(f"engine must be 'local' or 'ray', got {config.engine!r}")

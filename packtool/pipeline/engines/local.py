@@ -64,7 +64,7 @@ class LocalEngine:
         in_flight: deque[Future] = deque()
         try:
             for task in tasks:
-                in_flight.append(self._pool.submit(fn, task))
+                in_flight.append(self._pool.submit(_run_task, fn, task))
                 if len(in_flight) >= 2 * self.num_proc:
                     yield in_flight.popleft().result()
             while in_flight:
@@ -130,8 +130,20 @@ def _context() -> mp.context.BaseContext:
     return mp.get_context("spawn")
 
 
+_DRIVER: list[int] = []  # in a worker: the pid of the job it works for
+
+
+def _run_task(fn: Callable[[Any], Any], task: Any) -> Any:
+    """Run one task in a worker, unless the job is gone: a task queued before the driver died is not
+    started (the worker is about to exit with it; see ``_exit_with``)."""
+    if _DRIVER and not _alive(_DRIVER[0]):
+        os._exit(1)
+    return fn(task)
+
+
 def _start_worker(job: int) -> None:
     """Worker start-up: exit when the driver ``job`` (its pid) is gone; one tokenizer thread per worker."""
+    _DRIVER[:] = [job]
     _exit_with(job)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
