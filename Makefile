@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.packtool-demo-installed
 STAMP := $(VENV)/.packtool-installed
 
-.PHONY: install install-demo demo test lint bench clean
+.PHONY: install install-demo demo test lint bench bench-scale clean
 
 # The demo needs torch and packtool's core dependencies only.
 install-demo: $(DEMO_STAMP)
@@ -45,6 +45,10 @@ bench: install
 	$(BIN)/python scripts/bench_loader.py
 	$(BIN)/python scripts/bench_memory.py
 	$(BIN)/python scripts/bench_engines.py
+
+# 100M, 300M and 1B tokens (about 3 minutes of packing, 15 GiB of disk at the peak): docs/performance.md
+bench-scale: install
+	$(BIN)/python scripts/bench_scale.py
 
 clean:
 	rm -rf out .cache .pytest_cache

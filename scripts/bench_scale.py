@@ -101,7 +101,15 @@ def tree_rss(pid: int) -> int:
 
 
 def du(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+    """Bytes of the files under ``path`` (a run renames and removes them as it goes: those are skipped)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except FileNotFoundError:
+                continue
+    return total
 
 
 def pack(src: Path, out: Path, num_proc: int) -> dict:
@@ -118,7 +126,7 @@ def pack(src: Path, out: Path, num_proc: int) -> dict:
         ticks = 0
         while proc.poll() is None:
             peak["rss"] = max(peak["rss"], tree_rss(proc.pid))
-            if ticks % 20 == 0:  # the scratch space, once a second
+            if ticks % 10 == 0:  # the scratch space, twice a second
                 peak["scratch"] = max(peak["scratch"], du(partial))
             ticks += 1
             time.sleep(0.05)
