@@ -157,3 +157,37 @@ def test_ray_starts_a_local_ray_without_address(tmp_path, ray_address):
             "--split-across-pack", "--chunk-size", "300"]  # fmt: skip
     local, on_ray = local_then_ray(tmp_path / "out", args, [])
     assert local == on_ray
+
+
+def test_ray_on_a_two_node_cluster_equals_local(tmp_path):
+    """A multi-node local cluster (``ray.cluster_utils.Cluster``: a head and a worker node, one CPU each,
+    so tasks run on both): the same bytes as the local engine. The cluster is separate from the module's
+    Ray; the CLI joins it by its address, as a job joins a real cluster."""
+    from ray.cluster_utils import Cluster  # the test's own cluster, started only here
+
+    cluster = Cluster(
+        initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        assert len(cluster.list_all_nodes()) == 2
+        local, on_ray = local_then_ray(tmp_path / "out", TEXT_ARGS, ["--ray-address", cluster.address])
+        assert len(local) > 10 and local == on_ray
+        # an encoder that notes the node it runs on: the chunks were encoded on both nodes
+        nodes = tmp_path / "nodes.txt"
+        (tmp_path / "where.py").write_text(
+            "import ray\n"
+            "def encode(records):\n"
+            f"    with open({str(nodes)!r}, 'a') as f:\n"
+            "        f.write(ray.get_runtime_context().get_node_id() + '\\n')\n"
+            "    return {'input_ids': [[len(w) + 1 for w in t.split()] for t in records['text']]}\n"
+        )
+        args = [str(DEMO / "train.jsonl"), "--tokenizer", f"{tmp_path / 'where.py'}:encode",
+                "--packed-sequence-size", "2048", "--chunk-size", "50"]  # fmt: skip
+        run_cli(
+            "pack", *args, "-o", tmp_path / "where", "-q", "--engine", "ray", "--ray-address", cluster.address
+        )
+        assert len(set(nodes.read_text().split())) == 2
+    finally:
+        cluster.shutdown()

@@ -4,10 +4,11 @@ It has ``LocalEngine``'s interface, ``map(fn, tasks)`` yielding results in task 
 of tasks in flight (``2 x`` the cluster's CPUs), so the pipeline does not change with the engine and the
 output bytes do not either: chunk and shard boundaries come from the config, never from the cluster.
 
-The pipeline hands Parquet inputs out as row ranges (``ParquetRows``): a task reads its own rows with
-``packtool.readers.parquet.read_rows``, so Parquet data never goes through the driver and error messages
-keep the exact row. Other inputs are parsed by the driver and their Arrow batches travel in the task
-arguments (Ray's object store). Why not Ray Data's ``read_*`` + ``map_batches``: its blocks carry no row
+The pipeline hands Parquet inputs out as row ranges (``ParquetRows``) and JSON Lines files as line ranges
+(``JsonlLines``: the driver scans the file for newlines only, 8 bytes a line travel): a task reads and
+parses its own rows or lines, so their data never goes through the driver and error messages keep the
+exact row. Plain text files, JSON arrays and ``hf:`` datasets are still parsed by the driver and their
+Arrow batches travel in the task arguments (Ray's object store). Why not Ray Data's ``read_*`` + ``map_batches``: its blocks carry no row
 numbers and follow the file layout, while packtool's output bytes rest on chunks of exactly
 ``chunk_size`` records and its errors name the file and row (README, "Ray engine", has the measurements).
 
