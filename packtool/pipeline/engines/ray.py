@@ -8,9 +8,10 @@ The pipeline hands Parquet inputs out as row ranges (``ParquetRows``) and JSON L
 (``JsonlLines``: the driver scans the file for newlines only, 8 bytes a line travel): a task reads and
 parses its own rows or lines, so their data never goes through the driver and error messages keep the
 exact row. Plain text files, JSON arrays and ``hf:`` datasets are still parsed by the driver and their
-Arrow batches travel in the task arguments (Ray's object store). Why not Ray Data's ``read_*`` + ``map_batches``: its blocks carry no row
-numbers and follow the file layout, while packtool's output bytes rest on chunks of exactly
-``chunk_size`` records and its errors name the file and row (README, "Ray engine", has the measurements).
+Arrow batches travel in the task arguments (Ray's object store). Why not Ray Data's ``read_*`` +
+``map_batches``: its blocks carry no row numbers and follow the file layout, while packtool's output bytes
+rest on chunks of exactly ``chunk_size`` records and its errors name the file and row (docs/scaling.md,
+"Ray engine", has the measurements).
 
 * ``ray_address`` given: join that cluster (``ray.init(address=...)``); packtool's own code is shipped with
   the job (``runtime_env py_modules``), so the cluster needs only packtool's dependencies. Input, scratch
