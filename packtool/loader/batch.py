@@ -205,7 +205,8 @@ class PackedBatch:
         return moved.build_mask()
 
     def build_mask(self) -> PackedBatch:
-        """Build the ``dense`` or ``flex`` mask (if not built yet) on the batch's device; returns self."""
+        """Build the ``dense``, ``additive`` or ``flex`` mask (if not built yet) on the batch's device;
+        returns self."""
         if self.mask not in MASKS:
             raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {self.mask!r}")
         n = self.packed_sequence_size

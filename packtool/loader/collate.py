@@ -79,8 +79,9 @@ def collate_packs(samples: Sequence[Any], *, mask: str = "varlen", int64: bool =
     Args:
         samples: pack dicts or objects (see the module docstring); every one with ``input_ids``,
             ``labels``, ``position_ids`` and ``seq_lens``; ``loss_mask`` when the data has one.
-        mask: ``varlen`` (``cu_seqlens`` only), ``dense`` (``attention_mask``, bool) or ``flex``
-            (``block_mask``), built here on the host; ``batch.to(device)`` builds it again there.
+        mask: ``varlen`` (``cu_seqlens`` only), ``dense`` (``attention_mask``, bool, for SDPA),
+            ``additive`` (``attention_mask``, 0 / -inf, for eager) or ``flex`` (``block_mask``), built here
+            on the host; ``batch.to(device)`` builds it again there.
         int64: widen ``input_ids``, ``labels``, ``position_ids`` and ``loss_mask`` to int64 (what
             embeddings and ``F.cross_entropy`` take); ``False`` keeps the stored int32 / int8.
     """
