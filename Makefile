@@ -4,6 +4,7 @@ VENV ?= .venv
 # On this platform torch==2.13.0 is a CPU wheel on local disk; any other spec downloads gigabytes.
 TORCH_SPEC ?= torch==2.13.0
 NEMO_WHEEL_SPEC ?= nemo-automodel==0.1.2
+NEMO07_WHEEL_SPEC ?= nemo-automodel==0.7.0
 BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.packtool-demo-installed
 STAMP := $(VENV)/.packtool-installed
@@ -20,7 +21,7 @@ $(DEMO_STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e .
 	touch $(DEMO_STAMP)
 
-# Tests add the dev extras (ray, energon, transformers, pytest, ...) and NeMo's wheel.
+# Tests add the dev extras (ray, energon, transformers, pytest, ...) and NeMo's wheels (0.1.2, 0.7.0).
 install: $(STAMP)
 
 $(STAMP): $(DEMO_STAMP)
@@ -28,6 +29,7 @@ $(STAMP): $(DEMO_STAMP)
 	# reference implementation for parity tests: only its wheel file, never imported as a dependency
 	mkdir -p .cache/wheels
 	$(BIN)/python -m pip download -q --no-deps -d .cache/wheels "$(NEMO_WHEEL_SPEC)"
+	$(BIN)/python -m pip download -q --no-deps -d .cache/wheels "$(NEMO07_WHEEL_SPEC)"
 	touch $(STAMP)
 
 demo: install-demo

@@ -145,6 +145,11 @@ class PackConfig:
         None, "webdataset: at most this many bytes per .tar shard.", positive=True
     )
     row_group_size: int = key(128, "Packs per Parquet row group.", positive=True)
+    energon_index: bool = key(
+        True,
+        "webdataset: write Megatron-Energon's key index (.nv-meta/index.sqlite) when megatron-energon is "
+        "installed (importing it takes a second or two).",
+    )
     chunk_size: int = key(4096, "Samples per encoding chunk.", positive=True)
     # running
     num_proc: int | None = key(
@@ -245,6 +250,12 @@ class PackConfig:
                 "format",
                 changed("row_group_size") and self.format != "parquet",
                 "--row-group-size is for Parquet shards",
+            ),
+            (
+                "energon_index",
+                "format",
+                changed("energon_index") and self.format != "webdataset",
+                "--no-energon-index is for --format webdataset",
             ),
             (
                 "ray_address",

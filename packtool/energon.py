@@ -13,6 +13,15 @@ A webdataset output directory carries ``.nv-meta/`` (``.info.json``, ``split.yam
     for batch in get_loader(ds):
         batch.input_ids  # (8, N) int32 tensor; batch.seq_lens: list of (num_samples[+1],) int32 tensors
 
+Without packtool, the same directory loads through Energon's own ``CrudeWebdataset``:
+``get_train_dataset(DIR, dataset_config="crude.yaml", task_encoder=...)`` with a cooker for the subflavor
+``packtool: pack`` (``cook_pack`` below is one; docs/formats.md shows one that needs no packtool).
+``PackTaskEncoder`` carries that cooker, so it reads either config.
+
+Energon's own packing (``packing_buffer_size``) would pack packs again: ``PackTaskEncoder`` refuses it
+with a message saying so, unless a subclass implements ``select_samples_to_pack`` and
+``pack_selected_samples``.
+
 This module imports ``megatron.energon``; ``import packtool`` never imports this module.
 """
 
@@ -24,7 +33,15 @@ import numpy as np
 
 try:
     import torch
-    from megatron.energon import Batch, DefaultTaskEncoder, Sample, edataclass
+    from megatron.energon import (
+        Batch,
+        Cooker,
+        DefaultTaskEncoder,
+        Sample,
+        basic_sample_keys,
+        edataclass,
+        stateless,
+    )
 except ImportError as e:  # pragma: no cover - only without the optional extra
     raise ImportError(
         f"packtool.energon needs Megatron-Energon: pip install 'packtool[energon]' (import failed: {e})"
@@ -85,8 +102,38 @@ def stack_packs(samples: list[PackSample]) -> PackBatch:
     )
 
 
+PACK_FIELDS = ("input_ids", "labels", "position_ids", "seq_lens", "sample_index", "sample_offset")
+
+
+@stateless
+def cook_pack(raw: dict) -> PackSample:
+    """A ``CrudeSample`` of ``crude.yaml`` (members ``input_ids.npy``, ...) as a ``PackSample``."""
+    return PackSample(
+        **basic_sample_keys(raw),
+        **{f: raw[f"{f}.npy"] for f in PACK_FIELDS},
+        loss_mask=raw.get("loss_mask.npy"),
+    )
+
+
 class PackTaskEncoder(DefaultTaskEncoder[PackSample, PackSample, PackBatch, PackBatch]):
-    """Energon task encoder for packtool packs: samples pass through, ``batch`` stacks them."""
+    """Energon task encoder for packtool packs: samples pass through, ``batch`` stacks them. Reads
+    ``dataset.yaml`` (``PackSample``) or ``crude.yaml`` (through ``cook_pack``)."""
+
+    cookers = [Cooker(cook_pack, has_subflavors={"packtool": "pack"})]
 
     def batch(self, samples: list[PackSample]) -> PackBatch:
         return stack_packs(samples)
+
+    def build_batch(self, dataset, *, packing_buffer_size=None, **kwargs):
+        """Energon's batching stage; refuses ``packing_buffer_size`` unless a subclass packs."""
+        if packing_buffer_size is not None and not (
+            self._is_overridden(self.select_samples_to_pack)
+            and self._is_overridden(self.pack_selected_samples)
+        ):
+            raise ValueError(
+                "packing_buffer_size: packtool packs are already packed to packed_sequence_size tokens "
+                "(each pack's seq_lens ends with its padding), so PackTaskEncoder does not pack them again. "
+                "Leave packing_buffer_size unset, or subclass PackTaskEncoder and implement "
+                "select_samples_to_pack and pack_selected_samples (strip each pack's padding segment first)."
+            )
+        return super().build_batch(dataset, packing_buffer_size=packing_buffer_size, **kwargs)

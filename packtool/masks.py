@@ -7,11 +7,18 @@ is *block-causal* (document-causal): a token sees the earlier tokens of its own 
 ``seq_lens`` is accepted as a ``(B, S)`` integer tensor padded with ``0`` (the sentinel the loader uses),
 a 1-D tensor for one pack, or a list of 1-D tensors (NeMo's form). Three forms of the same mask:
 
-* ``block_causal_mask``: dense bool ``[B, 1, N, N]`` for SDPA / eager attention (``N^2`` memory);
+* ``block_causal_mask``: dense bool ``[B, 1, N, N]`` (``True``: may attend) for SDPA, e.g. transformers'
+  ``attn_implementation="sdpa"`` (``N^2`` memory). Not for eager attention: transformers' eager path adds
+  the mask to the scores, so a bool mask masks nothing there;
+* ``additive_mask``: the same mask as floats, ``0`` where a token may attend and ``-inf`` elsewhere, for
+  attention that adds the mask to the scores (transformers' ``attn_implementation="eager"``);
 * ``flex_block_mask``: a ``torch.nn.attention.flex_attention.BlockMask``, built from the sequence
   boundaries at block level (``O(B * (N / block_size)^2)``), never by evaluating a mask at every position;
 * ``varlen_args``: ``cu_seqlens`` / ``max_seqlen`` / ``position_ids`` for FlashAttention varlen and
-  Transformer Engine THD, where the batch is seen as ``B * N`` tokens of concatenated sequences.
+  Transformer Engine THD, where the batch is seen as ``B * N`` tokens of concatenated sequences;
+* ``flattening_kwargs``: the same boundaries under the names transformers' ``DataCollatorWithFlattening``
+  gives them (``cu_seq_lens_q/k``, ``max_length_q/k``, ``seq_idx``, ``position_ids``), for a batch flattened
+  to one row of ``B * N`` tokens.
 
 No function loops over sequences in Python.
 """
@@ -154,6 +161,26 @@ def block_causal_mask(
     return mask
 
 
+def additive_mask(
+    seq_lens: SeqLens,
+    packed_sequence_size: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Block-causal mask to add to attention scores, ``[B, 1, N, N]`` of ``dtype``: ``0`` where the query
+    row may attend the key column, ``-inf`` elsewhere (every row attends at least itself, so no row is all
+    ``-inf``). What transformers' eager attention takes as ``attention_mask``.
+
+    Example::
+
+        >>> additive_mask(torch.tensor([[2, 1]]), 3)[0, 0].tolist()
+        [[0.0, -inf, -inf], [0.0, 0.0, -inf], [-inf, -inf, 0.0]]
+    """
+    allowed = block_causal_mask(seq_lens, packed_sequence_size, device)
+    out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return out.masked_fill_(~allowed, float("-inf"))
+
+
 def flex_block_mask(
     seq_lens: SeqLens,
     packed_sequence_size: int,
@@ -269,3 +296,35 @@ def varlen_args(seq_lens: SeqLens, packed_sequence_size: int | None = None, devi
     _, start = sequence_starts(sl, n)
     position_ids = torch.arange(n, device=sl.device).view(1, n) - start
     return {"cu_seqlens": cu, "max_seqlen": max_seqlen, "position_ids": position_ids}
+
+
+def flattening_kwargs(seq_lens: SeqLens, packed_sequence_size: int, device=None) -> dict:
+    """The sequence boundaries of a batch flattened to one row of ``B * N`` tokens, named and typed as
+    transformers' ``DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)``
+    returns them for the same sequences (the padding of a pack counts as one):
+
+    ``position_ids`` ``(1, B * N)`` int64 (each token's index in its sequence), ``cu_seq_lens_q`` and
+    ``cu_seq_lens_k`` ``(T + 1,)`` int32, ``max_length_q`` and ``max_length_k`` (Python ints), ``seq_idx``
+    ``(1, B * N)`` int32 (each token's sequence, counted over the batch).
+
+    Example::
+
+        >>> kw = flattening_kwargs(torch.tensor([[3, 1], [4, 0]]), 4)
+        >>> kw["cu_seq_lens_q"].tolist(), kw["max_length_q"], kw["seq_idx"].tolist()
+        ([0, 3, 4, 8], 4, [[0, 0, 0, 1, 2, 2, 2, 2]])
+    """
+    sl = padded_seq_lens(seq_lens, device)
+    n = packed_sequence_size
+    cu, max_len = cu_seqlens_of(sl)
+    doc, start = sequence_starts(sl, n)
+    before = torch.zeros(sl.shape[0], 1, dtype=torch.int64, device=sl.device)
+    before[1:, 0] = (sl > 0).sum(1).cumsum(0)[:-1]  # sequences in the packs before this one
+    position_ids = torch.arange(n, device=sl.device).view(1, n) - start
+    return {
+        "position_ids": position_ids.reshape(1, -1),
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu.clone(),
+        "max_length_q": max_len,
+        "max_length_k": max_len,
+        "seq_idx": (doc + before).to(torch.int32).reshape(1, -1),
+    }

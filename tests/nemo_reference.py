@@ -36,3 +36,44 @@ def load_packed_sequence_module():
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# --- NeMo AutoModel 0.7.0: its packed layout (seq_lens_padded) and THD collater ---------------------------
+MODULES_07 = {
+    "packing": "nemo_automodel/components/datasets/packing.py",
+    "utils": "nemo_automodel/components/datasets/utils.py",
+    "packed_sequence": "nemo_automodel/components/datasets/llm/packed_sequence.py",
+    "thd_utils": "nemo_automodel/components/distributed/thd_utils.py",
+}
+
+
+def find_wheel_07() -> Path | None:
+    wheels = sorted((ROOT / ".cache" / "wheels").glob("nemo_automodel-0.7.0-*.whl"))
+    return wheels[0] if wheels else None
+
+
+def load_nemo07() -> dict:
+    """NeMo AutoModel 0.7.0's ``packing``, ``utils`` (``packed_sequence_thd_collater``), ``packed_sequence``
+    (``pack_dataset``) and ``thd_utils`` (``process_input_for_thd``) modules, from the wheel's files. They
+    need torch, datasets and transformers only; ``utils``' one import of ``packing`` is pointed at the file
+    loaded here (nothing else of NeMo is imported)."""
+    wheel = find_wheel_07()
+    if wheel is None:
+        raise FileNotFoundError("NeMo AutoModel 0.7.0 wheel not in .cache/wheels: run `make install`")
+    loaded = {}
+    with zipfile.ZipFile(wheel) as z:
+        for short, member in MODULES_07.items():
+            name = f"nemo07_{short}"
+            if name in sys.modules:
+                loaded[short] = sys.modules[name]
+                continue
+            source = z.read(member).decode()
+            source = source.replace(
+                "from nemo_automodel.components.datasets.packing import", "from nemo07_packing import"
+            )
+            module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+            module.__file__ = f"{wheel.name}/{member}"
+            sys.modules[name] = module
+            exec(compile(source, module.__file__, "exec"), module.__dict__)
+            loaded[short] = module
+    return loaded

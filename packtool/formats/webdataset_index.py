@@ -7,12 +7,15 @@ it is (no ``energon prepare``); ``verify`` compares the files on disk with what 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import yaml
 
 from packtool.formats.base import ProblemSink
+from packtool.formats.energon_index import INDEX_UUID, SQLITE_INDEX, write_sqlite_index
 from packtool.formats.tar import INDEX_SUFFIX, tar_index_name
 from packtool.manifest import MANIFEST, Manifest
 
@@ -21,6 +24,13 @@ ENERGON_DIR = ".nv-meta"
 ENERGON_SAMPLE_TYPE = {"__module__": "packtool.energon", "__class__": "PackSample"}
 ENERGON_DATASET_COMMENT = (
     "# Megatron-Energon dataset config written by packtool (one sample per pack; see packtool.energon)\n"
+)
+# the same packs through Energon's own classes, for a trainer without packtool: get_train_dataset(DIR,
+# dataset_config="crude.yaml", task_encoder=...) hands its cookers CrudeSample dicts of NumPy arrays
+ENERGON_CRUDE_CONFIG = "crude.yaml"
+ENERGON_CRUDE_COMMENT = (
+    "# Megatron-Energon dataset config written by packtool: the packs as CrudeSample dicts, no packtool\n"
+    "# needed (a cooker for subflavor packtool: pack builds the sample; see packtool's docs/formats.md)\n"
 )
 
 
@@ -35,16 +45,26 @@ def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
             "shardlist": [{"url": s.path, "nsamples": s.num_packs, "filesize": s.bytes} for s in shards],
         },
         f"{ENERGON_DIR}/.info.json": {"shard_counts": {s.path: s.num_packs for s in shards}},
-        f"{ENERGON_DIR}/split.yaml": {"split_parts": {"train": [s.path for s in shards]}, "exclude": []},
+        # as energon prepare writes it: every split named (get_val_dataset, energon lint), val and test empty
+        f"{ENERGON_DIR}/split.yaml": {
+            "split_parts": {"train": [s.path for s in shards], "val": [], "test": []},
+            "exclude": [],
+        },
         f"{ENERGON_DIR}/dataset.yaml": {
             "sample_type": ENERGON_SAMPLE_TYPE,
             "field_map": {c: f"{c}.npy" for c in manifest.columns},
+        },
+        f"{ENERGON_DIR}/{ENERGON_CRUDE_CONFIG}": {
+            "__module__": "megatron.energon",
+            "__class__": "CrudeWebdataset",
+            "subflavors": {"packtool": "pack"},
         },
     }
 
 
 def write_dataset_index(directory: str | Path, manifest: Manifest) -> list[str]:
-    """Write the dataset-level index files into ``directory``; return their relative names."""
+    """Write the dataset-level index files into ``directory``; return their relative names (Energon's
+    ``index.sqlite`` and ``index.uuid`` among them when megatron-energon is installed)."""
     directory = Path(directory)
     (directory / ENERGON_DIR).mkdir(exist_ok=True)
     contents = dataset_index_contents(manifest)
@@ -52,10 +72,13 @@ def write_dataset_index(directory: str | Path, manifest: Manifest) -> list[str]:
         if name.endswith(".json"):
             text = json.dumps(content, indent=1) + "\n"
         else:
-            comment = ENERGON_DATASET_COMMENT if name.endswith("dataset.yaml") else ""
-            text = comment + yaml.safe_dump(content, sort_keys=False)
+            comments = {"dataset.yaml": ENERGON_DATASET_COMMENT, ENERGON_CRUDE_CONFIG: ENERGON_CRUDE_COMMENT}
+            text = comments.get(Path(name).name, "") + yaml.safe_dump(content, sort_keys=False)
         (directory / name).write_text(text)
-    return list(contents)
+    names = list(contents)
+    if manifest.config.energon_index:
+        names += write_sqlite_index(directory, [s.path for s in manifest.shards], manifest.run_id)
+    return names
 
 
 def _diff(want, got, where: str = "") -> Iterator[tuple[str, object, object]]:
@@ -87,8 +110,11 @@ def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink
             shard=MANIFEST,
             field="format_version",
         )
+    written = manifest.index_files
     for name, want in dataset_index_contents(manifest).items():
         path = directory / name
+        if written is not None and name not in written:  # an older packtool did not write this one
+            continue
         if not path.exists():
             report.add("dataset index", "index file is missing", shard=name)
             continue
@@ -97,6 +123,8 @@ def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink
         except (ValueError, yaml.YAMLError) as e:
             report.add("dataset index", f"does not parse ({str(e).splitlines()[0]})", shard=name)
             continue
+        if name.endswith("split.yaml") and isinstance(got, dict) and "val" not in got.get("split_parts", {}):
+            want = {**want, "split_parts": {"train": want["split_parts"]["train"]}}  # an older packtool's
         diffs = list(_diff(want, got))
         if diffs:  # one problem per file: its first difference, and how many more
             where, a, b = diffs[0]
@@ -107,7 +135,32 @@ def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink
                 shard=name,
                 field=where or None,
             )
+    if SQLITE_INDEX in (manifest.index_files or ()):  # written when megatron-energon was installed
+        _check_key_index(directory, manifest, report)
     named = {tar_index_name(e) for e in manifest.shards}
     for path in sorted(directory.glob("*.tar" + INDEX_SUFFIX)):
         if path.name not in named:
             report.add("unlisted", "index file of a shard the manifest does not name", shard=path.name)
+
+
+def _check_key_index(directory: Path, manifest: Manifest, report: ProblemSink) -> None:
+    """Energon's key index must be there and index as many packs as the manifest lists."""
+    rebuild = "`energon prepare DIR --tar-index-only` rebuilds it"
+    for name in (SQLITE_INDEX, INDEX_UUID):
+        if not (directory / name).exists():
+            report.add("dataset index", f"index file is missing ({rebuild})", shard=name)
+    path = directory / SQLITE_INDEX
+    if not path.exists():
+        return
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            (count,) = db.execute("SELECT COUNT(*) FROM samples").fetchone()
+    except sqlite3.Error as e:
+        report.add("dataset index", f"does not read as Energon's index ({e}; {rebuild})", shard=SQLITE_INDEX)
+        return
+    if count != manifest.num_packs:
+        report.add(
+            "dataset index",
+            f"indexes {count:,} packs, the manifest lists {manifest.num_packs:,} (stale index; {rebuild})",
+            shard=SQLITE_INDEX,
+        )

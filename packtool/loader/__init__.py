@@ -2,8 +2,9 @@
 
 ``PackedDataset`` (the stream: order, ranks, workers, shuffle; ``loader.dataset``), ``get_loader`` /
 ``PackedLoader`` (a ``torch.utils.data.DataLoader`` with an exact resume cursor; ``loader.loader``),
-``PackedBatch`` and the Energon-style batching helpers (``loader.batch``), and the epoch's order computed
-from pack indices alone (``loader.order``).
+``PackedBatch`` and the Energon-style batching helpers (``loader.batch``), the epoch's order computed
+from pack indices alone (``loader.order``), and ``collate_packs`` for packs read by other libraries
+(``loader.collate``).
 
 Example::
 
@@ -26,6 +27,7 @@ from packtool.loader.batch import (
     default_batch,
     gather_batch,
 )
+from packtool.loader.collate import collate_packs
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.loader import PackedLoader, get_loader
 from packtool.loader.order import Unit, epoch_plan, units_of
@@ -38,6 +40,7 @@ __all__ = [
     "PackedLoader",
     "SkipSample",
     "Unit",
+    "collate_packs",
     "batch_list",
     "batch_pad_stack",
     "batch_stack",

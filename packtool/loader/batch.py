@@ -17,10 +17,19 @@ import numpy as np
 import torch
 
 from packtool.manifest import TOKEN_COLUMNS
-from packtool.masks import SEQ_LENS_PAD, block_causal_mask, cu_seqlens_of, flex_block_mask
+from packtool.masks import (
+    SEQ_LENS_PAD,
+    additive_mask,
+    block_causal_mask,
+    cu_seqlens_of,
+    flattening_kwargs,
+    flex_block_mask,
+)
 from packtool.packs import PackArrays
 
-MASKS = ("varlen", "dense", "flex")
+# varlen: cu_seqlens only (FlashAttention varlen, TE THD, flattening_kwargs); dense: bool, for SDPA;
+# additive: 0 / -inf floats, for eager attention (it adds the mask to the scores); flex: a BlockMask
+MASKS = ("varlen", "dense", "additive", "flex")
 WIDE_FIELDS = TOKEN_COLUMNS  # kept as stored (int32 / int8) on the host, widened to int64 by PackedBatch.to
 
 
@@ -133,8 +142,10 @@ class PackedBatch:
       batch flattened to ``B * N`` tokens, for varlen kernels (FlashAttention, TE THD);
     * ``loss_mask``: ``(B, N)`` int8 on the host, int64 after ``to()``; ``None`` when the data has none;
     * ``pack_index``: ``(B,)`` int64, each pack's index in the output directory (shard order);
-    * ``mask``: which mask ``to()`` / ``build_mask()`` builds: ``"varlen"`` (none beyond ``cu_seqlens``),
-      ``"dense"`` (``attention_mask``, bool ``[B, 1, N, N]``) or ``"flex"`` (``block_mask``, a
+    * ``mask``: which mask ``to()`` / ``build_mask()`` builds: ``"varlen"`` (none beyond ``cu_seqlens``;
+      ``flattened()`` gives the kwargs of a flattened batch), ``"dense"`` (``attention_mask``, bool
+      ``[B, 1, N, N]``, for SDPA), ``"additive"`` (``attention_mask``, float32 ``[B, 1, N, N]``, ``0`` /
+      ``-inf``, for eager attention, which adds it to the scores) or ``"flex"`` (``block_mask``, a
       ``flex_attention.BlockMask``).
 
     Example::
@@ -194,15 +205,33 @@ class PackedBatch:
         return moved.build_mask()
 
     def build_mask(self) -> PackedBatch:
-        """Build the ``dense`` or ``flex`` mask (if not built yet) on the batch's device; returns self."""
+        """Build the ``dense``, ``additive`` or ``flex`` mask (if not built yet) on the batch's device;
+        returns self."""
         if self.mask not in MASKS:
             raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {self.mask!r}")
         n = self.packed_sequence_size
         if self.mask == "dense" and self.attention_mask is None:
             self.attention_mask = block_causal_mask(self.seq_lens, n)
+        elif self.mask == "additive" and self.attention_mask is None:
+            self.attention_mask = additive_mask(self.seq_lens, n)
         elif self.mask == "flex" and self.block_mask is None:
             self.block_mask = flex_block_mask(self.seq_lens, n)
         return self
+
+    def flattened(self) -> dict[str, Any]:
+        """The batch as one row of ``B * N`` tokens, with what transformers'
+        ``DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)`` returns for the
+        same sequences: ``input_ids`` and ``position_ids`` ``(1, B * N)``, ``cu_seq_lens_q/k``,
+        ``max_length_q/k`` and ``seq_idx`` (``masks.flattening_kwargs``); no labels: packtool's are
+        already shifted, so give them as ``labels=l, shift_labels=l`` with ``l = batch.labels.reshape(1, -1)``
+        (a transformers model then does not shift them again). ``model(**batch.flattened(), ...)`` runs with
+        ``flash_attention_2``, and ``sdpa`` / ``eager`` find the boundaries from the ``position_ids``.
+        """
+        kwargs = flattening_kwargs(self.seq_lens, self.packed_sequence_size)
+        device = self.input_ids.device
+        out = {"input_ids": self.input_ids.reshape(1, -1)}
+        out.update({k: v.to(device) if torch.is_tensor(v) else v for k, v in kwargs.items()})
+        return out
 
 
 _BATCH_KEYS = {"input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "pack_index"}

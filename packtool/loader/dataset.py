@@ -156,7 +156,7 @@ class PackedDataset(IterableDataset):
             ``PackedBatch``). A pack is a dict of ``(N,)`` tensors ``input_ids``, ``labels``,
             ``position_ids`` (int32), ``loss_mask`` (int8, if present), ``seq_lens`` (int32) and the int
             ``pack_index``; the tensors are views of the decoded row group: copy before editing in place.
-        mask: ``"varlen"`` (default), ``"dense"`` or ``"flex"``: the mask ``PackedBatch.to`` builds.
+        mask: ``"varlen"`` (default), ``"dense"``, ``"additive"`` or ``"flex"``: built by ``PackedBatch.to``.
         shuffle_buffer: how far (in packs) the shuffle moves a pack inside its lane.
         infinite: iterate epochs forever (one ``iter``) instead of one epoch per ``iter``.
         rank, world_size: default from ``torch.distributed`` when initialized, else 0 and 1.

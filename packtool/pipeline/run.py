@@ -44,6 +44,7 @@ from packtool.errors import (
     WorkerDied,
 )
 from packtool.formats import ShardMeta, get_format
+from packtool.formats.card import write_dataset_card
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.packing import make_plan
 from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
@@ -310,6 +311,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         has_loss_mask=store.has_loss_mask,
     )
     manifest.index_files = fmt.write_dataset_index(out.partial, manifest)
+    write_dataset_card(out.partial, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
     return manifest
 
 

@@ -40,7 +40,7 @@ def reference(tmp_path_factory) -> tuple[Path, dict[str, bytes]]:
     root = tmp_path_factory.mktemp("resume")
     pack(root / "out")
     ref = files(root / "out")
-    assert "manifest.json" in ref and len(ref) == 16
+    assert "manifest.json" in ref and "README.md" in ref and len(ref) == 17  # 15 shards, manifest, card
     return root, ref
 
 

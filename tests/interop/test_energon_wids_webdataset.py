@@ -1,5 +1,6 @@
 """packtool output read by the libraries people train with, as they are (no conversion, no prepare step):
-``webdataset.WebDataset``, ``wids.ShardListDataset``, Megatron-Energon and Hugging Face ``datasets``.
+``webdataset.WebDataset``, ``wids.ShardListDataset`` and Megatron-Energon (Hugging Face ``datasets``:
+test_hf_datasets.py).
 
 Every library is a dev dependency: these tests never skip.
 """
@@ -12,66 +13,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packtool import read_packs
 from packtool.formats.tar import pack_key
-from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, run_cli, write_jsonl
-
-N = 256
-FIELDS = ("input_ids", "labels", "position_ids", "seq_lens", "sample_index", "sample_offset")
-
-
-def _pack(out: Path, src: Path, *args: str) -> Path:
-    run_cli("pack", src, "--output", out, "--packed-sequence-size", N, "--shard-size", 40, "--quiet", *args)
-    return out
-
-
-@pytest.fixture(scope="module")
-def wds_out(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("interop") / "wds"
-    return _pack(
-        out, DEMO / "train.jsonl", "--tokenizer", DEMO_TOKENIZER, "--long-samples", "truncate",
-        "--format", "webdataset",
-    )  # fmt: skip
+from tests.conftest import manifest_json
+from tests.fixtures.interop_outputs import (  # noqa: F401 - fixtures
+    FIELDS,
+    N,
+    assert_pack_equal,
+    interop_masked,
+    interop_wds,
+    reference,
+)
 
 
-@pytest.fixture(scope="module")
-def masked_out(tmp_path_factory) -> Path:
-    """Pretokenized input with a loss mask: the optional ``loss_mask`` member."""
-    tmp = tmp_path_factory.mktemp("interop-mask")
-    rng = np.random.default_rng(1)
-    rows = []
-    for _ in range(150):
-        n = int(rng.integers(3, 200))
-        rows.append(
-            {"input_ids": rng.integers(1, 1000, n).tolist(), "loss_mask": rng.integers(0, 2, n).tolist()}
-        )
-    src = write_jsonl(tmp / "tok.jsonl", rows)
-    return _pack(tmp / "wds", src, "--format", "webdataset")
-
-
-def reference(directory: Path) -> list[dict[str, np.ndarray]]:
-    return list(read_packs(directory, with_sample_index=True))
-
-
-def assert_pack_equal(got: dict, want: dict, check_dtype: bool = True) -> None:
-    assert set(got) == set(want)
-    for k, v in want.items():
-        assert np.array_equal(got[k], v), k
-        assert got[k].dtype == v.dtype or not check_dtype, k
-
-
-def hf_value_types(ds, suffix: str = "") -> dict[str, str]:
-    """The Arrow value type of each pack field as ``datasets`` sees it (rows come back as int64 lists)."""
-    return {f: ds.features[f + suffix].feature.dtype for f in FIELDS}
-
-
-def test_webdataset_yields_every_pack(wds_out):
+def test_webdataset_yields_every_pack(interop_wds):
     import webdataset as wds
 
-    m = manifest_json(wds_out)
-    urls = [str(wds_out / s["path"]) for s in m["shards"]]
+    m = manifest_json(interop_wds)
+    urls = [str(interop_wds / s["path"]) for s in m["shards"]]
     shard_of = np.repeat(np.arange(len(m["shards"])), [s["num_packs"] for s in m["shards"]])
-    want = reference(wds_out)
+    want = reference(interop_wds)
     got = list(wds.WebDataset(urls, shardshuffle=False).decode())
     assert len(got) == len(want) > 40
     for i, (sample, pack) in enumerate(zip(got, want, strict=True)):
@@ -86,13 +46,13 @@ def test_webdataset_yields_every_pack(wds_out):
         }
 
 
-def test_wids_random_access(wds_out, tmp_path):
+def test_wids_random_access(interop_wds, tmp_path):
     import wids
     from wids.wids_decode import default_decoder
 
-    want = reference(wds_out)
+    want = reference(interop_wds)
     ds = wids.ShardListDataset(
-        str(wds_out / "wids.json"),
+        str(interop_wds / "wids.json"),
         cache_dir=str(tmp_path / "wids-cache"),
         transformations=[functools.partial(default_decoder, format="numpy")],
     )
@@ -134,7 +94,7 @@ def _energon_packs(directory: Path, batch_size: int) -> dict[str, dict[str, np.n
 
 
 @pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")
-@pytest.mark.parametrize("which", ["wds_out", "masked_out"])
+@pytest.mark.parametrize("which", ["interop_wds", "interop_masked"])
 def test_energon_get_train_dataset_streams_every_pack(which, request):
     directory = request.getfixturevalue(which)
     want = reference(directory)
@@ -144,33 +104,4 @@ def test_energon_get_train_dataset_streams_every_pack(which, request):
     assert sorted(got) == [pack_key(i) for i in range(len(want))]
     for i, pack in enumerate(want):
         assert_pack_equal(got[pack_key(i)], pack)
-    assert ("loss_mask" in want[0]) == (which == "masked_out")
-
-
-def test_hf_datasets_loads_parquet_output(tmp_path):
-    import datasets
-
-    out = _pack(
-        tmp_path / "pq", DEMO / "train.jsonl", "--tokenizer", DEMO_TOKENIZER, "--long-samples", "truncate"
-    )
-    files = [str(out / s["path"]) for s in manifest_json(out)["shards"]]
-    assert len(files) > 1
-    ds = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=str(tmp_path / "hf"))
-    want = reference(out)
-    assert ds.num_rows == len(want)
-    assert hf_value_types(ds) == {f: str(want[0][f].dtype) for f in FIELDS}
-    for i, row in enumerate(ds.with_format("numpy")):
-        assert_pack_equal({f: row[f] for f in FIELDS}, want[i], check_dtype=False)
-
-
-def test_hf_datasets_loads_webdataset_output(wds_out, tmp_path):
-    import datasets
-
-    files = [str(wds_out / s["path"]) for s in manifest_json(wds_out)["shards"]]
-    ds = datasets.load_dataset("webdataset", data_files=files, split="train", cache_dir=str(tmp_path / "hf"))
-    want = reference(wds_out)
-    assert ds.num_rows == len(want)
-    assert hf_value_types(ds, ".npy") == {f: str(want[0][f].dtype) for f in FIELDS}
-    for i, row in enumerate(ds.with_format("numpy")):
-        assert row["__key__"] == pack_key(i)
-        assert_pack_equal({f: row[f"{f}.npy"] for f in FIELDS}, want[i], check_dtype=False)
+    assert ("loss_mask" in want[0]) == (which == "interop_masked")

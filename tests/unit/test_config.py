@@ -26,6 +26,7 @@ def _cfg(**kw) -> PackConfig:
         ({"shard_max_bytes": 1000}, "auto", "--shard-max-bytes 1000 and --format parquet conflict"),
         ({"format": "webdataset", "row_group_size": 16}, "auto",
          "--row-group-size 16 and --format webdataset conflict"),
+        ({"energon_index": False}, "auto", "--energon-index off and --format parquet conflict"),
         ({"ray_address": "auto"}, "auto", "--ray-address auto and --engine local conflict"),
         ({"strategy": "sequential", "packing_buffer_size": 100}, "auto",
          "--packing-buffer-size 100 and --strategy sequential conflict"),

@@ -255,3 +255,30 @@ def varlen_reference(q, k, v, cu_seqlens, n):
         s = s.masked_fill(~torch.ones(e - a, e - a, dtype=torch.bool).tril(), float("-inf"))
         out[a:e] = torch.einsum("hqk,khd->qhd", s.softmax(-1), vf[a:e])
     return out.view(b, n, h, d).transpose(1, 2)
+
+
+def test_additive_mask_is_the_bool_mask_as_zero_and_minus_inf():
+    from packtool.masks import additive_mask
+
+    rows = random_seq_lens(3, 40, 12, seed=7)
+    want = slow_mask(rows, 40)
+    got = additive_mask(padded_seq_lens(rows), 40, dtype=torch.float64)
+    assert got.dtype == torch.float64 and got.shape == want.shape
+    assert torch.equal(got == 0, want) and torch.isneginf(got[~want]).all()
+
+
+def test_flattening_kwargs_count_sequences_over_the_batch():
+    from packtool.masks import flattening_kwargs
+
+    rows = random_seq_lens(3, 30, 9, seed=3)
+    kw = flattening_kwargs(padded_seq_lens(rows), 30)
+    lens = torch.cat(rows).tolist()
+    seq_idx = [i for i, n in enumerate(lens) for _ in range(n)]
+    positions = [p for n in lens for p in range(n)]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    assert kw["seq_idx"].tolist() == [seq_idx] and kw["seq_idx"].dtype == torch.int32
+    assert kw["position_ids"].tolist() == [positions] and kw["position_ids"].dtype == torch.int64
+    assert kw["cu_seq_lens_q"].tolist() == kw["cu_seq_lens_k"].tolist() == cu
+    assert kw["max_length_q"] == kw["max_length_k"] == max(lens)

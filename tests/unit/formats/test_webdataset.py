@@ -124,7 +124,8 @@ def test_dataset_index_files(wds_out):
         ".nv-meta/.info.json",
         ".nv-meta/split.yaml",
         ".nv-meta/dataset.yaml",
-    ]
+        ".nv-meta/crude.yaml",
+    ]  # and Energon's key index without --no-energon-index: tests/interop/test_energon_prepared.py
     wids = json.loads((wds_out / "wids.json").read_text())
     assert wids["__kind__"] == "wids-shard-index-v1" and wids["wids_version"] == 1
     assert wids["shardlist"] == [
@@ -133,10 +134,16 @@ def test_dataset_index_files(wds_out):
     info = json.loads((wds_out / ".nv-meta" / ".info.json").read_text())
     assert info == {"shard_counts": {s["path"]: s["num_packs"] for s in m["shards"]}}
     split = yaml.safe_load((wds_out / ".nv-meta" / "split.yaml").read_text())
-    assert split["split_parts"] == {"train": [s["path"] for s in m["shards"]]}
+    assert split["split_parts"] == {"train": [s["path"] for s in m["shards"]], "val": [], "test": []}
     dataset = yaml.safe_load((wds_out / ".nv-meta" / "dataset.yaml").read_text())
     assert dataset["sample_type"] == {"__module__": "packtool.energon", "__class__": "PackSample"}
     assert dataset["field_map"] == {c: f"{c}.npy" for c in m["columns"]}
+    crude = yaml.safe_load((wds_out / ".nv-meta" / "crude.yaml").read_text())
+    assert crude == {
+        "__module__": "megatron.energon",
+        "__class__": "CrudeWebdataset",
+        "subflavors": {"packtool": "pack"},
+    }
 
 
 def test_reader_rejects_truncated_corrupt_and_pickled_shards(wds_out, tmp_path):

@@ -1,0 +1,102 @@
+"""The dataset card (``README.md``) of an output directory, so that ``datasets.load_dataset(DIR)`` loads it.
+
+Hugging Face ``datasets`` reads a directory's ``README.md`` YAML header: its ``configs:`` / ``data_files:``
+say which files are the data. Without it, ``load_dataset(DIR)`` takes every file as data and fails on
+``manifest.json`` or the ``.tar.idx`` indexes. The card names the shards by a glob of their suffix, and its
+body says what each column holds (from ``manifest.PACK_COLUMNS``), the conventions and the run's figures,
+so that the directory can also be uploaded to the Hub as it is.
+
+Written last by ``packtool pack``, beside the format's dataset index (``pipeline.run``); the text depends
+only on the manifest, so the output stays byte-identical for any ``num_proc`` and engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from packtool.manifest import COLUMNS, MANIFEST, Manifest
+
+CARD = "README.md"
+SHARD_PREFIX = "packs-"
+
+
+def member_name(column: str, shard_format: str) -> str:
+    """The column's name as ``datasets`` shows it: a tar member keeps its ``.npy`` suffix."""
+    return f"{column}.npy" if shard_format == "webdataset" else column
+
+
+def card_yaml(manifest: Manifest, suffix: str) -> dict:
+    """The card's YAML header: the data files of the one config, and tags."""
+    return {
+        "configs": [
+            {
+                "config_name": "default",
+                "data_files": [{"split": "train", "path": f"{SHARD_PREFIX}*{suffix}"}],
+            }
+        ],
+        "tags": ["packtool", "packed-sequences"],
+    }
+
+
+def dataset_card(manifest: Manifest, suffix: str) -> str:
+    """The text of ``README.md`` for an output with this manifest and shard suffix (``.parquet``)."""
+    m, s = manifest, manifest.stats
+    fmt = m.shard_format
+    rows = [
+        f"| `{member_name(c, fmt)}` | `{col.dtype.name}` | {PER[col.per]} | {col.meaning} |"
+        for c in m.columns
+        if (col := COLUMNS.get(c)) is not None
+    ]
+    if fmt == "webdataset":
+        rows += [
+            "| `json` | object | one | `pack_index`, `num_tokens`, `num_samples`, `run_id`, `shard` |",
+            "| `__key__` | string | one | the pack's global index, zero-padded (`000000123`) |",
+        ]
+    labels = (
+        "`labels[i]` is the target of `input_ids[i]` (already shifted, per sample)"
+        if m.labels == "shifted"
+        else "`labels` equal `input_ids` where a loss is taken (the model shifts)"
+    )
+    lines = [
+        "---",
+        yaml.safe_dump(card_yaml(m, suffix), sort_keys=False).rstrip("\n"),
+        "---",
+        "",
+        "# Packed sequences (packtool)",
+        "",
+        f"Written by `packtool pack` (packtool {m.packtool_version}, run `{m.run_id}`).",
+        "",
+        f"- {s.num_packs:,} packs of {m.packed_sequence_size:,} tokens, {s.num_tokens:,} real tokens "
+        f"from {s.packed_samples:,} samples (fill rate {s.fill_rate:.2%})",
+        f"- {fmt} shards `{SHARD_PREFIX}NNNNNN{suffix}`; `{MANIFEST}` says how they were made and what "
+        "happened to every input sample",
+        "",
+        "```python",
+        "import datasets",
+        'ds = datasets.load_dataset("path/to/this/directory", split="train")  # or streaming=True',
+        "```",
+        "",
+        "Each row is one pack. Several samples sit in a pack one after the other; `seq_lens` gives their",
+        "lengths (then the padding's, when the pack is not full), so attention must stay inside each sample:",
+        "packtool's `docs/loader.md` shows the masks, and `packtool.loader` streams the packs into PyTorch.",
+        "",
+        "| column | type | values per pack | meaning |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+        f"- labels: {labels}; `-100` where no loss is taken",
+        f"- position ids: `{m.position_ids}`; padding token id: {m.pad_token_id}",
+        f"- tokenizer: `{m.tokenizer.name or m.tokenizer.kind or 'unknown'}`",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+PER = {"token": "one per token", "segment": "one per piece, +1 for padding", "piece": "one per piece"}
+
+
+def write_dataset_card(directory: str | Path, manifest: Manifest, suffix: str) -> str:
+    """Write ``README.md`` into the output ``directory``; return its name."""
+    (Path(directory) / CARD).write_text(dataset_card(manifest, suffix))
+    return CARD
