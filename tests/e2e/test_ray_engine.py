@@ -174,17 +174,20 @@ def test_ray_on_a_two_node_cluster_equals_local(tmp_path):
         assert len(cluster.list_all_nodes()) == 2
         local, on_ray = local_then_ray(tmp_path / "out", TEXT_ARGS, ["--ray-address", cluster.address])
         assert len(local) > 10 and local == on_ray
-        # an encoder that notes the node it runs on: the chunks were encoded on both nodes
+        # an encoder that notes the node it runs on: the chunks were encoded on both nodes (it takes its
+        # time, so that a task waiting for the busy head's one CPU is sent to the other node)
         nodes = tmp_path / "nodes.txt"
         (tmp_path / "where.py").write_text(
+            "import time\n"
             "import ray\n"
             "def encode(records):\n"
+            "    time.sleep(0.5)\n"
             f"    with open({str(nodes)!r}, 'a') as f:\n"
             "        f.write(ray.get_runtime_context().get_node_id() + '\\n')\n"
             "    return {'input_ids': [[len(w) + 1 for w in t.split()] for t in records['text']]}\n"
         )
         args = [str(DEMO / "train.jsonl"), "--tokenizer", f"{tmp_path / 'where.py'}:encode",
-                "--packed-sequence-size", "2048", "--chunk-size", "50"]  # fmt: skip
+                "--packed-sequence-size", "2048", "--chunk-size", "100"]  # fmt: skip
         run_cli(
             "pack", *args, "-o", tmp_path / "where", "-q", "--engine", "ray", "--ray-address", cluster.address
         )
