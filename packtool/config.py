@@ -155,7 +155,7 @@ class PackConfig:
     num_proc: int | None = key(
         None,
         "Processes for encoding and writing (output identical for any) [default: the cores this process "
-        "may use; 1 for inputs under 16 MiB, where starting workers takes longer than the work].",
+        "may use; 1 for inputs under 128 MiB, where starting workers takes longer than it saves].",
         positive=True,
         runtime=True,
     )

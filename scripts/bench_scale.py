@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+from measure import tree_rss  # noqa: E402  (scripts/measure.py: the process tree's RSS)
 
 from packtool.config import PackConfig  # noqa: E402
 from packtool.packing import make_plan  # noqa: E402
@@ -77,27 +79,6 @@ def make_input(work: Path, tokens: int) -> tuple[Path, np.ndarray]:
     writer.close()
     os.replace(tmp, path)
     return path, lengths
-
-
-def tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and every process below it."""
-    parent: dict[int, int] = {}
-    rss: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            parent[int(entry.name)] = int(fields[1])
-            rss[int(entry.name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError, IndexError):
-            continue
-    total, frontier = 0, [pid]
-    while frontier:
-        total += sum(rss.get(p, 0) for p in frontier)
-        frontier = [p for p, pp in parent.items() if pp in frontier]
-    return total
 
 
 def du(path: Path) -> int:

@@ -11,6 +11,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +57,18 @@ def without_conflicts(*args) -> list:
         else:
             out.append(a)
     return out
+
+
+def masked_rows(count: int, shortest: int, longest: int, vocab: int, seed: int) -> list[dict]:
+    """``count`` pretokenized records with a random ``loss_mask``, lengths ``shortest..longest - 1``."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        n = int(rng.integers(shortest, longest))
+        rows.append(
+            {"input_ids": rng.integers(1, vocab, n).tolist(), "loss_mask": rng.integers(0, 2, n).tolist()}
+        )
+    return rows
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

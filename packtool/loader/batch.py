@@ -285,6 +285,27 @@ def host_cu_seqlens(seq_lens: torch.Tensor) -> tuple[torch.Tensor, int]:
     return torch.from_numpy(cu), int(flat.max()) if flat.size else 0
 
 
+def packed_batch(raw: dict, mask: str) -> PackedBatch:
+    """A ``PackedBatch`` from a raw batch (``default_batch``'s dict: ``(B, N)`` token tensors, ``(B, S)``
+    ``seq_lens`` padded with ``SEQ_LENS_PAD``, ``pack_index`` a list or None); other keys go to
+    ``extra``."""
+    seq_lens = raw["seq_lens"]
+    cu, max_seqlen = host_cu_seqlens(seq_lens)
+    pack_index = raw.get("pack_index")
+    return PackedBatch(
+        input_ids=raw["input_ids"],
+        labels=raw["labels"],
+        position_ids=raw["position_ids"],
+        seq_lens=seq_lens,
+        cu_seqlens=cu,
+        max_seqlen=max_seqlen,
+        loss_mask=raw.get("loss_mask"),
+        pack_index=torch.tensor(pack_index, dtype=torch.int64) if pack_index is not None else None,
+        mask=mask,
+        extra={k: v for k, v in raw.items() if k not in _BATCH_KEYS},
+    )
+
+
 def pack_dict(packs: PackArrays, row: int, pack_index: int, tensors: bool) -> dict:
     """Row ``row`` of a decoded unit as a pack dict (NumPy views, or tensor views for task encoders)."""
     pack: dict[str, Any] = packs.pack(row)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from packtool.loader.batch import MASKS, PackedBatch, host_cu_seqlens
+from packtool.loader.batch import MASKS, PackedBatch, packed_batch
 from packtool.manifest import TOKEN_COLUMNS
 from packtool.masks import SEQ_LENS_PAD
 
@@ -112,18 +112,7 @@ def collate_packs(samples: Sequence[Any], *, mask: str = "varlen", int64: bool =
     seq_lens = np.full((len(pieces), max(1, *(len(p) for p in pieces))), SEQ_LENS_PAD, dtype=np.int32)
     for j, piece in enumerate(pieces):
         seq_lens[j, : len(piece)] = piece
-    seq_lens_t = torch.from_numpy(seq_lens)
-    cu_seqlens, max_seqlen = host_cu_seqlens(seq_lens_t)
     ids = [_pack_index(s) for s in samples]
-    batch = PackedBatch(
-        input_ids=columns["input_ids"],
-        labels=columns["labels"],
-        position_ids=columns["position_ids"],
-        seq_lens=seq_lens_t,
-        cu_seqlens=cu_seqlens,
-        max_seqlen=max_seqlen,
-        loss_mask=columns.get("loss_mask"),
-        pack_index=torch.tensor(ids, dtype=torch.int64) if None not in ids else None,
-        mask=mask,
-    )
+    raw = {**columns, "seq_lens": torch.from_numpy(seq_lens), "pack_index": None if None in ids else ids}
+    batch = packed_batch(raw, mask)
     return batch.build_mask()

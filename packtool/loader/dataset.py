@@ -40,14 +40,13 @@ from packtool.errors import InputError
 from packtool.formats import get_format
 from packtool.formats.base import UNIT_ERRORS
 from packtool.loader.batch import (
-    _BATCH_KEYS,
     MASKS,
     PackedBatch,
     SkipSample,
     default_batch,
     gather_batch,
-    host_cu_seqlens,
     pack_dict,
+    packed_batch,
 )
 from packtool.loader.order import epoch_plan, units_of
 from packtool.manifest import TRAINING_COLUMNS, Manifest
@@ -386,18 +385,4 @@ class _UnitDecoder:
         return f"{self.ds.manifest.shards[unit.shard].path}#{unit.part}"
 
     def default_encode_batch(self, raw: dict) -> PackedBatch:
-        seq_lens = raw["seq_lens"]
-        cu, max_seqlen = host_cu_seqlens(seq_lens)
-        pack_index = raw.get("pack_index")
-        return PackedBatch(
-            input_ids=raw["input_ids"],
-            labels=raw["labels"],
-            position_ids=raw["position_ids"],
-            seq_lens=seq_lens,
-            cu_seqlens=cu,
-            max_seqlen=max_seqlen,
-            loss_mask=raw.get("loss_mask"),
-            pack_index=torch.tensor(pack_index, dtype=torch.int64) if pack_index is not None else None,
-            mask=self.ds.mask,
-            extra={k: v for k, v in raw.items() if k not in _BATCH_KEYS},
-        )
+        return packed_batch(raw, self.ds.mask)

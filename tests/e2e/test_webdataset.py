@@ -11,7 +11,15 @@ import numpy as np
 import yaml
 
 from packtool import read_packs
-from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, run_cli, without_conflicts, write_jsonl
+from tests.conftest import (
+    DEMO,
+    DEMO_TOKENIZER,
+    manifest_json,
+    masked_rows,
+    run_cli,
+    without_conflicts,
+    write_jsonl,
+)
 from tests.fixtures.webdataset_outputs import wds_out  # noqa: F401 - fixtures
 
 N = 256
@@ -120,13 +128,7 @@ def test_shard_max_bytes_smaller_than_one_pack_is_an_error(tmp_path):
 
 
 def test_loss_mask_member_when_input_has_one(tmp_path):
-    rng = np.random.default_rng(0)
-    rows = []
-    for _ in range(40):
-        n = int(rng.integers(5, 90))
-        rows.append(
-            {"input_ids": rng.integers(1, 500, n).tolist(), "loss_mask": rng.integers(0, 2, n).tolist()}
-        )
+    rows = masked_rows(40, 5, 90, 500, seed=0)
     src = write_jsonl(tmp_path / "tok.jsonl", rows)
     out = tmp_path / "out"
     run_cli(

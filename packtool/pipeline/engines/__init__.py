@@ -18,7 +18,9 @@ from packtool.pipeline.engines.local import LocalEngine
 
 __all__ = ["LocalEngine", "make_engine", "resolve_num_proc"]
 
-SMALL_INPUT_BYTES = 16 << 20  # below it one process: starting workers would take longer than the work
+# below it one process: starting the workers and moving the chunks between them costs more than the
+# second core saves (docs/performance.md, "Default --num-proc")
+SMALL_INPUT_BYTES = 128 << 20
 
 
 def resolve_num_proc(config: PackConfig) -> int:
