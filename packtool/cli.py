@@ -148,6 +148,8 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
         )
     # lost data is said even with --quiet: quiet is about progress, not about what the packs miss
     losses = s.losses(config)
+    for line in manifest.warnings:
+        click.echo(f"packtool: warning: {line}", err=True)
     for line in losses:
         click.echo(f"packtool: warning: {line}", err=True)
     if losses:

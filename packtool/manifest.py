@@ -387,6 +387,7 @@ class Manifest:
     histograms: dict[str, Histogram]
     shards: list[ShardEntry]
     index_files: list[str] | None = None  # dataset-level index files (webdataset: wids, Energon)
+    warnings: list[str] = field(default_factory=list)  # input the packs do not hold, beyond samples
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     packtool_version: str = __version__
@@ -447,6 +448,7 @@ class Manifest:
                 histograms={k: Histogram(**h) for k, h in d.get("histograms", {}).items()},
                 shards=shards,
                 index_files=d.get("index_files"),
+                warnings=list(d.get("warnings", [])),
                 format=d.get("format", FORMAT),
                 format_version=d.get("format_version", 1),
                 packtool_version=d.get("packtool_version", "unknown"),
@@ -476,6 +478,8 @@ class Manifest:
         }
         if self.index_files is not None:
             out["index_files"] = list(self.index_files)
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
         return out
 
     def save(self, directory: str | Path) -> Path:

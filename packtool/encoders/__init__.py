@@ -43,6 +43,10 @@ def resolve_sample_format(config: PackConfig, field_names: list[str]) -> str:
     return "text"
 
 
+# the per-token fields the pretokenized encoder reads; any other list field is named in a warning
+PRETOKENIZED_FIELDS = ("input_ids", "labels", "loss_mask", "attention_mask")
+
+
 def fields_read(config: PackConfig, sample_format: str) -> frozenset[str] | None:
     """The record fields the encoder for ``sample_format`` reads (None: a custom encoder, which sees every
     field). The readers leave out a field outside these whose values cannot be one column, so an encoder
@@ -50,7 +54,7 @@ def fields_read(config: PackConfig, sample_format: str) -> frozenset[str] | None
     if is_plugin_spec(config.tokenizer):
         return None
     if sample_format == "pretokenized":
-        return frozenset({"input_ids", "labels", "loss_mask"})
+        return frozenset(PRETOKENIZED_FIELDS)
     if sample_format == "chat":
         return frozenset({"messages", "conversations", "tools"})
     if sample_format == "prompt_completion":

@@ -67,7 +67,8 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         shards.append(sh)
     stats = m.stats.to_dict()
     losses = m.stats.losses(m.config)
-    warnings[:0] = [f"lost: {line}" for line in losses] + [f"manifest: {w}" for w in m.stats.check()]
+    lost = [f"lost: {line}" for line in [*m.warnings, *losses]]
+    warnings[:0] = lost + [f"manifest: {w}" for w in m.stats.check()]
     report = {
         "directory": str(directory),
         "run_id": m.run_id,

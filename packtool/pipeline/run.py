@@ -29,11 +29,12 @@ import signal
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from packtool.config import PackConfig
-from packtool.encoders import fields_read, resolve_sample_format
+from packtool.encoders import PRETOKENIZED_FIELDS, fields_read, resolve_sample_format
 from packtool.errors import (
     MAX_LOGGED,
     ConfigError,
@@ -46,7 +47,7 @@ from packtool.errors import (
 from packtool.formats import ShardMeta, get_format
 from packtool.formats.card import write_dataset_card
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
-from packtool.packing import make_plan
+from packtool.packing import make_plan, resolve_position_ids
 from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
 from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
@@ -90,6 +91,22 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
     except BaseException:  # KeyboardInterrupt: keep the finished work for a resume
         out.abort(keep=True)
         raise
+
+
+def unread_token_fields(schema: pa.Schema) -> list[str]:
+    """A warning naming the list fields of pretokenized input that are not packed (per-token columns beside
+    ``input_ids`` such as ``token_type_ids``); empty when there are none."""
+    unread = [
+        f.name
+        for f in schema
+        if f.name not in PRETOKENIZED_FIELDS and (pa.types.is_list(f.type) or pa.types.is_large_list(f.type))
+    ]
+    if not unread:
+        return []
+    return [
+        f"field(s) {', '.join(unread)} hold a list per record and are not packed (the packs hold "
+        f"{', '.join(PRETOKENIZED_FIELDS[:3])}; attention_mask strips padding)"
+    ]
 
 
 def _note(config: PackConfig, message: str) -> None:
@@ -186,6 +203,14 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         fields.sample_format = resolve_sample_format(config, first.schema.names)
     sample_format = fields.sample_format
     config.check_conflicts(sample_format)
+    run_warnings = unread_token_fields(first.schema) if sample_format == "pretokenized" else []
+    if resolve_position_ids(config) == "nemo":
+        _note(
+            config,
+            "note: position_ids follow NeMo's convention (they run on over a split sample and through the "
+            "padding): give attention seq_lens or cu_seqlens, not position_ids alone (transformers' "
+            "position-id packing would join samples); --position-ids restart makes them safe for it",
+        )
     spec = start_run(config, sample_format)
     identity = worker(spec).encoder.identity()
     vocab = identity.get("vocab_size")
@@ -311,6 +336,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         has_loss_mask=store.has_loss_mask,
     )
     manifest.index_files = fmt.write_dataset_index(out.partial, manifest)
+    manifest.warnings = run_warnings
     write_dataset_card(out.partial, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
     return manifest
 

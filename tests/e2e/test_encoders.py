@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import tokenizers
@@ -160,3 +162,35 @@ def test_pretokenized_labels_must_be_ignore_index_or_a_token_id(tmp_path, bad):
     run_cli(*args, "--on-error", "skip", "-q")
     stats = manifest_json(out)["stats"]
     assert sum(stats["skipped_by_reason"].values()) == 1 and stats["num_samples"] == 1
+
+
+def test_pretokenized_attention_mask_strips_padding_and_other_token_fields_are_named(tmp_path):
+    """A tokenizer's padded output (attention_mask 0 on padding) packs only the real tokens; a record with
+    no attention_mask keeps all of its tokens; list fields the packs do not hold are named in a warning."""
+    rows = [
+        {"input_ids": [1, 2, 3, 0, 0], "attention_mask": [1, 1, 1, 0, 0], "token_type_ids": [0] * 5},
+        {"input_ids": [4, 5], "token_type_ids": [0, 0]},
+        {"input_ids": [6, 7, 0], "attention_mask": [1, 1, 0], "token_type_ids": [0, 0, 0]},
+    ]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    args = ["--packed-sequence-size", 16, "--strategy", "sequential", "-q"]
+    proc = run_cli("pack", src, "-o", tmp_path / "out", *args)
+    assert (
+        "packtool: warning: field(s) token_type_ids hold a list per record and are not packed" in proc.stderr
+    )
+    inspected = json.loads(run_cli("inspect", tmp_path / "out", "--json").stdout)
+    assert any(w.startswith("lost: field(s) token_type_ids hold a list") for w in inspected["warnings"])
+    (pack,) = read_packs(tmp_path / "out")
+    assert pack["input_ids"][:7].tolist() == [1, 2, 3, 4, 5, 6, 7] and pack["seq_lens"].tolist() == [
+        3,
+        2,
+        2,
+        9,
+    ]
+    assert pack["labels"][:7].tolist() == [2, 3, -100, 5, -100, 7, -100]  # shifted within the real tokens
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"input_ids": [1, 2], "attention_mask": [1]}])
+    proc = run_cli("pack", bad, "-o", tmp_path / "o2", "--packed-sequence-size", 16, check=False)
+    assert (
+        proc.returncode == 3
+        and "line 1, field 'attention_mask': has 1 values but input_ids has 2" in proc.stderr
+    )
