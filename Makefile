@@ -5,6 +5,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 NEMO_WHEEL_SPEC ?= nemo-automodel==0.1.2
 NEMO07_WHEEL_SPEC ?= nemo-automodel==0.7.0
+TRL_WHEEL_SPEC ?= trl==1.16.0
 BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.packtool-demo-installed
 STAMP := $(VENV)/.packtool-installed
@@ -30,6 +31,7 @@ $(STAMP): $(DEMO_STAMP)
 	mkdir -p .cache/wheels
 	$(BIN)/python -m pip download -q --no-deps -d .cache/wheels "$(NEMO_WHEEL_SPEC)"
 	$(BIN)/python -m pip download -q --no-deps -d .cache/wheels "$(NEMO07_WHEEL_SPEC)"
+	$(BIN)/python -m pip download -q --no-deps -d .cache/wheels "$(TRL_WHEEL_SPEC)"
 	touch $(STAMP)
 
 demo: install-demo

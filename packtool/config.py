@@ -26,7 +26,7 @@ import yaml
 from packtool.errors import ON_ERROR, ConfigError
 from packtool.plugins import is_plugin_spec
 
-LONG_SAMPLE_POLICIES = ("error", "drop", "truncate")
+LONG_SAMPLE_POLICIES = ("error", "drop", "truncate", "split")
 POSITION_IDS = ("nemo", "restart")
 LABELS = ("shifted", "unshifted")
 FORMATS = ("parquet", "webdataset")  # the shard formats of packtool.formats (a test checks they agree)
@@ -123,7 +123,11 @@ class PackConfig:
         None, "Keep at most this many packs (the rest is counted, not kept).", positive=True
     )
     long_samples: str = key(
-        "error", "Samples longer than N without --split-across-pack.", choices=LONG_SAMPLE_POLICIES
+        "error",
+        "Samples longer than N without --split-across-pack: error, drop (counted), truncate (counted), or "
+        "split into N-token pieces packed on their own, every sample that fits staying whole (TRL's "
+        "bfd_split).",
+        choices=LONG_SAMPLE_POLICIES,
     )
     position_ids: str | None = key(
         None,
@@ -267,6 +271,12 @@ class PackConfig:
                 "split_across_pack",
                 "strategy",
                 self.split_across_pack and custom,
+                "a custom strategy splits in its pack_selected_samples",
+            ),
+            (
+                "long_samples",
+                "strategy",
+                self.long_samples == "split" and custom,
                 "a custom strategy splits in its pack_selected_samples",
             ),
             (

@@ -1,4 +1,5 @@
-"""Load NeMo AutoModel 0.1.2's ``packed_sequence.py`` from its wheel, as the reference for parity.
+"""Load the peers' reference code from their wheels for parity: NeMo AutoModel 0.1.2's ``packed_sequence.py``
+(and 0.7.0's modules below), TRL 1.16.0's ``data_utils.py``.
 
 The wheel is fetched by ``make install`` into ``.cache/wheels`` (``pip download --no-deps``); only this
 one module file is loaded (it needs torch, datasets and tqdm), nothing of NeMo is installed.
@@ -77,3 +78,22 @@ def load_nemo07() -> dict:
             exec(compile(source, module.__file__, "exec"), module.__dict__)
             loaded[short] = module
     return loaded
+
+
+# --- TRL 1.16.0: pack_dataset (bfd, bfd_split) -------------------------------------------------------------
+def load_trl_data_utils():
+    """TRL 1.16.0's ``trl/data_utils.py`` (``pack_dataset``), from the wheel's file: it needs numpy, pyarrow,
+    datasets and transformers only; nothing of TRL is installed or imported."""
+    wheels = sorted((ROOT / ".cache" / "wheels").glob("trl-1.16.0-*.whl"))
+    if not wheels:
+        raise FileNotFoundError("TRL 1.16.0 wheel not in .cache/wheels: run `make install`")
+    name = "trl116_data_utils"
+    if name in sys.modules:
+        return sys.modules[name]
+    with zipfile.ZipFile(wheels[0]) as z:
+        source = z.read("trl/data_utils.py").decode()
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+    module.__file__ = f"{wheels[0].name}/trl/data_utils.py"
+    sys.modules[name] = module
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module

@@ -18,7 +18,7 @@ import numpy as np
 from packtool.config import STRATEGIES as STRATEGY_NAMES
 from packtool.config import PackConfig
 from packtool.errors import ConfigError, InputError
-from packtool.packing.bfd import plan_bfd
+from packtool.packing.bfd import cut_long, plan_bfd
 from packtool.packing.custom import Fetch, StorePacks, plan_custom
 from packtool.packing.plan import PackPlan, PackStats, empty_plan
 from packtool.packing.sequential import plan_sequential
@@ -127,10 +127,11 @@ def make_plan(
             stats.dropped_samples = int(long.sum())
             stats.dropped_tokens = int(lengths[long].sum())
             keep &= ~long
-        else:  # truncate
+        elif config.long_samples == "truncate":
             stats.truncated_tokens = int((lengths[long] - n).sum())
             lengths = np.minimum(lengths, n)
     samples = np.flatnonzero(keep).astype(np.int64)
+    cut_only_long = config.long_samples == "split" and not config.split_across_pack and bool(long.any())
     if len(samples) == 0:
         return empty_plan(n, position_ids, stats)
     if custom:
@@ -145,6 +146,8 @@ def make_plan(
             position_ids,
             config.packing_buffer_size,
         )
+    elif cut_only_long:
+        plan = _plan_pieces(lengths[samples], samples, n, position_ids, config)
     else:
         plan = STRATEGIES[config.strategy](
             lengths[samples], samples, n, config.split_across_pack, position_ids, config
@@ -157,6 +160,24 @@ def make_plan(
     plan.stats = stats
     plan.validate()
     return plan
+
+
+def _plan_pieces(lengths: np.ndarray, samples: np.ndarray, n: int, position_ids: str, config: PackConfig):
+    """``long_samples=split``: samples longer than ``n`` are cut into pieces of ``n`` tokens (the last one
+    shorter), and the strategy packs the pieces and the other samples as whole items, none split further
+    (TRL's ``bfd_split``)."""
+    piece_sample, piece_start, piece_length = cut_long(lengths, samples, n)
+    items = np.arange(len(piece_sample), dtype=np.int64)
+    plan = STRATEGIES[config.strategy](piece_length, items, n, False, position_ids, config)
+    item = plan.sample
+    return PackPlan(
+        n,
+        plan.pack_offsets,
+        piece_sample[item],
+        piece_start[item] + plan.start,
+        plan.length,
+        position_ids,
+    )
 
 
 def account(
