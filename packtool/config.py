@@ -137,6 +137,11 @@ class PackConfig:
     )
     pad_token_id: int = key(0, "Id that pads input_ids (PackedSequence's).")
     seed: int = key(0, "Seed of bfd's pack shuffle (same seed, same bytes).")
+    shuffle_packs: bool = key(
+        True,
+        "bfd: shuffle the packs by --seed, so that their order does not follow sample length; "
+        "--no-shuffle-packs keeps them in the order they were filled (TRL's order).",
+    )
     on_error: str = key(
         "fail",
         "Bad records: fail (stop, exit code 3) or skip (count by reason, log errors.jsonl).",
@@ -290,6 +295,18 @@ class PackConfig:
                 "strategy",
                 changed("seed") and self.strategy == "sequential",
                 "sequential packing keeps the input order and does not shuffle",
+            ),
+            (
+                "shuffle_packs",
+                "strategy",
+                changed("shuffle_packs") and self.strategy == "sequential",
+                "sequential packing keeps the input order and does not shuffle",
+            ),
+            (
+                "seed",
+                "shuffle_packs",
+                changed("seed") and not self.shuffle_packs,
+                "the seed only orders the shuffle",
             ),
             (
                 "bos_token",

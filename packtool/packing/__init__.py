@@ -40,9 +40,8 @@ def _sequential(lengths, samples, n, split_across_pack, position_ids, config: Pa
 
 
 def _bfd(lengths, samples, n, split_across_pack, position_ids, config: PackConfig) -> PackPlan:
-    return plan_bfd(
-        lengths, samples, n, split_across_pack, position_ids, config.packing_buffer_size, config.seed
-    )
+    seed = config.seed if config.shuffle_packs else None
+    return plan_bfd(lengths, samples, n, split_across_pack, position_ids, config.packing_buffer_size, seed)
 
 
 # name -> fn(lengths, samples, n, split_across_pack, position_ids, config) -> PackPlan

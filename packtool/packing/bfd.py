@@ -208,7 +208,7 @@ def plan_bfd(
     split_across_pack: bool,
     position_ids: str = "restart",
     packing_buffer_size: int | None = None,
-    seed: int = 0,
+    seed: int | None = 0,
 ) -> PackPlan:
     """Plan packs for ``samples`` (global indices) of token counts ``lengths`` (all >= 1) by BFD.
 
@@ -217,7 +217,8 @@ def plan_bfd(
         samples: ``(num_samples,)`` int64 global sample indices, in input order.
         n: packed_sequence_size.
         packing_buffer_size: samples per planning window; ``None``: the whole input.
-        seed: seed of the pack shuffle.
+        seed: seed of the pack shuffle; ``None`` keeps the packs in the order they were opened (per
+            window, windows in input order).
 
     >>> p = plan_bfd(np.array([3, 5, 2, 4, 1]), np.arange(5), 6, False, seed=0)
     >>> sorted(p.pack_tokens().tolist()), p.num_packs
@@ -237,5 +238,7 @@ def plan_bfd(
         base += int(p[0][-1])
     cat = [np.concatenate([p[i] for p in parts]) if parts else np.zeros(0, np.int64) for i in (1, 2, 3)]
     plan = PackPlan(n, np.concatenate(offsets), cat[0], cat[1], cat[2], position_ids)
+    if seed is None:
+        return plan
     rng = np.random.default_rng(seed)
     return plan.permute(rng.permutation(plan.num_packs))

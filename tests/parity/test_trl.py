@@ -75,3 +75,14 @@ def test_split_keeps_every_fitting_sample_whole(tmp_path, samples):
     long = sum(len(s) > N for s in samples)
     assert (stats["split_samples"], stats["whole_samples"]) == (long, len(samples) - long)
     assert stats["num_tokens"] == stats["input_tokens"] == sum(map(len, samples))
+
+
+def test_no_shuffle_packs_keeps_trls_fill_order(tmp_path, samples):
+    """--no-shuffle-packs keeps bfd's packs in the order they were opened, as TRL keeps them: each pack is
+    opened by a sequence of the same length as TRL's pack at that place (what they are filled with
+    afterwards differs where the two break ties, see the module docstring)."""
+    ours = packtool_packs(tmp_path, samples, "--long-samples", "split", "--no-shuffle-packs")
+    theirs = trl_packs(samples, "bfd_split")
+    assert [len(p[0]) for p in ours] == [len(p[0]) for p in theirs]
+    shuffled = packtool_packs(tmp_path / "s", samples, "--long-samples", "split")
+    assert [len(p[0]) for p in shuffled] != [len(p[0]) for p in theirs]
