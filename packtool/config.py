@@ -87,6 +87,11 @@ class PackConfig:
         "shifted: labels[i] is the target of input_ids[i]; unshifted: labels = input_ids (the model shifts).",
         choices=LABELS,
     )
+    mask_labels: bool = key(
+        False,
+        "pretokenized: where the input gives labels and a loss_mask, write -100 into the labels where "
+        "loss_mask is 0 (as NeMo AutoModel's pack_dataset does).",
+    )
     encoder_kwargs: dict | None = key(
         None, "Keyword arguments for a module:callable encoder class.", flag=False
     )
@@ -336,6 +341,14 @@ class PackConfig:
                             f"--{_flag(name)} is for --sample-format {fmt.replace('_', '-')}",
                         )
                     )
+            pairs.append(
+                (
+                    "mask_labels",
+                    "sample_format",
+                    changed("mask_labels") and sample_format != "pretokenized",
+                    "--mask-labels is for pretokenized input (other encoders derive labels from the mask)",
+                )
+            )
             pairs.append(
                 (
                     "empty_loss",

@@ -76,7 +76,7 @@ def build_encoder(config: PackConfig, sample_format: str) -> Encoder:
         return FunctionEncoder(obj, config.tokenizer, labels=config.labels)
     if sample_format == "pretokenized":
         vocab = HFTokenizer(config.tokenizer).vocab_size if config.tokenizer else None
-        return PretokenizedEncoder(labels=config.labels, vocab_size=vocab)
+        return PretokenizedEncoder(labels=config.labels, vocab_size=vocab, mask_labels=config.mask_labels)
     if not config.tokenizer:
         raise ConfigError(
             "the input holds text: pass --tokenizer (a tokenizer.json, a model directory, "

@@ -6,8 +6,10 @@ Missing ``labels`` follow the ``labels`` convention. ``loss_mask`` is carried as
 given too; without ``labels`` it marks, per input token, the tokens to learn (1) and, as in the fine-tuning
 encoders (``packtool.encoders.masking``), decides both columns: labels are ``-100`` wherever no loss is
 taken and the stored ``loss_mask`` is ``labels != -100`` (so, with ``shifted`` labels, shifted too).
-An ``attention_mask`` (a tokenizer's padding output) is honoured: the tokens it marks 0 are padding, and
-are stripped from every column before anything else, never packed as tokens.
+With ``mask_labels``, given ``labels`` become ``-100`` wherever ``loss_mask`` is 0 (NeMo AutoModel's
+``pack_dataset`` does this always). An ``attention_mask`` (a tokenizer's padding output) is honoured:
+the tokens it marks 0 are padding, and are stripped from every column before anything else, never packed
+as tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pyarrow as pa
 
 from packtool.arrays import large_lists, np_view, ranges
 from packtool.encoders.base import (
+    IGNORE_INDEX,
     MASK,
     check_same_lengths,
     check_token_ids,
@@ -31,8 +34,10 @@ from packtool.readers.base import SourceBatch
 
 
 class PretokenizedEncoder:
-    def __init__(self, labels: str = "shifted", vocab_size: int | None = None) -> None:
-        self.labels, self.vocab_size = labels, vocab_size
+    def __init__(
+        self, labels: str = "shifted", vocab_size: int | None = None, mask_labels: bool = False
+    ) -> None:
+        self.labels, self.vocab_size, self.mask_labels = labels, vocab_size, mask_labels
 
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         rb = batch.batch
@@ -57,6 +62,10 @@ class PretokenizedEncoder:
             loss_mask = to_token_lists(rb.column("loss_mask"), batch, "loss_mask", MASK)
             loss_mask = loss_mask if keep is None else _kept(loss_mask, keep)
             check_same_lengths(input_ids, loss_mask, batch, "loss_mask")
+            if labels is not None and self.mask_labels:  # -100 wherever the mask takes no loss
+                mask = _flat(loss_mask) != 0
+                values = np.where(mask, _flat(labels), IGNORE_INDEX).astype(np.int32)
+                labels = large_lists(np_view(labels.offsets) - np_view(labels.offsets)[0], values, pa.int32())
             if labels is None:
                 # the mask marks the tokens to learn (as prompt_completion/chat do): labels and loss_mask
                 # follow the labels convention, with loss_mask == (labels != -100)

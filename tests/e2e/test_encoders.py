@@ -194,3 +194,18 @@ def test_pretokenized_attention_mask_strips_padding_and_other_token_fields_are_n
         proc.returncode == 3
         and "line 1, field 'attention_mask': has 1 values but input_ids has 2" in proc.stderr
     )
+
+
+def test_mask_labels_writes_ignore_index_where_loss_mask_is_0(tmp_path):
+    """NeMo AutoModel's convention, on request: given labels and loss_mask, -100 where the mask is 0."""
+    rows = [{"input_ids": [5, 6, 7, 8], "labels": [6, 7, 8, 9], "loss_mask": [0, 1, 1, 0]}]
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    for flag, want in (("--no-mask-labels", [6, 7, 8, 9]), ("--mask-labels", [-100, 7, 8, -100])):
+        out = tmp_path / flag.strip("-")
+        run_cli("pack", src, "-o", out, "--packed-sequence-size", 8, flag, "-q")
+        (pack,) = read_packs(out)
+        assert pack["labels"][:4].tolist() == want and pack["loss_mask"][:4].tolist() == [0, 1, 1, 0]
+    text = write_jsonl(tmp_path / "t.jsonl", [{"text": "a b"}])
+    args = ["--tokenizer", DEMO_TOKENIZER, "--packed-sequence-size", 8, "--mask-labels"]
+    proc = run_cli("pack", text, "-o", tmp_path / "t", *args, check=False)
+    assert proc.returncode == 2 and "--mask-labels on and --sample-format text conflict" in proc.stderr
