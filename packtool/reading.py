@@ -17,7 +17,7 @@ import numpy as np
 from packtool.errors import InputError, PacktoolError
 from packtool.formats import get_format
 from packtool.formats.base import UNIT_ERRORS, ShardMismatch
-from packtool.manifest import TRAINING_COLUMNS, Manifest
+from packtool.manifest import TRAINING_COLUMNS, Manifest, ShardEntry
 
 
 def load_manifest(directory: str | Path) -> Manifest:
@@ -26,9 +26,19 @@ def load_manifest(directory: str | Path) -> Manifest:
     return Manifest.load(directory)
 
 
+def shard_file_problem(directory: str | Path, entry: ShardEntry) -> str | None:
+    """What is wrong with shard ``entry``'s file at a glance (one ``stat``): ``missing``, or its size is
+    not the recorded one; ``None`` when neither."""
+    try:
+        size = (Path(directory) / entry.path).stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    return None if size == entry.bytes else f"{size:,} bytes on disk, manifest says {entry.bytes:,}"
+
+
 def check_shard_files(directory: str | Path, manifest: Manifest) -> list[tuple[str, str]]:
     """What is wrong with the output's shard set, cheaply (one ``stat`` per shard, no read): the shard
-    entries must hold the packs the stats count, and every shard must exist with its recorded size.
+    entries must hold the packs the stats count, and every shard must pass ``shard_file_problem``.
     Returns ``[(shard path, problem)]``; empty when all is well. Readers check this before the first pack.
 
     >>> check_shard_files("out/demo", load_manifest("out/demo"))  # doctest: +SKIP
@@ -41,13 +51,8 @@ def check_shard_files(directory: str | Path, manifest: Manifest) -> list[tuple[s
         why = f"its shards hold {listed:,} packs, its stats count {counted:,} (a shard entry removed/added)"
         problems.append(("manifest.json", why))
     for entry in manifest.shards:
-        try:
-            size = (Path(directory) / entry.path).stat().st_size
-        except FileNotFoundError:
-            problems.append((entry.path, "missing"))
-            continue
-        if size != entry.bytes:
-            problems.append((entry.path, f"{size:,} bytes on disk, {entry.bytes:,} when written"))
+        if (problem := shard_file_problem(directory, entry)) is not None:
+            problems.append((entry.path, problem))
     return problems
 
 

@@ -27,6 +27,7 @@ from packtool.fileio import file_sha256
 from packtool.formats import get_format
 from packtool.inspect.sources import locate_samples
 from packtool.manifest import IGNORE_INDEX, Histogram, Manifest, SamplesPerPack, total_stats
+from packtool.reading import shard_file_problem
 from packtool.verify import Problem, VerifyReport, iter_batches
 
 
@@ -48,13 +49,12 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         sh = {k: getattr(entry, k) for k in ("path", "num_packs", "num_tokens", "bytes", "row_groups")}
         sh["fill_rate"] = total_stats(n, entry.num_packs, entry.num_tokens)["fill_rate"]
         path = Path(directory) / entry.path
-        if not path.exists():
-            warnings.append(f"{entry.path}: missing")
+        problem = shard_file_problem(directory, entry)
+        if problem is not None:
+            warnings.append(f"{entry.path}: {problem}")
+        if problem == "missing":
             shards.append(sh)
             continue
-        size = path.stat().st_size
-        if size != entry.bytes:
-            warnings.append(f"{entry.path}: {size:,} bytes on disk, manifest says {entry.bytes:,}")
         try:
             own = fmt.summary(path)
         except Exception as e:  # any damage: a warning here, verify says exactly what

@@ -53,7 +53,7 @@ def too_long_message(length: int, n: int) -> str:
     """What ``long_samples=error`` says of a sample of ``length`` tokens."""
     return (
         f"sample has {length} tokens, more than packed_sequence_size {n}; use "
-        "--split-across-pack, --long-samples drop|truncate, or a larger --packed-sequence-size"
+        "--split-across-pack, --long-samples drop|truncate|split, or a larger --packed-sequence-size"
     )
 
 

@@ -22,6 +22,7 @@ bytes as an uninterrupted run.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -67,6 +68,8 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
     same command resumes the run.
     """
     config.validate()
+    # resolved once: the memory check and the engine size themselves by it
+    config = dataclasses.replace(config, num_proc=resolve_num_proc(config))
     check_memory(config)
     show = (not config.quiet) if progress is None else progress
     out = OutputDir(config.output, overwrite=config.overwrite).open()
@@ -346,7 +349,10 @@ def _with_counts(fingerprint: list[dict], counts: dict[str, int]) -> list[dict]:
     out = []
     for entry in fingerprint:
         src = entry["source"]
-        mine = sum(n for s, n in counts.items() if s == src or s.startswith(src.rstrip("/") + "/"))
+        mine = counts.get(src, 0)
+        if os.path.isdir(src):  # a folder read as one input: its files are the sources
+            prefix = src.rstrip("/") + "/"
+            mine += sum(n for s, n in counts.items() if s.startswith(prefix))
         path = None if src.startswith("hf:") else os.path.abspath(src)
         out.append({**entry, "num_samples": mine, "path": path})
     return out
