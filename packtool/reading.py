@@ -56,6 +56,13 @@ def check_shard_files(directory: str | Path, manifest: Manifest) -> list[tuple[s
     return problems
 
 
+def require_shard_files(directory: str | Path, manifest: Manifest) -> None:
+    """``InputError`` naming the first problem ``check_shard_files`` finds (what readers do before their
+    first pack)."""
+    for path, problem in check_shard_files(directory, manifest)[:1]:
+        raise InputError(f"{Path(directory) / path}: {problem}; run packtool verify")
+
+
 def read_packs(
     directory: str | Path, *, with_sample_index: bool = False, verify_checksums: bool = True
 ) -> Iterator[dict[str, np.ndarray]]:
@@ -79,8 +86,7 @@ def read_packs(
     columns = [*TRAINING_COLUMNS, "loss_mask"] + (
         ["sample_index", "sample_offset"] if with_sample_index else []
     )
-    for path, problem in check_shard_files(directory, manifest)[:1]:
-        raise InputError(f"{directory / path}: {problem}; run packtool verify")
+    require_shard_files(directory, manifest)
     reader = fmt.open_reader(directory, manifest, verify_checksums=verify_checksums)
     try:
         for s, entry in enumerate(manifest.shards):

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packtool.arrays import large_lists, np_view, ranges
+from packtool.arrays import large_lists, list_parts, np_view, ranges
 from packtool.encoders.base import (
     IGNORE_INDEX,
     MASK,
@@ -63,9 +63,9 @@ class PretokenizedEncoder:
             loss_mask = loss_mask if keep is None else _kept(loss_mask, keep)
             check_same_lengths(input_ids, loss_mask, batch, "loss_mask")
             if labels is not None and self.mask_labels:  # -100 wherever the mask takes no loss
-                mask = _flat(loss_mask) != 0
-                values = np.where(mask, _flat(labels), IGNORE_INDEX).astype(np.int32)
-                labels = large_lists(np_view(labels.offsets) - np_view(labels.offsets)[0], values, pa.int32())
+                offsets, given = list_parts(labels)
+                values = np.where(list_parts(loss_mask)[1] != 0, given, IGNORE_INDEX).astype(np.int32)
+                labels = large_lists(offsets, values, pa.int32())
             if labels is None:
                 # the mask marks the tokens to learn (as prompt_completion/chat do): labels and loss_mask
                 # follow the labels convention, with loss_mask == (labels != -100)
@@ -78,11 +78,6 @@ class PretokenizedEncoder:
         return {"kind": "pretokenized", "name": None, "sha256": None, "vocab_size": self.vocab_size}
 
 
-def _flat(col: pa.LargeListArray) -> np.ndarray:
-    off = np_view(col.offsets)
-    return np_view(col.values)[int(off[0]) : int(off[-1])]
-
-
 def _kept(col: pa.LargeListArray, keep: np.ndarray) -> pa.LargeListArray:
     """``col`` with only the values where ``keep`` (flat, aligned with ``col``'s values) is true.
 
@@ -90,11 +85,11 @@ def _kept(col: pa.LargeListArray, keep: np.ndarray) -> pa.LargeListArray:
     >>> _kept(ids, np.array([1, 1, 0, 1, 0], dtype=bool)).to_pylist()
     [[5, 6], [7]]
     """
-    off = np_view(col.offsets)
-    if len(keep) != int(off[-1] - off[0]):  # a column of other lengths: check_same_lengths names it
+    off, values = list_parts(col)
+    if len(keep) != len(values):  # a column of other lengths: check_same_lengths names it
         return col
     kept = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
-    return large_lists(kept[off - off[0]], _flat(col)[keep], col.type.value_type)
+    return large_lists(kept[off], values[keep], col.type.value_type)
 
 
 def _attended(input_ids: pa.LargeListArray, batch: SourceBatch) -> np.ndarray | None:
@@ -106,8 +101,8 @@ def _attended(input_ids: pa.LargeListArray, batch: SourceBatch) -> np.ndarray | 
         return None
     sub = batch.take(valid)
     attention = to_token_lists(sub.batch.column("attention_mask"), sub, "attention_mask", MASK)
-    off = np_view(input_ids.offsets) - np_view(input_ids.offsets)[0]
+    off, _ = list_parts(input_ids)
     check_same_lengths(input_ids.take(pa.array(valid)), attention, sub, "attention_mask")
     keep = np.ones(int(off[-1]), dtype=bool)
-    keep[ranges(off[valid], np.diff(off)[valid])] = _flat(attention) != 0
+    keep[ranges(off[valid], np.diff(off)[valid])] = list_parts(attention)[1] != 0
     return keep

@@ -48,10 +48,10 @@ from packtool.loader.batch import (
     pack_dict,
     packed_batch,
 )
-from packtool.loader.order import epoch_plan, units_of
+from packtool.loader.order import epoch_plan, epoch_size, units_of
 from packtool.manifest import TRAINING_COLUMNS, Manifest
 from packtool.packs import PackArrays
-from packtool.reading import check_shard_files
+from packtool.reading import require_shard_files
 
 ON_ERROR = ("fail", "skip")
 PARCEL_BATCHES = 4  # batches a DataLoader worker sends at once (one DataLoader item)
@@ -212,12 +212,9 @@ class PackedDataset(IterableDataset):
         self.unit_sizes = np.array([u.num_packs for u in self.units], dtype=np.int64)
         self.unit_first = np.concatenate([[0], np.cumsum(self.unit_sizes)])
         self.num_packs = int(self.unit_first[-1])
-        per_rank = -(-self.num_packs // self.world_size)
-        self.batches_per_epoch = (
-            self.num_packs // (self.world_size * self.batch_size)
-            if self.drop_last
-            else -(-per_rank // self.batch_size)
-        )
+        self.batches_per_epoch = epoch_size(self.num_packs, self.world_size, self.batch_size, self.drop_last)[
+            0
+        ]
         if self.batches_per_epoch == 0:
             raise ValueError(
                 f"{self.directory}: {self.num_packs} packs cannot fill one batch of {batch_size} "
@@ -225,8 +222,7 @@ class PackedDataset(IterableDataset):
             )
         self.columns = [c for c in (*TRAINING_COLUMNS, "loss_mask") if c in self.manifest.columns]
         if self.on_error == "fail":  # before the first batch; under skip, reading the shard counts it
-            for path, problem in check_shard_files(self.directory, self.manifest)[:1]:
-                raise InputError(f"{self.directory / path}: {problem}; run packtool verify")
+            require_shard_files(self.directory, self.manifest)
         self._start = (0, 0)  # (epoch, batch) where the next iteration starts; set by the loader
         self._parcel_batches = 1  # batches per DataLoader item; set by the loader
 

@@ -11,6 +11,19 @@ from packtool.formats import get_format
 from packtool.manifest import Manifest
 
 
+def epoch_size(num_packs: int, world_size: int, batch_size: int, drop_last: bool) -> tuple[int, int]:
+    """``(batches, packs)`` of each rank in an epoch (see ``epoch_plan`` for ``drop_last``).
+
+    >>> epoch_size(11, 2, 4, True), epoch_size(11, 2, 4, False)
+    ((1, 4), (2, 6))
+    """
+    if drop_last:
+        batches = num_packs // (world_size * batch_size)
+        return batches, batches * batch_size
+    packs = -(-num_packs // world_size)
+    return -(-packs // batch_size), packs
+
+
 def epoch_plan(
     unit_sizes: np.ndarray,
     *,
@@ -44,12 +57,7 @@ def epoch_plan(
     sizes = np.asarray(unit_sizes, dtype=np.int64)
     first = np.concatenate([[0], np.cumsum(sizes)])
     total = int(first[-1])
-    if drop_last:
-        nb = total // (world_size * batch_size)
-        m = nb * batch_size  # packs of each rank
-    else:
-        m = -(-total // world_size)
-        nb = -(-m // batch_size)
+    nb, m = epoch_size(total, world_size, batch_size, drop_last)
     order, skip = np.arange(len(sizes)), 0
     if shuffle:  # the unit order, and how many of the packs left over come off its head (the rest: its tail)
         rng = np.random.default_rng([seed, epoch])
