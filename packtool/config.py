@@ -140,6 +140,12 @@ class PackConfig:
         "sequential, restart otherwise].",
         choices=POSITION_IDS,
     )
+    cp_size: int = key(
+        1,
+        "Context-parallel size: every sample is padded to a multiple of 2 x cp_size tokens inside its pack "
+        "(NeMo AutoModel's pack_dataset cp_size; the padding is recorded per piece in cp_padding); 1: none.",
+        positive=True,
+    )
     pad_token_id: int = key(0, "Id that pads input_ids (PackedSequence's).")
     seed: int = key(0, "Seed of bfd's pack shuffle (same seed, same bytes).")
     shuffle_packs: bool = key(
@@ -233,6 +239,11 @@ class PackConfig:
                 f"packed_sequence_size {self.packed_sequence_size:,} is over the "
                 f"{MAX_PACKED_SEQUENCE_SIZE:,} tokens packtool packs into one sequence"
             )
+        if self.cp_size > 1 and self.packed_sequence_size % (2 * self.cp_size):
+            raise ConfigError(
+                f"packed_sequence_size {self.packed_sequence_size} is not a multiple of 2 x cp_size "
+                f"({2 * self.cp_size}), so a sample padded for context parallelism could outgrow its pack"
+            )
         self.check_conflicts(self.sample_format)
         return self
 
@@ -288,6 +299,18 @@ class PackConfig:
                 "strategy",
                 self.long_samples == "split" and custom,
                 "a custom strategy splits in its pack_selected_samples",
+            ),
+            (
+                "cp_size",
+                "split_across_pack",
+                self.cp_size > 1 and self.split_across_pack,
+                "context-parallel padding pads whole samples (--long-samples split cuts only long ones)",
+            ),
+            (
+                "cp_size",
+                "strategy",
+                self.cp_size > 1 and custom,
+                "a custom strategy lays out its own packs",
             ),
             (
                 "packing_buffer_size",

@@ -60,6 +60,7 @@ class PackSample(Sample):
         sample_index: ``(num_samples,)`` int64 global input index of each sample (piece).
         sample_offset: ``(num_samples,)`` int64 where each piece starts inside its sample.
         loss_mask: ``(N,)`` int8, only when the input carried a loss mask.
+        cp_padding: ``(num_samples,)`` int32 context-parallel padding ending each piece (``--cp-size``).
     """
 
     input_ids: np.ndarray
@@ -69,6 +70,7 @@ class PackSample(Sample):
     sample_index: np.ndarray
     sample_offset: np.ndarray
     loss_mask: Optional[np.ndarray] = None  # noqa: UP045 - Energon's type parser reads this annotation
+    cp_padding: Optional[np.ndarray] = None  # noqa: UP045
 
 
 @edataclass
@@ -82,6 +84,7 @@ class PackBatch(Batch):
     sample_index: list  # B tensors (num_samples,) int64
     sample_offset: list  # B tensors (num_samples,) int64
     loss_mask: Optional[torch.Tensor] = None  # noqa: UP045 - (B, N) int8
+    cp_padding: Optional[list] = None  # noqa: UP045 - B tensors (num_samples,) int32
 
 
 def stack_packs(samples: list[PackSample]) -> PackBatch:
@@ -99,6 +102,9 @@ def stack_packs(samples: list[PackSample]) -> PackBatch:
         sample_index=[torch.from_numpy(s.sample_index) for s in samples],
         sample_offset=[torch.from_numpy(s.sample_offset) for s in samples],
         loss_mask=stack("loss_mask") if samples[0].loss_mask is not None else None,
+        cp_padding=None
+        if samples[0].cp_padding is None
+        else [torch.from_numpy(s.cp_padding) for s in samples],
     )
 
 
@@ -112,6 +118,7 @@ def cook_pack(raw: dict) -> PackSample:
         **basic_sample_keys(raw),
         **{f: raw[f"{f}.npy"] for f in PACK_FIELDS},
         loss_mask=raw.get("loss_mask.npy"),
+        cp_padding=raw.get("cp_padding.npy"),
     )
 
 

@@ -66,15 +66,17 @@ PACK_COLUMNS: tuple[Column, ...] = (
     Column("loss_mask", np.dtype(np.int8), "token", True, "1 where the loss is taken (fine-tuning input)"),
     Column("sample_index", np.dtype(np.int64), "piece", False, "input index of each piece's sample"),
     Column("sample_offset", np.dtype(np.int64), "piece", False, "where each piece starts in its sample"),
+    Column("cp_padding", np.dtype(np.int32), "piece", True, "context-parallel padding ending each piece"),
 )
 COLUMNS: dict[str, Column] = {c.name: c for c in PACK_COLUMNS}
 TOKEN_COLUMNS = tuple(c.name for c in PACK_COLUMNS if c.per == "token")  # (N,) per pack
 TRAINING_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens")  # every pack has these
 
 
-def column_names(has_loss_mask: bool) -> list[str]:
+def column_names(has_loss_mask: bool, has_cp_padding: bool = False) -> list[str]:
     """The columns of an output, in their stored order."""
-    return [c.name for c in PACK_COLUMNS if has_loss_mask or c.name != "loss_mask"]
+    present = {"loss_mask": has_loss_mask, "cp_padding": has_cp_padding}
+    return [c.name for c in PACK_COLUMNS if present.get(c.name, True)]
 
 
 # --- statistics ----------------------------------------------------------------------------------------
@@ -127,6 +129,7 @@ class Stats:
     num_tokens: int = 0  # real tokens in the packs
     input_tokens: int = 0  # tokens of every encoded sample
     padding_tokens: int = 0
+    cp_padding_tokens: int = 0  # of the padding, what ends pieces for context parallelism (cp_size)
     fill_rate: float = 0.0
     lower_bound_packs: int = 0
     packs_over_lower_bound: int = 0

@@ -12,9 +12,10 @@ turns a pack into that layout at read time (the shards stay as they are)::
     ds = datasets.load_dataset("out/", split="train").map(nemo_thd_sample)  # or read_packs(DIR, True)
     batch = packed_sequence_thd_collater([ds[0], ds[1]])                    # NeMo 0.7's own collater
 
-The pieces are known from ``sample_index`` (one entry per piece), which every pack carries. NeMo's
-per-document context-parallel padding (``cp_size``) is not in packtool's packs: this layout is the one
-NeMo 0.7 writes with ``cp_size=1``.
+The pieces are known from ``sample_index`` (one entry per piece), which every pack carries. An output
+packed with ``--cp-size`` (NeMo's ``pack_dataset(cp_size=...)``: every sample padded to a multiple of
+``2 x cp_size``) has each piece's padding inside its ``seq_lens`` entry and in ``cp_padding``: ``seq_lens``
+then gives the real lengths and ``seq_lens_padded`` the padded ones, as NeMo 0.7 records them.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ THD_FIELDS = ("input_ids", "labels", "position_ids")
 
 def nemo_thd_sample(pack: Mapping[str, Any]) -> dict[str, list[int]]:
     """One pack in NeMo AutoModel 0.7's layout: ``input_ids``, ``labels``, ``position_ids`` (``N`` each,
-    as stored), ``seq_lens`` (the real pieces) and ``seq_lens_padded`` (the same, with the pack's padding
-    added to the last one), as lists, which ``packed_sequence_thd_collater`` takes.
+    as stored), ``seq_lens`` (the real pieces' tokens) and ``seq_lens_padded`` (each piece with its
+    context-parallel padding, and the pack's padding added to the last one), as lists, which
+    ``packed_sequence_thd_collater`` takes.
 
     ``pack`` is a pack dict with ``sample_index`` (``read_packs(DIR, with_sample_index=True)``, a
     ``datasets`` row, ...).
@@ -48,8 +50,11 @@ def nemo_thd_sample(pack: Mapping[str, Any]) -> dict[str, list[int]]:
     pieces = len(pack["sample_index"])
     if not 0 < pieces <= len(seq_lens) <= pieces + 1:
         raise ValueError(f"nemo_thd_sample: {len(seq_lens)} seq_lens for {pieces} pieces")
-    real = seq_lens[:pieces]
-    padded = list(real)
+    padded = seq_lens[:pieces]  # each piece with its context-parallel padding, if any
+    cp_padding = np.asarray(pack.get("cp_padding", np.zeros(pieces)), dtype=np.int64).tolist()
+    if len(cp_padding) != pieces:
+        raise ValueError(f"nemo_thd_sample: {len(cp_padding)} cp_padding entries for {pieces} pieces")
+    real = [length - cp for length, cp in zip(padded, cp_padding, strict=True)]
     padded[-1] += sum(seq_lens[pieces:])  # the pack's padding, if any
     out = {k: np.asarray(pack[k]).astype(np.int64).tolist() for k in THD_FIELDS}
     out["seq_lens"], out["seq_lens_padded"] = real, padded

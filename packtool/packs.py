@@ -11,7 +11,9 @@ Layout of one pack (NeMo AutoModel ``PackedSequence`` conventions; columns in ``
 * ``loss_mask`` ``(N,)`` int8 (only if the input had one): the pieces' mask, then 0;
 * ``sample_index`` ``(num_pieces,)`` int64: the global input index of each piece's sample;
 * ``sample_offset`` ``(num_pieces,)`` int64: where each piece starts inside its sample (0 unless the sample
-  was split), so that the pieces of a split sample can be put back together whatever the pack order.
+  was split), so that the pieces of a split sample can be put back together whatever the pack order;
+* ``cp_padding`` ``(num_pieces,)`` int32 (only with ``cp_size > 1``): the context-parallel padding at the end
+  of each piece's ``seq_lens`` entry (the piece's own tokens are the entry minus it).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from packtool.manifest import TOKEN_COLUMNS
 class PackArrays:
     """A run of ``num_packs`` packs: per-token columns ``(num_packs, N)``, ragged ones as CSR.
 
-    A reader that was not asked for the provenance columns leaves ``sample_index``,
-    ``sample_index_offsets`` and ``sample_offset`` as None; ``loss_mask`` is None when the data has none.
+    A reader that was not asked for the provenance columns leaves ``sample_index`` and ``sample_offset``
+    as None (``sample_index_offsets`` too, unless it read ``cp_padding``, which they split);
+    ``loss_mask`` and ``cp_padding`` are None when the data has none.
     """
 
     input_ids: np.ndarray  # (num_packs, N) int32
@@ -40,6 +43,7 @@ class PackArrays:
     sample_index: np.ndarray | None = None  # flat int64, split by sample_index_offsets
     sample_index_offsets: np.ndarray | None = None  # (num_packs + 1,) int64
     sample_offset: np.ndarray | None = None  # flat int64, split by sample_index_offsets
+    cp_padding: np.ndarray | None = None  # flat int32, split by sample_index_offsets (cp_size > 1)
 
     @property
     def num_packs(self) -> int:
@@ -51,9 +55,13 @@ class PackArrays:
 
     def pack(self, k: int, with_sample_index: bool = False) -> dict[str, np.ndarray]:
         """Pack ``k`` as a dict of NumPy views: the token columns, ``seq_lens``, and with
-        ``with_sample_index`` its ``sample_index`` and ``sample_offset`` (when read)."""
+        ``with_sample_index`` its ``sample_index`` and ``sample_offset`` (when read); ``cp_padding`` when
+        the output has it."""
         out = {name: a[k] for name, a in self.token_columns().items()}
         out["seq_lens"] = self.seq_lens[self.seq_lens_offsets[k] : self.seq_lens_offsets[k + 1]]
+        if self.cp_padding is not None:
+            a, b = self.sample_index_offsets[k], self.sample_index_offsets[k + 1]
+            out["cp_padding"] = self.cp_padding[a:b]
         if with_sample_index and self.sample_index is not None:
             a, b = self.sample_index_offsets[k], self.sample_index_offsets[k + 1]
             out["sample_index"] = self.sample_index[a:b]

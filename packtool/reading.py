@@ -83,7 +83,7 @@ def read_packs(
     directory = Path(directory)
     manifest = Manifest.load(directory)
     fmt = get_format(manifest.shard_format)
-    columns = [*TRAINING_COLUMNS, "loss_mask"] + (
+    columns = [*TRAINING_COLUMNS, "loss_mask", "cp_padding"] + (
         ["sample_index", "sample_offset"] if with_sample_index else []
     )
     require_shard_files(directory, manifest)

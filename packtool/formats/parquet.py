@@ -60,6 +60,7 @@ def packs_table(packs: PackArrays) -> pa.Table:
         "seq_lens": (packs.seq_lens, packs.seq_lens_offsets),
         "sample_index": (packs.sample_index, packs.sample_index_offsets),
         "sample_offset": (packs.sample_offset, packs.sample_index_offsets),
+        "cp_padding": (packs.cp_padding, packs.sample_index_offsets),
     }
     cols = {}
     for name, column in COLUMNS.items():
@@ -213,11 +214,13 @@ def table_packs(table: pa.Table, n: int) -> PackArrays:
                 raise ValueError(f"column '{name}' does not hold {n} values in every row")
             fixed[name] = values.reshape(k, n)
     sl_off, sl = _column(table, "seq_lens")
-    si_off = si = so = None
+    si_off = si = so = cp = None
     if "sample_index" in table.column_names:
         si_off, si = _column(table, "sample_index")
         if "sample_offset" in table.column_names:
             so = _column(table, "sample_offset")[1]
+    if "cp_padding" in table.column_names:
+        si_off, cp = _column(table, "cp_padding")
     return PackArrays(
         **fixed,
         seq_lens=sl,
@@ -225,6 +228,7 @@ def table_packs(table: pa.Table, n: int) -> PackArrays:
         sample_index=si,
         sample_index_offsets=si_off,
         sample_offset=so,
+        cp_padding=cp,
     )
 
 
@@ -384,6 +388,7 @@ class ParquetFormat(ShardFormat):
             sl_off, sl = _column(table, "seq_lens")
             si_off, si = _column(table, "sample_index")
             so = _column(table, "sample_offset")[1] if "sample_offset" in table.column_names else None
+            cp = _column(table, "cp_padding")[1] if "cp_padding" in table.column_names else None
             yield (
                 first,
                 PackArrays(
@@ -397,6 +402,7 @@ class ParquetFormat(ShardFormat):
                     sample_index_offsets=si_off,
                     # where each piece starts in its sample (bfd shuffles packs, so pack order does not say)
                     sample_offset=so,
+                    cp_padding=cp,
                 ),
             )
             first += rows

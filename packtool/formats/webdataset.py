@@ -70,7 +70,7 @@ def pack_tar_bytes(plan: PackPlan, has_loss_mask: bool) -> np.ndarray:
     shards by ``shard_max_bytes`` before any token is written)."""
     n = plan.packed_sequence_size
     counts = np.diff(plan.pack_offsets).astype(np.int64)
-    n_seq_lens = counts + (plan.pack_tokens() < n)
+    n_seq_lens = counts + (plan.pack_spans() < n)
     fixed = member_size(BLOCK - 1)  # the json
     for name in TOKEN_COLUMNS:
         if name != "loss_mask" or has_loss_mask:
@@ -81,7 +81,8 @@ def pack_tar_bytes(plan: PackPlan, has_loss_mask: bool) -> np.ndarray:
         sizes = np.array([member_size(_npy_size(int(u), dtype)) for u in uniq], dtype=np.int64)
         return sizes[inv.reshape(-1)]
 
-    return fixed + ragged(n_seq_lens, "int32") + 2 * ragged(counts, "int64")  # sample_index, sample_offset
+    size = fixed + ragged(n_seq_lens, "int32") + 2 * ragged(counts, "int64")  # sample_index, sample_offset
+    return size if plan.span is None else size + ragged(counts, "int32")  # cp_padding
 
 
 def shard_bounds(
@@ -123,6 +124,8 @@ def write_tar_shard(path: str | Path, packs: PackArrays, *, first_pack: int, run
     has_pad = np.diff(packs.seq_lens_offsets) > num_samples
     pad = np.where(has_pad, packs.seq_lens[np.maximum(packs.seq_lens_offsets[1:] - 1, 0)], 0)
     num_tokens = n - pad
+    if packs.cp_padding is not None:  # a piece's context-parallel padding is not its tokens
+        num_tokens -= np.add.reduceat(packs.cp_padding, packs.sample_index_offsets[:-1]) if k else 0
     offsets = np.zeros(k + 1, dtype="<u8")
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -185,13 +188,15 @@ def stack_packs(packs: list[dict[str, np.ndarray]]) -> PackArrays:
     seq_lens, sl_off = csr("seq_lens")
     sample_index, si_off = csr("sample_index")
     sample_offset, _ = csr("sample_offset")
+    cp_padding, cp_off = csr("cp_padding")
     return PackArrays(
         **fixed,
         seq_lens=seq_lens,
         seq_lens_offsets=sl_off,
         sample_index=sample_index,
-        sample_index_offsets=si_off,
+        sample_index_offsets=si_off if si_off is not None else cp_off,
         sample_offset=sample_offset,
+        cp_padding=cp_padding,
     )
 
 

@@ -62,10 +62,11 @@ class _Batch:
             sample_offset=np.concatenate(self.ragged["sample_offset"])
             if self.ragged["sample_offset"]
             else None,
+            cp_padding=np.concatenate(self.ragged["cp_padding"]) if self.ragged["cp_padding"] else None,
         )
 
 
-_RAGGED = ("seq_lens", "sample_index", "sample_offset")
+_RAGGED = ("seq_lens", "sample_index", "sample_offset", "cp_padding")
 
 
 def _pack_arrays(
@@ -167,7 +168,8 @@ def check_tar_shard(
                     }
                     if arrays is not None:
                         expect["num_samples"] = len(arrays["sample_index"])
-                        expect["num_tokens"] = int(arrays["seq_lens"][: expect["num_samples"]].sum())
+                        spans = int(arrays["seq_lens"][: expect["num_samples"]].sum())
+                        expect["num_tokens"] = spans - int(arrays.get("cp_padding", np.zeros(0)).sum())
                     for k, v in expect.items():
                         if v is not None and meta.get(k) != v:
                             problem("json", f"{key}.json says {k} {meta.get(k)}, expected {v}", k)

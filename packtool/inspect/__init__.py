@@ -112,6 +112,7 @@ def settings(m: Manifest) -> dict:
         "split_across_pack": c.split_across_pack,
         "long_samples": None if c.split_across_pack else c.long_samples,
         "max_packs": c.max_packs,
+        "cp_size": c.cp_size,
         "position_ids": m.position_ids,
         "labels": m.labels,
         "add_bos": c.add_bos,
@@ -234,9 +235,11 @@ def pack_report(
     seq_lens = [int(x) for x in pack["seq_lens"]]
     samples = [int(x) for x in pack["sample_index"]]
     starts = [int(x) for x in pack.get("sample_offset", np.zeros(len(samples), dtype=np.int64))]
-    lengths = seq_lens[: len(samples)]
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
-    used = int(offsets[-1])
+    spans = seq_lens[: len(samples)]
+    cp_padding = [int(x) for x in pack.get("cp_padding", np.zeros(len(samples), dtype=np.int64))]
+    lengths = [span - cp for span, cp in zip(spans, cp_padding, strict=True)]  # less cp_size padding
+    offsets = np.concatenate([[0], np.cumsum(spans)]).astype(int)
+    used = sum(lengths)
     where = locate_samples(directory, m, samples)
     pieces = [
         {
@@ -246,8 +249,9 @@ def pack_report(
             "sample_offset": start,
             "continuation": start > 0,
             "source": where.get(s),
+            **({"cp_padding": cp} if "cp_padding" in pack else {}),
         }
-        for s, o, length, start in zip(samples, offsets[:-1], lengths, starts, strict=True)
+        for s, o, length, start, cp in zip(samples, offsets[:-1], lengths, starts, cp_padding, strict=True)
     ]
     out = {
         "pack": index,

@@ -68,6 +68,11 @@ def render_report(report: dict) -> None:
         ("packs", f"{report['num_packs']:,}"),
         ("tokens in the packs", f"{report['num_tokens']:,}"),
         ("padding tokens", f"{report['padding_tokens']:,}"),
+        *(
+            [("  of which context-parallel (cp_size)", f"{report['cp_padding_tokens']:,}")]
+            if report.get("cp_padding_tokens")
+            else []
+        ),
         ("fill rate", f"{report['fill_rate']:.2%}"),
         ("lower bound ceil(tokens / N)", f"{report['lower_bound_packs']:,} packs"),
         ("packs over lower bound", f"{report['packs_over_lower_bound']:,}"),
@@ -166,7 +171,7 @@ def render_pack(report: dict) -> None:
             str(p["sample_index"]),
             _source(p.get("source")),
             str(p["offset"]),
-            str(p["length"]),
+            f"{p['length']} + {p['cp_padding']} cp" if p.get("cp_padding") else str(p["length"]),
             start,
         )
     console.print(table)

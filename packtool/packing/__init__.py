@@ -146,7 +146,11 @@ def make_plan(
             config.packing_buffer_size,
         )
     elif cut_only_long:
-        plan = _plan_pieces(lengths[samples], samples, n, position_ids, config)
+        piece_sample, piece_start, piece_length = cut_long(lengths[samples], samples, n)
+        plan = _plan_items(piece_length, piece_sample, piece_start, n, position_ids, config)
+    elif config.cp_size > 1:
+        zero = np.zeros(len(samples), dtype=np.int64)
+        plan = _plan_items(lengths[samples], samples, zero, n, position_ids, config)
     else:
         plan = STRATEGIES[config.strategy](
             lengths[samples], samples, n, config.split_across_pack, position_ids, config
@@ -161,21 +165,34 @@ def make_plan(
     return plan
 
 
-def _plan_pieces(lengths: np.ndarray, samples: np.ndarray, n: int, position_ids: str, config: PackConfig):
-    """``long_samples=split``: samples longer than ``n`` are cut into pieces of ``n`` tokens (the last one
-    shorter), and the strategy packs the pieces and the other samples as whole items, none split further
-    (TRL's ``bfd_split``)."""
-    piece_sample, piece_start, piece_length = cut_long(lengths, samples, n)
-    items = np.arange(len(piece_sample), dtype=np.int64)
-    plan = STRATEGIES[config.strategy](piece_length, items, n, False, position_ids, config)
-    item = plan.sample
+def _plan_items(
+    length: np.ndarray, sample: np.ndarray, start: np.ndarray, n: int, position_ids: str, config: PackConfig
+) -> PackPlan:
+    """Plan items that are never split further: pieces ``(sample, start, length)`` of at most ``n`` tokens
+    (whole samples, or the N-token pieces of ``long_samples=split``, TRL's ``bfd_split``).
+
+    With ``cp_size > 1`` each item takes its length rounded up to a multiple of ``2 * cp_size`` in its pack
+    (NeMo AutoModel's ``pack_dataset(cp_size=...)``): the strategy plans those spans, and the plan keeps
+    both (``PackPlan.span``).
+
+    >>> cfg = PackConfig(packed_sequence_size=8, strategy="sequential", cp_size=2)
+    >>> p = _plan_items(np.array([3, 2, 5]), np.arange(3), np.zeros(3, int), 8, "restart", cfg)
+    >>> p.pack_offsets.tolist(), p.length.tolist(), p.span.tolist()
+    ([0, 2, 3], [3, 2, 5], [4, 4, 8])
+    """
+    align = 2 * config.cp_size if config.cp_size > 1 else 1
+    span = -(-length // align) * align
+    items = np.arange(len(sample), dtype=np.int64)
+    plan = STRATEGIES[config.strategy](span, items, n, False, position_ids, config)
+    item = plan.sample  # whole items: plan.start is 0 and plan.length their span
     return PackPlan(
         n,
         plan.pack_offsets,
-        piece_sample[item],
-        piece_start[item] + plan.start,
-        plan.length,
+        sample[item],
+        start[item],
+        length[item],
         position_ids,
+        span=plan.length if align > 1 else None,
     )
 
 

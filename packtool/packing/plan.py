@@ -54,6 +54,8 @@ class PackPlan:
             last position, clamped to N-1) or ``"restart"`` (every piece and the padding start at 0).
         origin: ``(num_pieces,)`` int64, the input index each piece comes from, when it differs from
             ``sample`` (pieces a custom ``pack_selected_samples`` made are new samples); else ``None``.
+        span: ``(num_pieces,)`` int64, tokens each piece takes in its pack: ``length`` plus its
+            context-parallel padding (``cp_size``); ``None`` when there is none (span == length).
     """
 
     packed_sequence_size: int
@@ -64,6 +66,7 @@ class PackPlan:
     position_ids: str = "nemo"
     stats: PackStats = field(default_factory=PackStats)
     origin: np.ndarray | None = None
+    span: np.ndarray | None = None
 
     @property
     def input_index(self) -> np.ndarray:
@@ -78,9 +81,20 @@ class PackPlan:
     def num_tokens(self) -> int:
         return int(self.length.sum())
 
+    @property
+    def spans(self) -> np.ndarray:
+        """``(num_pieces,)`` int64: tokens each piece takes in its pack, its context-parallel padding
+        included (``length`` when there is none)."""
+        return self.length if self.span is None else self.span
+
     def pack_tokens(self) -> np.ndarray:
         """``(num_packs,)`` real tokens in each pack."""
         cs = np.concatenate([[0], np.cumsum(self.length)])
+        return np.diff(cs[self.pack_offsets])
+
+    def pack_spans(self) -> np.ndarray:
+        """``(num_packs,)`` tokens each pack's pieces take, context-parallel padding included."""
+        cs = np.concatenate([[0], np.cumsum(self.spans)])
         return np.diff(cs[self.pack_offsets])
 
     def slice(self, first: int, last: int) -> PackPlan:
@@ -94,6 +108,7 @@ class PackPlan:
             self.length[lo:hi],
             self.position_ids,
             origin=None if self.origin is None else self.origin[lo:hi],
+            span=None if self.span is None else self.span[lo:hi],
         )
 
     def permute(self, order: np.ndarray) -> PackPlan:
@@ -112,6 +127,7 @@ class PackPlan:
             self.position_ids,
             self.stats,
             None if self.origin is None else self.origin[idx],
+            None if self.span is None else self.span[idx],
         )
 
     def validate(self) -> None:
@@ -119,7 +135,8 @@ class PackPlan:
         n = self.packed_sequence_size
         assert self.pack_offsets[0] == 0 and np.all(np.diff(self.pack_offsets) >= 1)
         assert np.all(self.length >= 1) and np.all(self.length <= n)
-        assert np.all(self.pack_tokens() <= n)
+        assert np.all(self.pack_spans() <= n)
+        assert self.span is None or np.all(self.span >= self.length)
 
 
 def empty_plan(n: int, position_ids: str, stats: PackStats) -> PackPlan:

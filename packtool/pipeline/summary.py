@@ -45,6 +45,7 @@ def run_stats(
         planned["empty_samples"] -= empty_loss_samples
     stats = Stats(
         **total_stats(n, num_packs, int(pack_tokens.sum())),
+        cp_padding_tokens=int(plan.spans.sum()) - plan.num_tokens,
         num_samples=len(lengths),
         packed_samples=int(len(np.unique(plan.input_index))),
         input_tokens=int(lengths.sum()) + (empty_loss_tokens if dropping else 0),
@@ -88,7 +89,7 @@ def build_manifest(
         labels=config.labels,
         position_ids=plan.position_ids,
         pad_token_id=config.pad_token_id,
-        columns=column_names(has_loss_mask),
+        columns=column_names(has_loss_mask, config.cp_size > 1),
         tokenizer=TokenizerIdentity.from_dict(tokenizer),
         inputs=[InputEntry(**i) for i in inputs],
         config=config,

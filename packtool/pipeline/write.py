@@ -26,14 +26,17 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
 
     Tokens are copied by ``store.pieces_into`` straight from the chunks' maps into the ``(k, N)`` arrays
     (one slice per run of pieces contiguous in a chunk and in the pack), over arrays filled with the
-    padding values; positions come from one ``arange`` minus each segment's start. Temporaries are
+    padding values (so context-parallel padding after a piece is ``pad_token_id``, label -100, loss mask 0,
+    and its positions run on from the piece's); positions come from one ``arange`` minus each segment's
+    start. Temporaries are
     O(k * N), never per-token Python.
     """
     n = plan.packed_sequence_size
     k = plan.num_packs
     counts = np.diff(plan.pack_offsets)
-    cs = np.zeros(len(plan.length) + 1, dtype=np.int64)
-    np.cumsum(plan.length, out=cs[1:])
+    span = plan.spans  # each piece's tokens, then its context-parallel padding (cp_size), if any
+    cs = np.zeros(len(span) + 1, dtype=np.int64)
+    np.cumsum(span, out=cs[1:])
     used = np.diff(cs[plan.pack_offsets])
     pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
     # piece i lands in row pack_of_piece[i], after the pieces before it in its pack
@@ -58,7 +61,7 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
         - plan.pack_offsets[pack_of_piece]
         + sl_offsets[pack_of_piece]
     )
-    seg_len[piece_slot] = plan.length
+    seg_len[piece_slot] = span
     padded = np.flatnonzero(has_pad)
     seg_len[sl_offsets[padded + 1] - 1] = n - used[padded]
 
@@ -75,6 +78,7 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
         sample_index=store.origin(plan.sample),
         sample_index_offsets=plan.pack_offsets.astype(np.int64),
         sample_offset=plan.start.astype(np.int64),
+        cp_padding=None if plan.span is None else (plan.span - plan.length).astype(np.int32),
     )
 
 

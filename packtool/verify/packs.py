@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from packtool.arrays import ranges
 from packtool.manifest import IGNORE_INDEX, Manifest
 from packtool.packs import PackArrays, pack_position_ids
 from packtool.verify.report import VerifyReport
@@ -40,6 +41,14 @@ def check_packs(
             )
         ],
     }
+    cp = None  # each piece's context-parallel padding (cp_size), inside its seq_lens entry
+    if packs.cp_padding is not None:
+        cp = packs.cp_padding.astype(np.int64)
+        bad_cp = np.ones(k, dtype=bool)
+        if len(cp) == len(packs.sample_index) and np.all(nsl >= npieces):
+            wrong = (cp < 0) | (cp >= sl[ranges(slo[:-1], npieces)])
+            bad_cp = np.bincount(np.repeat(np.arange(k), npieces), weights=wrong, minlength=k) > 0
+        layout["cp_padding"] = [(bad_cp, lambda i: "cp_padding is negative or not shorter than its piece")]
     broken = np.zeros(k, dtype=bool)
     for col, tests in layout.items():
         for bad, message in tests:
@@ -53,6 +62,13 @@ def check_packs(
     used = n - pad_len
     cols = np.arange(n)[None, :]
     pad = cols >= used[:, None]
+    if cp is not None and cp.any():  # the padding that ends pieces is padding too
+        whole = np.repeat(~broken, npieces)
+        csl_all = np.cumsum(sl)
+        ends = (csl_all - np.repeat(np.r_[0, csl_all][slo[:-1]], nsl))[ranges(slo[:-1], npieces)][whole]
+        piece_cp, pack = cp[whole], np.repeat(np.arange(k), npieces)[whole]
+        pad.reshape(-1)[ranges(pack * n + ends - piece_cp, piece_cp)] = True
+        used = used - np.bincount(pack, weights=piece_cp, minlength=k).astype(np.int64)
     checks = [
         ("input_ids", packs.input_ids, pad_id, "padding is not pad_token_id"),
         ("labels", packs.labels, IGNORE_INDEX, "label on padding is not -100"),

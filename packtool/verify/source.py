@@ -103,12 +103,15 @@ class SourceCheck:
         sl, slo = packs.seq_lens.astype(np.int64), packs.seq_lens_offsets
         # piece lengths: the first npieces entries of each pack's seq_lens
         piece_slot = ranges(slo[:-1], npieces)
-        length = sl[piece_slot] if len(piece_slot) == len(packs.sample_index) else None
+        span = sl[piece_slot] if len(piece_slot) == len(packs.sample_index) else None
+        length = span  # a piece's tokens: its seq_lens entry less its context-parallel padding, if any
+        if span is not None and packs.cp_padding is not None and len(packs.cp_padding) == len(span):
+            length = span - packs.cp_padding
         if length is None or np.any(length <= 0):
             return  # broken layout, already reported by the structure checks
         sample = packs.sample_index.astype(np.int64)
         pack = np.repeat(np.arange(k, dtype=np.int64), npieces)
-        cs = np.concatenate([[0], np.cumsum(length)])
+        cs = np.concatenate([[0], np.cumsum(span)])
         dest = pack * n + cs[:-1] - cs[packs.sample_index_offsets[:-1]][pack]
         bad = (sample < 0) | (sample >= len(self.lengths))
         where = np.flatnonzero(bad)

@@ -695,3 +695,28 @@ def test_tar_source_ok_for_bfd_with_split_samples(tmp_path):
             "--shard-size", "100")  # fmt: skip
     code, text = verify(out, "--source")
     assert code == 0, text
+
+
+def test_context_parallel_padding_verifies_and_its_damage_is_named(tmp_path: Path):
+    """``--cp-size``: every piece padded to a multiple of 2 x cp_size; ``verify --source`` finds every
+    token with the padding left out, and padding that is not padding, or a ``cp_padding`` that does not
+    fit its piece, is named."""
+    out = pack(tmp_path / "cp", "--packed-sequence-size", "1024", "--long-samples", "split", "--cp-size", "4")
+    code, text = verify(out, "--source", TRAIN)
+    assert code == 0, text
+    first = next(read_packs(out, with_sample_index=True))
+    assert np.all((first["seq_lens"][: len(first["sample_index"])] % 8) == 0) and first["cp_padding"].any()
+
+    def change(cols):
+        cp, sl = cols["cp_padding"][0], cols["seq_lens"][0]
+        j = int(np.flatnonzero(cp)[0])  # pack 0's first padded piece: its last cell is padding
+        ids = cols["input_ids"][0] = cols["input_ids"][0].copy()
+        ids[int(np.sum(sl[: j + 1])) - 1] = 5
+        cols["cp_padding"][1] = cols["cp_padding"][1].copy()
+        cols["cp_padding"][1][0] = cols["seq_lens"][1][0]  # as long as its piece
+
+    rewrite_shard(out, 0, change, update_manifest=False)
+    code, text = verify(out)
+    assert code == 1
+    assert "pack 0, field 'input_ids': padding is not pad_token_id" in text
+    assert "pack 1, field 'cp_padding': cp_padding is negative or not shorter than its piece" in text

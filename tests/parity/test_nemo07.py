@@ -15,6 +15,7 @@ import torch
 from packtool import read_packs, run_pack
 from packtool.config import PackConfig
 from packtool.nemo import nemo_thd_sample
+from packtool.verify import verify_output
 from tests.conftest import write_jsonl
 from tests.nemo_reference import find_wheel_07, load_nemo07
 
@@ -64,3 +65,42 @@ def test_sequential_packs_in_nemo_07_layout_equal_pack_dataset(tmp_path, n, max_
 def test_nemo_thd_sample_needs_the_pieces():
     with pytest.raises(ValueError, match="sample_index"):
         nemo_thd_sample({"input_ids": [1], "labels": [1], "position_ids": [0], "seq_lens": [1]})
+
+
+@pytest.mark.parametrize(("n", "max_len", "cp_size"), [(16, 16, 2), (32, 9, 4), (48, 48, 3), (8, 3, 2)])
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+def test_cp_size_equals_pack_dataset_cp_size(tmp_path, n, max_len, cp_size, fmt):
+    """``--cp-size``: every sample padded to a multiple of 2 x cp_size inside its pack, as NeMo 0.7's
+    ``pack_dataset(cp_size=...)`` pads it; ``nemo_thd_sample`` gives its ``seq_lens`` (real) and
+    ``seq_lens_padded``, and 0.7's THD collater the same ``cu_seqlens``, ``cu_seqlens_padded`` and
+    ``padding_mask``; ``verify --source`` finds every token."""
+    nemo = load_nemo07()
+    rows = _rows(n + cp_size, 80, max_len)
+    src = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out"
+    config = PackConfig(
+        inputs=[str(src)], output=str(out), packed_sequence_size=n, strategy="sequential",
+        long_samples="drop", cp_size=cp_size, format=fmt, quiet=True,
+    )  # fmt: skip
+    run_pack(config)
+    ours = [nemo_thd_sample(p) for p in read_packs(out, with_sample_index=True)]
+    fits = [dict(r) for r in rows if len(r["input_ids"]) <= n]
+    ref = nemo["packed_sequence"].pack_dataset(fits, None, n, padding_idx=0, cp_size=cp_size)
+    assert len(ours) == len(ref)
+    assert any(a != b for o in ours for a, b in zip(o["seq_lens"], o["seq_lens_padded"], strict=True))
+    for i, (o, r) in enumerate(zip(ours, ref, strict=True)):
+        for f in FIELDS:
+            assert o[f] == list(r[f]), f"pack {i}, field {f}"
+
+    collate, thd = nemo["utils"].packed_sequence_thd_collater, nemo["thd_utils"].process_input_for_thd
+    for a in range(0, len(ours), 4):
+        got = thd(collate([dict(x) for x in ours[a : a + 4]]))
+        want = thd(collate([dict(x) for x in ref.select(range(a, min(a + 4, len(ref))))]))
+        assert sorted(got) == sorted(want)
+        for key, value in want.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(got[key], value), key
+
+    report = verify_output(out, source=[str(src)])
+    assert report.ok, report.problems[:3]
+    assert report.checked["tokens"] == sum(len(r["input_ids"]) for r in fits)

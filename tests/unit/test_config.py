@@ -40,6 +40,10 @@ def _cfg(**kw) -> PackConfig:
         ({"train_on_prompt": True}, "chat", "--train-on-prompt on and --sample-format chat conflict"),
         ({"prompt_template": "alpaca"}, "pretokenized", "--prompt-template alpaca and --sample-format"),
         ({"empty_loss": "keep"}, "text", "--empty-loss keep and --sample-format text conflict"),
+        ({"cp_size": 2, "split_across_pack": True}, "auto",
+         "--cp-size 2 and --split-across-pack on conflict"),
+        ({"cp_size": 2, "strategy": "my_policy:select"}, "auto",
+         "--cp-size 2 and --strategy my_policy:select conflict"),
     ],
 )  # fmt: skip
 def test_conflicting_options_name_both(options, sample_format, message):
@@ -55,6 +59,12 @@ def test_options_that_go_together_pass():
     _cfg(strategy="bfd", seed=3, packing_buffer_size=100).validate()
     _cfg(empty_loss="keep", loss_on="last").check_conflicts("chat")
     _cfg(chat_template="t.jinja").check_conflicts("auto")  # the input decides the format later
+
+
+def test_cp_size_needs_packs_a_multiple_of_twice_it():
+    _cfg(cp_size=4, long_samples="split").validate()  # 64 = 8 x 8
+    with pytest.raises(ConfigError, match="^packed_sequence_size 64 is not a multiple of 2 x cp_size "):
+        _cfg(cp_size=3).validate()
 
 
 def test_validate_checks_conflicts():

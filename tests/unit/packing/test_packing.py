@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -120,3 +122,21 @@ def test_permute_reorders_whole_packs():
     plan = plan_sequential(np.array([3, 2, 4, 1, 5]), np.arange(5), 5, False)
     moved = plan.permute(np.array([2, 0, 1]))
     assert _packs(moved) == [_packs(plan)[2], _packs(plan)[0], _packs(plan)[1]]
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "sequential"])
+@pytest.mark.parametrize("long_samples", ["drop", "truncate", "split"])
+def test_cp_size_pads_every_piece_to_a_multiple_of_twice_it(strategy, long_samples):
+    """``cp_size``: each piece takes its length rounded up to a multiple of 2 x cp_size (NeMo's
+    ``pack_dataset(cp_size)``), every pack's spans fit N, and the fates and tokens add up as without it."""
+    n, cp = 64, 4
+    lengths = np.random.default_rng(7).integers(0, 150, size=300)
+    cfg = PackConfig(packed_sequence_size=n, strategy=strategy, long_samples=long_samples, cp_size=cp)
+    plan = make_plan(lengths, cfg)
+    assert plan.span is not None and np.all(plan.span % (2 * cp) == 0)
+    assert np.all((plan.span >= plan.length) & (plan.span - plan.length < 2 * cp))
+    assert np.all(plan.pack_spans() <= n)
+    plain = make_plan(lengths, dataclasses.replace(cfg, cp_size=1))
+    assert plan.num_tokens == plain.num_tokens  # the padding is not tokens
+    assert plan.stats.to_dict() == plain.stats.to_dict()
+    assert plan.num_packs >= plain.num_packs
