@@ -98,8 +98,8 @@ def config_options(fn: Callable) -> Callable:
                 names = [f"{name}/--no-{name[2:]}"]
         elif meta["choices"]:
             kwargs["type"] = click.Choice(meta["choices"])
-        elif kind == "int":
-            kwargs["type"] = int
+        elif kind in ("int", "float"):
+            kwargs["type"] = {"int": int, "float": float}[kind]
         fn = click.option(*names, f.name, **kwargs)(fn)
     return fn
 

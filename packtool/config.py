@@ -147,7 +147,14 @@ class PackConfig:
         positive=True,
     )
     pad_token_id: int = key(0, "Id that pads input_ids (PackedSequence's).")
-    seed: int = key(0, "Seed of bfd's pack shuffle (same seed, same bytes).")
+    seed: int = key(
+        0, "Seed of bfd's pack shuffle and of the --val-fraction holdout (same seed, same bytes)."
+    )
+    val_fraction: float = key(
+        0.0,
+        "Hold out this fraction of the packs, chosen by --seed, as the validation split: shards val-*, "
+        "Energon's val split, the dataset card's validation split; readers take the train split by default.",
+    )
     shuffle_packs: bool = key(
         True,
         "bfd: shuffle the packs by --seed, so that their order does not follow sample length; "
@@ -239,6 +246,8 @@ class PackConfig:
                 f"packed_sequence_size {self.packed_sequence_size:,} is over the "
                 f"{MAX_PACKED_SEQUENCE_SIZE:,} tokens packtool packs into one sequence"
             )
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be at least 0 and below 1, got {self.val_fraction}")
         if self.cp_size > 1 and self.packed_sequence_size % (2 * self.cp_size):
             raise ConfigError(
                 f"packed_sequence_size {self.packed_sequence_size} is not a multiple of 2 x cp_size "
@@ -321,7 +330,7 @@ class PackConfig:
             (
                 "seed",
                 "strategy",
-                changed("seed") and self.strategy == "sequential",
+                changed("seed") and self.strategy == "sequential" and not self.val_fraction,
                 "sequential packing keeps the input order and does not shuffle",
             ),
             (
@@ -333,7 +342,7 @@ class PackConfig:
             (
                 "seed",
                 "shuffle_packs",
-                changed("seed") and not self.shuffle_packs,
+                changed("seed") and not self.shuffle_packs and not self.val_fraction,
                 "the seed only orders the shuffle",
             ),
             (
@@ -405,7 +414,7 @@ def _shown(value: Any) -> str:
     return str(value).replace("_", "-") if isinstance(value, str) and value.isidentifier() else str(value)
 
 
-_TYPES = {"bool": bool, "int": int, "str": str, "list": list, "dict": dict}
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str, "list": list, "dict": dict}
 _FIELDS = {f.name: f for f in dataclasses.fields(PackConfig)}
 
 
@@ -426,6 +435,8 @@ def check_value(name: str, value: Any) -> None:
 def _type(key: str, value: Any, annotation: str) -> None:
     """``value`` has the type the field's annotation names (a bool is not an int here)."""
     want = _TYPES[annotation.split("[")[0].split(" |")[0]]
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return  # a config file's 0 for 0.0
     if not isinstance(value, want) or (want is int and isinstance(value, bool)):
         raise ConfigError(f"{key} must be {want.__name__ if want is not str else 'a string'}, got {value!r}")
 

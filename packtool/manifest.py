@@ -34,6 +34,9 @@ FORMAT = "packtool"
 # 2: every pack's .json member in a tar shard carries the run_id and shard number (verify matches them)
 # 3: shard entries carry the file's crc32 and Parquet pages their CRC checksums (checked at read time)
 FORMAT_VERSION = 3
+# shard file names by split: the training packs, and those held out by val_fraction
+SHARD_PREFIXES = {"train": "packs-", "val": "val-"}
+SPLITS = tuple(SHARD_PREFIXES)
 IGNORE_INDEX = -100  # the label of a token that takes no loss (padding, prompts, sample ends)
 
 
@@ -345,8 +348,9 @@ class ShardEntry:
     """One shard file: ``num_packs`` packs from global pack ``first_pack`` on.
 
     ``crc32`` is the CRC-32 of the whole file (format 3 on; ``None`` before), which readers that read a
-    whole shard check as they read it. The last fields belong to one format each (``None`` for the
-    others): Parquet's ``row_groups`` (packs per row group, the loader's read units) and
+    whole shard check as they read it. ``split`` is ``val`` for a shard of held-out packs
+    (``val_fraction``), ``None`` for training packs. The last fields belong to one format each (``None``
+    for the others): Parquet's ``row_groups`` (packs per row group, the loader's read units) and
     ``row_group_offsets`` (byte offset of each, then the end); a tar shard's ``index`` (its ``.tar.idx``).
     """
 
@@ -357,6 +361,7 @@ class ShardEntry:
     bytes: int
     sha256: str
     crc32: int | None = None
+    split: str | None = None  # "val" for the packs held out by val_fraction; None: train
     row_groups: list[int] | None = None
     row_group_offsets: list[int] | None = None
     index: str | None = None
@@ -400,6 +405,14 @@ class Manifest:
     def num_packs(self) -> int:
         """Packs listed in the shard entries."""
         return sum(s.num_packs for s in self.shards)
+
+    def split_shards(self, split: str | None) -> list[tuple[int, ShardEntry]]:
+        """``(position in shards, entry)`` of the shards of ``split`` (``train``, ``val``; ``None``: all).
+
+        Raises ``ValueError`` for another split name."""
+        if split is not None and split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)} or None, got {split!r}")
+        return [(i, e) for i, e in enumerate(self.shards) if split is None or (e.split or "train") == split]
 
     @property
     def has_loss_mask(self) -> bool:

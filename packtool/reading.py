@@ -64,9 +64,14 @@ def require_shard_files(directory: str | Path, manifest: Manifest) -> None:
 
 
 def read_packs(
-    directory: str | Path, *, with_sample_index: bool = False, verify_checksums: bool = True
+    directory: str | Path,
+    *,
+    with_sample_index: bool = False,
+    verify_checksums: bool = True,
+    split: str | None = "train",
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Yield every pack of a packtool output directory, in shard order.
+    """Yield every pack of ``split`` of a packtool output directory, in shard order: ``train`` (every
+    pack, unless the run held some out with ``val_fraction``), ``val`` (those held out) or ``None`` (all).
 
     Each pack is a dict of NumPy arrays in NeMo AutoModel ``PackedSequence`` layout: ``input_ids``,
     ``labels``, ``position_ids`` ``(N,)`` int32, ``seq_lens`` ``(num_samples_in_pack [+1 padding],)``
@@ -89,7 +94,7 @@ def read_packs(
     require_shard_files(directory, manifest)
     reader = fmt.open_reader(directory, manifest, verify_checksums=verify_checksums)
     try:
-        for s, entry in enumerate(manifest.shards):
+        for s, entry in manifest.split_shards(split):
             path = directory / entry.path
             for part, _ in enumerate(fmt.units(entry)):
                 try:

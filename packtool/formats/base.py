@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from packtool.config import PackConfig
 from packtool.errors import PacktoolError
-from packtool.manifest import Manifest, ShardEntry
+from packtool.manifest import SHARD_PREFIXES, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
 
@@ -123,8 +123,10 @@ class ShardFormat(ABC):
     suffix: str  # of the shard files, e.g. ".parquet"
     unit_kind: str | None = None  # what a read unit is called in messages ("row group"); None: the shard
 
-    def shard_name(self, index: int) -> str:
-        return f"packs-{index:06d}{self.suffix}"
+    def shard_name(self, index: int, split: str = "train") -> str:
+        """``packs-NNNNNN`` for training packs, ``val-NNNNNN`` for held-out ones (``index``: the shard's
+        number in the manifest)."""
+        return f"{SHARD_PREFIXES[split]}{index:06d}{self.suffix}"
 
     def shard_ranges(self, plan: PackPlan, config: PackConfig, has_loss_mask: bool) -> list[tuple[int, int]]:
         """Pack ranges ``[(first, end), ...]`` of the shards: ``shard_size`` packs each by default."""

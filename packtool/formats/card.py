@@ -16,10 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from packtool.manifest import COLUMNS, MANIFEST, Manifest
+from packtool.manifest import COLUMNS, MANIFEST, SHARD_PREFIXES, Manifest
 
 CARD = "README.md"
-SHARD_PREFIX = "packs-"
 
 
 def member_name(column: str, shard_format: str) -> str:
@@ -28,14 +27,13 @@ def member_name(column: str, shard_format: str) -> str:
 
 
 def card_yaml(manifest: Manifest, suffix: str) -> dict:
-    """The card's YAML header: the data files of the one config, and tags."""
+    """The card's YAML header: the data files of the one config (a ``validation`` split for the packs held
+    out by ``val_fraction``), and tags."""
+    files = [{"split": "train", "path": f"{SHARD_PREFIXES['train']}*{suffix}"}]
+    if manifest.split_shards("val"):
+        files.append({"split": "validation", "path": f"{SHARD_PREFIXES['val']}*{suffix}"})
     return {
-        "configs": [
-            {
-                "config_name": "default",
-                "data_files": [{"split": "train", "path": f"{SHARD_PREFIX}*{suffix}"}],
-            }
-        ],
+        "configs": [{"config_name": "default", "data_files": files}],
         "tags": ["packtool", "packed-sequences"],
     }
 
@@ -43,6 +41,8 @@ def card_yaml(manifest: Manifest, suffix: str) -> dict:
 def dataset_card(manifest: Manifest, suffix: str) -> str:
     """The text of ``README.md`` for an output with this manifest and shard suffix (``.parquet``)."""
     m, s = manifest, manifest.stats
+    held = sum(e.num_packs for _, e in m.split_shards("val"))
+    val = f", and `{SHARD_PREFIXES['val']}NNNNNN{suffix}`: {held:,} packs held out as validation" * bool(held)
     fmt = m.shard_format
     rows = [
         f"| `{member_name(c, fmt)}` | `{col.dtype.name}` | {PER[col.per]} | {col.meaning} |"
@@ -70,8 +70,8 @@ def dataset_card(manifest: Manifest, suffix: str) -> str:
         "",
         f"- {s.num_packs:,} packs of {m.packed_sequence_size:,} tokens, {s.num_tokens:,} real tokens "
         f"from {s.packed_samples:,} samples (fill rate {s.fill_rate:.2%})",
-        f"- {fmt} shards `{SHARD_PREFIX}NNNNNN{suffix}`; `{MANIFEST}` says how they were made and what "
-        "happened to every input sample",
+        f"- {fmt} shards `{SHARD_PREFIXES['train']}NNNNNN{suffix}`{val}; `{MANIFEST}` says how they were "
+        "made and what happened to every input sample",
         "",
         "```python",
         "import datasets",

@@ -45,9 +45,13 @@ def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
             "shardlist": [{"url": s.path, "nsamples": s.num_packs, "filesize": s.bytes} for s in shards],
         },
         f"{ENERGON_DIR}/.info.json": {"shard_counts": {s.path: s.num_packs for s in shards}},
-        # as energon prepare writes it: every split named (get_val_dataset, energon lint), val and test empty
+        # as energon prepare writes it: every split named (get_val_dataset, energon lint), test empty
         f"{ENERGON_DIR}/split.yaml": {
-            "split_parts": {"train": [s.path for s in shards], "val": [], "test": []},
+            "split_parts": {
+                "train": [s.path for _, s in manifest.split_shards("train")],
+                "val": [s.path for _, s in manifest.split_shards("val")],  # --val-fraction's packs
+                "test": [],
+            },
             "exclude": [],
         },
         f"{ENERGON_DIR}/dataset.yaml": {

@@ -47,6 +47,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
     shards = []
     for i, entry in enumerate(m.shards):
         sh = {k: getattr(entry, k) for k in ("path", "num_packs", "num_tokens", "bytes", "row_groups")}
+        sh["split"] = entry.split or "train"
         sh["fill_rate"] = total_stats(n, entry.num_packs, entry.num_tokens)["fill_rate"]
         path = Path(directory) / entry.path
         problem = shard_file_problem(directory, entry)
@@ -84,6 +85,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         "config": m.config.to_dict(include_runtime=False),
         "settings": settings(m),
         **stats,
+        "val_packs": sum(e.num_packs for _, e in m.split_shards("val")),  # held out (val_fraction)
         "input_samples": m.stats.input_samples,
         "sample_fates": m.stats.sample_fates(),
         "token_fates": m.stats.token_fates(),
@@ -113,6 +115,7 @@ def settings(m: Manifest) -> dict:
         "long_samples": None if c.split_across_pack else c.long_samples,
         "max_packs": c.max_packs,
         "cp_size": c.cp_size,
+        "val_fraction": c.val_fraction,
         "position_ids": m.position_ids,
         "labels": m.labels,
         "add_bos": c.add_bos,

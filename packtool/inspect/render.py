@@ -66,6 +66,7 @@ def render_report(report: dict) -> None:
         ("run_id", report["run_id"]),
         ("packed_sequence_size (N)", f"{n:,}"),
         ("packs", f"{report['num_packs']:,}"),
+        *([("  held out as validation", f"{report['val_packs']:,}")] if report.get("val_packs") else []),
         ("tokens in the packs", f"{report['num_tokens']:,}"),
         ("padding tokens", f"{report['padding_tokens']:,}"),
         *(

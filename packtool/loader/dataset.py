@@ -165,6 +165,8 @@ class PackedDataset(IterableDataset):
             CRCs, a tar shard's CRC-32): a damaged unit raises ``InputError`` (``on_error="skip"``: counted
             and dropped). The shard set (every shard there, with its size; the pack count) is checked
             when the dataset is made, under ``on_error="fail"``.
+        split: ``"train"`` (default: every pack, unless the run held some out with ``--val-fraction``),
+            ``"val"`` (the held-out packs) or None (all). ``pack_index`` counts within the split.
     """
 
     def __init__(
@@ -184,6 +186,7 @@ class PackedDataset(IterableDataset):
         lanes: int | None = None,
         drop_last: bool = True,
         verify_checksums: bool = True,
+        split: str | None = "train",
     ) -> None:
         super().__init__()
         self.directory = Path(directory)
@@ -208,7 +211,8 @@ class PackedDataset(IterableDataset):
         self.task_encoder, self.mask, self.shuffle_buffer = task_encoder, mask, int(shuffle_buffer)
         self.infinite, self.on_error, self.lanes = bool(infinite), on_error, lanes
         self.drop_last, self.verify_checksums = bool(drop_last), bool(verify_checksums)
-        self.units = units_of(self.manifest)
+        self.split = split
+        self.units = units_of(self.manifest, split)
         self.unit_sizes = np.array([u.num_packs for u in self.units], dtype=np.int64)
         self.unit_first = np.concatenate([[0], np.cumsum(self.unit_sizes)])
         self.num_packs = int(self.unit_first[-1])

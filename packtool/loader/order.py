@@ -94,11 +94,11 @@ class Unit:
     num_packs: int
 
 
-def units_of(manifest: Manifest) -> list[Unit]:
-    """The output's read units in order (each shard's, as its format reads it: Parquet row groups, whole
-    tar shards)."""
+def units_of(manifest: Manifest, split: str | None = "train") -> list[Unit]:
+    """The read units of the output's ``split`` in order (each shard's, as its format reads it: Parquet
+    row groups, whole tar shards); ``split`` ``None``: all shards."""
     fmt = get_format(manifest.shard_format)
     out = []
-    for s, entry in enumerate(manifest.shards):
+    for s, entry in manifest.split_shards(split):
         out.extend(Unit(s, p, int(k)) for p, k in enumerate(fmt.units(entry)) if k > 0)
     return out

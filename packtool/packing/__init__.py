@@ -29,6 +29,7 @@ __all__ = [
     "PackStats",
     "STRATEGIES",
     "account",
+    "hold_out",
     "make_plan",
     "resolve_position_ids",
     "too_long_message",
@@ -163,6 +164,30 @@ def make_plan(
     plan.stats = stats
     plan.validate()
     return plan
+
+
+def hold_out(plan: PackPlan, fraction: float, seed: int) -> tuple[PackPlan, int]:
+    """The packs of ``plan`` with ``round(fraction * num_packs)`` of them (at least one when ``fraction``
+    > 0), chosen at random by ``seed``, moved to the end as the validation split; returns the reordered
+    plan and the number of training packs before them. Both splits keep their packs' relative order.
+
+    Raises ``ConfigError`` when the holdout would leave no training pack.
+
+    >>> cfg = PackConfig(packed_sequence_size=8, strategy="sequential")
+    >>> plan, train = hold_out(make_plan(np.array([8, 8, 8, 8, 8]), cfg), 0.4, seed=0)
+    >>> train, plan.sample.tolist()
+    (3, [1, 3, 4, 0, 2])
+    """
+    k = plan.num_packs
+    if fraction <= 0:
+        return plan, k
+    val = max(1, round(fraction * k))
+    if val >= k:
+        raise ConfigError(f"val_fraction {fraction} of {k} packs leaves no training pack")
+    held = np.zeros(k, dtype=bool)
+    held[np.random.default_rng([seed, 0x76616C]).choice(k, size=val, replace=False)] = True
+    order = np.concatenate([np.flatnonzero(~held), np.flatnonzero(held)])
+    return plan.permute(order), k - val
 
 
 def _plan_items(

@@ -45,10 +45,10 @@ from packtool.errors import (
     PacktoolError,
     WorkerDied,
 )
-from packtool.formats import ShardMeta, get_format
+from packtool.formats import ShardFormat, ShardMeta, get_format
 from packtool.formats.card import write_dataset_card
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
-from packtool.packing import make_plan, resolve_position_ids
+from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
 from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
 from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
@@ -293,7 +293,8 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                 "--strict: not every sample would be packed whole, so no shard was written: "
                 + "; ".join(losses)
             )
-        shard_ranges = list(enumerate(fmt.shard_ranges(plan, config, store.has_loss_mask)))
+        plan, num_train = hold_out(plan, config.val_fraction, config.seed)
+        shard_ranges = list(enumerate(split_shard_ranges(fmt, plan, num_train, config, store.has_loss_mask)))
         finished = {}
         if resumed:
             finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
@@ -313,8 +314,9 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                     plan.slice(a, b),
                     work,
                     str(out.partial),
+                    split,
                 )
-                for i, (a, b) in shard_ranges
+                for i, (a, b, split) in shard_ranges
                 if i not in finished
             )
             for entry in engine.map(_write_shard_task, tasks):
@@ -366,6 +368,19 @@ def _with_path(identity: dict) -> dict:
     if identity.get("kind") == "huggingface" and name and os.path.exists(name):
         return {**identity, "path": os.path.abspath(name)}
     return identity
+
+
+def split_shard_ranges(
+    fmt: ShardFormat, plan: PackPlan, num_train: int, config: PackConfig, has_loss_mask: bool
+) -> list[tuple[int, int, str]]:
+    """``(first, end, split)`` of every shard: the training packs ``0..num_train-1``, then the held-out
+    validation packs, each split cut into shards by the format on its own (no shard mixes them)."""
+    out = []
+    for split, a, b in (("train", 0, num_train), ("val", num_train, plan.num_packs)):
+        if b > a:
+            ranges = fmt.shard_ranges(plan.slice(a, b), config, has_loss_mask)
+            out += [(a + x, a + y, split) for x, y in ranges]
+    return out
 
 
 def _write_shard_task(task: tuple) -> ShardEntry:

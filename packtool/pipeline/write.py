@@ -82,8 +82,11 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
     )
 
 
-def write_shard(spec: RunSpec, meta: ShardMeta, plan: PackPlan, work_dir: str, out_dir: str) -> ShardEntry:
-    """Write shard ``meta.shard`` (the packs of ``plan``) into ``out_dir``; returns its manifest entry."""
+def write_shard(
+    spec: RunSpec, meta: ShardMeta, plan: PackPlan, work_dir: str, out_dir: str, split: str = "train"
+) -> ShardEntry:
+    """Write shard ``meta.shard`` (the packs of ``plan``, of ``split``) into ``out_dir``; returns its
+    manifest entry."""
     w = worker(spec)
     cfg = w.config
     store = w.store(work_dir)
@@ -93,7 +96,7 @@ def write_shard(spec: RunSpec, meta: ShardMeta, plan: PackPlan, work_dir: str, o
         build_pack_arrays(plan.slice(a, min(a + step, plan.num_packs)), store, cfg.pad_token_id)
         for a in range(0, plan.num_packs, step)
     )
-    name = fmt.shard_name(meta.shard)
+    name = fmt.shard_name(meta.shard, split)
     path = Path(out_dir) / name
     info = fmt.write(path, blocks, meta, cfg)
     sha256, crc32 = file_digests(path)
@@ -105,6 +108,7 @@ def write_shard(spec: RunSpec, meta: ShardMeta, plan: PackPlan, work_dir: str, o
         bytes=path.stat().st_size,
         sha256=sha256,
         crc32=crc32,
+        split=None if split == "train" else split,
         **info,
     )
     write_json_atomic(_record(work_dir, meta.shard), entry.to_dict())  # done: a resumed run skips it

@@ -67,6 +67,16 @@ def test_cp_size_needs_packs_a_multiple_of_twice_it():
         _cfg(cp_size=3).validate()
 
 
+def test_val_fraction_takes_a_fraction_and_lets_the_seed_choose():
+    _cfg(val_fraction=0).validate()  # a config file's 0
+    _cfg(strategy="sequential", seed=3, val_fraction=0.05).validate()  # the seed picks the held-out packs
+    for bad in (True, "0.1"):
+        with pytest.raises(ConfigError, match="^val_fraction must be float"):
+            _cfg(val_fraction=bad).validate()
+    with pytest.raises(ConfigError, match="^--seed 3 and --strategy sequential conflict"):
+        _cfg(strategy="sequential", seed=3).validate()
+
+
 def test_validate_checks_conflicts():
     with pytest.raises(ConfigError, match="--long-samples drop and --split-across-pack on conflict"):
         _cfg(split_across_pack=True, long_samples="drop").validate()
