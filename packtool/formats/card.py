@@ -93,7 +93,12 @@ def dataset_card(manifest: Manifest, suffix: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-PER = {"token": "one per token", "segment": "one per piece, +1 for padding", "piece": "one per piece"}
+PER = {
+    "token": "one per token",
+    "bit": "a bit per token (8 a byte)",
+    "segment": "one per piece, +1 for padding",
+    "piece": "one per piece",
+}
 
 
 def write_dataset_card(directory: str | Path, manifest: Manifest, suffix: str) -> str:

@@ -25,7 +25,9 @@ from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
 from packtool.fileio import file_sha256
 from packtool.formats import get_format
+from packtool.formats.base import UNIT_ERRORS
 from packtool.inspect.sources import locate_samples
+from packtool.layout import rebuild
 from packtool.manifest import IGNORE_INDEX, Histogram, Manifest, SamplesPerPack, total_stats
 from packtool.reading import shard_file_problem
 from packtool.verify import Problem, VerifyReport, iter_batches
@@ -202,7 +204,12 @@ def read_one_pack(directory: str | Path, manifest: Manifest, index: int) -> tupl
     else:  # read in order: the packs that can be read, and what is wrong with the others
         for first, packs in fmt.check(path, entry, manifest, check, shard, base):
             if first <= row < first + packs.num_packs:
-                return packs.pack(row - first, with_sample_index=True), entry.path, row
+                try:  # the pack as stored, as readers give it
+                    one = rebuild(packs.take([row - first]), manifest)
+                except UNIT_ERRORS as e:  # a layout the rebuild cannot follow
+                    check.add("layout", f"cannot be rebuilt ({e})", shard=entry.path, pack=index)
+                    break
+                return one.pack(0, with_sample_index=True), entry.path, row
     raise InputError(f"{path}: pack {index} cannot be read{_why(check.problems, index)}; run packtool verify")
 
 

@@ -55,7 +55,7 @@ from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
 from packtool.pipeline.output import OutputDir
 from packtool.pipeline.summary import build_manifest, run_stats
-from packtool.pipeline.write import finished_shard, write_shard
+from packtool.pipeline.write import finished_shard, output_columns, write_shard
 from packtool.readers import expand_inputs, read_inputs
 from packtool.version import __version__
 
@@ -293,7 +293,8 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                 "--strict: not every sample would be packed whole, so no shard was written: "
                 + "; ".join(losses)
             )
-        shard_ranges = list(enumerate(fmt.shard_ranges(plan, config, store.has_loss_mask)))
+        columns = output_columns(config, store)
+        shard_ranges = list(enumerate(fmt.shard_ranges(plan, config, columns)))
         finished = {}
         if resumed:
             finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
@@ -336,7 +337,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         sample_format,
         run_id,
         _with_counts(fingerprint, store.samples_per_source()),
-        has_loss_mask=store.has_loss_mask,
+        columns=columns,
     )
     manifest.index_files = fmt.write_dataset_index(out.partial, manifest)
     manifest.warnings = run_warnings
