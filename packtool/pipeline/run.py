@@ -294,6 +294,12 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                 + "; ".join(losses)
             )
         columns = output_columns(config, store)
+        if config.columns == "minimal" and "labels" in columns:
+            _note(
+                config,
+                "note: --columns minimal stores labels: the input's own labels are not the ones packtool "
+                "rebuilds (input_ids shifted, -100 where no loss is taken), so they carry information",
+            )
         shard_ranges = list(enumerate(fmt.shard_ranges(plan, config, columns)))
         finished = {}
         if resumed:
