@@ -91,7 +91,8 @@ def pair_order(i: int) -> tuple[str, str]:
 def pack_cli(data: Path, out: Path, layout: str, fmt: str = "parquet") -> float:
     """``packtool pack`` end to end in a subprocess; wall seconds."""
     cmd = [sys.executable, "-m", "packtool.cli", "pack", str(data), "-o", str(out), "--overwrite", "-q"]
-    cmd += ["--packed-sequence-size", str(N), "--long-samples", "truncate", "--columns", layout, "--format", fmt]
+    cmd += ["--packed-sequence-size", str(N), "--long-samples", "truncate"]
+    cmd += ["--columns", layout, "--format", fmt]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
@@ -133,7 +134,8 @@ def write_step(data: Path, work: Path, pairs: int) -> tuple[list[float], dict]:
             out.mkdir()
             t = time.perf_counter()
             for s, (a, b) in enumerate(fmt.shard_ranges(plan, cfg, columns)):
-                write_shard(spec, ShardMeta("bench", s, a, N), plan.slice(a, b), str(work / "chunks"), str(out))
+                meta = ShardMeta("bench", s, a, N)
+                write_shard(spec, meta, plan.slice(a, b), str(work / "chunks"), str(out))
             times[layout].append(time.perf_counter() - t)
     ratios = [m / f for m, f in zip(times["minimal"], times["full"], strict=True)]
     return ratios, times
@@ -200,7 +202,9 @@ def bench(name: str, data: Path, pairs: int) -> dict:
     ratios, times = write_step(data, work / "write", pairs)
     res["write_s"], res["write_ratio"] = times, statistics.median(ratios)
     res["pack_s"] = pack_s
-    res["pack_ratio"] = statistics.median(m / f for m, f in zip(pack_s["minimal"], pack_s["full"], strict=True))
+    res["pack_ratio"] = statistics.median(
+        m / f for m, f in zip(pack_s["minimal"], pack_s["full"], strict=True)
+    )
     res["loader"] = {}
     for workers in (0, 2):
         pps: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
@@ -218,7 +222,8 @@ def report(res: dict) -> None:
     print(
         f"(a) bytes, Parquet: full {b['full'] / 2**20:,.1f} MiB, minimal {b['minimal'] / 2**20:,.1f} MiB, "
         f"input_ids alone {b['input_ids alone'] / 2**20:,.1f} MiB: minimal / input_ids alone = "
-        f"{b['minimal'] / b['input_ids alone']:.3f} (target <= 1.15; full: {b['full'] / b['input_ids alone']:.3f})"
+        f"{b['minimal'] / b['input_ids alone']:.3f} (target <= 1.15; "
+        f"full: {b['full'] / b['input_ids alone']:.3f})"
     )
     print(
         f"    bytes, tar: full {t['full'] / 2**20:,.1f} MiB, minimal {t['minimal'] / 2**20:,.1f} MiB, "

@@ -124,6 +124,7 @@ def settings(m: Manifest) -> dict:
         "empty_loss": c.empty_loss if m.sample_format in ("prompt_completion", "chat") else None,
         "on_error": c.on_error,
         "shard_format": m.shard_format,
+        "columns": m.layout,
         "shard_size": c.shard_size,
         "row_group_size": c.row_group_size if get_format(m.shard_format).unit_kind else None,
     }
