@@ -1,6 +1,6 @@
 """Benchmark the storage layouts ``--columns full`` and ``--columns minimal`` against each other (issue 18).
 
-    python scripts/bench_columns.py [--samples 100000] [--sft-samples 30000] [--pairs 3]
+    python scripts/bench_columns.py [--samples 100000] [--sft-samples 30000] [--pairs 3] [--write-pairs 9]
 
 Two pretokenized inputs in ``.bench/`` (N = 4096): ``pretrain``, ``bench_pack.py``'s 100k samples
 (lognormal lengths, mean ~300 tokens, with shifted ``labels`` of their own, which follow the rule the
@@ -13,8 +13,9 @@ response of 1s: labels and loss_mask as the fine-tuning encoders make them). For
   shown beside, against the ``input_ids`` members alone;
 * **write**: the write step alone (plan + encoded chunks -> shards, ``pipeline.write.write_shard`` for
   every shard, in this process), on the same encoded chunks and plan, full and minimal one after the
-  other in ``--pairs`` pairs (alternating which goes first): the figure is the median of the pairs'
-  ratios, since this shared machine's speed drifts more than the gap. Target: minimal / full <= 0.6.
+  other in ``--write-pairs`` pairs (alternating which goes first): the figure is the median of the
+  pairs' ratios, since this shared machine's speed drifts more than the gap (single pairs of this
+  second-long step ranged 0.34-0.66 in one run). Target: minimal / full <= 0.6.
   ``packtool pack`` end to end (a subprocess each, same pairing) is shown beside;
 * **loader**: ``PackedDataset`` packs/s (batch 8, shuffled, one epoch) on each layout's output, with 0
   and 2 workers, paired the same way. Target: minimal / full >= 0.9.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -173,18 +175,29 @@ def tar_input_ids_bytes(out: Path) -> int:
     return sum(-(-(e.num_packs * per_pack + 2 * BLOCK) // RECORD) * RECORD for e in m.shards)
 
 
-def loader_pps(out: Path, workers: int) -> float:
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its reaped children (the DataLoader workers)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def loader_pps(out: Path, workers: int) -> tuple[float, float]:
+    """Packs/s after the first batch, and CPU seconds per 1,000 packs over the whole epoch (workers and
+    their start-up included: what other jobs on the machine change least)."""
     ds = PackedDataset(out, batch_size=8, shuffle=True, seed=0)
     loader = get_loader(ds, num_workers=workers)
+    c0 = cpu_seconds()
     it = iter(loader)
     packs = len(next(it))
     t = time.perf_counter()
     for batch in it:
         packs += len(batch)
-    return (packs - 8) / (time.perf_counter() - t)
+    wall = time.perf_counter() - t
+    del it  # the workers are joined: their CPU time counts from here
+    return (packs - 8) / wall, (cpu_seconds() - c0) / packs * 1000
 
 
-def bench(name: str, data: Path, pairs: int) -> dict:
+def bench(name: str, data: Path, pairs: int, write_pairs: int) -> dict:
     work = BENCH / f"columns-{name}"
     outs = {layout: work / f"out-{layout}" for layout in LAYOUTS}
     pack_s: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
@@ -199,7 +212,7 @@ def bench(name: str, data: Path, pairs: int) -> dict:
     res["bytes"] = {layout: shard_bytes(outs[layout]) for layout in LAYOUTS} | {"input_ids alone": ids_alone}
     res["tar_bytes"] = {layout: shard_bytes(tars[layout]) for layout in LAYOUTS}
     res["tar_bytes"]["input_ids alone"] = tar_input_ids_bytes(tars["minimal"])
-    ratios, times = write_step(data, work / "write", pairs)
+    ratios, times = write_step(data, work / "write", write_pairs)
     res["write_s"], res["write_ratio"] = times, statistics.median(ratios)
     res["pack_s"] = pack_s
     res["pack_ratio"] = statistics.median(
@@ -208,11 +221,14 @@ def bench(name: str, data: Path, pairs: int) -> dict:
     res["loader"] = {}
     for workers in (0, 2):
         pps: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
+        cpu: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
         for i in range(pairs):
             for layout in pair_order(i):
-                pps[layout].append(loader_pps(outs[layout], workers))
+                speed, per_1k = loader_pps(outs[layout], workers)
+                pps[layout].append(speed)
+                cpu[layout].append(per_1k)
         ratio = statistics.median(m / f for m, f in zip(pps["minimal"], pps["full"], strict=True))
-        res["loader"][workers] = {"packs_per_s": pps, "ratio": ratio}
+        res["loader"][workers] = {"packs_per_s": pps, "cpu_s_per_1k": cpu, "ratio": ratio}
     return res
 
 
@@ -242,11 +258,12 @@ def report(res: dict) -> None:
         f"{statistics.median(p['minimal']):.2f} s: minimal / full = {res['pack_ratio']:.3f}"
     )
     for workers, row in res["loader"].items():
-        pps = row["packs_per_s"]
+        pps, cpu = row["packs_per_s"], row["cpu_s_per_1k"]
         print(
             f"(c) loader, {workers} workers: full {statistics.median(pps['full']):,.0f} packs/s, minimal "
             f"{statistics.median(pps['minimal']):,.0f} packs/s: minimal / full = {row['ratio']:.3f} "
-            "(target >= 0.9)"
+            f"(target >= 0.9); CPU s / 1k packs: full {statistics.median(cpu['full']):.3f}, minimal "
+            f"{statistics.median(cpu['minimal']):.3f}"
         )
 
 
@@ -255,6 +272,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=100_000, help="pretrain samples (default 100,000)")
     ap.add_argument("--sft-samples", type=int, default=30_000, help="fine-tuning samples (default 30,000)")
     ap.add_argument("--pairs", type=int, default=3, help="paired runs per figure (median of the ratios)")
+    ap.add_argument("--write-pairs", type=int, default=9, help="paired runs of the write step (median)")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
     BENCH.mkdir(exist_ok=True)
@@ -264,8 +282,14 @@ def main() -> None:
     sft = BENCH / f"sft-{args.sft_samples}.parquet"
     if not sft.exists():
         make_sft(sft, args.sft_samples)
-    print(f"packtool --columns full vs minimal, N = {N}, {args.pairs} pairs per figure")
-    results = [bench("pretrain", pretrain, args.pairs), bench("sft", sft, args.pairs)]
+    print(
+        f"packtool --columns full vs minimal, N = {N}, {args.pairs} pairs per figure "
+        f"({args.write_pairs} for the write step)"
+    )
+    results = [
+        bench(name, data, args.pairs, args.write_pairs)
+        for name, data in (("pretrain", pretrain), ("sft", sft))
+    ]
     for res in results:
         report(res)
     if args.json:
