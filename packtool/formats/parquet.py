@@ -354,23 +354,16 @@ class ParquetFormat(ShardFormat):
                 report.add("parse", message, shard=name, pack=base + first)
                 first += rows
                 continue
-            parts, sound = {}, True
-            for col in (c for c in manifest.columns if c in table.column_names):
-                offsets, values = _column(table, col)
-                parts[col] = (values, offsets)
+            parts = {c: _column(table, c)[::-1] for c in table.column_names if c in COLUMNS}
+            sound, at = True, base + first
+            for col, (_, offsets) in parts.items():
                 column = COLUMNS[col]
                 if (width := column.width(n)) is not None:
-                    what = (
-                        "packed_sequence_size"
-                        if column.per == "token"
-                        else "ceil(packed_sequence_size / 8) ="
-                    )
-                    sound &= _rows_of(offsets, width, what, base + first, name, col, report)
-                elif column.per == "piece" and col != "sample_index":  # as many as sample_index says
-                    pieces = np.diff(parts["sample_index"][1])
-                    sound &= _rows_of(
-                        offsets, pieces, "one per sample_index entry:", base + first, name, col, report
-                    )
+                    what = "packed_sequence_size" if column.per == "token" else "ceil(N / 8) ="
+                    sound &= _rows_of(offsets, width, what, at, name, col, report)
+                elif column.per == "piece" and col != "sample_index" and "sample_index" in parts:
+                    pieces = np.diff(parts["sample_index"][1])  # as many values as sample_index entries
+                    sound &= _rows_of(offsets, pieces, "one per sample_index entry:", at, name, col, report)
             if sound:
                 # every stored column as stored: sample_offset says where each piece starts in its sample
                 # (bfd shuffles packs, so pack order does not say)

@@ -82,7 +82,7 @@ def _pack_arrays(
                 "npy", f"{arr.dtype} array of shape {arr.shape}, expected a 1-D {column.dtype} array", col
             )
         elif width is not None and len(arr) != width:
-            what = "packed_sequence_size" if column.per == "token" else "ceil(packed_sequence_size / 8) ="
+            what = "packed_sequence_size" if column.per == "token" else "ceil(N / 8) ="
             problem("length", f"has {len(arr)} values, expected {what} {width}", col)
         elif column.per == "piece" and col != "sample_index" and pieces is not None and len(arr) != pieces:
             problem("length", f"has {len(arr)} values, expected one per sample_index entry: {pieces}", col)

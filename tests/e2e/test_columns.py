@@ -180,27 +180,32 @@ def test_manifest_and_card_say_what_is_stored(tmp_path):
     run_cli("verify", minimal)  # exit 0
 
 
-def test_verify_names_a_damaged_next_label(tmp_path):
-    """verify still checks what it checks (here: the stored next_label of one pack made negative)."""
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("value", "field 'next_label': next_label -5 of piece 0 is neither -100 nor a token id"),
+        ("count", "field 'next_label': has 0 values, expected one per sample_index entry: "),
+    ],
+)
+def test_verify_names_a_damaged_next_label(tmp_path, damage, message):
+    """verify still checks what it checks, here in the column minimal stores for the labels: pack 0's
+    first next_label made negative, or pack 0 left without its next_label values."""
     _, minimal = _pack(tmp_path, "text", True, "parquet")
     shard = minimal / load_manifest(minimal).shards[0].path
     table = pq.read_table(shard)
-    pf = pq.ParquetFile(shard)
     col = table.column("next_label").combine_chunks()
-    values = col.values.to_numpy().copy()
-    values[0] = -5
-    damaged = table.set_column(
-        table.column_names.index("next_label"),
-        "next_label",
-        pa.ListArray.from_arrays(col.offsets, pa.array(values)),
-    ).replace_schema_metadata(pf.schema_arrow.metadata)
-    pq.write_table(damaged, shard, row_group_size=8, compression="zstd", use_dictionary=False)
+    values, offsets = col.values.to_numpy().copy(), col.offsets.to_numpy().copy()
+    if damage == "value":
+        values[0] = -5
+    else:
+        values, offsets = values[offsets[1] :], np.r_[0, offsets[1:] - offsets[1]]
+    column = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values))
+    damaged = table.set_column(table.column_names.index("next_label"), "next_label", column)
+    metadata = pq.ParquetFile(shard).schema_arrow.metadata
+    pq.write_table(damaged.replace_schema_metadata(metadata), shard, row_group_size=8, compression="zstd")
     proc = run_cli("verify", minimal, check=False)
     assert proc.returncode == 1
-    assert (
-        "field 'next_label': next_label -5 of piece 0 is neither -100 nor a token id"
-        in proc.stdout + proc.stderr
-    )
+    assert message in proc.stdout + proc.stderr, proc.stdout
 
 
 @pytest.mark.parametrize(
