@@ -18,8 +18,8 @@
 
 ``rebuild`` turns packs as a shard stores them into packs as readers give them, with NumPy over whole
 runs of packs (no per-token Python): ``read_packs``, the loader, ``inspect`` and ``verify`` all read
-through it (``formats.base.UnitReader.read`` and ``ShardFormat.read_one``), so both layouts give the
-same packs, bit for bit. ``to_stored`` is the writer's side.
+through it (``formats.base.UnitReader.read``, ``ShardFormat.read_pack``, ``verify.packs.check_packs``),
+so both layouts give the same packs, bit for bit. ``to_stored`` is the writer's side.
 """
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ def rebuild(
     wanted = set(COLUMNS if wanted is None else wanted)
     out = dataclasses.replace(packs, next_label=None, loss_mask_bits=None)
     n = manifest.packed_sequence_size
-    if packs.loss_mask_bits is not None and ("loss_mask" in wanted or "labels" in wanted):
-        out.loss_mask = mask_from_bits(packs.loss_mask_bits, n)
     todo = [c for c in ("labels", "position_ids") if c in wanted and c not in stored]
+    if packs.loss_mask_bits is not None and ("loss_mask" in wanted or "labels" in todo):
+        out.loss_mask = mask_from_bits(packs.loss_mask_bits, n)
     if not todo:
         out.loss_mask = out.loss_mask if "loss_mask" in wanted else None
         return out
