@@ -47,6 +47,7 @@ lint: install
 bench: install
 	$(BIN)/python scripts/bench_pack.py
 	$(BIN)/python scripts/bench_loader.py
+	$(BIN)/python scripts/bench_columns.py
 	$(BIN)/python scripts/bench_memory.py
 	$(BIN)/python scripts/bench_engines.py
 

@@ -29,6 +29,7 @@ from packtool.plugins import is_plugin_spec
 LONG_SAMPLE_POLICIES = ("error", "drop", "truncate", "split")
 POSITION_IDS = ("nemo", "restart")
 LABELS = ("shifted", "unshifted")
+LAYOUTS = ("full", "minimal")  # the storage layouts of ``columns`` (packtool.layout)
 FORMATS = ("parquet", "webdataset")  # the shard formats of packtool.formats (a test checks they agree)
 SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat")
 LOSS_ON = ("assistant", "last", "all")
@@ -167,6 +168,12 @@ class PackConfig:
     )
     # writing
     format: str = key("parquet", "Shard format.", choices=FORMATS)
+    columns: str = key(
+        "full",
+        "What the shards store: full (every column, as any reader expects) or minimal (input_ids and only "
+        "what carries information; packtool's readers rebuild labels and position_ids: docs/formats.md).",
+        choices=LAYOUTS,
+    )
     shard_size: int = key(2048, "Packs per shard.", positive=True)
     shard_max_bytes: int | None = key(
         None, "webdataset: at most this many bytes per .tar shard.", positive=True

@@ -48,10 +48,13 @@ class Column:
     Attributes:
         name: the column's name everywhere (Parquet column, tar member ``KEY.NAME.npy``, loader field).
         dtype: NumPy dtype of its values, as stored.
-        per: ``token`` (``N`` values per pack), ``segment`` (one per ``seq_lens`` entry: the pieces, then
-            the padding if any) or ``piece`` (one per piece of a sample).
-        optional: written only when the input carries it.
+        per: ``token`` (``N`` values per pack), ``bit`` (``ceil(N / 8)`` bytes per pack, a bit per token),
+            ``segment`` (one per ``seq_lens`` entry: the pieces, then the padding if any) or ``piece``
+            (one per piece of a sample).
+        optional: written only when the input carries it, or only in one layout (``column_names``).
         meaning: one line, for docs and dataset cards.
+        stored_only: a column of the ``minimal`` layout that readers turn back into the columns it
+            stands for (``packtool.layout``); never a column of what they give.
     """
 
     name: str
@@ -59,6 +62,11 @@ class Column:
     per: str
     optional: bool
     meaning: str
+    stored_only: bool = False
+
+    def width(self, n: int) -> int | None:
+        """Values per pack of a fixed-width column (``token``, ``bit``) in packs of ``n``; None if ragged."""
+        return {"token": n, "bit": -(-n // 8)}.get(self.per)
 
 
 PACK_COLUMNS: tuple[Column, ...] = (
@@ -70,16 +78,59 @@ PACK_COLUMNS: tuple[Column, ...] = (
     Column("sample_index", np.dtype(np.int64), "piece", False, "input index of each piece's sample"),
     Column("sample_offset", np.dtype(np.int64), "piece", False, "where each piece starts in its sample"),
     Column("cp_padding", np.dtype(np.int32), "piece", True, "context-parallel padding ending each piece"),
+    Column(
+        "next_label",
+        np.dtype(np.int32),
+        "piece",
+        True,
+        "label of each piece's last token (minimal layout: labels are rebuilt from input_ids)",
+        stored_only=True,
+    ),
+    Column(
+        "loss_mask_bits",
+        np.dtype(np.uint8),
+        "bit",
+        True,
+        "loss_mask, 8 tokens a byte (numpy.packbits; minimal layout)",
+        stored_only=True,
+    ),
 )
 COLUMNS: dict[str, Column] = {c.name: c for c in PACK_COLUMNS}
 TOKEN_COLUMNS = tuple(c.name for c in PACK_COLUMNS if c.per == "token")  # (N,) per pack
-TRAINING_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens")  # every pack has these
+FIXED_COLUMNS = tuple(c.name for c in PACK_COLUMNS if c.per in ("token", "bit"))  # as many values per pack
+TRAINING_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens")  # every pack read has these
 
 
-def column_names(has_loss_mask: bool, has_cp_padding: bool = False) -> list[str]:
-    """The columns of an output, in their stored order."""
-    present = {"loss_mask": has_loss_mask, "cp_padding": has_cp_padding}
-    return [c.name for c in PACK_COLUMNS if present.get(c.name, True)]
+def column_names(
+    has_loss_mask: bool,
+    layout: str = "full",
+    *,
+    labels_rebuilt: bool = True,
+    shifted: bool = True,
+    has_cp_padding: bool = False,
+) -> list[str]:
+    """The columns an output stores, in their stored order.
+
+    ``full`` stores every column a reader gives. ``minimal`` (``packtool.layout``) leaves out
+    ``position_ids``, and ``labels`` when ``labels_rebuilt`` (the input's labels follow the rule the
+    readers rebuild them by; with ``shifted`` labels one ``next_label`` per piece goes with them), and
+    stores ``loss_mask`` as ``loss_mask_bits``. Any other column is stored as in ``full`` (``cp_padding``
+    when ``has_cp_padding``: ``cp_size`` > 1).
+
+    >>> column_names(True, "minimal")
+    ['input_ids', 'seq_lens', 'sample_index', 'sample_offset', 'next_label', 'loss_mask_bits']
+    """
+    optional = {"loss_mask": has_loss_mask, "cp_padding": has_cp_padding}
+    names = [c.name for c in PACK_COLUMNS if not c.stored_only and optional.get(c.name, True)]
+    if layout == "full":
+        return names
+    drop = {"position_ids", "loss_mask"} | ({"labels"} if labels_rebuilt else set())
+    names = [c for c in names if c not in drop]
+    if labels_rebuilt and shifted:
+        names.append("next_label")
+    if has_loss_mask:
+        names.append("loss_mask_bits")
+    return [c.name for c in PACK_COLUMNS if c.name in names]
 
 
 # --- statistics ----------------------------------------------------------------------------------------
@@ -416,7 +467,13 @@ class Manifest:
 
     @property
     def has_loss_mask(self) -> bool:
-        return "loss_mask" in self.columns
+        """The packs have a ``loss_mask`` (stored as it is, or as ``loss_mask_bits``)."""
+        return "loss_mask" in self.columns or "loss_mask_bits" in self.columns
+
+    @property
+    def layout(self) -> str:
+        """``full`` or ``minimal``: the ``columns`` key of the run (``columns`` lists what is stored)."""
+        return self.config.columns
 
     @property
     def vocab_size(self) -> int | None:

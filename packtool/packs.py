@@ -14,6 +14,8 @@ Layout of one pack (NeMo AutoModel ``PackedSequence`` conventions; columns in ``
   was split), so that the pieces of a split sample can be put back together whatever the pack order;
 * ``cp_padding`` ``(num_pieces,)`` int32 (only with ``cp_size > 1``): the context-parallel padding at the end
   of each piece's ``seq_lens`` entry (the piece's own tokens are the entry minus it).
+
+The ``minimal`` layout (``--columns minimal``) stores fewer of them: ``packtool.layout``.
 """
 
 from __future__ import annotations
@@ -22,28 +24,37 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packtool.manifest import TOKEN_COLUMNS
+from packtool.arrays import ranges
+from packtool.manifest import COLUMNS, PACK_COLUMNS, TOKEN_COLUMNS
+
+# where the offsets of a ragged column's values are kept, by ``Column.per``: every piece column shares one
+OFFSETS = {"segment": "seq_lens_offsets", "piece": "sample_index_offsets"}
 
 
 @dataclass
 class PackArrays:
-    """A run of ``num_packs`` packs: per-token columns ``(num_packs, N)``, ragged ones as CSR.
+    """A run of ``num_packs`` packs: fixed-width columns ``(num_packs, width)``, ragged ones as CSR.
 
-    A reader that was not asked for the provenance columns leaves ``sample_index`` and ``sample_offset``
-    as None (``sample_index_offsets`` too, unless it read ``cp_padding``, which they split);
-    ``loss_mask`` and ``cp_padding`` are None when the data has none.
+    A reader that was not asked for the provenance columns leaves ``sample_index``,
+    ``sample_index_offsets`` and ``sample_offset`` as None (``sample_index_offsets`` is set when it read
+    ``cp_padding``); ``loss_mask`` and ``cp_padding`` are None when the data has none.
+    ``sample_index_offsets`` split every per-piece column. The columns of the ``minimal`` layout that
+    stand for others (``next_label``, ``loss_mask_bits``) are set only between a shard and
+    ``packtool.layout`` (what the writer stores, what a reader read), never in what readers give.
     """
 
     input_ids: np.ndarray  # (num_packs, N) int32
-    labels: np.ndarray  # (num_packs, N) int32
-    position_ids: np.ndarray  # (num_packs, N) int32
-    loss_mask: np.ndarray | None  # (num_packs, N) int8
-    seq_lens: np.ndarray  # flat int32, split by seq_lens_offsets
-    seq_lens_offsets: np.ndarray  # (num_packs + 1,) int64
+    labels: np.ndarray | None = None  # (num_packs, N) int32
+    position_ids: np.ndarray | None = None  # (num_packs, N) int32
+    loss_mask: np.ndarray | None = None  # (num_packs, N) int8
+    seq_lens: np.ndarray | None = None  # flat int32, split by seq_lens_offsets
+    seq_lens_offsets: np.ndarray | None = None  # (num_packs + 1,) int64
     sample_index: np.ndarray | None = None  # flat int64, split by sample_index_offsets
     sample_index_offsets: np.ndarray | None = None  # (num_packs + 1,) int64
     sample_offset: np.ndarray | None = None  # flat int64, split by sample_index_offsets
     cp_padding: np.ndarray | None = None  # flat int32, split by sample_index_offsets (cp_size > 1)
+    next_label: np.ndarray | None = None  # flat int32, split by sample_index_offsets (minimal)
+    loss_mask_bits: np.ndarray | None = None  # (num_packs, ceil(N / 8)) uint8 (minimal)
 
     @property
     def num_packs(self) -> int:
@@ -53,20 +64,85 @@ class PackArrays:
         """The ``(num_packs, N)`` columns present, by name, in column order."""
         return {name: a for name in TOKEN_COLUMNS if (a := getattr(self, name)) is not None}
 
+    def present(self) -> list[str]:
+        """The columns this holds (not None), in column order."""
+        return [c.name for c in PACK_COLUMNS if getattr(self, c.name) is not None]
+
+    def parts(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Column ``name`` as flat values and ``(num_packs + 1,)`` offsets (a fixed-width one's are
+        ``arange * width``): what a Parquet list column or a run of tar members holds."""
+        values = getattr(self, name)
+        if values.ndim == 2:
+            k, width = values.shape
+            return values.reshape(-1), np.arange(k + 1, dtype=np.int64) * width
+        return values, getattr(self, OFFSETS[COLUMNS[name].per])
+
+    def row(self, name: str, k: int) -> np.ndarray:
+        """Pack ``k``'s values of column ``name`` (a view)."""
+        values = getattr(self, name)
+        if values.ndim == 2:
+            return values[k]
+        offsets = getattr(self, OFFSETS[COLUMNS[name].per])
+        return values[offsets[k] : offsets[k + 1]]
+
+    def stored(self, k: int) -> dict[str, np.ndarray]:
+        """Pack ``k``'s values of every column held, by name (what a tar shard's members hold)."""
+        return {name: self.row(name, k) for name in self.present()}
+
+    def take(self, rows: np.ndarray) -> PackArrays:
+        """Packs ``rows`` (indices, in order) as new ``PackArrays``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        fields: dict[str, np.ndarray] = {}
+        for name in self.present():
+            if COLUMNS[name].per in OFFSETS:  # ragged: each row's values, new offsets
+                values, offsets = self.parts(name)
+                counts = offsets[rows + 1] - offsets[rows]
+                fields[name] = values[ranges(offsets[rows], counts)]
+                new = np.zeros(len(rows) + 1, dtype=np.int64)
+                np.cumsum(counts, out=new[1:])
+                fields[OFFSETS[COLUMNS[name].per]] = new
+            else:
+                fields[name] = getattr(self, name)[rows]
+        return PackArrays(**fields)
+
+    @classmethod
+    def from_parts(cls, parts: dict[str, tuple[np.ndarray, np.ndarray]], n: int) -> PackArrays:
+        """Packs from each column's flat values and offsets (``parts``' inverse), for packs of ``n`` tokens.
+
+        Raises ``ValueError`` naming the column when a fixed-width one does not hold its width in every
+        pack, or per-piece columns do not hold as many values as each other in every pack.
+        """
+        fields: dict[str, np.ndarray] = {}
+        for name, (values, offsets) in parts.items():
+            col = COLUMNS[name]
+            k = len(offsets) - 1
+            width = col.width(n)
+            if width is not None:
+                if values.size != k * width or not np.array_equal(offsets, np.arange(k + 1) * width):
+                    raise ValueError(f"column '{name}' does not hold {width} values in every row")
+                fields[name] = values.reshape(k, width)
+                continue
+            fields[name] = values
+            where = OFFSETS[col.per]
+            if where in fields and not np.array_equal(fields[where], offsets):
+                raise ValueError(f"column '{name}' does not hold one value per {col.per} in every row")
+            fields[where] = offsets
+        return cls(**fields)
+
     def pack(self, k: int, with_sample_index: bool = False) -> dict[str, np.ndarray]:
         """Pack ``k`` as a dict of NumPy views: the token columns, ``seq_lens``, and with
         ``with_sample_index`` its ``sample_index`` and ``sample_offset`` (when read); ``cp_padding`` when
         the output has it."""
         out = {name: a[k] for name, a in self.token_columns().items()}
         out["seq_lens"] = self.seq_lens[self.seq_lens_offsets[k] : self.seq_lens_offsets[k + 1]]
-        if self.cp_padding is not None:
+        if self.sample_index_offsets is not None:
             a, b = self.sample_index_offsets[k], self.sample_index_offsets[k + 1]
-            out["cp_padding"] = self.cp_padding[a:b]
-        if with_sample_index and self.sample_index is not None:
-            a, b = self.sample_index_offsets[k], self.sample_index_offsets[k + 1]
-            out["sample_index"] = self.sample_index[a:b]
-            if self.sample_offset is not None:
-                out["sample_offset"] = self.sample_offset[a:b]
+            for c in PACK_COLUMNS:
+                wanted = with_sample_index or c.name == "cp_padding"  # part of the layout: always given
+                if c.per != "piece" or c.stored_only or not wanted:
+                    continue
+                if (v := getattr(self, c.name)) is not None:
+                    out[c.name] = v[a:b]
         return out
 
     def packs(self, with_sample_index: bool = False) -> list[dict[str, np.ndarray]]:

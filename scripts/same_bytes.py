@@ -6,9 +6,10 @@
 
 Runs a fixed set of jobs (the demo config; 20,000 synthetic texts with ``bfd`` in both shard formats;
 pretokenized Parquet with a loss mask, ``sequential`` and ``--split-across-pack``; the two fine-tuning
-configs) in a scratch directory, each with the same relative paths every time, and prints one JSON
-object: for every run, the sha256 of every file it wrote, and of its manifest with the run-specific
-fields (``packtool_version``) left out.
+configs; ``--columns minimal`` on the pretokenized input and on chat in tar shards) in a scratch
+directory, each with the same relative paths every time, and prints one JSON object: for every run, the
+sha256 of every file it wrote, and of its manifest with the run-specific fields (``packtool_version``)
+left out.
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ RUNS: dict[str, list[str]] = {
     ],
     "sft-alpaca": ["--config", "configs/sft_alpaca.yaml", "-o", "out/sft_alpaca"],
     "sft-chat": ["--config", "configs/sft_chat.yaml", "-o", "out/sft_chat"],
+    "pretokenized-minimal-split": [
+        "pretokenized.parquet", "--packed-sequence-size", "4096", "--split-across-pack", "--columns",
+        "minimal", "--row-group-size", "64", "--shard-size", "256", "-o", "out/pretok-minimal",
+    ],
+    "sft-chat-minimal-webdataset": [
+        "--config", "configs/sft_chat.yaml", "--columns", "minimal", "--format", "webdataset",
+        "-o", "out/sft_chat_minimal",
+    ],
 }  # fmt: skip
 
 

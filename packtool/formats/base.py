@@ -5,7 +5,9 @@ A shard holds a run of consecutive packs. A format says how to
 * **write** one (``shard_ranges`` cuts the plan into shards, ``write`` writes one shard from ``PackArrays``
   blocks and returns its format-specific ``ShardEntry`` fields);
 * **read** one: a shard is read in *units* (``units``: packs per unit, e.g. Parquet row groups; the loader
-  decodes one unit at a time), ``open_reader`` gives a reader of units, ``read_pack`` one pack alone;
+  decodes one unit at a time), ``open_reader`` gives a reader of units, ``read_pack`` one pack alone; a
+  format reads the columns its shards store, and the base class turns them into the packs readers give
+  (``packtool.layout.rebuild``: the columns the ``minimal`` layout leaves out), so no format knows layouts;
 * **summarize** one from its own metadata, without reading packs (``inspect``'s fast path);
 * **check** one for ``verify``: parse it, report what is wrong on a ``ProblemSink`` and yield the packs it
   could read; and check the dataset-level index files, if the format writes any.
@@ -25,6 +27,7 @@ import pyarrow as pa
 
 from packtool.config import PackConfig
 from packtool.errors import PacktoolError
+from packtool.layout import rebuild, stored_columns
 from packtool.manifest import SHARD_PREFIXES, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
@@ -108,11 +111,20 @@ def shard_meta_problems(
 class UnitReader(ABC):
     """Reads units of one output's shards (keeping files open between calls, as the format likes)."""
 
-    @abstractmethod
+    manifest: Manifest
+
     def read(self, shard: int, part: int, columns: list[str]) -> PackArrays:
-        """Unit ``part`` of shard ``shard`` (positions in the manifest), with ``columns`` (the training
-        columns always; ``sample_index``/``sample_offset`` when named). Raises one of ``UNIT_ERRORS`` or
+        """Unit ``part`` of shard ``shard`` (positions in the manifest), with ``columns`` as readers give
+        them (the training columns always; ``loss_mask``, ``sample_index``/``sample_offset`` when named),
+        whatever the layout stores (``packtool.layout``). Raises one of ``UNIT_ERRORS`` or
         ``PacktoolError`` when the unit cannot be read as the manifest describes it."""
+        stored = self.read_stored(shard, part, stored_columns(self.manifest.columns, columns))
+        return rebuild(stored, self.manifest, columns)
+
+    @abstractmethod
+    def read_stored(self, shard: int, part: int, columns: list[str]) -> PackArrays:
+        """Unit ``part`` of shard ``shard`` with the stored ``columns`` named (as the shard holds them);
+        raises as ``read`` does."""
 
     def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release open files."""
@@ -128,8 +140,9 @@ class ShardFormat(ABC):
         number in the manifest)."""
         return f"{SHARD_PREFIXES[split]}{index:06d}{self.suffix}"
 
-    def shard_ranges(self, plan: PackPlan, config: PackConfig, has_loss_mask: bool) -> list[tuple[int, int]]:
-        """Pack ranges ``[(first, end), ...]`` of the shards: ``shard_size`` packs each by default."""
+    def shard_ranges(self, plan: PackPlan, config: PackConfig, columns: list[str]) -> list[tuple[int, int]]:
+        """Pack ranges ``[(first, end), ...]`` of the shards (storing ``columns``): ``shard_size`` packs
+        each by default."""
         k, size = plan.num_packs, config.shard_size
         return [(a, min(a + size, k)) for a in range(0, k, size)]
 
@@ -151,10 +164,23 @@ class ShardFormat(ABC):
         """A reader of the output's units; ``verify_checksums`` checks every unit against the checksums
         written with it (a mismatch raises one of ``UNIT_ERRORS``)."""
 
-    @abstractmethod
     def read_pack(self, path: Path, entry: ShardEntry, row: int, manifest: Manifest) -> dict | None:
         """Pack ``row`` of the shard read alone (with ``sample_index``/``sample_offset``), or None when the
         shard cannot be read that way (the caller then reads it in order with ``check``)."""
+        packs = self.read_stored_pack(path, entry, row, manifest)
+        if packs is None or packs.num_packs != 1:
+            return None
+        try:
+            return rebuild(packs, manifest).pack(0, with_sample_index=True)
+        except UNIT_ERRORS:  # a damaged layout: reading in order says what is wrong
+            return None
+
+    @abstractmethod
+    def read_stored_pack(
+        self, path: Path, entry: ShardEntry, row: int, manifest: Manifest
+    ) -> PackArrays | None:
+        """Pack ``row`` of the shard read alone with every stored column (one pack), or None when the
+        shard cannot be read that way."""
 
     @abstractmethod
     def summary(self, path: Path) -> dict[str, Any]:
@@ -166,7 +192,8 @@ class ShardFormat(ABC):
     ) -> Iterator[tuple[int, PackArrays]]:
         """Parse shard ``path`` (number ``index``, first pack ``base``) and report what is wrong with it
         (parsing, ``run_id``, pack count, its own index, per-pack layout); yield ``(first pack in the shard,
-        PackArrays)`` for the packs it could read, with ``sample_index`` and ``sample_offset``."""
+        PackArrays)`` for the packs it could read, every stored column as stored (``verify`` checks them,
+        then ``layout.rebuild`` gives the packs)."""
 
     def index_files(self, entry: ShardEntry) -> list[str]:
         """Files beside the shard that belong to it (e.g. a tar's ``.tar.idx``)."""

@@ -88,12 +88,26 @@ def dataset_card(manifest: Manifest, suffix: str) -> str:
         "",
         f"- labels: {labels}; `-100` where no loss is taken",
         f"- position ids: `{m.position_ids}`; padding token id: {m.pad_token_id}",
+        *LAYOUT_NOTE.get(m.layout, []),
         f"- tokenizer: `{m.tokenizer.name or m.tokenizer.kind or 'unknown'}`",
     ]
     return "\n".join(lines) + "\n"
 
 
-PER = {"token": "one per token", "segment": "one per piece, +1 for padding", "piece": "one per piece"}
+# the card of a minimal output says where the columns it leaves out went (a full one says nothing more)
+LAYOUT_NOTE = {
+    "minimal": [
+        "- layout: `--columns minimal`: the columns above are all that is stored; `labels`, `position_ids`"
+        " (and `loss_mask`) are rebuilt from them by packtool's readers (`packtool.read_packs`,"
+        " `packtool.loader`): see packtool's docs/formats.md"
+    ]
+}
+PER = {
+    "token": "one per token",
+    "bit": "a bit per token (8 a byte)",
+    "segment": "one per piece, +1 for padding",
+    "piece": "one per piece",
+}
 
 
 def write_dataset_card(directory: str | Path, manifest: Manifest, suffix: str) -> str:

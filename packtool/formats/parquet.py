@@ -1,9 +1,10 @@
 """Parquet shards ``packs-NNNNNN.parquet``: zstd, one row per pack, row groups of ``row_group_size`` packs.
 
-Every column is ``list<int32>`` (``loss_mask``: ``list<int8>``, ``sample_index``/``sample_offset``:
-``list<int64>``), what ``datasets``, NeMo and pandas read as they are; the columns and their meaning are
-``packtool.manifest.PACK_COLUMNS``. The file's key-value metadata ``packtool`` holds ``{"run_id", "shard",
-"first_pack", "packed_sequence_size"}``, so a shard can be matched to its manifest.
+Every column is a list of its ``packtool.manifest.PACK_COLUMNS`` dtype (``list<int32>``; ``loss_mask``:
+``list<int8>``, ``sample_index``/``sample_offset``: ``list<int64>``), what ``datasets``, NeMo and pandas
+read as they are; which columns the shards hold is the manifest's ``columns`` (``packtool.layout``). The
+file's key-value metadata ``packtool`` holds ``{"run_id", "shard", "first_pack", "packed_sequence_size"}``,
+so a shard can be matched to its manifest.
 
 A read unit is a row group: the loader decodes one at a time with Arrow.
 """
@@ -33,7 +34,7 @@ from packtool.formats.base import (
     UnitReader,
     shard_meta_problems,
 )
-from packtool.manifest import COLUMNS, FORMAT_VERSION, TOKEN_COLUMNS, Manifest, ShardEntry
+from packtool.manifest import COLUMNS, FORMAT_VERSION, Manifest, ShardEntry
 from packtool.packs import PackArrays
 
 METADATA_KEY = b"packtool"
@@ -49,27 +50,20 @@ def _list(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType) -> p
     return pa.LargeListArray.from_arrays(arrow_array(offsets, pa.int64()), arrow_array(values, value_type))
 
 
-_ARROW = {np.dtype(np.int8): pa.int8(), np.dtype(np.int32): pa.int32(), np.dtype(np.int64): pa.int64()}
+_ARROW = {
+    np.dtype(np.int8): pa.int8(),
+    np.dtype(np.uint8): pa.uint8(),
+    np.dtype(np.int32): pa.int32(),
+    np.dtype(np.int64): pa.int64(),
+}
 
 
 def packs_table(packs: PackArrays) -> pa.Table:
-    """The packs as one Arrow table in the stored column order (one row per pack)."""
-    k, n = packs.input_ids.shape
-    fixed = np.arange(k + 1, dtype=np.int64) * n
-    ragged = {
-        "seq_lens": (packs.seq_lens, packs.seq_lens_offsets),
-        "sample_index": (packs.sample_index, packs.sample_index_offsets),
-        "sample_offset": (packs.sample_offset, packs.sample_index_offsets),
-        "cp_padding": (packs.cp_padding, packs.sample_index_offsets),
-    }
+    """The packs as one Arrow table in the stored column order (one row per pack): every column held."""
     cols = {}
-    for name, column in COLUMNS.items():
-        if name in ragged:
-            values, offsets = ragged[name]
-        else:
-            values, offsets = getattr(packs, name), fixed
-        if values is not None:
-            cols[name] = _list(values.reshape(-1), offsets, _ARROW[column.dtype])
+    for name in packs.present():
+        values, offsets = packs.parts(name)
+        cols[name] = _list(values, offsets, _ARROW[COLUMNS[name].dtype])
     return pa.table(cols)
 
 
@@ -203,33 +197,15 @@ def _column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
 def table_packs(table: pa.Table, n: int) -> PackArrays:
     """The packs of a table (a row group) as ``PackArrays`` of NumPy views, without a loop over packs.
 
-    Raises ``ValueError`` if a per-token column does not hold exactly ``N`` values in every row.
+    Raises ``ValueError`` if a fixed-width column does not hold its width (``N`` for a per-token one) in
+    every row, or the per-piece columns disagree on a pack's piece count.
     """
-    k = table.num_rows
-    fixed: dict[str, np.ndarray | None] = {name: None for name in TOKEN_COLUMNS}
-    for name in TOKEN_COLUMNS:
-        if name in table.column_names:
+    parts = {}
+    for name in table.column_names:
+        if name in COLUMNS:
             offsets, values = _column(table, name)
-            if values.size != k * n or not np.array_equal(offsets, np.arange(k + 1, dtype=np.int64) * n):
-                raise ValueError(f"column '{name}' does not hold {n} values in every row")
-            fixed[name] = values.reshape(k, n)
-    sl_off, sl = _column(table, "seq_lens")
-    si_off = si = so = cp = None
-    if "sample_index" in table.column_names:
-        si_off, si = _column(table, "sample_index")
-        if "sample_offset" in table.column_names:
-            so = _column(table, "sample_offset")[1]
-    if "cp_padding" in table.column_names:
-        si_off, cp = _column(table, "cp_padding")
-    return PackArrays(
-        **fixed,
-        seq_lens=sl,
-        seq_lens_offsets=sl_off,
-        sample_index=si,
-        sample_index_offsets=si_off,
-        sample_offset=so,
-        cp_padding=cp,
-    )
+            parts[name] = (values, offsets)
+    return PackArrays.from_parts(parts, n)
 
 
 class ParquetReader(UnitReader):
@@ -258,7 +234,7 @@ class ParquetReader(UnitReader):
             self.files.popitem(last=False)[1].close()
         return pf
 
-    def read(self, shard: int, part: int, columns: list[str]) -> PackArrays:
+    def read_stored(self, shard: int, part: int, columns: list[str]) -> PackArrays:
         entry = self.manifest.shards[shard]
         want = [c for c in self.manifest.columns if c in columns]
         table = self._file(shard).read_row_group(part, columns=want, use_threads=False)
@@ -274,17 +250,17 @@ class ParquetReader(UnitReader):
 
 
 # --- checking ------------------------------------------------------------------------------------------
-def _rows_of_n(
-    offsets: np.ndarray, values: np.ndarray, n: int, first: int, name: str, col: str, report: ProblemSink
-) -> np.ndarray | None:
-    """A list column whose every row must hold ``n`` values, as ``(rows, n)``; None (reported) if not."""
+def _rows_of(
+    offsets: np.ndarray, want: np.ndarray, what: str, first: int, name: str, col: str, report: ProblemSink
+) -> bool:
+    """Whether every row of a list column holds ``want`` values (an int, or one per row); the rows that
+    do not are reported (``what``: what the expected count is)."""
     lens = np.diff(offsets)
-    bad = np.flatnonzero(lens != n)
-    problems = ((f"has {lens[i]} values, expected packed_sequence_size {n}", first + int(i)) for i in bad)
+    bad = np.flatnonzero(lens != want)
+    expected = np.broadcast_to(want, lens.shape)
+    problems = ((f"has {lens[i]} values, expected {what} {expected[i]}", first + int(i)) for i in bad)
     report.add_many("length", len(bad), problems, shard=name, field=col)
-    if len(bad):
-        return None
-    return values.reshape(len(lens), n)
+    return not len(bad)
 
 
 class ParquetFormat(ShardFormat):
@@ -314,7 +290,9 @@ class ParquetFormat(ShardFormat):
     ) -> ParquetReader:
         return ParquetReader(directory, manifest, verify_checksums=verify_checksums)
 
-    def read_pack(self, path: Path, entry: ShardEntry, row: int, manifest: Manifest) -> dict | None:
+    def read_stored_pack(
+        self, path: Path, entry: ShardEntry, row: int, manifest: Manifest
+    ) -> PackArrays | None:
         if not entry.row_groups:
             return None
         bounds = np.cumsum([0, *entry.row_groups])
@@ -322,10 +300,9 @@ class ParquetFormat(ShardFormat):
         try:
             pf = pq.ParquetFile(path, page_checksum_verification=True)
             table = pf.read_row_group(rg).slice(row - int(bounds[rg]), 1)
-            packs = table_packs(table, manifest.packed_sequence_size)
+            return table_packs(table, manifest.packed_sequence_size)
         except (pa.ArrowException, OSError, ValueError, KeyError):  # damaged, or not the manifest's
             return None
-        return packs.pack(0, with_sample_index=True) if packs.num_packs else None
 
     def summary(self, path: Path) -> dict[str, Any]:
         pf = pq.ParquetFile(path)
@@ -377,32 +354,18 @@ class ParquetFormat(ShardFormat):
                 report.add("parse", message, shard=name, pack=base + first)
                 first += rows
                 continue
-            fixed = {}
-            for col in TOKEN_COLUMNS:
-                if col in table.column_names:
-                    offsets, values = _column(table, col)
-                    fixed[col] = _rows_of_n(offsets, values, n, base + first, name, col, report)
-            if any(v is None for v in fixed.values()):
-                first += rows
-                continue
-            sl_off, sl = _column(table, "seq_lens")
-            si_off, si = _column(table, "sample_index")
-            so = _column(table, "sample_offset")[1] if "sample_offset" in table.column_names else None
-            cp = _column(table, "cp_padding")[1] if "cp_padding" in table.column_names else None
-            yield (
-                first,
-                PackArrays(
-                    input_ids=fixed["input_ids"],
-                    labels=fixed["labels"],
-                    position_ids=fixed["position_ids"],
-                    loss_mask=fixed.get("loss_mask"),
-                    seq_lens=sl,
-                    seq_lens_offsets=sl_off,
-                    sample_index=si,
-                    sample_index_offsets=si_off,
-                    # where each piece starts in its sample (bfd shuffles packs, so pack order does not say)
-                    sample_offset=so,
-                    cp_padding=cp,
-                ),
-            )
+            parts = {c: _column(table, c)[::-1] for c in table.column_names if c in COLUMNS}
+            sound, at = True, base + first
+            for col, (_, offsets) in parts.items():
+                column = COLUMNS[col]
+                if (width := column.width(n)) is not None:
+                    what = "packed_sequence_size" if column.per == "token" else "ceil(N / 8) ="
+                    sound &= _rows_of(offsets, width, what, at, name, col, report)
+                elif column.per == "piece" and col != "sample_index" and "sample_index" in parts:
+                    pieces = np.diff(parts["sample_index"][1])  # as many values as sample_index entries
+                    sound &= _rows_of(offsets, pieces, "one per sample_index entry:", at, name, col, report)
+            if sound:
+                # every stored column as stored: sample_offset says where each piece starts in its sample
+                # (bfd shuffles packs, so pack order does not say)
+                yield first, PackArrays.from_parts(parts, n)
             first += rows

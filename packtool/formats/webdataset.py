@@ -1,11 +1,12 @@
 """WebDataset tar shards ``packs-NNNNNN.tar``, their ``.tar.idx`` indexes, and the wids / Energon metadata.
 
 Each pack is one WebDataset *sample*: the tar members ``KEY.EXT``, ``KEY`` the pack's global index as
-nine digits (``000000123``), ``EXT`` each column of ``packtool.manifest.PACK_COLUMNS`` as ``NAME.npy``
-(version 1 ``.npy``, no pickle) plus ``json``: ``{"pack_index", "num_tokens", "num_samples", "run_id",
-"shard"}`` (``run_id``/``shard`` match a shard to its manifest). Members follow the ``webdataset.TarWriter``
-conventions (USTAR, a sample's members adjacent and sorted by extension) and are written by ``tarfile``
-with fixed metadata, so a shard is byte-identical for every run and ``num_proc``.
+nine digits (``000000123``), ``EXT`` each column the manifest's ``columns`` names (of
+``packtool.manifest.PACK_COLUMNS``) as ``NAME.npy`` (version 1 ``.npy``, no pickle) plus ``json``:
+``{"pack_index", "num_tokens", "num_samples", "run_id", "shard"}`` (``run_id``/``shard`` match a shard to
+its manifest). Members follow the ``webdataset.TarWriter`` conventions (USTAR, a sample's members adjacent
+and sorted by extension) and are written by ``tarfile`` with fixed metadata, so a shard is byte-identical
+for every run and ``num_proc``.
 
 Beside each shard, ``packs-NNNNNN.tar.idx``: little-endian uint64 byte offsets of every pack's first
 header, then the end of the last one (Megatron-Energon's layout). Once all shards are written, the
@@ -37,7 +38,7 @@ from packtool.formats.base import ProblemSink, ShardFormat, ShardMeta, ShardMism
 from packtool.formats.tar import BLOCK, INDEX_SUFFIX, RECORD, member_size, npy_bytes, pack_key, tar_index_name
 from packtool.formats.webdataset_check import check_tar_shard
 from packtool.formats.webdataset_index import check_dataset_index, write_dataset_index
-from packtool.manifest import COLUMNS, TOKEN_COLUMNS, TRAINING_COLUMNS, Manifest, ShardEntry
+from packtool.manifest import COLUMNS, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
 
@@ -65,28 +66,31 @@ def _npy_size(length: int, dtype: str) -> int:
     return len(buf.getvalue()) + int(length) * np.dtype(dtype).itemsize
 
 
-def pack_tar_bytes(plan: PackPlan, has_loss_mask: bool) -> np.ndarray:
-    """``(num_packs,)`` int64: bytes each pack of ``plan`` takes in a tar shard, from the plan alone (to cut
-    shards by ``shard_max_bytes`` before any token is written)."""
+def pack_tar_bytes(plan: PackPlan, columns: list[str]) -> np.ndarray:
+    """``(num_packs,)`` int64: bytes each pack of ``plan`` takes in a tar shard storing ``columns``, from the
+    plan alone (to cut shards by ``shard_max_bytes`` before any token is written)."""
     n = plan.packed_sequence_size
     counts = np.diff(plan.pack_offsets).astype(np.int64)
-    n_seq_lens = counts + (plan.pack_spans() < n)
-    fixed = member_size(BLOCK - 1)  # the json
-    for name in TOKEN_COLUMNS:
-        if name != "loss_mask" or has_loss_mask:
-            fixed += member_size(_npy_size(n, COLUMNS[name].dtype.name))
+    values = {"segment": counts + (plan.pack_spans() < n), "piece": counts}  # per pack, by Column.per
+    total = np.full(plan.num_packs, member_size(BLOCK - 1), dtype=np.int64)  # the json
 
     def ragged(lengths: np.ndarray, dtype: str) -> np.ndarray:
         uniq, inv = np.unique(lengths, return_inverse=True)
         sizes = np.array([member_size(_npy_size(int(u), dtype)) for u in uniq], dtype=np.int64)
         return sizes[inv.reshape(-1)]
 
-    size = fixed + ragged(n_seq_lens, "int32") + 2 * ragged(counts, "int64")  # sample_index, sample_offset
-    return size if plan.span is None else size + ragged(counts, "int32")  # cp_padding
+    for name in columns:
+        col = COLUMNS[name]
+        width = col.width(n)
+        if width is not None:
+            total += member_size(_npy_size(width, col.dtype.name))
+        else:
+            total += ragged(values[col.per], col.dtype.name)
+    return total
 
 
 def shard_bounds(
-    plan: PackPlan, shard_size: int, shard_max_bytes: int | None, has_loss_mask: bool
+    plan: PackPlan, shard_size: int, shard_max_bytes: int | None, columns: list[str]
 ) -> list[tuple[int, int]]:
     """Pack ranges ``[(first, end), ...]`` of the tar shards: at most ``shard_size`` packs and, when
     ``shard_max_bytes`` is set, at most that many bytes per ``.tar`` file (end-of-archive blocks included).
@@ -96,7 +100,7 @@ def shard_bounds(
     k = plan.num_packs
     if shard_max_bytes is None:
         return [(a, min(a + shard_size, k)) for a in range(0, k, shard_size)]
-    sizes = pack_tar_bytes(plan, has_loss_mask)
+    sizes = pack_tar_bytes(plan, columns)
     cum = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(sizes, out=cum[1:])
     # a shard of S bytes of members becomes ceil((S + 2 blocks) / RECORD) * RECORD bytes on disk
@@ -135,7 +139,7 @@ def write_tar_shard(path: str | Path, packs: PackArrays, *, first_pack: int, run
                 key = pack_key(first_pack + i)
                 meta = pack_json(first_pack + i, num_tokens[i], num_samples[i], run_id, shard)
                 assert len(meta) < BLOCK, meta  # pack_tar_bytes counts one block for it
-                members = {f"{name}.npy": npy_bytes(a) for name, a in packs.pack(i, True).items()}
+                members = {f"{name}.npy": npy_bytes(a) for name, a in packs.stored(i).items()}
                 members["json"] = meta
                 for ext in sorted(members):  # webdataset.TarWriter's order
                     data = members[ext]
@@ -173,31 +177,16 @@ def _npy_members(
     }
 
 
-def stack_packs(packs: list[dict[str, np.ndarray]]) -> PackArrays:
-    """Pack dicts of one shard (consecutive) as ``PackArrays``."""
-
-    def csr(name: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-        if not packs or name not in packs[0]:
-            return None, None
-        parts = [p[name] for p in packs]
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([len(p) for p in parts], out=offsets[1:])
-        return np.concatenate(parts).astype(COLUMNS[name].dtype, copy=False), offsets
-
-    fixed = {name: np.stack([p[name] for p in packs]) if name in packs[0] else None for name in TOKEN_COLUMNS}
-    seq_lens, sl_off = csr("seq_lens")
-    sample_index, si_off = csr("sample_index")
-    sample_offset, _ = csr("sample_offset")
-    cp_padding, cp_off = csr("cp_padding")
-    return PackArrays(
-        **fixed,
-        seq_lens=seq_lens,
-        seq_lens_offsets=sl_off,
-        sample_index=sample_index,
-        sample_index_offsets=si_off if si_off is not None else cp_off,
-        sample_offset=sample_offset,
-        cp_padding=cp_padding,
-    )
+def stack_packs(packs: list[dict[str, np.ndarray]], n: int) -> PackArrays:
+    """Pack dicts of one shard (consecutive; stored columns by name) as ``PackArrays`` of packs of ``n``
+    tokens; ``ValueError`` as ``PackArrays.from_parts`` raises it."""
+    parts = {}
+    for name in packs[0] if packs else ():
+        values = [p[name] for p in packs]
+        offsets = np.zeros(len(values) + 1, dtype=np.int64)
+        np.cumsum([len(v) for v in values], out=offsets[1:])
+        parts[name] = (np.concatenate(values).astype(COLUMNS[name].dtype, copy=False), offsets)
+    return PackArrays.from_parts(parts, n)
 
 
 def read_tar_packs(
@@ -226,10 +215,10 @@ def read_tar_packs(
                     _check_run_id(path, f"{key}.json", bytes(buf[offset : offset + size]), run_id)
                     run_id = None  # the first pack's is enough: a shard is written by one run
                 pack = _npy_members(path, key, found, buf, columns)
-                missing = [c for c in TRAINING_COLUMNS if c in columns and c not in pack]
+                missing = [c for c in columns if c not in pack]
                 if missing:
                     raise InputError(f"{path}: pack {key} has no {', '.join(missing)} member")
-                if pack["input_ids"].shape != (n,):
+                if "input_ids" in pack and pack["input_ids"].shape != (n,):
                     shape = pack["input_ids"].shape
                     raise InputError(f"{path}: pack {key} has input_ids of shape {shape}, expected ({n},)")
                 out.append(pack)
@@ -242,22 +231,22 @@ class TarReader(UnitReader):
     def __init__(self, directory: Path, manifest: Manifest, verify_checksums: bool = True) -> None:
         self.directory, self.manifest, self.verify_checksums = Path(directory), manifest, verify_checksums
 
-    def read(self, shard: int, part: int, columns: list[str]) -> PackArrays:
+    def read_stored(self, shard: int, part: int, columns: list[str]) -> PackArrays:
         entry = self.manifest.shards[shard]
         m = self.manifest
         crc = entry.crc32 if self.verify_checksums else None
         packs = read_tar_packs(self.directory / entry.path, m.packed_sequence_size, columns, m.run_id, crc)
         if len(packs) != entry.num_packs:
             raise ShardMismatch(f"{len(packs)} packs, the manifest says {entry.num_packs}")
-        return stack_packs(packs)
+        return stack_packs(packs, m.packed_sequence_size)
 
 
 class WebDatasetFormat(ShardFormat):
     name = "webdataset"
     suffix = ".tar"
 
-    def shard_ranges(self, plan: PackPlan, config: PackConfig, has_loss_mask: bool) -> list[tuple[int, int]]:
-        return shard_bounds(plan, config.shard_size, config.shard_max_bytes, has_loss_mask)
+    def shard_ranges(self, plan: PackPlan, config: PackConfig, columns: list[str]) -> list[tuple[int, int]]:
+        return shard_bounds(plan, config.shard_size, config.shard_max_bytes, columns)
 
     def write(self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, config: PackConfig) -> dict:
         (packs,) = list(blocks)  # block_packs is None: the whole shard in one block
@@ -269,7 +258,9 @@ class WebDatasetFormat(ShardFormat):
     def open_reader(self, directory: Path, manifest: Manifest, verify_checksums: bool = True) -> TarReader:
         return TarReader(directory, manifest, verify_checksums)
 
-    def read_pack(self, path: Path, entry: ShardEntry, row: int, manifest: Manifest) -> dict | None:
+    def read_stored_pack(
+        self, path: Path, entry: ShardEntry, row: int, manifest: Manifest
+    ) -> PackArrays | None:
         """Pack ``row`` read alone through the shard's ``.tar.idx`` (only that pack's bytes)."""
         try:
             offsets = tar.read_index(path)
@@ -292,9 +283,12 @@ class WebDatasetFormat(ShardFormat):
         except PacktoolError:  # a damaged member: reading in order says so, as for any format
             return None
         n = manifest.packed_sequence_size
-        if any(c not in pack for c in (*TRAINING_COLUMNS, "sample_index")) or pack["input_ids"].shape != (n,):
+        if any(c not in pack for c in manifest.columns) or pack["input_ids"].shape != (n,):
             return None
-        return pack
+        try:
+            return stack_packs([{c: pack[c] for c in manifest.columns}], n)
+        except ValueError:
+            return None
 
     def summary(self, path: Path) -> dict[str, Any]:
         """run_id, shard number, first pack and pack count from the ``.tar.idx`` and the ``.json`` of the

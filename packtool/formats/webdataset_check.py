@@ -17,7 +17,7 @@ from packtool.errors import PacktoolError
 from packtool.formats import tar
 from packtool.formats.base import ProblemSink, shard_meta_problems
 from packtool.formats.tar import BLOCK, RECORD, pack_key, tar_index_name
-from packtool.manifest import COLUMNS, TOKEN_COLUMNS, Manifest, ShardEntry
+from packtool.manifest import COLUMNS, Manifest, ShardEntry
 from packtool.packs import PackArrays
 
 TAR_BATCH_TOKENS = 1 << 22  # a tar shard is handed to the checks in batches of about this many tokens
@@ -25,48 +25,41 @@ TAR_BATCH_TOKENS = 1 << 22  # a tar shard is handed to the checks in batches of 
 
 @dataclass
 class _Batch:
-    """Packs of a tar shard gathered for one ``PackArrays`` batch (fixed columns preallocated)."""
+    """Packs of a tar shard gathered for one ``PackArrays`` batch (fixed-width columns preallocated)."""
 
     first: int  # index in the shard of the first pack
-    fixed: dict[str, np.ndarray]  # column -> (capacity, N)
+    n: int
+    fixed: dict[str, np.ndarray]  # column -> (capacity, width)
     ragged: dict[str, list[np.ndarray]] = field(default_factory=dict)
     k: int = 0
 
     @classmethod
     def new(cls, first: int, capacity: int, n: int, columns: list[str]) -> _Batch:
-        fixed = {c: np.empty((capacity, n), COLUMNS[c].dtype) for c in TOKEN_COLUMNS if c in columns}
-        return cls(first, fixed, {c: [] for c in _RAGGED})
+        widths = {c: COLUMNS[c].width(n) for c in columns}
+        fixed = {c: np.empty((capacity, w), COLUMNS[c].dtype) for c, w in widths.items() if w is not None}
+        return cls(first, n, fixed, {c: [] for c, w in widths.items() if w is None})
+
+    def add(self, arrays: dict[str, np.ndarray]) -> None:
+        for col, arr in arrays.items():
+            if col in self.fixed:
+                self.fixed[col][self.k] = arr
+            else:
+                self.ragged[col].append(arr)
+        self.k += 1
 
     def arrays(self) -> PackArrays:
+        """The packs gathered, every stored column as stored (the manifest's columns)."""
         k = self.k
-
-        def csr(col: str) -> tuple[np.ndarray, np.ndarray]:
-            parts = self.ragged[col]
+        parts = {
+            c: (a[:k].reshape(-1), np.arange(k + 1, dtype=np.int64) * a.shape[1])
+            for c, a in self.fixed.items()
+        }
+        for col, values in self.ragged.items():
             offsets = np.zeros(k + 1, dtype=np.int64)
-            np.cumsum([len(p) for p in parts], out=offsets[1:])
-            dtype = np.int32 if col == "seq_lens" else np.int64
-            return (np.concatenate(parts) if parts else np.zeros(0, dtype)), offsets
-
-        seq_lens, sl_off = csr("seq_lens")
-        sample_index, si_off = csr("sample_index")
-        return PackArrays(
-            input_ids=self.fixed["input_ids"][:k],
-            labels=self.fixed["labels"][:k],
-            position_ids=self.fixed["position_ids"][:k],
-            loss_mask=self.fixed["loss_mask"][:k] if "loss_mask" in self.fixed else None,
-            seq_lens=seq_lens,
-            seq_lens_offsets=sl_off,
-            sample_index=sample_index,
-            sample_index_offsets=si_off,
-            # None for an output whose manifest has no sample_offset column (as for Parquet)
-            sample_offset=np.concatenate(self.ragged["sample_offset"])
-            if self.ragged["sample_offset"]
-            else None,
-            cp_padding=np.concatenate(self.ragged["cp_padding"]) if self.ragged["cp_padding"] else None,
-        )
-
-
-_RAGGED = ("seq_lens", "sample_index", "sample_offset", "cp_padding")
+            np.cumsum([len(v) for v in values], out=offsets[1:])
+            flat = np.concatenate(values) if values else np.zeros(0, COLUMNS[col].dtype)
+            parts[col] = (flat, offsets)
+        return PackArrays.from_parts(parts, self.n)
 
 
 def _pack_arrays(
@@ -81,11 +74,18 @@ def _pack_arrays(
         except PacktoolError as e:
             problem("npy", str(e).removeprefix(f"{path}: "), col)
             continue
-        want = np.dtype(COLUMNS[col].dtype)
-        if arr.dtype != want or arr.ndim != 1:
-            problem("npy", f"{arr.dtype} array of shape {arr.shape}, expected a 1-D {want} array", col)
-        elif col in TOKEN_COLUMNS and len(arr) != n:
-            problem("length", f"has {len(arr)} values, expected packed_sequence_size {n}", col)
+        column = COLUMNS[col]
+        width = column.width(n)
+        pieces = len(arrays["sample_index"]) if "sample_index" in arrays else None
+        if arr.dtype != column.dtype or arr.ndim != 1:
+            problem(
+                "npy", f"{arr.dtype} array of shape {arr.shape}, expected a 1-D {column.dtype} array", col
+            )
+        elif width is not None and len(arr) != width:
+            what = "packed_sequence_size" if column.per == "token" else "ceil(N / 8) ="
+            problem("length", f"has {len(arr)} values, expected {what} {width}", col)
+        elif column.per == "piece" and col != "sample_index" and pieces is not None and len(arr) != pieces:
+            problem("length", f"has {len(arr)} values, expected one per sample_index entry: {pieces}", col)
         else:
             arrays[col] = arr.copy()  # the mmap closes after the walk: no view may outlive it
         del arr
@@ -174,12 +174,7 @@ def check_tar_shard(
                         if v is not None and meta.get(k) != v:
                             problem("json", f"{key}.json says {k} {meta.get(k)}, expected {v}", k)
                 if arrays is not None:
-                    for col, arr in arrays.items():
-                        if col in TOKEN_COLUMNS:
-                            batch.fixed[col][batch.k] = arr
-                        else:
-                            batch.ragged[col].append(arr)
-                    batch.k += 1
+                    batch.add(arrays)
                 local += 1
                 if arrays is None or batch.k == capacity:  # a batch holds consecutive packs: cut here
                     if batch.k:

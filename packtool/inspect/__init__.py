@@ -25,7 +25,9 @@ from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
 from packtool.fileio import file_sha256
 from packtool.formats import get_format
+from packtool.formats.base import UNIT_ERRORS
 from packtool.inspect.sources import locate_samples
+from packtool.layout import rebuild
 from packtool.manifest import IGNORE_INDEX, Histogram, Manifest, SamplesPerPack, total_stats
 from packtool.reading import shard_file_problem
 from packtool.verify import Problem, VerifyReport, iter_batches
@@ -126,6 +128,7 @@ def settings(m: Manifest) -> dict:
         "empty_loss": c.empty_loss if m.sample_format in ("prompt_completion", "chat") else None,
         "on_error": c.on_error,
         "shard_format": m.shard_format,
+        "columns": m.layout,
         "shard_size": c.shard_size,
         "row_group_size": c.row_group_size if get_format(m.shard_format).unit_kind else None,
     }
@@ -206,7 +209,12 @@ def read_one_pack(directory: str | Path, manifest: Manifest, index: int) -> tupl
     else:  # read in order: the packs that can be read, and what is wrong with the others
         for first, packs in fmt.check(path, entry, manifest, check, shard, base):
             if first <= row < first + packs.num_packs:
-                return packs.pack(row - first, with_sample_index=True), entry.path, row
+                try:  # the pack as stored, as readers give it
+                    one = rebuild(packs.take([row - first]), manifest)
+                except UNIT_ERRORS as e:  # a layout the rebuild cannot follow
+                    check.add("layout", f"cannot be rebuilt ({e})", shard=entry.path, pack=index)
+                    break
+                return one.pack(0, with_sample_index=True), entry.path, row
     raise InputError(f"{path}: pack {index} cannot be read{_why(check.problems, index)}; run packtool verify")
 
 

@@ -92,8 +92,10 @@ def collate_packs(samples: Sequence[Any], *, mask: str = "varlen", int64: bool =
     fields = [_fields(s) for s in samples]
     missing = [k for k in REQUIRED if any(k not in f for f in fields)]
     if missing:
+        minimal = " (an output of --columns minimal: read it with packtool.read_packs or packtool.loader)"
         raise ValueError(
             f"collate_packs: a pack has no {', '.join(missing)} (fields seen: {', '.join(sorted(fields[0]))})"
+            + (minimal if "input_ids" in fields[0] and "position_ids" not in fields[0] else "")
         )
     columns: dict[str, torch.Tensor | None] = {}
     for name in TOKEN_COLUMNS:

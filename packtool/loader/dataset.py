@@ -224,7 +224,10 @@ class PackedDataset(IterableDataset):
                 f"{self.directory}: {self.num_packs} packs cannot fill one batch of {batch_size} "
                 f"on each of {self.world_size} rank(s); pass drop_last=False to use them in a short batch"
             )
-        self.columns = [c for c in (*TRAINING_COLUMNS, "loss_mask") if c in self.manifest.columns]
+        # as readers give them, whatever the layout stores (packtool.layout rebuilds the rest)
+        self.columns = (
+            [*TRAINING_COLUMNS, "loss_mask"] if self.manifest.has_loss_mask else [*TRAINING_COLUMNS]
+        )
         if self.on_error == "fail":  # before the first batch; under skip, reading the shard counts it
             require_shard_files(self.directory, self.manifest)
         self._start = (0, 0)  # (epoch, batch) where the next iteration starts; set by the loader

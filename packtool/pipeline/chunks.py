@@ -5,7 +5,9 @@ Each chunk is a directory ``chunk-NNNNNN/`` of flat ``.npy`` arrays (memory-mapp
 * ``input_ids.npy`` / ``labels.npy``: int32, all samples' tokens end to end; ``loss_mask.npy`` int8 if any;
 * ``offsets.npy``: int64 ``(num_samples + 1,)``, sample ``i`` is ``input_ids[offsets[i]:offsets[i + 1]]``;
 * ``rows.npy`` / ``source_ids.npy``: where each sample came from (for error messages);
-* ``meta.json``: sources, row kinds and counts, written last: a chunk without it is incomplete.
+* ``meta.json``: sources, row kinds and counts, written last: a chunk without it is incomplete; for a
+  ``minimal`` run also whether the chunk's labels follow the rule that layout rebuilds them by
+  (``labels_rule``, ``labels_follow_rule``: ``packtool.layout``).
 
 A chunk is written in ``chunk-NNNNNN.tmp-PID/`` and renamed into place, so ``chunk-NNNNNN/meta.json``
 exists only for a whole chunk: a resumed run reuses those and rewrites the others.
@@ -37,6 +39,7 @@ except ImportError:  # pragma: no cover - Windows
 from packtool.arrays import groups, list_parts
 from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
+from packtool.layout import labels_follow_rule
 from packtool.readers.base import SourceBatch
 
 
@@ -50,9 +53,12 @@ def write_chunk(
     batches: list[SourceBatch],
     encoded: list[pa.RecordBatch],
     extra: dict | None = None,
+    labels_rule: str | None = None,
 ) -> dict:
     """Write one encoded chunk (the encoder's output for ``batches``) and return its meta (``extra``
-    added to it, in ``meta.json`` too, so that a resumed run reads it back)."""
+    added to it, in ``meta.json`` too, so that a resumed run reads it back). With ``labels_rule`` (a
+    ``labels`` convention) the meta says whether every sample's labels follow the rule of
+    ``layout.labels_follow_rule`` under it."""
     final = chunk_dir(work_dir, index)
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -70,6 +76,7 @@ def write_chunk(
     offsets = [np.zeros(1, dtype=np.int64)]
     ids, labels, masks = [], [], []
     base = 0
+    follow = True
     for e in encoded:
         # list_parts: an encoder may return slices, whose .values is the whole child array
         o, values = list_parts(e.column("input_ids"))
@@ -80,6 +87,9 @@ def write_chunk(
                 masks.append(list_parts(e.column("loss_mask"))[1])
             else:
                 masks.append((labels[-1] != -100).astype(np.int8))
+        if labels_rule is not None and follow:
+            mask = masks[-1] if has_mask else None
+            follow = labels_follow_rule(values, labels[-1], mask, o, labels_rule == "shifted")
         offsets.append(o[1:] + base)
         base += int(o[-1])
     _save_parts(tmp / "input_ids.npy", ids, np.int32)
@@ -102,6 +112,8 @@ def write_chunk(
         "row_kinds": row_kinds,
         **(extra or {}),
     }
+    if labels_rule is not None:
+        meta.update(labels_rule=labels_rule, labels_follow_rule=follow)
     (tmp / "meta.json").write_text(json.dumps(meta))
     # A chunk's bytes depend only on its records, so if another writer finished it meanwhile (a task of a
     # killed run still in flight on a cluster while the run is resumed), keep theirs and drop ours.
@@ -210,6 +222,8 @@ class ChunkStore:
         counts = np.array([m["num_samples"] for m in self.metas], dtype=np.int64)
         self.sample_starts = np.concatenate([[0], np.cumsum(counts)])
         self.has_loss_mask = any(m["has_loss_mask"] for m in self.metas)
+        # every chunk's labels follow the rule the minimal layout rebuilds them by (recorded when encoded)
+        self.labels_follow_rule = all(m.get("labels_follow_rule", False) for m in self.metas)
         if self.max_open is None:
             self.max_open = _default_max_open()
 
@@ -227,12 +241,17 @@ class ChunkStore:
         final.mkdir(parents=True)
         seq = np.concatenate([p["seq_lens"] for p in packs]).astype(np.int64)
         has_mask = any("loss_mask" in p for p in packs)
-        np.save(final / "input_ids.npy", np.concatenate([p["input_ids"] for p in packs]).astype(np.int32))
-        np.save(final / "labels.npy", np.concatenate([p["labels"] for p in packs]).astype(np.int32))
+        ids = np.concatenate([p["input_ids"] for p in packs]).astype(np.int32)
+        labels = np.concatenate([p["labels"] for p in packs]).astype(np.int32)
+        offsets = np.concatenate([[0], np.cumsum(seq)]).astype(np.int64)
+        np.save(final / "input_ids.npy", ids)
+        np.save(final / "labels.npy", labels)
+        mask = None
         if has_mask:
             masks = [p.get("loss_mask", (p["labels"] != -100).astype(np.int8)) for p in packs]
-            np.save(final / "loss_mask.npy", np.concatenate(masks).astype(np.int8))
-        np.save(final / "offsets.npy", np.concatenate([[0], np.cumsum(seq)]).astype(np.int64))
+            mask = np.concatenate(masks).astype(np.int8)
+            np.save(final / "loss_mask.npy", mask)
+        np.save(final / "offsets.npy", offsets)
         np.save(final / "rows.npy", np.repeat(np.arange(len(packs)), [len(p["seq_lens"]) for p in packs]))
         np.save(final / "source_ids.npy", np.zeros(len(seq), dtype=np.int32))
         np.save(final / "origin.npy", np.concatenate([p["origin"] for p in packs]).astype(np.int64))
@@ -245,6 +264,10 @@ class ChunkStore:
             "row_kinds": ["pack"],
             "origin": True,
         }
+        rule = next((m["labels_rule"] for m in self.metas if "labels_rule" in m), None)
+        if rule is not None:  # a minimal run: do the policy's labels follow the rule too?
+            follow = labels_follow_rule(ids, labels, mask, offsets, rule == "shifted")
+            meta.update(labels_rule=rule, labels_follow_rule=follow)
         (final / "meta.json").write_text(json.dumps(meta))
         self.metas.append(meta)
         self.__post_init__()
@@ -448,6 +471,18 @@ class ChunkStore:
                     dst[p : p + e - b] = src[b:e]
             self.release(c)
             del a
+
+    def values_at(self, sample: np.ndarray, offset: np.ndarray, key: str) -> np.ndarray:
+        """``(k,)`` values of token column ``key`` (``labels``, ...) at ``offset`` inside each of ``sample``:
+        one gather per chunk."""
+        sample = np.asarray(sample, dtype=np.int64)
+        offset = np.asarray(offset, dtype=np.int64)
+        out = np.empty(len(sample), dtype=np.int8 if key == "loss_mask" else np.int32)
+        chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
+        for c, sel in groups(chunk):
+            at = self.offsets(c)[sample[sel] - self.sample_starts[c]] + offset[sel]
+            out[sel] = self.arrays(c)[key][at]
+        return out
 
     def lengths(self) -> np.ndarray:
         """``(num_samples,)`` int64 tokens per sample, from the offsets alone."""

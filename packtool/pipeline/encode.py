@@ -86,7 +86,9 @@ def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir:
     # in meta.json: a resumed run counts the chunk's skipped records, and compares input_rows (rows or
     # lines of input the chunk covers, bad and blank ones included) with the chunk it would make
     extra = {"skipped": sink.to_dict(), "input_rows": sum(p.num_rows for p in pieces)}
-    return write_chunk(work_dir, index, kept, encoded, extra)
+    # a minimal run stores labels only where they do not follow the rule it rebuilds them by (layout)
+    rule = w.config.labels if w.config.columns == "minimal" else None
+    return write_chunk(work_dir, index, kept, encoded, extra, labels_rule=rule)
 
 
 def encode_chunks(tasks: list[tuple[RunSpec, int, list[SourceBatch], str]]) -> list[dict]:

@@ -55,7 +55,7 @@ from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
 from packtool.pipeline.output import OutputDir
 from packtool.pipeline.summary import build_manifest, run_stats
-from packtool.pipeline.write import finished_shard, write_shard
+from packtool.pipeline.write import finished_shard, output_columns, write_shard
 from packtool.readers import expand_inputs, read_inputs
 from packtool.version import __version__
 
@@ -293,8 +293,15 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                 "--strict: not every sample would be packed whole, so no shard was written: "
                 + "; ".join(losses)
             )
+        columns = output_columns(config, store)
+        if config.columns == "minimal" and "labels" in columns:
+            _note(
+                config,
+                "note: --columns minimal stores labels: the input's own labels are not the ones packtool "
+                "rebuilds (input_ids shifted, -100 where no loss is taken), so they carry information",
+            )
         plan, num_train = hold_out(plan, config.val_fraction, config.seed)
-        shard_ranges = list(enumerate(split_shard_ranges(fmt, plan, num_train, config, store.has_loss_mask)))
+        shard_ranges = list(enumerate(split_shard_ranges(fmt, plan, num_train, config, columns)))
         finished = {}
         if resumed:
             finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
@@ -338,7 +345,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         sample_format,
         run_id,
         _with_counts(fingerprint, store.samples_per_source()),
-        has_loss_mask=store.has_loss_mask,
+        columns=columns,
     )
     manifest.index_files = fmt.write_dataset_index(out.partial, manifest)
     manifest.warnings = run_warnings
@@ -371,14 +378,14 @@ def _with_path(identity: dict) -> dict:
 
 
 def split_shard_ranges(
-    fmt: ShardFormat, plan: PackPlan, num_train: int, config: PackConfig, has_loss_mask: bool
+    fmt: ShardFormat, plan: PackPlan, num_train: int, config: PackConfig, columns: list[str]
 ) -> list[tuple[int, int, str]]:
     """``(first, end, split)`` of every shard: the training packs ``0..num_train-1``, then the held-out
     validation packs, each split cut into shards by the format on its own (no shard mixes them)."""
     out = []
     for split, a, b in (("train", 0, num_train), ("val", num_train, plan.num_packs)):
         if b > a:
-            ranges = fmt.shard_ranges(plan.slice(a, b), config, has_loss_mask)
+            ranges = fmt.shard_ranges(plan.slice(a, b), config, columns)
             out += [(a + x, a + y, split) for x, y in ranges]
     return out
 

@@ -14,7 +14,6 @@ from packtool.manifest import (
     ShardEntry,
     Stats,
     TokenizerIdentity,
-    column_names,
     total_stats,
 )
 from packtool.packing.plan import PackPlan
@@ -77,7 +76,7 @@ def build_manifest(
     sample_format: str,
     run_id: str,
     inputs: list[dict],
-    has_loss_mask: bool,
+    columns: list[str],
 ) -> Manifest:
     """The manifest of a finished run (``index_files`` are added by the format, if it writes any)."""
     n = config.packed_sequence_size
@@ -89,7 +88,7 @@ def build_manifest(
         labels=config.labels,
         position_ids=plan.position_ids,
         pad_token_id=config.pad_token_id,
-        columns=column_names(has_loss_mask, config.cp_size > 1),
+        columns=columns,
         tokenizer=TokenizerIdentity.from_dict(tokenizer),
         inputs=[InputEntry(**i) for i in inputs],
         config=config,

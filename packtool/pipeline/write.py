@@ -1,8 +1,9 @@
 """The write step: plan + encoded chunks -> shards, one task per shard, in parallel.
 
-Each task gathers its packs' tokens from the chunks with vectorized copies (``build_pack_arrays``) and
-hands them to the shard format (``packtool.formats``), a few row groups at a time where the format takes
-blocks. A finished shard leaves a record in ``_work/shards/`` so that a resumed run keeps it.
+Each task gathers its packs' tokens from the chunks with vectorized copies (``build_pack_arrays``), only
+the columns the layout stores (``output_columns``, ``packtool.layout``), and hands them to the shard
+format (``packtool.formats``), a few row groups at a time where the format takes blocks. A finished shard
+leaves a record in ``_work/shards/`` so that a resumed run keeps it.
 """
 
 from __future__ import annotations
@@ -12,25 +13,43 @@ from pathlib import Path
 
 import numpy as np
 
+from packtool.config import PackConfig
 from packtool.fileio import file_digests, write_json_atomic
 from packtool.formats import ShardMeta, get_format
-from packtool.manifest import IGNORE_INDEX, ShardEntry
+from packtool.layout import to_stored
+from packtool.manifest import IGNORE_INDEX, ShardEntry, column_names
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays, pack_position_ids
 from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.encode import RunSpec, worker
 
 
-def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) -> PackArrays:
-    """Materialize the packs of ``plan`` (usually a ``plan.slice`` of one row group).
+def output_columns(config: PackConfig, store: ChunkStore) -> list[str]:
+    """The columns the run's shards store: its layout (``columns``) for what the chunks hold (a loss mask;
+    labels that follow the rule ``minimal`` rebuilds them by, as each chunk recorded when encoded)."""
+    return column_names(
+        store.has_loss_mask,
+        config.columns,
+        labels_rebuilt=store.labels_follow_rule,
+        shifted=config.labels == "shifted",
+        has_cp_padding=config.cp_size > 1,
+    )
+
+
+def build_pack_arrays(
+    plan: PackPlan, store: ChunkStore, pad_token_id: int = 0, columns: list[str] | None = None
+) -> PackArrays:
+    """Materialize the packs of ``plan`` (usually a ``plan.slice`` of one row group), with the stored
+    ``columns`` (default: the ``full`` layout's).
 
     Tokens are copied by ``store.pieces_into`` straight from the chunks' maps into the ``(k, N)`` arrays
     (one slice per run of pieces contiguous in a chunk and in the pack), over arrays filled with the
     padding values (so context-parallel padding after a piece is ``pad_token_id``, label -100, loss mask 0,
     and its positions run on from the piece's); positions come from one ``arange`` minus each segment's
-    start. Temporaries are
-    O(k * N), never per-token Python.
+    start. Temporaries are O(k * N), never per-token Python. A column the layout does not store is not
+    built.
     """
+    columns = column_names(store.has_loss_mask) if columns is None else columns
     n = plan.packed_sequence_size
     k = plan.num_packs
     counts = np.diff(plan.pack_offsets)
@@ -43,13 +62,17 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
     dest = pack_of_piece * n + cs[:-1] - cs[plan.pack_offsets[:-1]][pack_of_piece]
 
     input_ids = np.full((k, n), pad_token_id, dtype=np.int32)
-    labels = np.full((k, n), IGNORE_INDEX, dtype=np.int32)
-    out = {"input_ids": input_ids.reshape(-1), "labels": labels.reshape(-1)}
-    loss_mask = None
-    if store.has_loss_mask:
+    out = {"input_ids": input_ids.reshape(-1)}
+    labels = loss_mask = next_label = None
+    if "labels" in columns:
+        labels = np.full((k, n), IGNORE_INDEX, dtype=np.int32)
+        out["labels"] = labels.reshape(-1)
+    if store.has_loss_mask:  # stored as it is, or as loss_mask_bits
         loss_mask = np.zeros((k, n), dtype=np.int8)
         out["loss_mask"] = loss_mask.reshape(-1)
     store.pieces_into(plan.sample, plan.start, plan.length, dest, out)
+    if "next_label" in columns:  # the label of each piece's last token, as the chunks hold it
+        next_label = store.values_at(plan.sample, plan.start + plan.length - 1, "labels")
 
     # seq_lens: piece lengths, then the padding length if the pack is not full
     has_pad = (used < n).astype(np.int64)
@@ -65,10 +88,14 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
     padded = np.flatnonzero(has_pad)
     seg_len[sl_offsets[padded + 1] - 1] = n - used[padded]
 
-    position_ids = pack_position_ids(seg_len, sl_offsets, plan.pack_offsets, plan.start, n, plan.position_ids)
+    position_ids = None
+    if "position_ids" in columns:
+        position_ids = pack_position_ids(
+            seg_len, sl_offsets, plan.pack_offsets, plan.start, n, plan.position_ids
+        )
     seq_lens = seg_len.astype(np.int32)
 
-    return PackArrays(
+    packs = PackArrays(
         input_ids=input_ids,
         labels=labels,
         position_ids=position_ids,
@@ -79,7 +106,9 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
         sample_index_offsets=plan.pack_offsets.astype(np.int64),
         sample_offset=plan.start.astype(np.int64),
         cp_padding=None if plan.span is None else (plan.span - plan.length).astype(np.int32),
+        next_label=next_label,
     )
+    return to_stored(packs, columns)
 
 
 def write_shard(
@@ -92,8 +121,9 @@ def write_shard(
     store = w.store(work_dir)
     fmt = get_format(cfg.format)
     step = fmt.block_packs(cfg) or max(plan.num_packs, 1)
+    columns = output_columns(cfg, store)
     blocks = (
-        build_pack_arrays(plan.slice(a, min(a + step, plan.num_packs)), store, cfg.pad_token_id)
+        build_pack_arrays(plan.slice(a, min(a + step, plan.num_packs)), store, cfg.pad_token_id, columns)
         for a in range(0, plan.num_packs, step)
     )
     name = fmt.shard_name(meta.shard, split)

@@ -13,6 +13,8 @@ Three layers of checks, each problem reported with its shard, pack and field:
   values, ``sum(seq_lens) == N``, ``seq_lens`` and ``sample_index`` agree, padding carries ``pad_token_id``
   and labels ``-100``, labels are aligned with ``input_ids`` (text input), position ids follow the
   layout, token ids lie inside the tokenizer's vocabulary, per-shard token counts match the manifest.
+  The stored columns are checked (a ``minimal`` output's ``next_label`` and ``loss_mask_bits`` too); the
+  columns a layout leaves out are rebuilt (``packtool.layout``), right by construction.
 
 With ``--source`` (``verify.source``) the inputs are read and encoded again by the pipeline's own reader
 and encoder under the manifest's ``config``, and every piece in the packs is compared token by token with
@@ -88,8 +90,9 @@ def verify_output(
     shard_tokens: Counter = Counter()
     shard_packs: Counter = Counter()
     try:
-        for i, entry, first, packs in iter_batches(directory, manifest, report):
-            used = check_packs(packs, first, entry.path, manifest, report, manifest.vocab_size, text_labels)
+        for i, entry, first, stored in iter_batches(directory, manifest, report):
+            vocab = manifest.vocab_size
+            used, packs = check_packs(stored, first, entry.path, manifest, report, vocab, text_labels)
             shard_tokens[i] += int(used.sum())
             shard_packs[i] += packs.num_packs
             num_packs += packs.num_packs

@@ -1,10 +1,17 @@
-"""Format-independent checks of a batch of packs (``PackArrays``), vectorized per batch."""
+"""Format-independent checks of a batch of packs (``PackArrays``), vectorized per batch.
+
+The checks look at what the shards store: a column the layout leaves out (``packtool.layout``: the
+``minimal`` layout's ``labels`` and ``position_ids``) is rebuilt from the stored ones, right by
+construction, so its checks are those of the columns it is rebuilt from (``next_label``'s values,
+``loss_mask_bits``' padding).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from packtool.arrays import ranges
+from packtool.layout import rebuild
 from packtool.manifest import IGNORE_INDEX, Manifest
 from packtool.packs import PackArrays, pack_position_ids
 from packtool.verify.report import VerifyReport
@@ -18,8 +25,11 @@ def check_packs(
     report: VerifyReport,
     vocab_size: int | None,
     text_labels: bool,
-) -> np.ndarray:
-    """Format-independent checks of a batch of packs; returns ``(k,)`` real tokens per pack."""
+) -> tuple[np.ndarray, PackArrays]:
+    """Format-independent checks of a batch of packs as stored; returns ``(k,)`` real tokens per pack and
+    the packs as readers give them (``layout.rebuild``; packs whose layout is broken get ``-100`` labels
+    and 0 positions)."""
+    stored = packs
     k, n = packs.input_ids.shape
     pad_id = manifest.pad_token_id
     sl, slo = packs.seq_lens.astype(np.int64), packs.seq_lens_offsets
@@ -57,7 +67,9 @@ def check_packs(
             problems = ((message(i), first + int(i)) for i in where)
             report.add_many(col, len(where), problems, shard=name, field=col)
     # a pack whose layout is broken is reported once, above; the checks below look at the others
-    check_position_ids(packs, broken, first, name, manifest, report)
+    packs = rebuild(stored, manifest, ok=~broken)
+    if stored.position_ids is not None:
+        check_position_ids(packs, broken, first, name, manifest, report)
     pad_len = np.where((has_pad == 1) & ~broken, sl[np.clip(slo[1:] - 1, 0, max(len(sl) - 1, 0))], 0)
     used = n - pad_len
     cols = np.arange(n)[None, :]
@@ -69,12 +81,12 @@ def check_packs(
         piece_cp, pack = cp[whole], np.repeat(np.arange(k), npieces)[whole]
         pad.reshape(-1)[ranges(pack * n + ends - piece_cp, piece_cp)] = True
         used = used - np.bincount(pack, weights=piece_cp, minlength=k).astype(np.int64)
-    checks = [
-        ("input_ids", packs.input_ids, pad_id, "padding is not pad_token_id"),
-        ("labels", packs.labels, IGNORE_INDEX, "label on padding is not -100"),
-    ]
-    if packs.loss_mask is not None:
-        checks.append(("loss_mask", packs.loss_mask, 0, "loss_mask on padding is not 0"))
+    checks = [("input_ids", packs.input_ids, pad_id, "padding is not pad_token_id")]
+    if stored.labels is not None:
+        checks.append(("labels", packs.labels, IGNORE_INDEX, "label on padding is not -100"))
+    if packs.loss_mask is not None:  # stored, or rebuilt from loss_mask_bits
+        field = "loss_mask" if stored.loss_mask is not None else "loss_mask_bits"
+        checks.append((field, packs.loss_mask, 0, "loss_mask on padding is not 0"))
     for col, arr, want, message in checks:
         where = np.flatnonzero((pad & (arr != want)).any(axis=1) & ~broken)
         problems = ((message, first + int(i)) for i in where)
@@ -90,7 +102,8 @@ def check_packs(
 
     where = np.flatnonzero(bad_vocab.any(axis=1))  # any pack: the ids are there
     report.add_many("vocab", len(where), map(vocab_problem, where.tolist()), shard=name, field="input_ids")
-    if text_labels:
+    check_minimal_columns(stored, broken, first, name, report, vocab_size)
+    if text_labels and stored.labels is not None:
         # inside a piece, label j is -100 or the id the labels convention names; a piece's last label
         # may point past the pack (split or truncated samples), so it is not checked
         csl = np.cumsum(sl)
@@ -113,7 +126,34 @@ def check_packs(
 
         where = np.flatnonzero(bad.any(axis=1) & ~broken)
         report.add_many("labels", len(where), map(labels_problem, where.tolist()), shard=name, field="labels")
-    return used
+    return used, packs
+
+
+def check_minimal_columns(
+    packs: PackArrays, broken: np.ndarray, first: int, name: str, report: VerifyReport, vocab_size: int | None
+) -> None:
+    """The columns that stand for others in the ``minimal`` layout: every ``next_label`` is ``-100`` or a
+    token id; no bit of ``loss_mask_bits`` past ``N`` is set."""
+    if packs.next_label is not None:
+        values = packs.next_label
+        bad = (values != IGNORE_INDEX) & (
+            (values < 0) | (values >= vocab_size) if vocab_size else (values < 0)
+        )
+        pack = np.repeat(np.arange(packs.num_packs), np.diff(packs.sample_index_offsets))
+        where = np.flatnonzero(bad & ~broken[pack])
+        size = f" (vocabulary of {vocab_size})" if vocab_size else ""
+        problems = (
+            (f"next_label {values[j]} of piece {j - packs.sample_index_offsets[pack[j]]} is neither -100 nor "
+             f"a token id{size}", first + int(pack[j]))
+            for j in where
+        )  # fmt: skip
+        report.add_many("next_label", len(where), problems, shard=name, field="next_label")
+    n = packs.input_ids.shape[1]
+    if packs.loss_mask_bits is not None and n % 8:
+        spare = (1 << (8 - n % 8)) - 1  # the low bits of the last byte: tokens past N
+        where = np.flatnonzero(packs.loss_mask_bits[:, -1] & spare)
+        problems = ((f"bits past packed_sequence_size {n} are set", first + int(i)) for i in where)
+        report.add_many("loss_mask_bits", len(where), problems, shard=name, field="loss_mask_bits")
 
 
 def check_position_ids(

@@ -73,10 +73,15 @@ def columns_table() -> str:
     """The pack columns, from ``packtool.manifest.PACK_COLUMNS``."""
     from packtool.manifest import PACK_COLUMNS
 
-    per = {"token": "N", "segment": "one per piece, +1 for padding", "piece": "one per piece"}
+    per = {
+        "token": "N",
+        "bit": "ceil(N / 8) bytes",
+        "segment": "one per piece, +1 for padding",
+        "piece": "one per piece",
+    }
     rows = ["| column | stored as | values per pack | meaning |", "|---|---|---|---|"]
     for c in PACK_COLUMNS:
-        name = f"`{c.name}`" + (" (optional)" if c.optional else "")
+        name = f"`{c.name}`" + (" (minimal only)" if c.stored_only else " (optional)" if c.optional else "")
         rows.append(f"| {name} | `list<{c.dtype.name}>` | {per[c.per]} | {_cell(c.meaning)} |")
     return "\n".join(rows)
 

@@ -58,3 +58,22 @@ def test_prefetch_consumer_error_does_not_leave_the_producer_blocked():
     with pytest.raises(KeyError):
         consume()
     assert not _threads()
+
+
+def test_a_row_group_of_minimal_packs_reads_back_as_stored(tmp_path):
+    """packs_table and table_packs handle every column by its PACK_COLUMNS entry: the minimal layout's
+    next_label (per piece) and loss_mask_bits (uint8, ceil(N / 8) a pack) included."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from packtool.formats.parquet import packs_table, table_packs
+    from tests.unit.test_packs import N, minimal_packs
+
+    packs = minimal_packs()
+    pq.write_table(packs_table(packs), tmp_path / "a.parquet")
+    table = pq.read_table(tmp_path / "a.parquet")
+    assert table.column_names == packs.present()
+    assert str(table.schema.field("loss_mask_bits").type) == "list<element: uint8>"
+    again = table_packs(table, N)
+    for name in packs.present():
+        assert np.array_equal(getattr(again, name), getattr(packs, name)), name

@@ -168,3 +168,23 @@ def test_reader_rejects_truncated_corrupt_and_pickled_shards(wds_out, tmp_path):
         tar.addfile(ti, io.BytesIO(buf.getvalue()))
     with pytest.raises(PacktoolError, match="000000000.input_ids.npy"):
         read_tar_packs(pickled, N, ["input_ids"])
+
+
+def test_a_tar_shard_of_minimal_packs_reads_back_as_stored(tmp_path):
+    """The tar members are the columns the packs hold (here the minimal layout's), one .npy each."""
+    import tarfile
+
+    import numpy as np
+
+    from packtool.formats.webdataset import read_tar_packs, stack_packs, write_tar_shard
+    from tests.unit.test_packs import N, minimal_packs
+
+    packs = minimal_packs()
+    write_tar_shard(tmp_path / "a.tar", packs, first_pack=0, run_id="r", shard=0)
+    with tarfile.open(tmp_path / "a.tar") as tar:
+        names = tar.getnames()
+    assert "000000000.next_label.npy" in names and "000000000.loss_mask_bits.npy" in names
+    assert not any("labels.npy" in n or "position_ids" in n for n in names)
+    again = stack_packs(read_tar_packs(tmp_path / "a.tar", N, packs.present(), "r"), N)
+    for name in packs.present():
+        assert np.array_equal(getattr(again, name), getattr(packs, name)), name

@@ -1,0 +1,233 @@
+"""``--columns minimal`` against ``--columns full`` through the CLI: the same packs, bit for bit, from
+``read_packs``, the loader, ``inspect`` and ``verify`` (``--source`` too), for every kind of input, with
+and without ``--split-across-pack``, in both shard formats; the manifest and the card say what is stored;
+a bad value is a one-line usage error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool.inspect import inspect_report, pack_report
+from packtool.loader import PackedDataset, get_loader
+from packtool.reading import load_manifest, read_packs
+from packtool.verify import VerifyReport, iter_batches, verify_output
+from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, masked_rows, run_cli, write_jsonl
+
+N = 128
+
+
+def _pretokenized(root: Path, labels: str | None, mask: bool) -> Path:
+    """Pretokenized records: ids (and a random loss_mask); ``labels`` ``shifted`` (the next id, -100 at
+    the end: what the rule rebuilds) or ``own`` (ids of no rule: stored)."""
+    rows = masked_rows(150, 1, 2 * N, 1000, seed=1)
+    rng = np.random.default_rng(2)
+    for r in rows:
+        if labels == "shifted":
+            r["labels"] = r["input_ids"][1:] + [-100]
+        elif labels == "own":
+            r["labels"] = rng.integers(0, 1000, len(r["input_ids"])).tolist()
+        if not mask:
+            del r["loss_mask"]
+    return write_jsonl(root / f"pretokenized-{labels}-{mask}.jsonl", rows)
+
+
+def _head(root: Path, name: str, lines: int) -> Path:
+    path = root / name
+    path.write_text("".join((DEMO / name).read_text().splitlines(keepends=True)[:lines]))
+    return path
+
+
+# kind: (input, flags); every kind of labels the encoders make, and pretokenized labels of the input's own
+KINDS = {
+    "text": (lambda r: _head(r, "train.jsonl", 150), ["--tokenizer", DEMO_TOKENIZER, "--add-eos"]),
+    "ids": (lambda r: _pretokenized(r, None, False), []),
+    "ids-mask": (lambda r: _pretokenized(r, None, True), []),
+    "ids-mask-unshifted": (lambda r: _pretokenized(r, None, True), ["--labels", "unshifted"]),
+    "ids-labels": (lambda r: _pretokenized(r, "shifted", False), []),
+    "ids-own-labels": (lambda r: _pretokenized(r, "own", False), []),
+    "ids-own-labels-mask": (lambda r: _pretokenized(r, "own", True), []),
+    "prompt-completion": (
+        lambda r: _head(r, "alpaca.jsonl", 120),
+        [
+            "--sample-format",
+            "prompt_completion",
+            "--prompt-template",
+            "alpaca",
+            "--completion-field",
+            "output",
+            "--tokenizer",
+            DEMO_TOKENIZER,
+            "--add-eos",
+        ],
+    ),  # fmt: skip
+    "chat": (
+        lambda r: _head(r, "chat.jsonl", 60),
+        ["--sample-format", "chat", "--tokenizer", DEMO / "chat-tokenizer"],
+    ),
+}
+# context-parallel padding inside the pieces, and a validation split beside the training packs
+CP = ["--cp-size", "2", "--val-fraction", "0.2"]
+KINDS["text-cp"] = (KINDS["text"][0], [*KINDS["text"][1], *CP])
+KINDS["ids-mask-cp"] = (KINDS["ids-mask"][0], CP)
+# webdataset: the kinds that store each of the minimal columns (next_label, loss_mask_bits, labels)
+CASES = (
+    [(k, s, "parquet") for k in KINDS if not k.endswith("-cp") for s in (False, True)]
+    + [
+        (k, s, "webdataset")
+        for k in ("text", "ids-mask", "ids-own-labels-mask", "ids-mask-unshifted")
+        for s in (False, True)
+    ]
+    + [(k, False, fmt) for k in ("text-cp", "ids-mask-cp") for fmt in ("parquet", "webdataset")]
+)
+
+
+def _pack(tmp_path: Path, kind: str, split: bool, fmt: str) -> tuple[Path, Path]:
+    make, flags = KINDS[kind]
+    src = make(tmp_path)
+    base = ["pack", src, "--packed-sequence-size", N, "--format", fmt, "--shard-size", 20, *flags]
+    base += ["--split-across-pack"] if split else ["--long-samples", "truncate"]
+    if fmt == "parquet":
+        base += ["--row-group-size", 8]
+    outs = (tmp_path / "full", tmp_path / "minimal")
+    run_cli(*base, "-o", outs[0], "-q")
+    proc = run_cli(*base, "-o", outs[1], "--columns", "minimal")  # not quiet: its notes are asserted
+    assert ("stores labels" in proc.stderr) == kind.startswith("ids-own"), proc.stderr
+    return outs
+
+
+def _loader_batches(out: Path) -> list:
+    ds = PackedDataset(out, batch_size=3, shuffle=True, seed=1, drop_last=False)
+    return list(get_loader(ds, num_workers=0))
+
+
+@pytest.mark.parametrize("kind, split, fmt", CASES)
+def test_minimal_gives_the_packs_of_full(tmp_path, kind, split, fmt):
+    full, minimal = _pack(tmp_path, kind, split, fmt)
+    m = load_manifest(minimal)
+    stored = set(m.columns)
+    assert m.layout == "minimal" and load_manifest(full).layout == "full"
+    assert {"position_ids", "loss_mask"}.isdisjoint(stored)
+    assert ("labels" in stored) == kind.startswith("ids-own")
+    assert ("next_label" in stored) == ("labels" not in stored and "unshifted" not in kind)
+    assert ("loss_mask_bits" in stored) == load_manifest(full).has_loss_mask
+    if split and "next_label" in stored:  # a split sample's piece ends on a label in the next pack
+        batches = iter_batches(minimal, m, VerifyReport(str(minimal)))
+        assert any((packs.next_label >= 0).any() for *_, packs in batches)
+
+    # read_packs: every pack, every column, dtype and value
+    a, b = list(read_packs(full, with_sample_index=True)), list(read_packs(minimal, with_sample_index=True))
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b, strict=True):
+        assert list(x) == list(y)
+        for name in x:
+            assert x[name].dtype == y[name].dtype and np.array_equal(x[name], y[name]), name
+
+    # the loader: the same batches, field by field
+    for x, y in zip(_loader_batches(full), _loader_batches(minimal), strict=True):
+        for name in (
+            "input_ids",
+            "labels",
+            "position_ids",
+            "loss_mask",
+            "seq_lens",
+            "cu_seqlens",
+            "pack_index",
+        ):
+            u, v = getattr(x, name), getattr(y, name)
+            assert (u is None and v is None) or (u.dtype == v.dtype and bool((u == v).all())), name
+
+    # verify: both pass, over the same packs and tokens; minimal's rebuilt labels match the re-encoded source
+    reports = [verify_output(full), verify_output(minimal, source=[])]
+    for report in reports:
+        assert report.ok, report.problems
+    assert reports[0].checked.items() <= reports[1].checked.items()  # the same shards, packs and tokens
+
+    # inspect: one pack, and the figures recomputed from every pack
+    for index in (0, len(a) // 2, len(a) - 1):
+        assert pack_report(minimal, index) == pack_report(full, index)
+    assert inspect_report(minimal, full=True)["recomputed"] == inspect_report(full, full=True)["recomputed"]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+def test_inspect_decodes_the_same_trained_text(tmp_path, fmt):
+    """``inspect --pack --decode``'s trained / untrained segments come from the labels: the same."""
+    full, minimal = _pack(tmp_path, "prompt-completion", False, fmt)
+    for index in (0, 5):
+        got = [
+            json.loads(run_cli("inspect", out, "--pack", index, "--decode", "--json").stdout)
+            for out in (full, minimal)
+        ]
+        assert got[0] == got[1]
+        assert any(not s["trained"] for p in got[0]["pieces"] for s in p["segments"])
+    settings = json.loads(run_cli("inspect", minimal, "--json").stdout)["settings"]
+    assert settings["columns"] == "minimal"
+
+
+def test_manifest_and_card_say_what_is_stored(tmp_path):
+    full, minimal = _pack(tmp_path, "ids-mask", False, "parquet")
+    doc = manifest_json(minimal)
+    assert doc["config"]["columns"] == "minimal" and manifest_json(full)["config"]["columns"] == "full"
+    assert doc["columns"] == [
+        "input_ids",
+        "seq_lens",
+        "sample_index",
+        "sample_offset",
+        "next_label",
+        "loss_mask_bits",
+    ]
+    assert pq.ParquetFile(minimal / doc["shards"][0]["path"]).schema_arrow.names == doc["columns"]
+    card = (minimal / "README.md").read_text()
+    assert "`loss_mask_bits`" in card and "`position_ids`" in card and "--columns minimal" in card
+    assert "--columns minimal" not in (full / "README.md").read_text()
+    run_cli("verify", minimal)  # exit 0
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("value", "field 'next_label': next_label -5 of piece 0 is neither -100 nor a token id"),
+        ("count", "field 'next_label': has 0 values, expected one per sample_index entry: "),
+    ],
+)
+def test_verify_names_a_damaged_next_label(tmp_path, damage, message):
+    """verify still checks what it checks, here in the column minimal stores for the labels: pack 0's
+    first next_label made negative, or pack 0 left without its next_label values."""
+    _, minimal = _pack(tmp_path, "text", True, "parquet")
+    shard = minimal / load_manifest(minimal).shards[0].path
+    table = pq.read_table(shard)
+    col = table.column("next_label").combine_chunks()
+    values, offsets = col.values.to_numpy().copy(), col.offsets.to_numpy().copy()
+    if damage == "value":
+        values[0] = -5
+    else:
+        values, offsets = values[offsets[1] :], np.r_[0, offsets[1:] - offsets[1]]
+    column = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values))
+    damaged = table.set_column(table.column_names.index("next_label"), "next_label", column)
+    metadata = pq.ParquetFile(shard).schema_arrow.metadata
+    pq.write_table(damaged.replace_schema_metadata(metadata), shard, row_group_size=8, compression="zstd")
+    proc = run_cli("verify", minimal, check=False)
+    assert proc.returncode == 1
+    assert message in proc.stdout + proc.stderr, proc.stdout
+
+
+@pytest.mark.parametrize(
+    "how",
+    [["--columns", "compact"], ["--config", "bad.yaml"]],
+    ids=["flag", "config-file"],
+)
+def test_a_bad_columns_value_is_a_usage_error(tmp_path, how):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": [1, 2, 3]}])
+    (tmp_path / "bad.yaml").write_text("columns: compact\n")
+    proc = run_cli(
+        "pack", src, "--packed-sequence-size", 8, "-o", tmp_path / "out", *how, check=False, cwd=tmp_path
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "columns" in lines[0] and "compact" in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()
