@@ -205,6 +205,7 @@ class Stats:
     skipped_samples: int = 0  # bad records left out under on_error=skip, by reason below
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
     policy_token_delta: int = 0  # tokens a custom pack_selected_samples added (+) or removed (-)
+    policy_packs: int = 0  # packs a custom pack_selected_samples made: their tokens are the policy's
 
     @classmethod
     def from_dict(cls, d: dict) -> Stats:

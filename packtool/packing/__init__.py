@@ -161,6 +161,7 @@ def make_plan(
     if config.max_packs is not None and plan.num_packs > config.max_packs:
         plan = plan.slice(0, config.max_packs)
     account(stats, full, plan, lengths, truncated=lengths_in > n if truncating else None)
+    stats.policy_packs = plan.num_packs if full.members is not None else 0
     plan.stats = stats
     plan.validate()
     return plan
@@ -227,12 +228,17 @@ def account(
     """Give every planned sample its one fate in ``stats`` (whole, split, truncated, partly or wholly cut
     by ``max_packs``), from the strategy's plan ``full`` and the ``kept`` packs (``full`` cut at
     ``max_packs``). ``lengths`` are the samples' lengths as planned (after truncation); ``truncated`` marks
-    the samples truncation cut (``None``: none)."""
+    the samples truncation cut (``None``: none). A sample a custom ``pack_selected_samples`` merged into a
+    pack without naming it (``full.members``) counts as packed whole, its tokens in the policy's delta."""
     num = len(lengths)
     full_in, kept_in = full.input_index, kept.input_index
     full_tokens = np.bincount(full_in, weights=full.length, minlength=num)[:num].astype(np.int64)
     kept_tokens = np.bincount(kept_in, weights=kept.length, minlength=num)[:num].astype(np.int64)
     placed, packed = full_tokens > 0, kept_tokens > 0
+    if full.members is not None:  # samples a custom pack_selected_samples merged into its packs
+        offsets, members = full.members
+        placed[members] = True
+        packed[members[: offsets[kept.num_packs]]] = True
     partial = packed & (kept_tokens < full_tokens)
     split = _split_samples(full, num) & packed & ~partial
     cut = np.zeros(num, dtype=bool) if truncated is None else truncated & packed & ~partial

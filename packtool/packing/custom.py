@@ -32,7 +32,10 @@ than N tokens** or is empty.
 * ``seq_lens`` (optional, default ``[L]``): lengths of the sequences in the pack, summing to ``L``;
   attention and positions restart at every entry (``position_ids`` follow ``--position-ids``);
 * ``sample_index`` (optional): one input index per ``seq_lens`` entry; by default the group's indices,
-  which requires as many ``seq_lens`` entries as samples in the group.
+  which requires as many ``seq_lens`` entries as samples in the group. A pack may name fewer samples than
+  its group holds (it merged them into one sequence): every sample of the group still counts as packed
+  whole, and the manifest's ``policy_packs`` says how many packs hold the policy's tokens, which
+  ``verify --source`` therefore does not compare with the source (it says so and exits 2).
 
 packtool pads the pack to N (``pad_token_id``, ``-100`` labels, one ``seq_lens`` entry for the padding).
 The returned tokens are kept in the scratch directory as extra encoded samples and written like any other
@@ -237,6 +240,11 @@ def plan_custom(
         origin = np.concatenate([p["origin"] for p in made]).astype(np.int64) if made else sample
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
+    members = None
+    if pack_fn is not None:  # a pack may name fewer samples than its group holds (it merged them)
+        group_offsets = np.zeros(len(groups) + 1, dtype=np.int64)
+        np.cumsum([len(g) for g in groups], out=group_offsets[1:])
+        members = (group_offsets, np.concatenate(groups) if groups else np.zeros(0, np.int64))
     return PackPlan(
         n,
         offsets,
@@ -245,4 +253,5 @@ def plan_custom(
         length.astype(np.int64),
         position_ids,
         origin=origin,
+        members=members,
     )

@@ -35,6 +35,7 @@ class PackStats:
     dropped_tokens: int = 0
     empty_samples: int = 0  # no tokens: left out
     policy_token_delta: int = 0  # tokens a custom pack_selected_samples added (+) or removed (-)
+    policy_packs: int = 0  # packs a custom pack_selected_samples made: their tokens are the policy's
 
     def to_dict(self) -> dict[str, int]:
         return {k: int(v) for k, v in self.__dict__.items()}
@@ -56,6 +57,9 @@ class PackPlan:
             ``sample`` (pieces a custom ``pack_selected_samples`` made are new samples); else ``None``.
         span: ``(num_pieces,)`` int64, tokens each piece takes in its pack: ``length`` plus its
             context-parallel padding (``cp_size``); ``None`` when there is none (span == length).
+        members: ``(num_packs + 1,)`` offsets and the input indices of every sample each pack took, when
+            a custom ``pack_selected_samples`` may name fewer of them in its pieces (it merged some);
+            the accounting gives those their fate. ``None`` otherwise (``permute`` drops it).
     """
 
     packed_sequence_size: int
@@ -67,6 +71,7 @@ class PackPlan:
     stats: PackStats = field(default_factory=PackStats)
     origin: np.ndarray | None = None
     span: np.ndarray | None = None
+    members: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def input_index(self) -> np.ndarray:
@@ -109,7 +114,15 @@ class PackPlan:
             self.position_ids,
             origin=None if self.origin is None else self.origin[lo:hi],
             span=None if self.span is None else self.span[lo:hi],
+            members=None if self.members is None else _cut(*self.members, first, last),
         )
+
+    def packed_inputs(self) -> np.ndarray:
+        """The input indices with tokens in the packs (sorted, once each), merged ``members`` included."""
+        held = (
+            self.input_index if self.members is None else np.concatenate([self.input_index, self.members[1]])
+        )
+        return np.unique(held)
 
     def permute(self, order: np.ndarray) -> PackPlan:
         """The same packs in the order ``order`` (a permutation of pack indices)."""
@@ -137,6 +150,11 @@ class PackPlan:
         assert np.all(self.length >= 1) and np.all(self.length <= n)
         assert np.all(self.pack_spans() <= n)
         assert self.span is None or np.all(self.span >= self.length)
+
+
+def _cut(offsets: np.ndarray, values: np.ndarray, first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``first..last-1`` of the CSR ``(offsets, values)``."""
+    return offsets[first : last + 1] - offsets[first], values[offsets[first] : offsets[last]]
 
 
 def empty_plan(n: int, position_ids: str, stats: PackStats) -> PackPlan:

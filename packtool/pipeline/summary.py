@@ -46,7 +46,7 @@ def run_stats(
         **total_stats(n, num_packs, int(pack_tokens.sum())),
         cp_padding_tokens=int(plan.spans.sum()) - plan.num_tokens,
         num_samples=len(lengths),
-        packed_samples=int(len(np.unique(plan.input_index))),
+        packed_samples=len(plan.packed_inputs()),
         input_tokens=int(lengths.sum()) + (empty_loss_tokens if dropping else 0),
         samples_per_pack=SamplesPerPack.of(
             num_packs,

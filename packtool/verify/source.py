@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from packtool.arrays import ranges
 from packtool.encoders import fields_read
-from packtool.errors import ErrorSink, InputError
+from packtool.errors import ConfigError, ErrorSink, InputError
 from packtool.manifest import MANIFEST, Manifest
 from packtool.packs import PackArrays
 from packtool.pipeline.chunks import ChunkStore
@@ -41,6 +41,12 @@ class SourceCheck:
     def start(
         cls, manifest: Manifest, inputs: list[str], report: VerifyReport, progress: bool
     ) -> SourceCheck:
+        if manifest.stats.policy_packs:
+            raise ConfigError(
+                f"--source cannot check this output: its {manifest.stats.policy_packs:,} packs hold what the "
+                f"custom strategy's pack_selected_samples returned ({manifest.config.strategy}), not the "
+                "source samples' tokens; run verify without --source"
+            )
         # the run's inputs where it found them (absolute paths: verify may run from another directory)
         recorded_inputs = [i.path if i.path and Path(i.path).exists() else i.source for i in manifest.inputs]
         config = dataclasses.replace(

@@ -187,3 +187,26 @@ def test_bad_pack_from_pack_selected_samples(dataset, tmp_path):
     )
     proc = pack(inp, tmp_path / "o", spec, check=False)
     assert proc.returncode == 2 and "must be the same length" in proc.stderr
+
+
+def test_the_examples_merging_pack_selected_samples_is_accounted_for(dataset, tmp_path):
+    """``configs/custom_policy.py``'s ``pack_with_separator``, used as its docstring says (renamed to
+    ``pack_selected_samples``): one sequence per group, naming only the group's first sample. Every
+    sample of a group is packed whole by the policy, the fates add up, and ``verify --source`` says it
+    cannot compare the policy's tokens with the source instead of reporting false losses."""
+    inp, lengths = dataset
+    source = EXAMPLE.read_text().replace("def pack_with_separator(", "def pack_selected_samples(")
+    (tmp_path / "merge.py").write_text(source)
+    out = tmp_path / "out"
+    proc = pack(inp, out, f"{tmp_path / 'merge.py'}:select_samples_to_pack")
+    assert "warning" not in proc.stderr
+    stats = manifest_json(out)["stats"]
+    assert stats["whole_samples"] == stats["packed_samples"] == len(lengths)
+    assert stats["policy_packs"] == stats["num_packs"] and stats["num_tokens"] == int(np.sum(lengths))
+    packs = list(read_packs(out, with_sample_index=True))
+    assert all(len(p["seq_lens"]) <= 2 and len(p["sample_index"]) == 1 for p in packs)
+    assert run_cli("verify", out).returncode == 0
+    proc = run_cli("verify", out, "--source", inp, check=False)
+    assert proc.returncode == EXIT_USAGE
+    assert "--source cannot check this output: its" in proc.stderr
+    assert "pack_selected_samples returned" in proc.stderr
