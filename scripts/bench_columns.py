@@ -39,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from bench_pack import lognormal_lengths, make_tokens  # noqa: E402
+from bench_pack import lognormal_lengths, make_tokens, write_lists  # noqa: E402
 
 from packtool.config import PackConfig  # noqa: E402
 from packtool.formats import ShardMeta, get_format  # noqa: E402
@@ -64,8 +64,6 @@ LAYOUTS = ("full", "minimal")
 
 def make_sft(path: Path, samples: int, seed: int = 0) -> None:
     """``samples`` pretokenized records with a ``loss_mask``: 20-60% prompt (0), the rest response (1)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     lengths = lognormal_lengths(samples, 300, seed)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
@@ -74,16 +72,7 @@ def make_sft(path: Path, samples: int, seed: int = 0) -> None:
     prompt = (lengths * rng.uniform(0.2, 0.6, samples)).astype(np.int64)
     position = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lengths)
     mask = (position >= np.repeat(prompt, lengths)).astype(np.int8)
-    off = pa.array(offsets)
-    table = pa.table(
-        {
-            "input_ids": pa.LargeListArray.from_arrays(off, pa.array(ids)),
-            "loss_mask": pa.LargeListArray.from_arrays(off, pa.array(mask)),
-        }
-    )
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(table, tmp, row_group_size=10_000)
-    tmp.rename(path)
+    write_lists(path, offsets, {"input_ids": ids, "loss_mask": mask})
 
 
 def pair_order(i: int) -> tuple[str, str]:

@@ -77,8 +77,6 @@ def lognormal_lengths(count: int, mean: float, seed: int):
 
 def make_tokens(path: Path, samples: int, seed: int = 0) -> None:
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     lengths = lognormal_lengths(samples, 300, seed)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
@@ -86,13 +84,16 @@ def make_tokens(path: Path, samples: int, seed: int = 0) -> None:
     labels = np.empty_like(ids)
     labels[:-1] = ids[1:]
     labels[offsets[1:] - 1] = -100
+    write_lists(path, offsets, {"input_ids": ids, "labels": labels})
+
+
+def write_lists(path: Path, offsets, columns: dict) -> None:
+    """A Parquet file of list columns (the flat ``columns`` split by ``offsets``), written atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     off = pa.array(offsets)
-    table = pa.table(
-        {
-            "input_ids": pa.LargeListArray.from_arrays(off, pa.array(ids)),
-            "labels": pa.LargeListArray.from_arrays(off, pa.array(labels)),
-        }
-    )
+    table = pa.table({k: pa.LargeListArray.from_arrays(off, pa.array(v)) for k, v in columns.items()})
     tmp = path.with_suffix(".tmp")
     pq.write_table(table, tmp, row_group_size=10_000)
     tmp.rename(path)
