@@ -22,7 +22,6 @@ import datasets
 import datasets.config
 import huggingface_hub.constants
 import numpy as np
-import pyarrow as pa
 
 from packtool.errors import InputError
 from packtool.readers.base import SourceBatch
@@ -41,11 +40,11 @@ def _iter_dataset(ds, source: str, batch_rows: int, lazy: bool = False) -> Itera
     files = _arrow_files(ds, source) if lazy else None
     if files is not None:
         row = 0
-        for path, table in files:
-            for start in range(0, table.num_rows, batch_rows):
-                n = min(batch_rows, table.num_rows - start)
-                yield HfRows(source, path, start, n, row + start, table.schema)
-            row += table.num_rows
+        for path, num_rows in files:
+            for start in range(0, num_rows, batch_rows):
+                n = min(batch_rows, num_rows - start)
+                yield HfRows(source, path, start, n, row + start, ds.data.schema)
+            row += num_rows
         return
     table = ds.data.table if hasattr(ds, "data") else None
     if ds._indices is not None or table is None:  # a filtered/shuffled view: let datasets resolve it
@@ -61,10 +60,11 @@ def _iter_dataset(ds, source: str, batch_rows: int, lazy: bool = False) -> Itera
         row += batch.num_rows
 
 
-def _arrow_files(ds, source: str) -> list[tuple[str, pa.Table]] | None:
-    """The dataset's Arrow files with their tables (memory-mapped), when the dataset is exactly those
-    files' rows in order: no indices mapping, every file of the dataset's schema, their rows adding up to
-    the dataset's (a slice of a file, or a file twice, would not). Else ``None``: the driver reads it."""
+def _arrow_files(ds, source: str) -> list[tuple[str, int]] | None:
+    """The dataset's Arrow files and their row counts, when the dataset is exactly those files' rows in
+    order: no indices mapping, each file once and of the dataset's schema, their rows adding up to the
+    dataset's (so no file is sliced: a split such as ``train[:10%]`` is not). Else ``None``: the driver
+    reads the dataset."""
     if getattr(ds, "_indices", None) is not None:
         return None
     paths = [f["filename"] for f in ds.cache_files]
@@ -78,8 +78,8 @@ def _arrow_files(ds, source: str) -> list[tuple[str, pa.Table]] | None:
             return None
         if not table.schema.equals(ds.data.schema):
             return None
-        files.append((path, table))
-    if sum(t.num_rows for _, t in files) != ds.num_rows:
+        files.append((path, table.num_rows))
+    if sum(n for _, n in files) != ds.num_rows:
         return None
     return files
 
