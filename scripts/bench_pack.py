@@ -43,7 +43,8 @@ Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one r
   (``.bench/enc_one_text.py:encode``, written by this script; ``--text-encoders plugin``): its ceiling is
   the same function alone on the same texts, in 2 processes taking batches of 512 texts in turn from a
   shared counter (timed from a barrier, texts loaded before), and the pairs and the median as above.
-  ``--text-only`` skips everything before the raw-text rows.
+  ``--text-only`` skips everything before the raw-text rows; ``--text-input txt`` has packtool read the
+  same texts from a ``.txt`` file (a text per line) instead of JSON Lines.
 
 The figures are for the machine it runs on; other work on the same cores shows up in them.
 """
@@ -431,7 +432,7 @@ def tokenizer_alone(kind: str, env: dict, texts: Path) -> dict | None:
     return None
 
 
-def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer") -> list[dict]:
+def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str = "jsonl") -> list[dict]:
     """End to end from raw text on ``count`` texts; prints their table.
 
     ``encoder``: ``tokenizer`` (``--tokenizer tokenizer.json``, batch calls) or ``plugin`` (``--tokenizer
@@ -439,14 +440,21 @@ def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer") -> list[di
     encoder alone in each layout and call size (the fastest is the ceiling), then ``pairs`` times the
     ceiling's layout and ``packtool pack --num-proc 2`` one right after the other: this machine's speed
     drifts by tens of percent over minutes, so each pair's ratio compares two runs a few seconds apart, and
-    the median of the pairs is the figure. Last, ``--num-proc 1`` once.
+    the median of the pairs is the figure. Last, ``--num-proc 1`` once. ``fmt``: the input packtool reads,
+    ``jsonl`` (``{"text": ...}`` lines) or ``txt`` (the same texts, one per line); the encoder alone is
+    given the same texts either way, loaded before its clock starts.
     """
     rows: list[dict] = []
     texts = BENCH / f"texts-{count}.jsonl"
     if not texts.exists():
         print(f"building {texts.name} ...", file=sys.stderr)
         make_texts(texts, count)
-    if encoder == "plugin":
+    source = texts
+    if fmt == "txt":  # the same texts as plain text, a sample per line (none holds a newline)
+        source = texts.with_suffix(".txt")
+        if not source.exists():
+            with open(texts) as f, open(source, "w") as out:
+                out.writelines(json.loads(line)["text"] + "\n" for line in f)
         # the plugin alone: 2 processes taking batches in turn (one text per call: no thread of its own)
         candidates = [("plugin-procs:512", "plugin alone, 2 procs x 1 thread, batches of 512", {})]
         flags = ["--tokenizer", f"{write_plugin()}:encode"]
@@ -470,11 +478,11 @@ def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer") -> list[di
 
     def pack(procs: int) -> dict:
         return packtool_row(
-            f"packtool {encoder} {count // 1000}k np{procs}", texts, count,
+            f"packtool {encoder} {fmt} {count // 1000}k np{procs}", source, count,
             *flags, "--num-proc", str(procs), "--split-across-pack",
         )  # fmt: skip
 
-    print(f"\nend to end from raw text, {count:,} JSONL texts, {title}, 2 cores\n")
+    print(f"\nend to end from raw text, {count:,} texts read from {fmt}, {title}, 2 cores\n")
     if not ceilings:
         return rows
 
@@ -591,6 +599,12 @@ def main() -> None:
         "module:callable calling the tokenizer once per text); default tokenizer,plugin",
     )
     ap.add_argument(
+        "--text-input",
+        choices=["jsonl", "txt"],
+        default="jsonl",
+        help="what packtool reads in the raw-text rows: JSON Lines (default) or the same texts as .txt",
+    )
+    ap.add_argument(
         "--text-only",
         action="store_true",
         help="only the end-to-end rows from raw text (no pretokenized rows)",
@@ -613,7 +627,7 @@ def main() -> None:
     if not args.text_only:
         rows += pretokenized_rows(args)
     for encoder, count in itertools.product(args.text_encoders, args.text_samples):
-        rows += text_rows(count, args.pairs, encoder)
+        rows += text_rows(count, args.pairs, encoder, args.text_input)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
