@@ -534,3 +534,16 @@ def test_lazy_hf_datasets_are_read_from_their_arrow_files(tmp_path):
     pieces = list(read_inputs([f"hf:{tmp_path / 'hub'}"], lazy=True, split="train[10:20]"))
     assert [type(p).__name__ for p in pieces] == ["SourceBatch"]  # a slice of a file: the driver reads it
     assert pieces[0].batch.column("n").to_pylist() == list(range(10, 20))
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_deep_record_among_many_flat_ones_is_found(tmp_path, lazy):
+    """The quick bracket counts (brackets that do not open a line) never skip a record nested too deep:
+    3,000 one-object records (a bracket each, at the line's start) and one 129 deep at line 2,501."""
+    lines = [json.dumps({"text": f"t{i}"}) for i in range(3000)]
+    lines[2500] = '{"text": "x", "a": ' + "[" * 128 + "]" * 128 + "}"
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match="line 2501: JSON nested deeper than 128 levels"):
+        for piece in read_inputs([str(path)], lazy=lazy):
+            piece.load()
