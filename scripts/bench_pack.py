@@ -38,7 +38,10 @@ Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one r
   The ceiling is the fastest of these, per size. Then ``--pairs`` (default 3) times the ceiling's layout
   and ``packtool pack --num-proc 2`` right after one another: the figure is the median of the pairs'
   ratios, since this machine's speed drifts by tens of percent over minutes (the same tokenizer call on
-  the same texts took 12.4 s and 17.2 s an hour apart), more than the gap being measured.
+  the same texts took 12.4 s and 17.2 s an hour apart), more than the gap being measured. On a shared
+  machine each pair also says how many CPU seconds other processes took during it (``/proc/stat``'s busy
+  time less the pair's own CPU), and the median is given again over the quiet pairs alone, those where
+  that was under ``QUIET_SHARE`` (5%) of packtool's wall time.
 * the same end to end with a ``module:callable`` encoder that calls the tokenizer once per text
   (``.bench/enc_one_text.py:encode``, written by this script; ``--text-encoders plugin``): its ceiling is
   the same function alone on the same texts, in 2 processes taking batches of 512 texts in turn from a
@@ -70,6 +73,8 @@ N = 4096
 TRL_SPEC = "trl==1.16.0"
 # texts per encode_batch_fast call for the tokenizer-alone ceiling (0: all in one call); the best one counts
 TOKENIZER_BATCHES = (0, 2048, 512)
+# a pair is quiet when other work took less CPU during it than this share of packtool's wall time
+QUIET_SHARE = 0.05
 
 
 # --- data ------------------------------------------------------------------------------------------------
@@ -417,8 +422,21 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def machine_cpu() -> float | None:
+    """CPU seconds this machine has been busy since it booted, all processes (``/proc/stat``), or None
+    where that is not known. Its growth over a pair less the pair's own CPU is the other work that ran
+    on the same cores meanwhile."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
 def tokenizer_alone(kind: str, env: dict, texts: Path) -> dict | None:
-    """One tokenizer-alone child (``tokenizer[-procs]:B``) on ``texts``: ``{"tokens", "seconds"}``."""
+    """One encoder-alone child (``tokenizer[-procs]:B``, ``plugin-procs:B``) on ``texts``: ``{"tokens",
+    "seconds"}`` (its own timing, load excluded) and ``cpu``, the child's CPU seconds in all."""
     result = BENCH / "out" / f"{kind.replace(':', '-')}.json"
     result.unlink(missing_ok=True)
     tm = measure(
@@ -427,7 +445,7 @@ def tokenizer_alone(kind: str, env: dict, texts: Path) -> dict | None:
         env, result.with_suffix(".log"),
     )  # fmt: skip
     if tm["rc"] == 0 and result.exists():
-        return json.loads(result.read_text())
+        return {**json.loads(result.read_text()), "cpu": tm["cpu"]}
     print(f"failed: {kind} exit {tm['rc']} ({tm['log']})")
     return None
 
@@ -455,6 +473,7 @@ def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str =
         if not source.exists():
             with open(texts) as f, open(source, "w") as out:
                 out.writelines(json.loads(line)["text"] + "\n" for line in f)
+    if encoder == "plugin":
         # the plugin alone: 2 processes taking batches in turn (one text per call: no thread of its own)
         candidates = [("plugin-procs:512", "plugin alone, 2 procs x 1 thread, batches of 512", {})]
         flags = ["--tokenizer", f"{write_plugin()}:encode"]
@@ -508,21 +527,31 @@ def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str =
             }
         )
     kind, env, _ = ceilings[best_label]
-    ratios = []
+    ratios, quiet = [], []
     for i in range(1, pairs + 1):
+        busy, own = machine_cpu(), time.process_time()
         tok, ours = tokenizer_alone(kind, env, texts), pack(2)
         if tok is None or "error" in ours:
             print(f"pair {i}: {ours.get('error', 'the encoder alone failed')}")
             continue
+        # CPU seconds of other work on the machine during the pair (not known off Linux)
+        others = None
+        if busy is not None:
+            others = machine_cpu() - busy - tok["cpu"] - ours["cpu"] - (time.process_time() - own)
         ratios.append(ours["input_tokens"] / ours["wall"] / speed(tok))
         seconds = f"{tok['seconds']:.2f} / {ours['wall']:.2f}"
-        line(f"pair {i}: ceiling / packtool np2 (whole job)", ours["input_tokens"], seconds, ratios[-1])
+        label = f"pair {i}: ceiling / packtool np2" + (f", others {max(others, 0):.1f} s" if busy else "")
+        line(label, ours["input_tokens"], seconds, ratios[-1])
+        if others is not None and others < QUIET_SHARE * ours["wall"]:
+            quiet.append(ratios[-1])
         rows.append(
             {**ours, "encoder": encoder, "texts": count, "pair": i, "ceiling_s": tok["seconds"],
-             "of_ceiling": ratios[-1]}
+             "ceiling_cpu": tok["cpu"], "others_cpu": others, "of_ceiling": ratios[-1]}
         )  # fmt: skip
     if ratios:
         line("packtool np2 / ceiling: median of the pairs", "", "", statistics.median(ratios))
+    if quiet:
+        line(f"  median of the {len(quiet)} quiet pairs", "", "", statistics.median(quiet))
     ours = pack(1)
     if "error" in ours:
         print(f"{ours['name']:50} {ours['error']}")
