@@ -38,7 +38,16 @@ Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one r
   The ceiling is the fastest of these, per size. Then ``--pairs`` (default 3) times the ceiling's layout
   and ``packtool pack --num-proc 2`` right after one another: the figure is the median of the pairs'
   ratios, since this machine's speed drifts by tens of percent over minutes (the same tokenizer call on
-  the same texts took 12.4 s and 17.2 s an hour apart), more than the gap being measured.
+  the same texts took 12.4 s and 17.2 s an hour apart), more than the gap being measured. On a shared
+  machine each pair also says how many CPU seconds other processes took during it (``/proc/stat``'s busy
+  time less the pair's own CPU), and the median is given again over the quiet pairs alone, those where
+  that was under ``QUIET_SHARE`` (5%) of packtool's wall time.
+* the same end to end with a ``module:callable`` encoder that calls the tokenizer once per text
+  (``.bench/enc_one_text.py:encode``, written by this script; ``--text-encoders plugin``): its ceiling is
+  the same function alone on the same texts, in 2 processes taking batches of 512 texts in turn from a
+  shared counter (timed from a barrier, texts loaded before), and the pairs and the median as above.
+  ``--text-only`` skips everything before the raw-text rows; ``--text-input txt`` has packtool read the
+  same texts from a ``.txt`` file (a text per line) instead of JSON Lines.
 
 The figures are for the machine it runs on; other work on the same cores shows up in them.
 """
@@ -64,6 +73,8 @@ N = 4096
 TRL_SPEC = "trl==1.16.0"
 # texts per encode_batch_fast call for the tokenizer-alone ceiling (0: all in one call); the best one counts
 TOKENIZER_BATCHES = (0, 2048, 512)
+# a pair is quiet when other work took less CPU during it than this share of packtool's wall time
+QUIET_SHARE = 0.05
 
 
 # --- data ------------------------------------------------------------------------------------------------
@@ -151,8 +162,66 @@ def _tokenize_half(args: tuple) -> tuple[int, float]:
     return tokens, time.perf_counter() - t0
 
 
+# the module:callable encoder of the plugin rows: one tokenizer call per text, as a user's own code may be
+PLUGIN_SOURCE = """\
+\"\"\"packtool's bench: a module:callable encoder that tokenizes one text at a time.\"\"\"
+
+import tokenizers
+
+TOKENIZER = tokenizers.Tokenizer.from_file({tokenizer!r})
+
+
+def encode(records):
+    return {{"input_ids": [TOKENIZER.encode(t, add_special_tokens=False).ids for t in records["text"]]}}
+"""
+
+
+def write_plugin() -> Path:
+    """``.bench/enc_one_text.py``, the plugin rows' encoder (``--tokenizer PATH:encode``)."""
+    path = BENCH / "enc_one_text.py"
+    path.write_text(PLUGIN_SOURCE.format(tokenizer=str(ROOT / "data/demo/tokenizer.json")))
+    return path
+
+
+def _plugin_worker(texts: list[str], batch: int, counter, barrier, results) -> None:
+    """One of 2 processes running the plugin alone: batches of ``batch`` texts, each claimed from a shared
+    counter (as a process pool hands out tasks: neither process idles while the other has a backlog)."""
+    sys.path.insert(0, str(BENCH))
+    from enc_one_text import encode
+
+    barrier.wait()
+    tokens = 0
+    while True:
+        with counter.get_lock():
+            i = counter.value
+            counter.value += batch
+        if i >= len(texts):
+            break
+        tokens += sum(map(len, encode({"text": texts[i : i + batch]})["input_ids"]))
+    results.put(tokens)
+
+
 def child(kind: str, data: str, out: str, result: str) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
+    if kind.startswith("plugin-procs:"):  # the plugin alone: 2 processes x 1 thread, batches of B texts
+        import multiprocessing as mp
+
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # as in packtool's workers (one text per call anyway)
+        texts = [json.loads(line)["text"] for line in open(data)]
+        ctx = mp.get_context("fork")  # the texts are loaded once, before the clock starts
+        barrier, results = ctx.Barrier(3), ctx.Queue()
+        args = (texts, int(kind.partition(":")[2]), ctx.Value("q", 0), barrier, results)
+        procs = [ctx.Process(target=_plugin_worker, args=args) for _ in range(2)]
+        for p in procs:
+            p.start()
+        barrier.wait()  # both processes are ready: the clock starts
+        t0 = time.perf_counter()
+        tokens = results.get() + results.get()
+        seconds = time.perf_counter() - t0
+        for p in procs:
+            p.join()
+        Path(result).write_text(json.dumps({"tokens": tokens, "seconds": seconds}))
+        return
     if kind.startswith("tokenizer"):  # tokenizer[-procs]:B encodes in calls of B texts (0: one call)
         kind, _, batch = kind.partition(":")
     if kind == "tokenizer-procs":  # 2 processes x 1 thread, each half of the texts, from a barrier
@@ -354,8 +423,21 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def machine_cpu() -> float | None:
+    """CPU seconds this machine has been busy since it booted, all processes (``/proc/stat``), or None
+    where that is not known. Its growth over a pair less the pair's own CPU is the other work that ran
+    on the same cores meanwhile."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
 def tokenizer_alone(kind: str, env: dict, texts: Path) -> dict | None:
-    """One tokenizer-alone child (``tokenizer[-procs]:B``) on ``texts``: ``{"tokens", "seconds"}``."""
+    """One encoder-alone child (``tokenizer[-procs]:B``, ``plugin-procs:B``) on ``texts``: ``{"tokens",
+    "seconds"}`` (its own timing, load excluded) and ``cpu``, the child's CPU seconds in all."""
     result = BENCH / "out" / f"{kind.replace(':', '-')}.json"
     result.unlink(missing_ok=True)
     tm = measure(
@@ -364,43 +446,63 @@ def tokenizer_alone(kind: str, env: dict, texts: Path) -> dict | None:
         env, result.with_suffix(".log"),
     )  # fmt: skip
     if tm["rc"] == 0 and result.exists():
-        return json.loads(result.read_text())
+        return {**json.loads(result.read_text()), "cpu": tm["cpu"]}
     print(f"failed: {kind} exit {tm['rc']} ({tm['log']})")
     return None
 
 
-def text_rows(count: int, pairs: int = 3) -> list[dict]:
+def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str = "jsonl") -> list[dict]:
     """End to end from raw text on ``count`` texts; prints their table.
 
-    First the tokenizer alone in each layout and call size (the fastest is the ceiling), then ``pairs``
-    times the ceiling's layout and ``packtool pack --num-proc 2`` one right after the other: this machine's
-    speed drifts by tens of percent over minutes, so each pair's ratio compares two runs a few seconds
-    apart, and the median of the pairs is the figure. Last, ``--num-proc 1`` once.
+    ``encoder``: ``tokenizer`` (``--tokenizer tokenizer.json``, batch calls) or ``plugin`` (``--tokenizer
+    .bench/enc_one_text.py:encode``, a module:callable calling the tokenizer once per text). First the
+    encoder alone in each layout and call size (the fastest is the ceiling), then ``pairs`` times the
+    ceiling's layout and ``packtool pack --num-proc 2`` one right after the other: this machine's speed
+    drifts by tens of percent over minutes, so each pair's ratio compares two runs a few seconds apart, and
+    the median of the pairs is the figure. Last, ``--num-proc 1`` once. ``fmt``: the input packtool reads,
+    ``jsonl`` (``{"text": ...}`` lines) or ``txt`` (the same texts, one per line); the encoder alone is
+    given the same texts either way, loaded before its clock starts.
     """
     rows: list[dict] = []
     texts = BENCH / f"texts-{count}.jsonl"
     if not texts.exists():
         print(f"building {texts.name} ...", file=sys.stderr)
         make_texts(texts, count)
-    rayon = {"RAYON_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "true"}
-    layouts = (
-        ("tokenizer", "tokenizer alone, 2 threads", rayon),
-        ("tokenizer-procs", "tokenizer alone, 2 procs x 1 thread", {}),
-    )
+    source = texts
+    if fmt == "txt":  # the same texts as plain text, a sample per line (none holds a newline)
+        source = texts.with_suffix(".txt")
+        if not source.exists():
+            with open(texts) as f, open(source, "w") as out:
+                out.writelines(json.loads(line)["text"] + "\n" for line in f)
+    if encoder == "plugin":
+        # the plugin alone: 2 processes taking batches in turn (one text per call: no thread of its own)
+        candidates = [("plugin-procs:512", "plugin alone, 2 procs x 1 thread, batches of 512", {})]
+        flags = ["--tokenizer", f"{write_plugin()}:encode"]
+        title = "module:callable encoder, one tokenizer call per text"
+    else:
+        rayon = {"RAYON_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "true"}
+        layouts = (
+            ("tokenizer", "tokenizer alone, 2 threads", rayon),
+            ("tokenizer-procs", "tokenizer alone, 2 procs x 1 thread", {}),
+        )
+        candidates = [
+            (f"{kind}:{batch}", f"{layout}, {f'calls of {batch}' if batch else 'one call'}", env)
+            for (kind, layout, env), batch in itertools.product(layouts, TOKENIZER_BATCHES)
+        ]
+        flags = ["--tokenizer", str(ROOT / "data/demo/tokenizer.json")]
+        title = "demo tokenizer.json, batch calls"
     ceilings = {}  # label -> (kind, env, result)
-    for (kind, layout, env), batch in itertools.product(layouts, TOKENIZER_BATCHES):
-        kind, label = f"{kind}:{batch}", f"{layout}, {f'calls of {batch}' if batch else 'one call'}"
+    for kind, label, env in candidates:
         if (tok := tokenizer_alone(kind, env, texts)) is not None:
             ceilings[label] = (kind, env, tok)
 
     def pack(procs: int) -> dict:
         return packtool_row(
-            f"packtool text {count // 1000}k np{procs}", texts, count,
-            "--tokenizer", str(ROOT / "data/demo/tokenizer.json"), "--num-proc", str(procs),
-            "--split-across-pack",
+            f"packtool {encoder} {fmt} {count // 1000}k np{procs}", source, count,
+            *flags, "--num-proc", str(procs), "--split-across-pack",
         )  # fmt: skip
 
-    print(f"\nend to end from raw text, {count:,} JSONL texts, demo tokenizer, 2 cores\n")
+    print(f"\nend to end from raw text, {count:,} texts read from {fmt}, {title}, 2 cores\n")
     if not ceilings:
         return rows
 
@@ -416,58 +518,53 @@ def text_rows(count: int, pairs: int = 3) -> list[dict]:
     print(f"{'run':50} {'tokens':>12} {'seconds':>13} {'tokens/s':>12} {'of ceiling':>10}")
     for label, (_, _, tok) in ceilings.items():
         line(label, tok["tokens"], tok["seconds"], speed(tok) / best)
-        rows.append({"name": label, "texts": count, "tokens": tok["tokens"], "seconds": tok["seconds"]})
+        rows.append(
+            {
+                "name": label,
+                "encoder": encoder,
+                "texts": count,
+                "tokens": tok["tokens"],
+                "seconds": tok["seconds"],
+            }
+        )
     kind, env, _ = ceilings[best_label]
-    ratios = []
+    ratios, quiet = [], []
     for i in range(1, pairs + 1):
+        busy, own = machine_cpu(), time.process_time()
         tok, ours = tokenizer_alone(kind, env, texts), pack(2)
         if tok is None or "error" in ours:
-            print(f"pair {i}: {ours.get('error', 'the tokenizer alone failed')}")
+            print(f"pair {i}: {ours.get('error', 'the encoder alone failed')}")
             continue
+        # CPU seconds of other work on the machine during the pair (not known off Linux)
+        others = None
+        if busy is not None:
+            others = machine_cpu() - busy - tok["cpu"] - ours["cpu"] - (time.process_time() - own)
         ratios.append(ours["input_tokens"] / ours["wall"] / speed(tok))
         seconds = f"{tok['seconds']:.2f} / {ours['wall']:.2f}"
-        line(f"pair {i}: ceiling / packtool np2 (whole job)", ours["input_tokens"], seconds, ratios[-1])
+        label = f"pair {i}: ceiling / packtool np2" + (f", others {max(others, 0):.1f} s" if busy else "")
+        line(label, ours["input_tokens"], seconds, ratios[-1])
+        if others is not None and others < QUIET_SHARE * ours["wall"]:
+            quiet.append(ratios[-1])
         rows.append(
-            {**ours, "texts": count, "pair": i, "ceiling_s": tok["seconds"], "of_ceiling": ratios[-1]}
-        )
+            {**ours, "encoder": encoder, "texts": count, "pair": i, "ceiling_s": tok["seconds"],
+             "ceiling_cpu": tok["cpu"], "others_cpu": others, "of_ceiling": ratios[-1]}
+        )  # fmt: skip
     if ratios:
         line("packtool np2 / ceiling: median of the pairs", "", "", statistics.median(ratios))
+    if quiet:
+        line(f"  median of the {len(quiet)} quiet pairs", "", "", statistics.median(quiet))
     ours = pack(1)
     if "error" in ours:
         print(f"{ours['name']:50} {ours['error']}")
     else:
         share = ours["input_tokens"] / ours["wall"] / best
         line(f"{ours['name']} (whole job)", ours["input_tokens"], ours["wall"], share)
-        rows.append({**ours, "texts": count})
+        rows.append({**ours, "encoder": encoder, "texts": count})
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--samples", type=int, default=100_000, help="pretokenized samples (default 100,000)")
-    ap.add_argument(
-        "--text-samples",
-        type=lambda v: [int(x) for x in v.split(",")],
-        default=[20_000, 100_000],
-        help="texts for the end-to-end rows, comma-separated sizes (default 20000,100000)",
-    )
-    ap.add_argument(
-        "--pairs", type=int, default=3, help="ceiling / packtool np2 pairs per text size (default 3)"
-    )
-    ap.add_argument("--no-nemo", action="store_true", help="skip NeMo PackedSequence (slowest row)")
-    ap.add_argument("--no-trl", action="store_true", help="skip TRL pack_dataset")
-    ap.add_argument("--json", help="also write the rows to this JSON file")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--data", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    ap.add_argument("--result", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        child(args.child, args.data, args.out, args.result)
-        return
-
-    BENCH.mkdir(exist_ok=True)
-    (BENCH / "out").mkdir(exist_ok=True)
+def pretokenized_rows(args: argparse.Namespace) -> list[dict]:
+    """NeMo, TRL, packtool and the floors on pretokenized Parquet; prints their table."""
     data = BENCH / f"tokens-{args.samples}.parquet"
     if not data.exists():
         print(f"building {data.name} ...", file=sys.stderr)
@@ -509,9 +606,58 @@ def main() -> None:
             step(r)
     print(f"\npretokenized Parquet -> packed Parquet, {k:,} samples (lognormal, mean ~300), N={N}\n")
     print_table(rows)
+    return rows
 
-    for count in args.text_samples:
-        rows += text_rows(count, args.pairs)
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samples", type=int, default=100_000, help="pretokenized samples (default 100,000)")
+    ap.add_argument(
+        "--text-samples",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[20_000, 100_000],
+        help="texts for the end-to-end rows, comma-separated sizes (default 20000,100000)",
+    )
+    ap.add_argument(
+        "--pairs", type=int, default=3, help="ceiling / packtool np2 pairs per text size (default 3)"
+    )
+    ap.add_argument(
+        "--text-encoders",
+        type=lambda v: v.split(","),
+        default=["tokenizer", "plugin"],
+        help="encoders of the end-to-end rows: tokenizer (tokenizer.json, batch calls), plugin (a "
+        "module:callable calling the tokenizer once per text); default tokenizer,plugin",
+    )
+    ap.add_argument(
+        "--text-input",
+        choices=["jsonl", "txt"],
+        default="jsonl",
+        help="what packtool reads in the raw-text rows: JSON Lines (default) or the same texts as .txt",
+    )
+    ap.add_argument(
+        "--text-only",
+        action="store_true",
+        help="only the end-to-end rows from raw text (no pretokenized rows)",
+    )
+    ap.add_argument("--no-nemo", action="store_true", help="skip NeMo PackedSequence (slowest row)")
+    ap.add_argument("--no-trl", action="store_true", help="skip TRL pack_dataset")
+    ap.add_argument("--json", help="also write the rows to this JSON file")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.data, args.out, args.result)
+        return
+
+    BENCH.mkdir(exist_ok=True)
+    (BENCH / "out").mkdir(exist_ok=True)
+    rows: list[dict] = []
+    if not args.text_only:
+        rows += pretokenized_rows(args)
+    for encoder, count in itertools.product(args.text_encoders, args.text_samples):
+        rows += text_rows(count, args.pairs, encoder, args.text_input)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -9,7 +9,7 @@ pretokenized Parquet with a loss mask, ``sequential`` and ``--split-across-pack`
 configs; ``--columns minimal`` on the pretokenized input and on chat in tar shards) in a scratch
 directory, each with the same relative paths every time, and prints one JSON object: for every run, the
 sha256 of every file it wrote, and of its manifest with the run-specific fields (``packtool_version``)
-left out.
+left out and the scratch directory's path replaced by ``<scratch>``.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ RUNS: dict[str, list[str]] = {
 }  # fmt: skip
 
 
-def digest(out: Path) -> dict[str, str]:
+def digest(out: Path, work: Path) -> dict[str, str]:
     files = {}
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
         rel = str(path.relative_to(out))
@@ -93,7 +93,8 @@ def digest(out: Path) -> dict[str, str]:
             manifest = json.loads(path.read_text())
             for key in RUN_SPECIFIC:
                 manifest.pop(key, None)
-            data = json.dumps(manifest, sort_keys=True).encode()
+            # the inputs' and tokenizer's absolute paths lie in this run's scratch directory
+            data = json.dumps(manifest, sort_keys=True).replace(str(work), "<scratch>").encode()
         else:
             data = path.read_bytes()
         files[rel] = hashlib.sha256(data).hexdigest()
@@ -116,7 +117,7 @@ def main() -> None:
                 continue
             cmd = [sys.executable, "-m", "packtool.cli", "pack", *args_, "-q"]
             subprocess.run(cmd, cwd=work, env=env, check=True)
-            result[name] = digest(work / args_[args_.index("-o") + 1])
+            result[name] = digest(work / args_[args_.index("-o") + 1], work)
         print(json.dumps(result, indent=1, sort_keys=True))
     finally:
         shutil.rmtree(work, ignore_errors=True)

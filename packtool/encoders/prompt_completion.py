@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packtool.arrays import arrow_array, np_view, token_lists
+from packtool.arrays import arrow_array, np_view
 from packtool.encoders.masking import apply_empty_loss, concat_lists, loss_columns
 from packtool.encoders.text import HFTokenizer, TextEncoder, add_special, text_column
 from packtool.errors import ConfigError
@@ -123,8 +123,8 @@ class PromptCompletionEncoder:
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         prompts = self.prompts(batch)
         completions = text_column(batch, self.completion_field)
-        prompt_ids = token_lists(self.tokenizer.encode_batch(prompts))
-        completion_ids = token_lists(self.tokenizer.encode_batch(completions))
+        prompt_ids = self.tokenizer.encode_batch_tokens(prompts)
+        completion_ids = self.tokenizer.encode_batch_tokens(completions)
         ids, part = concat_lists([prompt_ids, completion_ids])
         trained = np.ones(len(part), dtype=np.int32) if self.train_on_prompt else (part == 1).astype(np.int32)
         if self.bos_id is not None or self.eos_id is not None:

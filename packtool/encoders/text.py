@@ -8,6 +8,7 @@ only when asked (``add_bos``/``add_eos``), so the manifest says exactly what is 
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,28 @@ class HFTokenizer:
             calls = self._fast.encode_batch_fast(part, add_special_tokens=False)
             ids.extend(e.ids for e in calls)
         return ids
+
+    def encode_batch_tokens(self, texts: list[str]) -> pa.LargeListArray:
+        """``encode_batch`` as ``large_list<int32>``: each call's ids go into NumPy as they are fetched
+        (lengths from ``len(Encoding)``), never held as a list of lists (whose build and later release took
+        about 2% of the encoding time: scripts/bench_pack.py's raw-text rows; docs/performance.md)."""
+        if self._fast is None:
+            return token_lists(self.encode_batch(texts))
+        lengths, flats = [], []
+        for i in range(0, len(texts), TOKENIZER_CALL_TEXTS):
+            calls = self._fast.encode_batch_fast(
+                texts[i : i + TOKENIZER_CALL_TEXTS], add_special_tokens=False
+            )
+            n = np.fromiter(map(len, calls), dtype=np.int64, count=len(calls))
+            lengths.append(n)
+            flats.append(
+                np.fromiter(itertools.chain.from_iterable(e.ids for e in calls), np.int32, int(n.sum()))
+            )
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        if lengths:
+            np.cumsum(np.concatenate(lengths), out=offsets[1:])
+        flat = np.concatenate(flats) if flats else np.zeros(0, dtype=np.int32)
+        return large_lists(offsets, flat, pa.int32())
 
     def encode_batch_offsets(self, texts: list[str]) -> tuple[list[list[int]], list[np.ndarray]]:
         """Token ids and, per text, ``(num_tokens,)`` int64 start character offsets of its tokens."""
@@ -239,7 +262,7 @@ class TextEncoder:
 
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         texts = text_column(batch, self.text_field)
-        ids = token_lists(self.tokenizer.encode_batch(texts))
+        ids = self.tokenizer.encode_batch_tokens(texts)
         ids = add_special(ids, self.bos_id, self.eos_id)
         return encoded_batch(ids, make_labels(ids, self.labels))
 

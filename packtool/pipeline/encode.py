@@ -1,10 +1,10 @@
 """The encode step: records -> encoded chunks on disk, by the engine's workers.
 
 The driver groups the input stream into chunks of exactly ``chunk_size`` records (``chunked``), in input
-order; each chunk is one task. A worker loads its chunk (lazy Parquet rows and JSON Lines ranges are read
-here, by the process that encodes them), encodes it batch by batch and writes it to the scratch directory
-(``chunks.write_chunk``). Chunk boundaries depend only on the config, so the output does not depend on
-the number of workers or the engine.
+order; each chunk is one task. A worker loads its chunk (the row, line and file ranges the readers hand
+out lazily are read here, by the process that encodes them), encodes it batch by batch and writes it to
+the scratch directory (``chunks.write_chunk``). Chunk boundaries depend only on the config, so the output
+does not depend on the number of workers or the engine.
 
 A worker's state (the config and the encoder) is built once per process and run, by ``worker(spec)``:
 every task carries the small ``RunSpec``, so any process (the driver, a pool worker, a Ray worker) can run

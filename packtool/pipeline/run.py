@@ -1,8 +1,9 @@
 """``packtool pack`` as four steps: read -> encode -> plan -> write.
 
 * **read** (the driver): inputs are streamed as ``SourceBatch`` objects and grouped into chunks of
-  ``chunk_size`` records, in input order. Parquet rows and JSON Lines are handed out as row and line ranges
-  that the process encoding them reads, so a chunk of them counts rows or lines, not records.
+  ``chunk_size`` records, in input order. Parquet rows, JSON Lines and text lines, text files and Hugging
+  Face datasets' rows are handed out as ranges that the process encoding them reads, so a chunk of them
+  counts rows, lines or files, not records.
 * **encode** (the engine, parallel by chunk; ``pipeline.encode``): each chunk is encoded and written to
   the scratch directory as flat token arrays (``pipeline.chunks``).
 * **plan** (the driver; ``packing``): sample lengths are read from the chunks' offsets and packed by the
@@ -190,7 +191,7 @@ def start_run(config: PackConfig, sample_format: str) -> RunSpec:
 def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
     sink = ErrorSink(config.on_error)  # bad records met while reading
     fields = _FieldsRead(config)
-    # workers (local processes or Ray tasks) read their own Parquet rows: the driver hands out row ranges
+    # workers (local processes or Ray tasks) read their own rows and lines: the driver hands out ranges
     batches = read_inputs(
         config.inputs,
         split=config.split,

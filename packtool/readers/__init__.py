@@ -108,8 +108,10 @@ def read_inputs(
 ) -> Iterator[SourceBatch]:
     """Stream every input as ``SourceBatch`` objects, in order.
 
-    With ``lazy``, Parquet files yield ``ParquetRows`` and JSON Lines files (after their first record)
-    ``JsonlLines``: row or line ranges read later, by whoever calls their ``load(sink)``.
+    With ``lazy``, nothing but what locates the records is read here: Parquet files yield ``ParquetRows``,
+    JSON Lines files (after their first record) ``JsonlLines``, ``.txt`` files ``TextLines``, directories
+    of them ``TextFiles`` and Hugging Face datasets on disk ``HfRows`` (where the dataset is its Arrow
+    files), row, line or file ranges read later, by whoever calls their ``load(sink)``.
 
     ``used_fields`` names the fields the caller reads (``base.UsedFields``: a set, or a function of a
     batch's field names; None: all): a field outside them whose values cannot be one column (mixed types,
@@ -125,14 +127,14 @@ def read_inputs(
         elif kind == "parquet":
             batches = read_parquet(source, lazy=lazy)
         elif kind == "text":
-            batches = read_text_lines(source, text_field=text_field, sink=sink)
+            batches = read_text_lines(source, text_field=text_field, sink=sink, lazy=lazy)
         elif kind == "text_dir":
-            batches = read_text_dir(files, source, text_field=text_field, sink=sink)
+            batches = read_text_dir(files, source, text_field=text_field, sink=sink, lazy=lazy)
         else:  # datasets is slow to import: only a run that reads a dataset pays for it
             from packtool.readers import hf
 
             read = hf.read_hf_disk if kind == "hf_disk" else hf.read_hf_hub
-            batches = read(source, split=split)
+            batches = read(source, split=split, lazy=lazy)
         try:
             for batch in batches:
                 if batch.num_rows:

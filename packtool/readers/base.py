@@ -69,8 +69,8 @@ class SourceBatch:
         return (SourceBatch, (self.source, batch, self.rows, self.row_kind))
 
     def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
-        """Itself (a ``ParquetRows`` or ``JsonlLines`` read lazily answers the same call with the records
-        it names; bad records met then go to ``sink``)."""
+        """Itself (a range read lazily, ``ParquetRows``, ``JsonlLines``, ``TextLines``, ``TextFiles`` or
+        ``HfRows``, answers the same call with the records it names; bad records met then go to ``sink``)."""
         return [self]
 
     def where(self, i: int) -> str:

@@ -5,6 +5,11 @@ Two sources: a directory written by ``Dataset.save_to_disk`` / ``DatasetDict.sav
 made, whatever ``HF_HUB_OFFLINE`` says).
 Both are read as Arrow, batch by batch, without converting rows to Python objects. This module imports
 ``datasets``, which is slow to import: ``packtool.readers`` imports it only for these inputs.
+
+**Lazy.** With ``lazy=True`` (what ``packtool pack`` uses) the driver only loads the dataset (memory-mapped,
+no record read) and, when it is exactly its Arrow files in order, yields ``HfRows`` row ranges that the
+workers read from those files themselves (``packtool.readers.hf_rows``). A dataset that is not (an indices
+mapping, a sliced split such as ``train[:10%]``, a table in memory) is read here, as without ``lazy``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import numpy as np
 
 from packtool.errors import InputError
 from packtool.readers.base import SourceBatch
+from packtool.readers.hf_rows import HfRows, arrow_file
 
 
 def _pick_split(ds, split: str, source: str):
@@ -30,7 +36,16 @@ def _pick_split(ds, split: str, source: str):
     return ds
 
 
-def _iter_dataset(ds, source: str, batch_rows: int) -> Iterator[SourceBatch]:
+def _iter_dataset(ds, source: str, batch_rows: int, lazy: bool = False) -> Iterator[SourceBatch | HfRows]:
+    files = _arrow_files(ds, source) if lazy else None
+    if files is not None:
+        row = 0
+        for path, num_rows in files:
+            for start in range(0, num_rows, batch_rows):
+                n = min(batch_rows, num_rows - start)
+                yield HfRows(source, path, start, n, row + start, ds.data.schema)
+            row += num_rows
+        return
     table = ds.data.table if hasattr(ds, "data") else None
     if ds._indices is not None or table is None:  # a filtered/shuffled view: let datasets resolve it
         row = 0
@@ -45,13 +60,39 @@ def _iter_dataset(ds, source: str, batch_rows: int) -> Iterator[SourceBatch]:
         row += batch.num_rows
 
 
-def read_hf_disk(path: str, split: str = "train", batch_rows: int = 8192) -> Iterator[SourceBatch]:
+def _arrow_files(ds, source: str) -> list[tuple[str, int]] | None:
+    """The dataset's Arrow files and their row counts, when the dataset is exactly those files' rows in
+    order: no indices mapping, each file once and of the dataset's schema, their rows adding up to the
+    dataset's (so no file is sliced: a split such as ``train[:10%]`` is not). Else ``None``: the driver
+    reads the dataset."""
+    if getattr(ds, "_indices", None) is not None:
+        return None
+    paths = [f["filename"] for f in ds.cache_files]
+    if not paths or len(set(paths)) != len(paths):
+        return None
+    files = []
+    for path in paths:
+        try:
+            table = arrow_file(path, source)
+        except InputError:
+            return None
+        if not table.schema.equals(ds.data.schema):
+            return None
+        files.append((path, table.num_rows))
+    if sum(n for _, n in files) != ds.num_rows:
+        return None
+    return files
+
+
+def read_hf_disk(
+    path: str, split: str = "train", batch_rows: int = 8192, lazy: bool = False
+) -> Iterator[SourceBatch | HfRows]:
     """A dataset saved with ``save_to_disk`` (memory-mapped Arrow; nothing is copied into Python)."""
     try:
         ds = datasets.load_from_disk(path)
     except Exception as e:  # datasets raises several types for a bad directory
         raise InputError(f"not a readable saved Hugging Face dataset: {e}", source=path) from None
-    yield from _iter_dataset(_pick_split(ds, split, path), path, batch_rows)
+    yield from _iter_dataset(_pick_split(ds, split, path), path, batch_rows, lazy)
 
 
 @contextlib.contextmanager
@@ -82,7 +123,9 @@ def _offline() -> Iterator[None]:
 _OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
-def read_hf_hub(spec: str, split: str = "train", batch_rows: int = 8192) -> Iterator[SourceBatch]:
+def read_hf_hub(
+    spec: str, split: str = "train", batch_rows: int = 8192, lazy: bool = False
+) -> Iterator[SourceBatch | HfRows]:
     """``hf:NAME[:CONFIG]`` through ``datasets.load_dataset``, offline: from the local cache only."""
     name, _, config = spec[len("hf:") :].partition(":")
     try:
@@ -94,4 +137,4 @@ def read_hf_hub(spec: str, split: str = "train", batch_rows: int = 8192) -> Iter
             f"{str(e).splitlines()[0]}",
             source=spec,
         ) from None
-    yield from _iter_dataset(ds, spec, batch_rows)
+    yield from _iter_dataset(ds, spec, batch_rows, lazy)

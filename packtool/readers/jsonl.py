@@ -35,6 +35,7 @@ import pyarrow.json as pj
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, UsedFields, batch_from_pylist, resolve_used
+from packtool.readers.lines import SCAN_BLOCK, line_ranges, read_span, split_lines
 
 
 def read_jsonl(
@@ -144,7 +145,7 @@ def _parse_lines(
 
 _BLANK_LINE = re.compile(rb"\n[ \t\r\f\v]*\n")  # a blank line after the first (starts with a literal: fast)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_SCAN_BLOCK = 1 << 24
+_SCAN_BLOCK = SCAN_BLOCK  # bytes checked for plain lines at a time
 ARROW_BLOCK = 1 << 22  # bytes pyarrow.json parses at a time
 
 
@@ -227,9 +228,20 @@ def _too_deep(line: bytes) -> bool:
 
 
 def _has_deep_line(data: bytes) -> bool:
-    """Whether a line of ``data`` nests deeper than ``MAX_JSON_DEPTH`` (a quick count of the brackets of
-    the whole block first: no line can be deeper than there are brackets)."""
-    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+    """Whether a line of ``data`` nests deeper than ``MAX_JSON_DEPTH``.
+
+    Quick counts over the whole block first: a line that deep holds more than ``MAX_JSON_DEPTH`` opening
+    brackets, of which at most one is its first byte, so the block's brackets that do not open a line
+    number ``MAX_JSON_DEPTH`` or more. Records of one object with flat fields (``{"text": ...}``) stop
+    there, instead of counting every line's brackets one by one (which cost more than parsing them).
+    """
+    b = np.frombuffer(data, dtype=np.uint8)
+    is_open = (b == 91) | (b == 123)  # [ {
+    opens = int(np.count_nonzero(is_open))
+    if opens <= MAX_JSON_DEPTH:
+        return False
+    line_openers = int(np.count_nonzero(is_open[1:] & (b[:-1] == 10))) + bool(is_open[:1].any())
+    if opens - line_openers < MAX_JSON_DEPTH:
         return False
     return any(_too_deep(line) for line in data.split(b"\n"))
 
@@ -267,21 +279,11 @@ class JsonlLines:
         errors to ``sink``): ``pyarrow.json`` when the lines are plain and it types them as ``json`` would,
         else line by line."""
         sink = sink or ErrorSink()
-        start, end = int(self.line_starts[0]), int(self.line_starts[-1])
-        try:
-            with open(self.source, "rb") as f:
-                f.seek(start)
-                data = f.read(end - start)
-        except OSError as e:
-            raise InputError(f"cannot read: {e.strerror or e}", source=self.source) from None
-        if len(data) != end - start:
-            raise InputError(f"file changed while being read (line {self.first_line})", source=self.source)
+        data = read_span(self.source, int(self.line_starts[0]), int(self.line_starts[-1]), self.first_line)
         batches = self._load_arrow(data)
         if batches is not None:
             return batches
-        lines = data.split(b"\n")
-        if data.endswith(b"\n"):
-            lines.pop()  # the empty string after the last newline is no line
+        lines = split_lines(data)
         numbered = enumerate(lines, start=self.first_line)
         return list(
             _parse_lines(self.source, numbered, len(lines) or 1, sink, self.text_field, self.used_fields)
@@ -309,25 +311,7 @@ class JsonlLines:
 
 def _line_ranges(path: str, lines_per_piece: int, text_field: str) -> Iterator[JsonlLines]:
     """The lines of ``path`` as ``JsonlLines`` of ``lines_per_piece`` lines, from one scan for newlines."""
-    pending = [np.zeros(1, dtype=np.int64)]  # line starts not handed out yet (the first one included)
-    count, first_line, pos = 0, 1, 0  # count: lines in pending whose end is known
-    with open(path, "rb") as f:
-        while block := f.read(_SCAN_BLOCK):
-            ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10) + (pos + 1)
-            pos += len(block)
-            pending.append(ends)
-            count += len(ends)
-            if count >= lines_per_piece:
-                starts = np.concatenate(pending)
-                full = count // lines_per_piece * lines_per_piece
-                for a in range(0, full, lines_per_piece):
-                    yield JsonlLines(path, first_line + a, starts[a : a + lines_per_piece + 1], text_field)
-                first_line += full
-                pending, count = [starts[full:]], count - full
-    starts = np.concatenate(pending)
-    if starts[-1] < pos:  # a last line without a newline
-        starts = np.append(starts, pos)
-    if len(starts) > 1:
+    for first_line, starts in line_ranges(path, lines_per_piece):
         yield JsonlLines(path, first_line, starts, text_field)
 
 

@@ -2,11 +2,17 @@
 
 A ``.txt`` file gives one sample per non-blank line; a directory of ``.txt`` files gives one sample per
 file (see ``read_text_dir``). A UTF-8 byte order mark at the start of a file is dropped.
+
+**Lazy.** With ``lazy=True`` (what ``packtool pack`` uses) nothing is decoded here: a ``.txt`` file is
+scanned for newlines and yielded as ``TextLines`` (line ranges), a directory as ``TextFiles`` (its file
+names); the process that encodes a range reads and decodes it (``load(sink)``), with the same records,
+line numbers and errors as the whole-file reader.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,43 +20,89 @@ import pyarrow as pa
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
+from packtool.readers.lines import line_ranges, read_span, split_lines
 
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: not part of the text
 
 
 def read_text_lines(
-    path: str, batch_rows: int = 8192, text_field: str = "text", sink: ErrorSink | None = None
-) -> Iterator[SourceBatch]:
-    """One sample per non-blank line; line numbers are 1-based. A line that is not UTF-8 goes to ``sink``."""
-    sink = sink or ErrorSink()
-    texts: list[str] = []
-    lines: list[int] = []
+    path: str,
+    batch_rows: int = 8192,
+    text_field: str = "text",
+    sink: ErrorSink | None = None,
+    lazy: bool = False,
+) -> Iterator[SourceBatch | TextLines]:
+    """One sample per non-blank line; line numbers are 1-based. A line that is not UTF-8 goes to ``sink``.
+
+    With ``lazy``, ranges of ``batch_rows`` lines (``TextLines``) from one scan for newlines, read later."""
+    if lazy:
+        for first_line, starts in line_ranges(path, batch_rows):
+            yield TextLines(path, first_line, starts, text_field)
+        return
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            raw = raw.rstrip(b"\r\n")
-            if lineno == 1 and raw.startswith(_BOM):  # a UTF-8 byte order mark, as JSON Lines drop it
-                raw = raw[len(_BOM) :]
-            if not raw.strip():
-                continue
-            try:
-                texts.append(raw.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                sink.bad(
-                    InputError(
-                        f"not valid UTF-8 (byte {e.start})",
-                        source=path,
-                        row=lineno,
-                        row_kind="line",
-                        code="not_utf8",
-                    )
-                )
-                continue
-            lines.append(lineno)
-            if len(texts) >= batch_rows:
-                yield _batch(path, texts, lines, text_field, "line")
-                texts, lines = [], []
-    if texts:
-        yield _batch(path, texts, lines, text_field, "line")
+        yield from _parse_lines(path, enumerate(f, start=1), batch_rows, text_field, sink or ErrorSink())
+
+
+def _parse_lines(
+    path: str, numbered: Iterable[tuple[int, bytes]], batch_rows: int, text_field: str, sink: ErrorSink
+) -> Iterator[SourceBatch]:
+    """``(line number, raw line)`` pairs -> batches of the non-blank lines' texts; bad ones go to ``sink``."""
+    raws: list[bytes] = []
+    lines: list[int] = []
+    for lineno, raw in numbered:
+        raw = raw.rstrip(b"\r\n")
+        if lineno == 1 and raw.startswith(_BOM):  # a UTF-8 byte order mark, as JSON Lines drop it
+            raw = raw[len(_BOM) :]
+        if not raw.strip():
+            continue
+        raws.append(raw)
+        lines.append(lineno)
+        if len(raws) >= batch_rows:
+            yield from _texts(path, raws, lines, text_field, "line", sink)
+            raws, lines = [], []
+    if raws:
+        yield from _texts(path, raws, lines, text_field, "line", sink)
+
+
+def _schema(text_field: str) -> pa.Schema:
+    return pa.schema([pa.field(text_field, pa.large_string())])
+
+
+@dataclass
+class TextLines:
+    """Lines ``first_line .. first_line + num_rows - 1`` (1-based) of the ``.txt`` file ``source``, not read
+    yet: ``line_starts`` holds each line's byte offset, then where the last one ends.
+
+    It stands for a ``SourceBatch`` until ``load(sink)`` reads it (``num_rows`` counts lines, blank ones
+    included); pickling it costs 8 bytes a line whatever the lines hold, so a worker reads its own.
+    """
+
+    source: str
+    first_line: int
+    line_starts: np.ndarray  # (num_rows + 1,) int64
+    text_field: str = "text"
+    row_kind: str = "line"
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.line_starts) - 1
+
+    @property
+    def schema(self) -> pa.Schema:
+        return _schema(self.text_field)
+
+    def slice(self, offset: int, length: int) -> TextLines:
+        length = min(length, self.num_rows - offset)
+        starts = self.line_starts[offset : offset + length + 1]
+        return TextLines(self.source, self.first_line + offset, starts, self.text_field)
+
+    def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
+        """The non-blank lines' texts, as ``read_text_lines`` gives them (same line numbers, same errors)."""
+        data = read_span(self.source, int(self.line_starts[0]), int(self.line_starts[-1]), self.first_line)
+        numbered = enumerate(split_lines(data), start=self.first_line)
+        return list(
+            _parse_lines(self.source, numbered, max(self.num_rows, 1), self.text_field, sink or ErrorSink())
+        )
 
 
 def read_text_dir(
@@ -59,26 +111,93 @@ def read_text_dir(
     batch_rows: int = 1024,
     text_field: str = "text",
     sink: ErrorSink | None = None,
+    lazy: bool = False,
+) -> Iterator[SourceBatch | TextFiles]:
+    """One sample per file (sorted by name); the row is the file's index in that order.
+
+    With ``lazy``, ranges of ``batch_rows`` file names (``TextFiles``), read later."""
+    for start in range(0, len(files), batch_rows):
+        part = TextFiles(source, files[start : start + batch_rows], start, text_field)
+        if lazy:
+            yield part
+        else:
+            yield from part.load(sink)
+
+
+@dataclass
+class TextFiles:
+    """Files ``first_row ..`` (their indices in the directory's sorted list) of the directory ``source``,
+    one sample each, not read yet; ``load(sink)`` reads them."""
+
+    source: str
+    files: list[str]
+    first_row: int
+    text_field: str = "text"
+    row_kind: str = "file"
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.files)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return _schema(self.text_field)
+
+    def slice(self, offset: int, length: int) -> TextFiles:
+        return TextFiles(
+            self.source, self.files[offset : offset + length], self.first_row + offset, self.text_field
+        )
+
+    def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
+        """The files' texts (a file that is not UTF-8 goes to ``sink``)."""
+        raws: list[bytes] = []
+        for file in self.files:
+            try:
+                data = Path(file).read_bytes()
+            except OSError as e:  # a worker reads it: the same one-line error as the driver's reader
+                raise InputError(f"cannot read: {e.strerror or e}", source=file) from None
+            raws.append(data[len(_BOM) :] if data.startswith(_BOM) else data)
+        rows = list(range(self.first_row, self.first_row + len(raws)))
+        return list(_texts(self.source, raws, rows, self.text_field, "file", sink or ErrorSink(), self.files))
+
+
+def _texts(
+    source: str,
+    raws: list[bytes],
+    rows: list[int],
+    field: str,
+    kind: str,
+    sink: ErrorSink,
+    files: list[str] | None = None,
 ) -> Iterator[SourceBatch]:
-    """One sample per file (sorted by name); the row is the file's index in that order."""
-    sink = sink or ErrorSink()
-    texts: list[str] = []
-    rows: list[int] = []
-    for i, file in enumerate(files):
-        try:
-            data = Path(file).read_bytes()
-            texts.append((data[len(_BOM) :] if data.startswith(_BOM) else data).decode("utf-8"))
-        except UnicodeDecodeError as e:
-            sink.bad(InputError(f"not valid UTF-8 (byte {e.start})", source=file, code="not_utf8"))
-            continue
-        rows.append(i)
-        if len(texts) >= batch_rows:
-            yield _batch(source, texts, rows, text_field, "file")
-            texts, rows = [], []
-    if texts:
-        yield _batch(source, texts, rows, text_field, "file")
+    """One batch of the texts ``raws`` (UTF-8 bytes), built in Arrow from the bytes (no Python string is
+    made, and ``pa.array`` would import pandas in every worker); a text that is not UTF-8 goes to ``sink``,
+    named by its line (``kind`` ``line``) or its file (``files``, for ``kind`` ``file``)."""
+    texts = _strings(raws)
+    try:
+        texts.validate(full=True)
+    except pa.ArrowInvalid:  # some text is not UTF-8: find which, and keep the others
+        keep = []
+        for i, raw in enumerate(raws):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                message = f"not valid UTF-8 (byte {e.start})"
+                if files is not None:
+                    sink.bad(InputError(message, source=files[i], code="not_utf8"))
+                else:
+                    sink.bad(InputError(message, source=source, row=rows[i], row_kind=kind, code="not_utf8"))
+                continue
+            keep.append(i)
+        raws, rows = [raws[i] for i in keep], [rows[i] for i in keep]
+        texts = _strings(raws)
+    if raws:
+        batch = pa.RecordBatch.from_arrays([texts], schema=_schema(field))
+        yield SourceBatch(source, batch, np.asarray(rows, dtype=np.int64), kind)
 
 
-def _batch(source: str, texts: list[str], rows: list[int], field: str, kind: str) -> SourceBatch:
-    batch = pa.record_batch({field: pa.array(texts, type=pa.large_string())})
-    return SourceBatch(source, batch, np.asarray(rows, dtype=np.int64), kind)
+def _strings(raws: list[bytes]) -> pa.LargeStringArray:
+    """``large_string`` over the concatenated bytes of ``raws`` (not validated)."""
+    offsets = np.zeros(len(raws) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, raws), dtype=np.int64, count=len(raws)), out=offsets[1:])
+    return pa.LargeStringArray.from_buffers(len(raws), pa.py_buffer(offsets), pa.py_buffer(b"".join(raws)))

@@ -6,6 +6,7 @@ it with ``--ray-address``, as jobs join a cluster. One test lets the CLI start i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray  # noqa: E402  (a dev dependency: the Ray engine is tested in CI, never skipped)
 
-from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli
+from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
 
 # one local Ray for the module: its tests run on one xdist worker
 pytestmark = pytest.mark.xdist_group("ray")
@@ -44,14 +45,37 @@ def files(directory: Path) -> dict[str, bytes]:
 
 
 def local_then_ray(
-    out: Path, args: list[str], ray_args: list[str], cwd: Path | None = None
+    out: Path, args: list[str], ray_args: list[str], cwd: Path | None = None, env: dict | None = None
 ) -> tuple[dict, dict]:
     """Pack with the local engine, then with Ray to the same path (the path is in the manifest)."""
-    run_cli("pack", *args, "-o", str(out), "-q", "--num-proc", "2", cwd=cwd)
+    run_cli("pack", *args, "-o", str(out), "-q", "--num-proc", "2", cwd=cwd, env=env)
     local = files((cwd or Path()) / out)
     shutil.rmtree((cwd or Path()) / out)
-    run_cli("pack", *args, "-o", str(out), "-q", "--engine", "ray", *ray_args, cwd=cwd)
+    run_cli("pack", *args, "-o", str(out), "-q", "--engine", "ray", *ray_args, cwd=cwd, env=env)
     return local, files((cwd or Path()) / out)
+
+
+DEMO_TEXTS = [json.loads(line)["text"] for line in (DEMO / "train.jsonl").open()]
+
+
+def text_inputs(tmp_path: Path) -> tuple[list[str], dict]:
+    """The demo texts as each input the workers now read themselves: a ``.txt`` file (a text per line,
+    with blank lines), a directory of ``.txt`` files (a text each), a ``save_to_disk`` dataset (3 Arrow
+    files) and ``hf:DIR`` (``load_dataset``'s cache, made in ``tmp_path`` by the first run); and the env
+    that keeps that cache there."""
+    import datasets  # slow to import: only the tests that make datasets pay for it
+
+    lines = tmp_path / "texts.txt"
+    lines.write_text("".join(t + "\n" + "\n" * (i % 7 == 0) for i, t in enumerate(DEMO_TEXTS)))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, t in enumerate(DEMO_TEXTS[:120]):
+        (docs / f"{i:04d}.txt").write_text(t)
+    rows = [{"text": t, "n": i} for i, t in enumerate(DEMO_TEXTS)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"), num_shards=3)
+    write_jsonl(tmp_path / "hub" / "data.jsonl", rows[::-1])
+    inputs = [str(lines), str(docs), str(tmp_path / "saved"), f"hf:{tmp_path / 'hub'}"]
+    return inputs, {"HF_DATASETS_CACHE": str(tmp_path / "hf-cache")}
 
 
 def test_ray_equals_local_text(tmp_path, ray_address):
@@ -71,6 +95,73 @@ def test_ray_equals_local_pretokenized_split(tmp_path, ray_address):
             "--shard-size", "100"]  # fmt: skip
     local, on_ray = local_then_ray(tmp_path / "out", args, ["--ray-address", ray_address, "--num-proc", "2"])
     assert len(local) > 5 and local == on_ray
+
+
+def test_ray_equals_local_text_files_directories_and_hf_datasets(tmp_path, ray_address, monkeypatch):
+    """.txt lines, a directory of .txt files and Hugging Face datasets (save_to_disk, hf:DIR) in one run:
+    the same bytes on Ray as on the local engine (2 processes), and the driver (this process: ``run_pack``
+    on the module's Ray) makes no ``SourceBatch``, the records' only form: it hands out line, file and row
+    ranges, and the workers read them. (The two-node test below runs the same inputs through the CLI.)"""
+    from packtool.config import PackConfig
+    from packtool.pipeline.run import run_pack
+    from packtool.readers.base import SourceBatch
+
+    inputs, env = text_inputs(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    made = []
+    init = SourceBatch.__init__
+
+    def noted(self, *args, **kw):
+        made.append(args[0] if args else kw.get("source"))
+        init(self, *args, **kw)
+
+    monkeypatch.setattr(SourceBatch, "__init__", noted)
+    out = tmp_path / "out"
+    config = PackConfig(inputs=inputs, output=str(out), tokenizer=str(DEMO_TOKENIZER), add_eos=True,
+                        packed_sequence_size=512, long_samples="truncate", chunk_size=150, shard_size=25,
+                        row_group_size=10, num_proc=2, quiet=True)  # fmt: skip
+    written = {}
+    for engine in ("local", "ray"):
+        manifest = run_pack(dataclasses.replace(config, engine=engine))
+        assert made == [], (engine, made[:3])
+        assert [i.num_samples for i in manifest.inputs] == [
+            len(DEMO_TEXTS),
+            120,
+            len(DEMO_TEXTS),
+            len(DEMO_TEXTS),
+        ]
+        written[engine] = files(out)
+        shutil.rmtree(out)
+    assert len(written["local"]) > 10 and written["local"] == written["ray"]
+
+
+def test_ray_names_the_exact_line_of_a_bad_text_in_the_middle_of_a_range(tmp_path, ray_address):
+    """A line that is not UTF-8, a text too long (``--long-samples error``) and a dataset row without text,
+    each in the middle of a worker's range of 150 lines or rows: the one-line error names the file, the
+    line or row (and the field) exactly, the same on both engines."""
+    import datasets  # slow to import: only the tests that make datasets pay for it
+
+    lines = [t.encode() for t in DEMO_TEXTS[:400]]
+    lines[236] = b"caf\xe9 au lait"  # line 237: Latin-1, not UTF-8
+    (tmp_path / "bad.txt").write_bytes(b"\n".join(lines) + b"\n")
+    lines[236] = b" ".join([b"word"] * 5000)  # line 237: 5,002 tokens, over 4,096 (the demo's: 2,187 at most)
+    (tmp_path / "long.txt").write_bytes(b"\n\n".join(lines))  # a blank line after each: line 473
+    rows = [{"text": t} for t in DEMO_TEXTS[:400]]
+    rows[236] = {"text": None}  # row 236 (0-based)
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    flags = ["--tokenizer", str(DEMO_TOKENIZER), "--packed-sequence-size", "4096", "--chunk-size", "150"]
+    for name, want in (
+        ("bad.txt", "bad.txt, line 237: not valid UTF-8 (byte 3)"),
+        ("long.txt", "long.txt, line 473, field 'text': sample has 5002 tokens"),
+        ("saved", "saved, row 236, field 'text': missing field or null value"),
+    ):
+        args = ["pack", str(tmp_path / name), *flags, "-o", str(tmp_path / "o"), "-q"]
+        local = run_cli(*args, check=False)
+        on_ray = run_cli(*args, "--engine", "ray", "--ray-address", ray_address, check=False)
+        assert local.returncode == on_ray.returncode == 3, local.stderr
+        assert want in local.stderr and on_ray.stderr == local.stderr, (local.stderr, on_ray.stderr)
+        assert local.stderr.count("\n") == 1
 
 
 def test_ray_equals_local_text_parquet_sequential(tmp_path, ray_address):
@@ -161,8 +252,9 @@ def test_ray_starts_a_local_ray_without_address(tmp_path, ray_address):
 
 def test_ray_on_a_two_node_cluster_equals_local(tmp_path):
     """A multi-node local cluster (``ray.cluster_utils.Cluster``: a head and a worker node, one CPU each,
-    so tasks run on both): the same bytes as the local engine. The cluster is separate from the module's
-    Ray; the CLI joins it by its address, as a job joins a real cluster."""
+    so tasks run on both): the same bytes as the local engine, for every kind of input the tasks read
+    themselves. The cluster is separate from the module's Ray; the CLI joins it by its address, as a job
+    joins a real cluster."""
     from ray.cluster_utils import Cluster  # the test's own cluster, started only here
 
     cluster = Cluster(
@@ -172,7 +264,10 @@ def test_ray_on_a_two_node_cluster_equals_local(tmp_path):
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         assert len(cluster.list_all_nodes()) == 2
-        local, on_ray = local_then_ray(tmp_path / "out", TEXT_ARGS, ["--ray-address", cluster.address])
+        # JSON Lines, .txt lines, .txt files and Hugging Face datasets: every range read by the tasks
+        inputs, env = text_inputs(tmp_path)
+        args = [*TEXT_ARGS, *inputs]
+        local, on_ray = local_then_ray(tmp_path / "out", args, ["--ray-address", cluster.address], env=env)
         assert len(local) > 10 and local == on_ray
         # an encoder that notes the node it runs on: the chunks were encoded on both nodes (it takes its
         # time, so that a task waiting for the busy head's one CPU is sent to the other node)
@@ -186,7 +281,7 @@ def test_ray_on_a_two_node_cluster_equals_local(tmp_path):
             "        f.write(ray.get_runtime_context().get_node_id() + '\\n')\n"
             "    return {'input_ids': [[len(w) + 1 for w in t.split()] for t in records['text']]}\n"
         )
-        args = [str(DEMO / "train.jsonl"), "--tokenizer", f"{tmp_path / 'where.py'}:encode",
+        args = [inputs[0], "--tokenizer", f"{tmp_path / 'where.py'}:encode",
                 "--packed-sequence-size", "2048", "--chunk-size", "100"]  # fmt: skip
         run_cli(
             "pack", *args, "-o", tmp_path / "where", "-q", "--engine", "ray", "--ray-address", cluster.address

@@ -4,14 +4,16 @@ It has ``LocalEngine``'s interface, ``map(fn, tasks)`` yielding results in task 
 of tasks in flight (``2 x`` the cluster's CPUs), so the pipeline does not change with the engine and the
 output bytes do not either: chunk and shard boundaries come from the config, never from the cluster.
 
-The pipeline hands Parquet inputs out as row ranges (``ParquetRows``) and JSON Lines files as line ranges
-(``JsonlLines``: the driver scans the file for newlines only, 8 bytes a line travel): a task reads and
-parses its own rows or lines, so their data never goes through the driver and error messages keep the
-exact row. Plain text files, JSON arrays and ``hf:`` datasets are still parsed by the driver and their
-Arrow batches travel in the task arguments (Ray's object store). Why not Ray Data's ``read_*`` +
-``map_batches``: its blocks carry no row numbers and follow the file layout, while packtool's output bytes
-rest on chunks of exactly ``chunk_size`` records and its errors name the file and row (docs/scaling.md,
-"Ray engine", has the measurements).
+The pipeline hands every input out as ranges that the task reads itself: Parquet as row ranges
+(``ParquetRows``), JSON Lines and ``.txt`` files as line ranges (``JsonlLines``, ``TextLines``: the driver
+scans the file for newlines only, 8 bytes a line travel), directories of ``.txt`` files as file names
+(``TextFiles``) and Hugging Face datasets on disk as row ranges of their Arrow files (``HfRows``). Their
+data never goes through the driver and error messages keep the exact row or line. Only JSON arrays (one
+document, not splittable) and datasets that are not exactly their Arrow files (an indices mapping, a
+sliced split) are still parsed by the driver, their Arrow batches travelling in the task arguments (Ray's
+object store). Why not Ray Data's ``read_*`` + ``map_batches``: its blocks carry no row numbers and follow
+the file layout, while packtool's output bytes rest on chunks of exactly ``chunk_size`` records and its
+errors name the file and row (docs/scaling.md, "Ray engine", has the measurements).
 
 * ``ray_address`` given: join that cluster (``ray.init(address=...)``); packtool's own code is shipped with
   the job (``runtime_env py_modules``), so the cluster needs only packtool's dependencies. Input, scratch

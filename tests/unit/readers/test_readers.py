@@ -436,3 +436,114 @@ def test_corrupt_parquet_row_group_is_reported_at_its_first_row(tmp_path, lazy):
             for b in piece.load():
                 rows += b.rows.tolist()
     assert rows == list(range(300))
+
+
+def _records(pieces, sink, cut: int | None = None):
+    """``(source, row kind, row, record)`` of every record the pieces load, each piece cut into slices of
+    ``cut`` rows first (as the driver's chunks cut them) and sent through pickle (as to a worker)."""
+    import pickle
+
+    out = []
+    for piece in pieces:
+        parts = [piece] if cut is None else [piece.slice(a, cut) for a in range(0, piece.num_rows, cut)]
+        for part in parts:
+            for b in pickle.loads(pickle.dumps(part)).load(sink):
+                recs = zip(b.rows, b.batch.to_pylist(), strict=True)
+                out += [(b.source, b.row_kind, int(r), rec) for r, rec in recs]
+    return out
+
+
+def _read_both(inputs, on_error="fail", cut=3, **kw):
+    """The records read by the driver (``read_inputs``) and lazily (ranges loaded as workers load them),
+    or the error each raised, with the skip counts."""
+    from packtool.errors import ErrorSink
+
+    got = []
+    for lazy in (False, True):
+        sink = ErrorSink(on_error)
+        try:
+            pieces = list(read_inputs([str(i) for i in inputs], sink=sink, lazy=lazy, **kw))
+            if lazy:
+                assert not any(type(p).__name__ == "SourceBatch" for p in pieces)  # nothing parsed here
+            got.append((_records(pieces, sink, cut if lazy else None), dict(sink.counts)))
+        except InputError as e:
+            got.append((str(e), None))
+    return got
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"first\nsecond\nthird\n",
+        b"no final newline\nlast",
+        b"\xef\xbb\xbfbom\n\n   \n\t\nafter blanks\r\ncrlf\r\n",
+        b"ok\nbad \xff here\nok again\n\xed\xa0\x80\nend\n",  # not UTF-8, a surrogate encoded
+        b"\n\n \n",  # only blank lines
+        "unicode \u00e9\u20ac\U0001f600\n".encode() * 5,
+    ],
+    ids=["plain", "no-final-newline", "bom-blank-crlf", "not-utf8", "only-blank", "unicode"],
+)
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_lazy_text_lines_read_what_the_whole_file_reader_reads(tmp_path, data, on_error):
+    """Workers read their own line ranges of a .txt file: the same texts, line numbers, errors and skip
+    counts as the driver reading the whole file, however the ranges are cut."""
+    path = tmp_path / "a.txt"
+    path.write_bytes(data)
+    for cut in (1, 2, 5):
+        eager, lazy = _read_both([path], on_error, cut)
+        assert eager == lazy, cut
+    if b"\xff" in data and on_error == "fail":
+        assert eager[0].startswith(f"{path}, line 2: not valid UTF-8 (byte 4) (--on-error skip")
+
+
+def test_lazy_text_directory_reads_its_files_in_the_workers(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(12):
+        (docs / f"{i:02d}.txt").write_bytes(b"\xef\xbb\xbf" * (i == 0) + f"doc {i}\nline two".encode())
+    (docs / "07.txt").write_bytes(b"bad \xfe\n")
+    (docs / "README").write_text("not a sample")
+    eager, lazy = _read_both([docs], "skip", 5)
+    assert eager == lazy and eager[1] == {"not_utf8": 1}
+    assert [r[2] for r in eager[0]] == [i for i in range(12) if i != 7]
+    assert eager[0][0] == (str(docs), "file", 0, {"text": "doc 0\nline two"})
+    eager, lazy = _read_both([docs], "fail", 5)
+    assert eager == lazy and eager[0].startswith(f"{docs / '07.txt'}: not valid UTF-8 (byte 4)")
+
+
+def test_lazy_hf_datasets_are_read_from_their_arrow_files(tmp_path):
+    """save_to_disk (3 shards, a DatasetDict) and hf:DIR (load_dataset's cache): ranges of the Arrow files,
+    read by the worker; a sliced split is not its files, and is read by the driver."""
+    from packtool.readers.hf_rows import HfRows
+
+    rows = [{"text": f"sample {i}", "n": i} for i in range(50)]
+    ds = datasets.Dataset.from_list(rows)
+    ds.save_to_disk(str(tmp_path / "ds"), num_shards=3)
+    datasets.DatasetDict({"train": ds, "test": ds.select([4, 2])}).save_to_disk(str(tmp_path / "dd"))
+    write_jsonl(tmp_path / "hub" / "data.jsonl", rows)
+    for inputs, split in (
+        ([tmp_path / "ds"], "train"),
+        ([tmp_path / "dd"], "test"),
+        ([f"hf:{tmp_path / 'hub'}"], "train"),
+    ):
+        eager, lazy = _read_both(inputs, cut=7, split=split)
+        assert eager == lazy and len(eager[0]) == (2 if split == "test" else 50)
+        pieces = list(read_inputs([str(i) for i in inputs], lazy=True, split=split))
+        assert all(isinstance(p, HfRows) for p in pieces)
+    assert [r[2:] for r in lazy[0][:2]] == [(0, rows[0]), (1, rows[1])]
+    pieces = list(read_inputs([f"hf:{tmp_path / 'hub'}"], lazy=True, split="train[10:20]"))
+    assert [type(p).__name__ for p in pieces] == ["SourceBatch"]  # a slice of a file: the driver reads it
+    assert pieces[0].batch.column("n").to_pylist() == list(range(10, 20))
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_deep_record_among_many_flat_ones_is_found(tmp_path, lazy):
+    """The quick bracket counts (brackets that do not open a line) never skip a record nested too deep:
+    3,000 one-object records (a bracket each, at the line's start) and one 129 deep at line 2,501."""
+    lines = [json.dumps({"text": f"t{i}"}) for i in range(3000)]
+    lines[2500] = '{"text": "x", "a": ' + "[" * 128 + "]" * 128 + "}"
+    path = tmp_path / "a.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match="line 2501: JSON nested deeper than 128 levels"):
+        for piece in read_inputs([str(path)], lazy=lazy):
+            piece.load()
