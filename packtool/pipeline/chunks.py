@@ -261,7 +261,10 @@ class ChunkStore:
             begin = int(a["offsets"][s - int(self.sample_starts[c])])
             d = {"index": s, "length": length}
             for key in self.keys:
-                d[key] = a[key][begin : begin + length]
+                if key in a:
+                    d[key] = a[key][begin : begin + length]
+                else:  # a chunk without loss_mask in a store with one: every token is trained
+                    d[key] = np.ones(length, dtype=np.int8)
             out.append(d)
         return out
 
