@@ -57,51 +57,17 @@ def write_chunk(
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    sources: list[str] = []
-    row_kinds: list[str] = []
-    source_ids, rows = [], []
-    for b in batches:
-        if not sources or sources[-1] != b.source or row_kinds[-1] != b.row_kind:
-            sources.append(b.source)
-            row_kinds.append(b.row_kind)
-        source_ids.append(np.full(b.num_rows, len(sources) - 1, dtype=np.int32))
-        rows.append(b.rows)
-    has_mask = any("loss_mask" in e.schema.names for e in encoded)
+    parts, meta = chunk_parts(batches, encoded)
+    # the parts' offsets (each from 0) made the chunk's: one leading 0, then each part's after the last
+    starts = np.cumsum([0] + [int(p["offsets"][-1]) for p in parts])[:-1]
     offsets = [np.zeros(1, dtype=np.int64)]
-    ids, labels, masks = [], [], []
-    base = 0
-    for e in encoded:
-        # list_parts: an encoder may return slices, whose .values is the whole child array
-        o, values = list_parts(e.column("input_ids"))
-        ids.append(values)
-        labels.append(list_parts(e.column("labels"))[1])
-        if has_mask:
-            if "loss_mask" in e.schema.names:
-                masks.append(list_parts(e.column("loss_mask"))[1])
-            else:
-                masks.append((labels[-1] != -100).astype(np.int8))
-        offsets.append(o[1:] + base)
-        base += int(o[-1])
-    _save_parts(tmp / "input_ids.npy", ids, np.int32)
-    _save_parts(tmp / "labels.npy", labels, np.int32)
-    if has_mask:
-        _save_parts(tmp / "loss_mask.npy", masks, np.int8)
-    _save_parts(tmp / "offsets.npy", offsets, np.int64)
-    _save_parts(tmp / "rows.npy", rows, np.int64)
-    _save_parts(tmp / "source_ids.npy", source_ids, np.int32)
-    num_samples = sum(b.num_rows for b in batches)
-    meta = {
-        "index": index,
-        "num_samples": num_samples,
-        "num_tokens": base,
-        "has_loss_mask": has_mask,
-        # samples with tokens but nothing to learn, as the encoder reported them (packtool.encoders.masking)
-        "empty_loss_samples": sum(empty_loss_count(e)[0] for e in encoded),
-        "empty_loss_tokens": sum(empty_loss_count(e)[1] for e in encoded),
-        "sources": sources,
-        "row_kinds": row_kinds,
-        **(extra or {}),
-    }
+    offsets += [p["offsets"][1:] + start for p, start in zip(parts, starts, strict=True)]
+    for name, dtype in CHUNK_ARRAYS.items():
+        if name == "offsets":
+            _save_parts(tmp / "offsets.npy", offsets, dtype)
+        elif name != "loss_mask" or meta["has_loss_mask"]:
+            _save_parts(tmp / f"{name}.npy", [p[name] for p in parts], dtype)
+    meta = {"index": index, **meta, **(extra or {})}
     (tmp / "meta.json").write_text(json.dumps(meta))
     # A chunk's bytes depend only on its records, so if another writer finished it meanwhile (a task of a
     # killed run still in flight on a cluster while the run is resumed), keep theirs and drop ours.
@@ -114,6 +80,63 @@ def write_chunk(
                 raise
     shutil.rmtree(tmp, ignore_errors=True)
     return meta
+
+
+# a chunk's arrays and their dtypes (rows and source_ids: where each sample came from)
+CHUNK_ARRAYS = {
+    "input_ids": np.int32,
+    "labels": np.int32,
+    "loss_mask": np.int8,
+    "offsets": np.int64,
+    "rows": np.int64,
+    "source_ids": np.int32,
+}
+
+
+def chunk_parts(batches: list[SourceBatch], encoded: list[pa.RecordBatch]) -> tuple[list[dict], dict]:
+    """A chunk of ``batches`` and their encodings as one part per batch, and the chunk's meta (less its
+    ``index``).
+
+    A part holds the ``CHUNK_ARRAYS`` of its batch in their dtypes: views of the encoder's Arrow buffers
+    where they already are, ``offsets`` from 0 (``num_samples + 1``), ``source_ids`` indexing the meta's
+    ``sources``. A chunk has a ``loss_mask`` when any of its batches has one; the batches without one then
+    get ``labels != -100`` (a chunk without any has none: every token is trained).
+    """
+    sources: list[str] = []
+    row_kinds: list[str] = []
+    parts = []
+    has_mask = any("loss_mask" in e.schema.names for e in encoded)
+    for b, e in zip(batches, encoded, strict=True):
+        if not sources or sources[-1] != b.source or row_kinds[-1] != b.row_kind:
+            sources.append(b.source)
+            row_kinds.append(b.row_kind)
+        # list_parts: an encoder may return slices, whose .values is the whole child array
+        offsets, ids = list_parts(e.column("input_ids"))
+        labels = np.ascontiguousarray(list_parts(e.column("labels"))[1], dtype=np.int32)
+        part = {
+            "input_ids": np.ascontiguousarray(ids, dtype=np.int32),
+            "labels": labels,
+            "offsets": offsets,
+            "rows": np.asarray(b.rows, dtype=np.int64),
+            "source_ids": np.full(b.num_rows, len(sources) - 1, dtype=np.int32),
+        }
+        if has_mask:
+            if "loss_mask" in e.schema.names:
+                part["loss_mask"] = np.ascontiguousarray(list_parts(e.column("loss_mask"))[1], dtype=np.int8)
+            else:
+                part["loss_mask"] = (labels != -100).astype(np.int8)
+        parts.append(part)
+    meta = {
+        "num_samples": sum(b.num_rows for b in batches),
+        "num_tokens": sum(int(p["offsets"][-1]) for p in parts),
+        "has_loss_mask": has_mask,
+        # samples with tokens but nothing to learn, as the encoder reported them (packtool.encoders.masking)
+        "empty_loss_samples": sum(empty_loss_count(e)[0] for e in encoded),
+        "empty_loss_tokens": sum(empty_loss_count(e)[1] for e in encoded),
+        "sources": sources,
+        "row_kinds": row_kinds,
+    }
+    return parts, meta
 
 
 def _save_parts(path: Path, parts: list[np.ndarray], dtype) -> None:
@@ -148,6 +171,37 @@ def read_chunk_list(work_dir: str | Path) -> list[dict]:
 def read_chunk_meta(work_dir: str | Path, index: int) -> dict | None:
     path = chunk_dir(work_dir, index) / "meta.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def policy_chunk(packs: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], dict]:
+    """The arrays and meta (less ``index``) of the chunk that holds packs made by a custom
+    ``pack_selected_samples``, one sample per ``seq_lens`` entry.
+
+    Each pack is a dict of ``input_ids``, ``labels`` (and ``loss_mask``), ``seq_lens`` and ``origin``
+    (the input index of each ``seq_lens`` entry, what ``sample_index`` says in the output).
+    """
+    seq = np.concatenate([p["seq_lens"] for p in packs]).astype(np.int64)
+    has_mask = any("loss_mask" in p for p in packs)
+    arrays = {
+        "input_ids": np.concatenate([p["input_ids"] for p in packs]).astype(np.int32),
+        "labels": np.concatenate([p["labels"] for p in packs]).astype(np.int32),
+    }
+    if has_mask:
+        masks = [p.get("loss_mask", (p["labels"] != -100).astype(np.int8)) for p in packs]
+        arrays["loss_mask"] = np.concatenate(masks).astype(np.int8)
+    arrays["offsets"] = np.concatenate([[0], np.cumsum(seq)]).astype(np.int64)
+    arrays["rows"] = np.repeat(np.arange(len(packs)), [len(p["seq_lens"]) for p in packs])
+    arrays["source_ids"] = np.zeros(len(seq), dtype=np.int32)
+    arrays["origin"] = np.concatenate([p["origin"] for p in packs]).astype(np.int64)
+    meta = {
+        "num_samples": len(seq),
+        "num_tokens": int(seq.sum()),
+        "has_loss_mask": has_mask,
+        "sources": ["pack_selected_samples output"],
+        "row_kinds": ["pack"],
+        "origin": True,
+    }
+    return arrays, meta
 
 
 MAX_OPEN = 8192  # chunks mapped at once at most: 33M samples at the default chunk_size of 4096
@@ -215,41 +269,22 @@ class ChunkStore:
 
     def append_packs(self, packs: list[dict[str, np.ndarray]]) -> np.ndarray:
         """Store packs made by a custom ``pack_selected_samples`` as one more chunk, one new sample per
-        ``seq_lens`` entry (numbered after every sample of the store), and return their sample numbers.
-
-        Each pack is a dict of ``input_ids``, ``labels`` (and ``loss_mask``), ``seq_lens`` and ``origin``
-        (the input index of each ``seq_lens`` entry, what ``sample_index`` says in the output).
-        """
+        ``seq_lens`` entry (numbered after every sample of the store), and return their sample numbers
+        (``policy_chunk`` says what ``packs`` hold)."""
         first = self.num_samples
         index = max((m["index"] for m in self.metas), default=-1) + 1
+        arrays, meta = policy_chunk(packs)
         final = chunk_dir(self.work_dir, index)
         shutil.rmtree(final, ignore_errors=True)
         final.mkdir(parents=True)
-        seq = np.concatenate([p["seq_lens"] for p in packs]).astype(np.int64)
-        has_mask = any("loss_mask" in p for p in packs)
-        np.save(final / "input_ids.npy", np.concatenate([p["input_ids"] for p in packs]).astype(np.int32))
-        np.save(final / "labels.npy", np.concatenate([p["labels"] for p in packs]).astype(np.int32))
-        if has_mask:
-            masks = [p.get("loss_mask", (p["labels"] != -100).astype(np.int8)) for p in packs]
-            np.save(final / "loss_mask.npy", np.concatenate(masks).astype(np.int8))
-        np.save(final / "offsets.npy", np.concatenate([[0], np.cumsum(seq)]).astype(np.int64))
-        np.save(final / "rows.npy", np.repeat(np.arange(len(packs)), [len(p["seq_lens"]) for p in packs]))
-        np.save(final / "source_ids.npy", np.zeros(len(seq), dtype=np.int32))
-        np.save(final / "origin.npy", np.concatenate([p["origin"] for p in packs]).astype(np.int64))
-        meta = {
-            "index": index,
-            "num_samples": len(seq),
-            "num_tokens": int(seq.sum()),
-            "has_loss_mask": has_mask,
-            "sources": ["pack_selected_samples output"],
-            "row_kinds": ["pack"],
-            "origin": True,
-        }
+        for name, values in arrays.items():
+            np.save(final / f"{name}.npy", values)
+        meta = {"index": index, **meta}
         (final / "meta.json").write_text(json.dumps(meta))
         self.metas.append(meta)
         self.__post_init__()
         write_chunk_list(self.work_dir, self.metas)
-        return first + np.arange(len(seq), dtype=np.int64)
+        return first + np.arange(meta["num_samples"], dtype=np.int64)
 
     def samples(self, sample: np.ndarray, lengths: np.ndarray) -> list[dict]:
         """Samples as dicts (what a custom packing policy is given): ``index``, ``length`` and read-only

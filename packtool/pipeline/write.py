@@ -78,11 +78,20 @@ def build_pack_arrays(plan: PackPlan, store: ChunkStore, pad_token_id: int = 0) 
     )
 
 
-def write_shard(spec: RunSpec, meta: ShardMeta, plan: PackPlan, work_dir: str, out_dir: str) -> ShardEntry:
-    """Write shard ``meta.shard`` (the packs of ``plan``) into ``out_dir``; returns its manifest entry."""
+def write_shard(
+    spec: RunSpec,
+    meta: ShardMeta,
+    plan: PackPlan,
+    work_dir: str,
+    out_dir: str,
+    store: ChunkStore | None = None,
+) -> ShardEntry:
+    """Write shard ``meta.shard`` (the packs of ``plan``) into ``out_dir``; returns its manifest entry.
+    The tokens come from ``store`` (a ``MemoryStore`` the caller holds), else from the chunks in
+    ``work_dir``."""
     w = worker(spec)
     cfg = w.config
-    store = w.store(work_dir)
+    store = store if store is not None else w.store(work_dir)
     fmt = get_format(cfg.format)
     step = fmt.block_packs(cfg) or max(plan.num_packs, 1)
     blocks = (
