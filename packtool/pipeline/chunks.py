@@ -468,22 +468,28 @@ class ChunkStore:
                 visits.reverse()
         for c, group in visits:
             a = self.arrays(c)
-            runs = list(
-                zip(
-                    dest[first[group]].tolist(),
-                    begin[first[group]].tolist(),
-                    end[last[group]].tolist(),
-                    strict=True,
-                )
-            )
+            to, src_begin, src_end = dest[first[group]], begin[first[group]], end[last[group]]
+            runs = (to.tolist(), (to + src_end - src_begin).tolist(), src_begin.tolist(), src_end.tolist())
+            copies = []
             for key, dst in out.items():
                 src = a.get(key)
                 if src is None:  # a chunk without loss_mask: every token is trained
-                    for p, b, e in runs:
-                        dst[p : p + e - b] = 1
-                    continue
-                for p, b, e in runs:
-                    dst[p : p + e - b] = src[b:e]
+                    for p, q in zip(runs[0], runs[1], strict=True):
+                        dst[p:q] = 1
+                elif src.dtype == dst.dtype:  # slices of memoryviews cost less than NumPy views
+                    copies.append((memoryview(dst), memoryview(src)))
+                else:
+                    copies.append((dst, src))
+            if len(copies) == 2:  # input_ids and labels in one pass over the runs
+                (d1, s1), (d2, s2) = copies
+                for p, q, b, e in zip(*runs, strict=True):
+                    d1[p:q] = s1[b:e]
+                    d2[p:q] = s2[b:e]
+            else:
+                for d, s in copies:
+                    for p, q, b, e in zip(*runs, strict=True):
+                        d[p:q] = s[b:e]
+            del copies
             self.release(c)
             del a
 
