@@ -15,10 +15,10 @@ finished (``_work/shards/``); it reads the input again, which costs less than wr
 
 The cost is memory: the encoded input is held whole, about 8 bytes a token (9 with a ``loss_mask``) and
 20 a sample, where the scratch chunks kept the writers' memory flat. So a run holds it only when
-``memory_store_bytes`` (from the Parquet footers) fits in ``MEMORY_FRACTION`` of this machine's memory;
-larger inputs, other inputs (text, JSON Lines, ``save_to_disk``, the Hub), a ``module:callable`` encoder
-and the Ray engine go through the scratch chunks. ``PACKTOOL_MEMORY_STORE_BYTES`` sets the limit in bytes
-instead (0: always the scratch chunks).
+``memory_store_bytes`` (from the Parquet footers) fits in ``MEMORY_FRACTION`` of this machine's memory
+and in half of the memory available as it starts; larger inputs, other inputs (text, JSON Lines,
+``save_to_disk``, the Hub), a ``module:callable`` encoder and the Ray engine go through the scratch
+chunks. ``PACKTOOL_MEMORY_STORE_BYTES`` sets the limit in bytes instead (0: always the scratch chunks).
 """
 
 from __future__ import annotations
@@ -78,14 +78,29 @@ def memory_store_bytes(config: PackConfig, sample_format: str) -> int | None:
 
 def memory_limit() -> int:
     """Bytes the encoded input may take in memory: ``PACKTOOL_MEMORY_STORE_BYTES`` if set, else
-    ``1 / MEMORY_FRACTION`` of this machine's memory (0 where it is not known)."""
+    ``1 / MEMORY_FRACTION`` of this machine's memory, and at most half of what is available now (other
+    jobs' memory counts); 0 where neither is known."""
     value = os.environ.get(MEMORY_STORE_ENV)
     if value is not None:
         return int(value)
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MEMORY_FRACTION
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MEMORY_FRACTION
     except (ValueError, OSError, AttributeError):
         return 0
+    available = _available_bytes()
+    return limit if available is None else min(limit, available // 2)
+
+
+def _available_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (Linux), else ``None``."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def use_memory_store(config: PackConfig, sample_format: str) -> bool:

@@ -7,6 +7,7 @@ tests/e2e/test_memory_store.py.)"""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -201,3 +202,17 @@ def test_a_run_in_memory_writes_no_chunk(tmp_path, monkeypatch, limit):
     assert (len(written) == 0) == (limit is None)
     assert manifest.stats.num_samples == 159 and manifest.stats.skipped_samples == 1
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["stats"] == manifest.stats.to_dict()
+
+
+def test_the_limit_is_a_quarter_of_the_memory_and_half_of_what_is_available(monkeypatch):
+    from packtool.pipeline import memory
+
+    monkeypatch.delenv(MEMORY_STORE_ENV, raising=False)
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    monkeypatch.setattr(memory, "_available_bytes", lambda: None)
+    assert memory_limit() == physical // 4
+    monkeypatch.setattr(memory, "_available_bytes", lambda: 1000)
+    assert memory_limit() == 500
+    monkeypatch.undo()
+    monkeypatch.delenv(MEMORY_STORE_ENV, raising=False)
+    assert 0 < memory._available_bytes() <= physical
