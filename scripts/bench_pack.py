@@ -23,10 +23,13 @@ Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one r
   statistics they compute afterwards count in their CPU and RSS only.
 * floors, measured in the same run, so the table shows how far packtool is from them: Python start-up with
   packtool's imports (a process), reading the input Parquet alone and writing packtool's output arrays
-  alone (zstd Parquet, packtool's writer settings, from memory), both in-process; their sum is the time
-  one core needs for I/O and start-up only, and ``startup + (read + write) / 2`` the same on 2 cores with a
-  perfect split. A ratio against NeMo above what the floor row shows cannot be reached by any packer that
-  reads this input and writes this output.
+  alone (zstd Parquet, packtool's writer settings, page CRC-32s included, from memory), both in-process;
+  their sum is the time one core needs for I/O and start-up only, and ``startup + (read + write) / 2`` the
+  same on 2 cores with a perfect split. A ratio against NeMo above what the floor row shows cannot be
+  reached by any packer that reads this input and writes this output. The floor's parts and ``packtool
+  pack`` (bfd, truncate) at ``--num-proc`` 1 and 2 are measured ``--floor-pairs`` times (default 5), one
+  right after the other, and printed as medians with floor / packtool, the median of the rounds' ratios
+  (``--only-floor`` runs this alone).
 * end to end from raw text: ``.bench/texts-<K>.jsonl`` (``--text-samples``, default 20,000 and 100,000
   lognormal texts of the demo corpus's words; the small set shows what start-up and the last shards weigh
   in a ~3 s job, the large one the throughput a real dataset sees) tokenized and packed by ``packtool
@@ -182,7 +185,7 @@ def child(kind: str, data: str, out: str, result: str) -> None:
         for name, table in tables:
             writer = pq.ParquetWriter(
                 Path(out) / name, table.schema, compression="zstd", use_dictionary=False,
-                write_statistics=False, store_schema=True,
+                write_statistics=False, store_schema=True, write_page_checksum=True,
             )  # fmt: skip
             writer.write_table(table, row_group_size=128)
             writer.close()
@@ -277,18 +280,15 @@ def packtool_row(name: str, data: Path, samples: int, *flags: str) -> dict:
     return row(name, m, samples, s["num_packs"], s["num_tokens"], dropped, input_tokens=s["input_tokens"])
 
 
-def floor_rows(data: Path, packed: Path, samples: int) -> list[dict]:
-    """Start-up, read alone, write alone, and their sums (see the module docstring)."""
-    out = []
-    imports = "import packtool.cli, packtool.pipeline.run"
-    m = measure([sys.executable, "-c", imports], {"PYTHONPATH": str(ROOT)})
-    start = {"name": "floor: python + packtool imports", "wall": m["wall"], "cpu": m["cpu"], "rss": m["rss"]}
-    out.append(start)
-    for kind, src, label in (
-        ("read-floor", data, "floor: read input Parquet (in-process)"),
-        ("write-floor", packed, "floor: write output, zstd (in-process)"),
-    ):
-        result = BENCH / "out" / f"{kind.replace(':', '-')}.json"
+def floor_parts(data: Path, packed: Path) -> dict[str, float] | str:
+    """One measurement of the floor's parts (see the module docstring): ``{"start", "read", "write"}``
+    seconds, or why it failed."""
+    m = measure(
+        [sys.executable, "-c", "import packtool.cli, packtool.pipeline.run"], {"PYTHONPATH": str(ROOT)}
+    )
+    parts = {"start": m["wall"]}
+    for kind, src in (("read-floor", data), ("write-floor", packed)):
+        result = BENCH / "out" / f"{kind}.json"
         result.unlink(missing_ok=True)
         r = measure(
             [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--data", str(src),
@@ -296,16 +296,82 @@ def floor_rows(data: Path, packed: Path, samples: int) -> list[dict]:
             {"PYTHONPATH": str(ROOT)}, BENCH / f"{kind}.log",
         )  # fmt: skip
         if r["rc"] != 0 or not result.exists():
-            out.append({"name": label, "error": f"exit {r['rc']}, see {r['log']}"})
-            return out
-        out.append({"name": label, "wall": json.loads(result.read_text())["seconds"], "rss": r["rss"]})
-    start, read, write = (r["wall"] for r in out)
-    out.append({"name": "floor total, 1 core", "wall": start + read + write})
-    out.append({"name": "floor total, 2 cores (perfect split)", "wall": start + (read + write) / 2})
+            return f"{kind}: exit {r['rc']}, see {r['log']}"
+        parts[kind.split("-")[0]] = json.loads(result.read_text())["seconds"]
+    return parts
+
+
+FLOOR_FLAGS = ("--strategy", "bfd", "--long-samples", "truncate")  # the job the floor is measured against
+
+
+def floor_rows(data: Path, samples: int, pairs: int) -> list[dict]:
+    """The floor's parts and ``packtool pack`` (bfd, truncate) at ``--num-proc`` 1 and 2, measured in
+    ``pairs`` rounds one right after the other (the order rotating from round to round), since this
+    machine's speed drifts by tens of percent over minutes: each figure is the median over the rounds, and
+    floor / packtool the median of the rounds' ratios. The write floor writes the shards of that job's
+    first ``--num-proc 1`` run."""
+    packed = BENCH / "out" / "floor packtool np1"
+    jobs = {"floor": None, "np1": "1", "np2": "2"}
+    times: dict[str, list[float]] = {"start": [], "read": [], "write": [], "np1": [], "np2": []}
+    rounds: list[dict[str, float]] = []
+    for i in range(pairs):
+        order = list(jobs)[i % 3 :] + list(jobs)[: i % 3]
+        if i == 0 and order[0] == "floor":  # the write floor needs the shards first
+            order = order[1:] + order[:1]
+        got: dict[str, float] = {}
+        for job in order:
+            if job == "floor":
+                parts = floor_parts(data, packed)
+                if isinstance(parts, str):
+                    return [{"name": "floor", "error": parts}]
+                for k, v in parts.items():
+                    times[k].append(v)
+                got["floor"] = sum(parts.values())
+                continue
+            r = packtool_row(f"floor packtool {job}", data, samples, *FLOOR_FLAGS, "--num-proc", jobs[job])
+            if "error" in r:
+                return [r]
+            times[job].append(r["wall"])
+            got[job] = r["wall"]
+        rounds.append(got)
+        print(
+            f"  floor pair {i + 1}/{pairs}: " + ", ".join(f"{k} {v:.2f} s" for k, v in got.items()),
+            file=sys.stderr,
+        )
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = [
+        {"name": "floor: python + packtool imports", "wall": med["start"]},
+        {"name": "floor: read input Parquet (in-process)", "wall": med["read"]},
+        {"name": "floor: write output, zstd (in-process)", "wall": med["write"]},
+        {"name": "floor total, 1 core", "wall": med["start"] + med["read"] + med["write"]},
+        {
+            "name": "floor total, 2 cores (perfect split)",
+            "wall": med["start"] + (med["read"] + med["write"]) / 2,
+        },
+    ]
+    for job, procs in (("np1", 1), ("np2", 2)):
+        ratios = [r["floor"] / r[job] for r in rounds]
+        out.append(
+            {"name": f"packtool bfd truncate np{procs} (paired)", "wall": med[job],
+             "floor_ratio": statistics.median(ratios), "ratios": ratios}
+        )  # fmt: skip
     for r in out:
         r["samples_s"] = samples / r["wall"]
         r["floor"] = True
     return out
+
+
+def print_floor(rows: list[dict], pairs: int) -> None:
+    """The floor's parts and packtool beside them: wall s (medians of ``pairs`` rounds), floor / packtool."""
+    print(f"\nthe one-core floor against packtool, {pairs} paired rounds (medians; bfd, truncate)\n")
+    print(f"{'run':44} {'wall s':>8} {'floor/packtool':>15}  per round")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:44} {r['error']}")
+            continue
+        ratio = f"{r['floor_ratio']:15.3f}" if "floor_ratio" in r else f"{'':15}"
+        each = " ".join(f"{x:.2f}" for x in r.get("ratios", []))
+        print(f"{r['name']:44} {r['wall']:8.2f} {ratio}  {each}")
 
 
 def row(name: str, m: dict, samples: int, packs: int, tokens: int, dropped: int, **extra) -> dict:
@@ -441,6 +507,38 @@ def text_rows(count: int, pairs: int = 3) -> list[dict]:
     return rows
 
 
+def packer_rows(data: Path, k: int, args: argparse.Namespace, step) -> None:
+    """NeMo, TRL and packtool on the pretokenized input, each row handed to ``step``."""
+    if not args.no_nemo:
+        step(reference_row("nemo PackedSequence split", sys.executable, "nemo", data, k))
+    if not args.no_trl:
+        py, why = trl_python()
+        for strategy in ("bfd", "bfd_split"):
+            if py is None:
+                step({"name": f"trl pack_dataset {strategy}", "error": why})
+            else:
+                step(reference_row(f"trl pack_dataset {strategy}", py, f"trl:{strategy}", data, k))
+    for strategy, extra in (
+        ("sequential", ["--split-across-pack"]),
+        ("bfd", ["--long-samples", "truncate"]),
+        ("bfd", ["--split-across-pack"]),
+    ):
+        tag = "split" if "--split-across-pack" in extra else "truncate"
+        for procs in (1, 2):
+            step(
+                packtool_row(
+                    f"packtool {strategy} {tag} np{procs}", data, k,
+                    "--strategy", strategy, "--num-proc", str(procs), *extra,
+                )
+            )  # fmt: skip
+    step(
+        packtool_row(
+            "packtool bfd truncate buf10k np2", data, k,
+            "--long-samples", "truncate", "--packing-buffer-size", "10000", "--num-proc", "2",
+        )
+    )  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=100_000, help="pretokenized samples (default 100,000)")
@@ -452,6 +550,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--pairs", type=int, default=3, help="ceiling / packtool np2 pairs per text size (default 3)"
+    )
+    ap.add_argument(
+        "--floor-pairs", type=int, default=5, help="rounds of floor / packtool np1 / np2 (default 5; 0 skips)"
+    )
+    ap.add_argument(
+        "--only-floor", action="store_true", help="only the floor rounds (no references, packers or texts)"
     )
     ap.add_argument("--no-nemo", action="store_true", help="skip NeMo PackedSequence (slowest row)")
     ap.add_argument("--no-trl", action="store_true", help="skip TRL pack_dataset")
@@ -474,41 +578,16 @@ def main() -> None:
     k = args.samples
     rows: list[dict] = []
     step = lambda r: (rows.append(r), print(f"  {r['name']}: done", file=sys.stderr))  # noqa: E731
-    if not args.no_nemo:
-        step(reference_row("nemo PackedSequence split", sys.executable, "nemo", data, k))
-    if not args.no_trl:
-        py, why = trl_python()
-        for strategy in ("bfd", "bfd_split"):
-            if py is None:
-                rows.append({"name": f"trl pack_dataset {strategy}", "error": why})
-            else:
-                step(reference_row(f"trl pack_dataset {strategy}", py, f"trl:{strategy}", data, k))
-    for strategy, extra in (
-        ("sequential", ["--split-across-pack"]),
-        ("bfd", ["--long-samples", "truncate"]),
-        ("bfd", ["--split-across-pack"]),
-    ):
-        tag = "split" if "--split-across-pack" in extra else "truncate"
-        for procs in (1, 2):
-            step(
-                packtool_row(
-                    f"packtool {strategy} {tag} np{procs}", data, k,
-                    "--strategy", strategy, "--num-proc", str(procs), *extra,
-                )
-            )  # fmt: skip
-    step(
-        packtool_row(
-            "packtool bfd truncate buf10k np2", data, k,
-            "--long-samples", "truncate", "--packing-buffer-size", "10000", "--num-proc", "2",
-        )
-    )  # fmt: skip
-    packed = BENCH / "out" / "packtool bfd split np1"
-    if packed.exists():
-        for r in floor_rows(data, packed, k):
-            step(r)
-    print(f"\npretokenized Parquet -> packed Parquet, {k:,} samples (lognormal, mean ~300), N={N}\n")
-    print_table(rows)
-
+    if not args.only_floor:
+        packer_rows(data, k, args, step)
+        print(f"\npretokenized Parquet -> packed Parquet, {k:,} samples (lognormal, mean ~300), N={N}\n")
+        print_table(rows)
+    if args.floor_pairs:
+        floor = floor_rows(data, k, args.floor_pairs)
+        print_floor(floor, args.floor_pairs)
+        rows += floor
+    if args.only_floor:
+        args.text_samples = []
     for count in args.text_samples:
         rows += text_rows(count, args.pairs)
     if args.json:
