@@ -125,3 +125,25 @@ def test_bad_records_are_named_and_nothing_is_left_behind(inputs, tmp_path, num_
     )
     assert proc.returncode == 3 and f"{inputs[0]}, row " in proc.stderr and "more than" in proc.stderr
     assert not out.exists() and not out.with_name("out.partial").exists()
+
+
+@pytest.mark.parametrize("num_proc", ["1", "2"])
+def test_disk_full_while_the_threads_write(inputs, tmp_path, num_proc):
+    """A file size limit (a full disk, to a writer) hit by a writer thread: one line, exit 1, nothing left,
+    and no thread still writing (the other shards in flight finish before the error is reported)."""
+    import os
+    import sys
+
+    from tests.conftest import ROOT
+    from tests.unit.pipeline.test_run_errors import LIMIT_FSIZE, assert_clean_failure
+
+    args = ["pack", *inputs, "-o", tmp_path / "out", *ARGS, "-q", "--num-proc", num_proc]
+    proc = subprocess.run(
+        [sys.executable, "-c", LIMIT_FSIZE, "4000", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    line = assert_clean_failure(proc, tmp_path, code=4)
+    assert f"{tmp_path / 'out'}: cannot write the output" in line
+    assert os.listdir(tmp_path) == []
