@@ -446,9 +446,7 @@ class ChunkStore:
         if not len(sample):
             return
         chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
-        begin = np.empty(len(sample), dtype=np.int64)
-        for c, sel in groups(chunk):
-            begin[sel] = self.offsets(c)[sample[sel] - self.sample_starts[c]] + start[sel]
+        begin = self.sample_begins(chunk, sample) + start
         end = begin + length
         new_run = np.ones(len(sample), dtype=bool)
         new_run[1:] = (
@@ -456,20 +454,25 @@ class ChunkStore:
         )
         first = np.flatnonzero(new_run)
         last = np.append(first[1:], len(sample)) - 1
-        run_chunk = chunk[first]
         # runs grouped by chunk (stable): one chunk mapped at a time, holding every used chunk's maps would
-        # hold their file descriptors
-        visits = groups(run_chunk)
+        # hold their file descriptors. The runs' bounds become Python lists once, each chunk's a slice of
+        # them: a gather visits every chunk it draws from, and with many chunks the visits add up.
+        order = np.argsort(chunk[first], kind="stable")
+        run_chunk = chunk[first][order]
+        cuts = np.flatnonzero(run_chunk[1:] != run_chunk[:-1]) + 1
+        lo, hi = np.concatenate([[0], cuts]), np.append(cuts, len(run_chunk))
+        visits = list(zip(run_chunk[lo].tolist(), lo.tolist(), hi.tolist(), strict=True))
         if len(visits) > self.max_open:
             # more chunks than stay open: each gather visits them in the other direction than the last, so
             # it starts with the chunks the last one left open instead of evicting them unused (LRU order)
             self._zigzag = not self._zigzag
             if self._zigzag:
                 visits.reverse()
-        for c, group in visits:
+        to, src_begin, src_end = dest[first[order]], begin[first[order]], end[last[order]]
+        bounds = (to.tolist(), (to + src_end - src_begin).tolist(), src_begin.tolist(), src_end.tolist())
+        for c, i, j in visits:
             a = self.arrays(c)
-            to, src_begin, src_end = dest[first[group]], begin[first[group]], end[last[group]]
-            runs = (to.tolist(), (to + src_end - src_begin).tolist(), src_begin.tolist(), src_end.tolist())
+            runs = [b[i:j] for b in bounds]
             copies = []
             for key, dst in out.items():
                 src = a.get(key)
@@ -492,6 +495,13 @@ class ChunkStore:
             del copies
             self.release(c)
             del a
+
+    def sample_begins(self, chunk: np.ndarray, sample: np.ndarray) -> np.ndarray:
+        """Where each of ``sample`` (global indices, in chunks ``chunk``) starts in its chunk's tokens."""
+        begin = np.empty(len(sample), dtype=np.int64)
+        for c, sel in groups(chunk):
+            begin[sel] = self.offsets(c)[sample[sel] - self.sample_starts[c]]
+        return begin
 
     def lengths(self) -> np.ndarray:
         """``(num_samples,)`` int64 tokens per sample, from the offsets alone."""

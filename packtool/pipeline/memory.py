@@ -118,9 +118,17 @@ class MemoryStore(ChunkStore):
 
     units: list[dict[str, np.ndarray]] = field(default_factory=list)
 
+    _begins: np.ndarray | None = field(default=None, init=False, repr=False)
+
     def __post_init__(self) -> None:
         self.max_open = sys.maxsize  # nothing to open: every chunk is at hand
+        self._begins = None
         super().__post_init__()
+
+    def sample_begins(self, chunk: np.ndarray, sample: np.ndarray) -> np.ndarray:
+        if self._begins is None:  # every sample's start in its part, 8 bytes a sample: one lookup
+            self._begins = np.concatenate([u["offsets"][:-1] for u in self.units] or [np.zeros(0, np.int64)])
+        return self._begins[sample]
 
     def arrays(self, c: int) -> dict[str, np.ndarray]:
         return self.units[c]
