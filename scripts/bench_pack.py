@@ -361,17 +361,19 @@ def floor_rows(data: Path, samples: int, pairs: int) -> list[dict]:
     return out
 
 
-def print_floor(rows: list[dict], pairs: int) -> None:
-    """The floor's parts and packtool beside them: wall s (medians of ``pairs`` rounds), floor / packtool."""
+def print_floor(rows: list[dict], pairs: int, nemo: dict | None = None) -> None:
+    """The floor's parts and packtool beside them: wall s (medians of ``pairs`` rounds), floor / packtool,
+    and the speed against NeMo's row of this run, if there is one."""
     print(f"\nthe one-core floor against packtool, {pairs} paired rounds (medians; bfd, truncate)\n")
-    print(f"{'run':44} {'wall s':>8} {'floor/packtool':>15}  per round")
+    print(f"{'run':44} {'wall s':>8} {'x NeMo':>7} {'floor/packtool':>15}  per round")
     for r in rows:
         if "error" in r:
             print(f"{r['name']:44} {r['error']}")
             continue
+        speed = f"{nemo['wall'] / r['wall']:6.1f}x" if nemo else f"{'-':>7}"
         ratio = f"{r['floor_ratio']:15.3f}" if "floor_ratio" in r else f"{'':15}"
         each = " ".join(f"{x:.2f}" for x in r.get("ratios", []))
-        print(f"{r['name']:44} {r['wall']:8.2f} {ratio}  {each}")
+        print(f"{r['name']:44} {r['wall']:8.2f} {speed} {ratio}  {each}")
 
 
 def row(name: str, m: dict, samples: int, packs: int, tokens: int, dropped: int, **extra) -> dict:
@@ -544,9 +546,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=100_000, help="pretokenized samples (default 100,000)")
     ap.add_argument(
         "--text-samples",
-        type=lambda v: [int(x) for x in v.split(",")],
+        type=lambda v: [int(x) for x in v.split(",") if x],
         default=[20_000, 100_000],
-        help="texts for the end-to-end rows, comma-separated sizes (default 20000,100000)",
+        help="texts for the end-to-end rows, comma-separated sizes (default 20000,100000; '' for none)",
     )
     ap.add_argument(
         "--pairs", type=int, default=3, help="ceiling / packtool np2 pairs per text size (default 3)"
@@ -584,7 +586,8 @@ def main() -> None:
         print_table(rows)
     if args.floor_pairs:
         floor = floor_rows(data, k, args.floor_pairs)
-        print_floor(floor, args.floor_pairs)
+        nemo = next((r for r in rows if r["name"].startswith("nemo") and "error" not in r), None)
+        print_floor(floor, args.floor_pairs, nemo)
         rows += floor
     if args.only_floor:
         args.text_samples = []
