@@ -29,7 +29,8 @@ Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one r
   reached by any packer that reads this input and writes this output. The floor's parts and ``packtool
   pack`` (bfd, truncate) at ``--num-proc`` 1 and 2 are measured ``--floor-pairs`` times (default 5), one
   right after the other, and printed as medians with floor / packtool, the median of the rounds' ratios
-  (``--only-floor`` runs this alone).
+  (``--only-floor`` runs this alone; ``--floor-baseline DIR`` adds another checkout's packtool, e.g. an
+  older commit's, to the same rounds).
 * end to end from raw text: ``.bench/texts-<K>.jsonl`` (``--text-samples``, default 20,000 and 100,000
   lognormal texts of the demo corpus's words; the small set shows what start-up and the last shards weigh
   in a ~3 s job, the large one the throughput a real dataset sees) tokenized and packed by ``packtool
@@ -267,11 +268,12 @@ def reference_row(name: str, python: str, kind: str, data: Path, samples: int) -
     return row(name, m, samples, s["packs"], s["tokens"], s["input_tokens"] - s["tokens"])
 
 
-def packtool_row(name: str, data: Path, samples: int, *flags: str) -> dict:
+def packtool_row(name: str, data: Path, samples: int, *flags: str, root: Path = ROOT) -> dict:
+    """``packtool pack`` of the checkout ``root`` (this one by default) on ``data``, measured."""
     out = BENCH / "out" / name
     cmd = [sys.executable, "-m", "packtool.cli", "pack", str(data), "-o", str(out), "-q", "--overwrite"]
     m = measure(
-        cmd + ["--packed-sequence-size", str(N), *flags], {"PYTHONPATH": str(ROOT)}, BENCH / f"{name}.log"
+        cmd + ["--packed-sequence-size", str(N), *flags], {"PYTHONPATH": str(root)}, BENCH / f"{name}.log"
     )
     if m["rc"] != 0:
         return {"name": name, "error": f"exit {m['rc']}, see {m['log']}"}
@@ -304,20 +306,28 @@ def floor_parts(data: Path, packed: Path) -> dict[str, float] | str:
 FLOOR_FLAGS = ("--strategy", "bfd", "--long-samples", "truncate")  # the job the floor is measured against
 
 
-def floor_rows(data: Path, samples: int, pairs: int) -> list[dict]:
+def floor_rows(data: Path, samples: int, pairs: int, baseline: Path | None = None) -> list[dict]:
     """The floor's parts and ``packtool pack`` (bfd, truncate) at ``--num-proc`` 1 and 2, measured in
     ``pairs`` rounds one right after the other (the order rotating from round to round), since this
     machine's speed drifts by tens of percent over minutes: each figure is the median over the rounds, and
     floor / packtool the median of the rounds' ratios. The write floor writes the shards of that job's
-    first ``--num-proc 1`` run."""
+    first ``--num-proc 1`` run. With ``baseline`` (another checkout of packtool, e.g. an older commit)
+    its packtool runs the same jobs in the same rounds: before and after, measured side by side."""
     packed = BENCH / "out" / "floor packtool np1"
     jobs = {"floor": None, "np1": "1", "np2": "2"}
-    times: dict[str, list[float]] = {"start": [], "read": [], "write": [], "np1": [], "np2": []}
+    if baseline is not None:
+        jobs.update({"baseline np1": "1", "baseline np2": "2"})
+    times: dict[str, list[float]] = {
+        "start": [],
+        "read": [],
+        "write": [],
+        **{j: [] for j in jobs if j != "floor"},
+    }
     rounds: list[dict[str, float]] = []
     for i in range(pairs):
-        order = list(jobs)[i % 3 :] + list(jobs)[: i % 3]
-        if i == 0 and order[0] == "floor":  # the write floor needs the shards first
-            order = order[1:] + order[:1]
+        order = list(jobs)[i % len(jobs) :] + list(jobs)[: i % len(jobs)]
+        if i == 0:  # the write floor needs the shards first
+            order = ["np1", *(j for j in order if j != "np1")]
         got: dict[str, float] = {}
         for job in order:
             if job == "floor":
@@ -328,7 +338,10 @@ def floor_rows(data: Path, samples: int, pairs: int) -> list[dict]:
                     times[k].append(v)
                 got["floor"] = sum(parts.values())
                 continue
-            r = packtool_row(f"floor packtool {job}", data, samples, *FLOOR_FLAGS, "--num-proc", jobs[job])
+            root = baseline if job.startswith("baseline") and baseline is not None else ROOT
+            r = packtool_row(
+                f"floor packtool {job}", data, samples, *FLOOR_FLAGS, "--num-proc", jobs[job], root=root
+            )
             if "error" in r:
                 return [r]
             times[job].append(r["wall"])
@@ -349,10 +362,13 @@ def floor_rows(data: Path, samples: int, pairs: int) -> list[dict]:
             "wall": med["start"] + (med["read"] + med["write"]) / 2,
         },
     ]
-    for job, procs in (("np1", 1), ("np2", 2)):
+    for job in jobs:
+        if job == "floor":
+            continue
         ratios = [r["floor"] / r[job] for r in rounds]
+        who = f"baseline {baseline.name}" if job.startswith("baseline") else "packtool"
         out.append(
-            {"name": f"packtool bfd truncate np{procs} (paired)", "wall": med[job],
+            {"name": f"{who} bfd truncate {job.split()[-1]} (paired)", "wall": med[job],
              "floor_ratio": statistics.median(ratios), "ratios": ratios}
         )  # fmt: skip
     for r in out:
@@ -365,15 +381,15 @@ def print_floor(rows: list[dict], pairs: int, nemo: dict | None = None) -> None:
     """The floor's parts and packtool beside them: wall s (medians of ``pairs`` rounds), floor / packtool,
     and the speed against NeMo's row of this run, if there is one."""
     print(f"\nthe one-core floor against packtool, {pairs} paired rounds (medians; bfd, truncate)\n")
-    print(f"{'run':44} {'wall s':>8} {'x NeMo':>7} {'floor/packtool':>15}  per round")
+    print(f"{'run':48} {'wall s':>8} {'x NeMo':>7} {'floor/packtool':>15}  per round")
     for r in rows:
         if "error" in r:
-            print(f"{r['name']:44} {r['error']}")
+            print(f"{r['name']:48} {r['error']}")
             continue
         speed = f"{nemo['wall'] / r['wall']:6.1f}x" if nemo else f"{'-':>7}"
         ratio = f"{r['floor_ratio']:15.3f}" if "floor_ratio" in r else f"{'':15}"
         each = " ".join(f"{x:.2f}" for x in r.get("ratios", []))
-        print(f"{r['name']:44} {r['wall']:8.2f} {speed} {ratio}  {each}")
+        print(f"{r['name']:48} {r['wall']:8.2f} {speed} {ratio}  {each}")
 
 
 def row(name: str, m: dict, samples: int, packs: int, tokens: int, dropped: int, **extra) -> dict:
@@ -559,6 +575,11 @@ def main() -> None:
     ap.add_argument(
         "--only-floor", action="store_true", help="only the floor rounds (no references, packers or texts)"
     )
+    ap.add_argument(
+        "--floor-baseline",
+        type=Path,
+        help="another packtool checkout (e.g. `git worktree add DIR COMMIT`) run in the same floor rounds",
+    )
     ap.add_argument("--no-nemo", action="store_true", help="skip NeMo PackedSequence (slowest row)")
     ap.add_argument("--no-trl", action="store_true", help="skip TRL pack_dataset")
     ap.add_argument("--json", help="also write the rows to this JSON file")
@@ -585,7 +606,7 @@ def main() -> None:
         print(f"\npretokenized Parquet -> packed Parquet, {k:,} samples (lognormal, mean ~300), N={N}\n")
         print_table(rows)
     if args.floor_pairs:
-        floor = floor_rows(data, k, args.floor_pairs)
+        floor = floor_rows(data, k, args.floor_pairs, args.floor_baseline)
         nemo = next((r for r in rows if r["name"].startswith("nemo") and "error" not in r), None)
         print_floor(floor, args.floor_pairs, nemo)
         rows += floor
