@@ -124,9 +124,9 @@ def make_texts(path: Path, samples: int, mean_words: int = 230, seed: int = 0) -
 
 
 # --- measuring a child process -------------------------------------------------------------------------
-def measure(cmd: list[str], env: dict | None = None, log: Path | None = None) -> dict:
+def measure(cmd: list[str], env: dict | None = None, log: Path | None = None, cwd: Path = ROOT) -> dict:
     """Run ``cmd``; wall s, CPU s (user + system, children included) and peak RSS bytes (``measure.py``)."""
-    m = run_measured(cmd, env, log or BENCH / "last.log", cwd=ROOT, poll=0.2)
+    m = run_measured(cmd, env, log or BENCH / "last.log", cwd=cwd, poll=0.2)
     return {"rc": m.rc, "wall": m.wall, "t0": m.t0, "cpu": m.cpu, "rss": m.tree_rss, "log": str(m.log)}
 
 
@@ -272,8 +272,12 @@ def packtool_row(name: str, data: Path, samples: int, *flags: str, root: Path = 
     """``packtool pack`` of the checkout ``root`` (this one by default) on ``data``, measured."""
     out = BENCH / "out" / name
     cmd = [sys.executable, "-m", "packtool.cli", "pack", str(data), "-o", str(out), "-q", "--overwrite"]
+    # run from root: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH
     m = measure(
-        cmd + ["--packed-sequence-size", str(N), *flags], {"PYTHONPATH": str(root)}, BENCH / f"{name}.log"
+        cmd + ["--packed-sequence-size", str(N), *flags],
+        {"PYTHONPATH": str(root)},
+        BENCH / f"{name}.log",
+        root,
     )
     if m["rc"] != 0:
         return {"name": name, "error": f"exit {m['rc']}, see {m['log']}"}
