@@ -26,7 +26,7 @@ from packtool.errors import (
     ConfigError,
     PacktoolError,
 )
-from packtool.pipeline.engines import resolve_num_proc
+from packtool.pipeline.engines import may_need_workers, resolve_num_proc
 from packtool.pipeline.engines.local import start_forkserver
 
 
@@ -131,7 +131,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     values = {**file_only, **values, "inputs": list(inputs)}
     config = PackConfig.from_dict(values, origin=config_file or "options")
     config.num_proc = resolve_num_proc(config)
-    if config.engine == "local":  # its imports then run beside ours (see start_forkserver)
+    if config.engine == "local" and may_need_workers(config):  # its imports then run beside ours
         start_forkserver(config.num_proc)
     # imported after the forkserver started: the two processes then import numpy and pyarrow side by side
     from packtool.pipeline.run import run_pack

@@ -1,4 +1,5 @@
-"""Peak memory of ``packtool pack`` at 1x and 4x input size: it must not grow with the token count.
+"""Peak memory of ``packtool pack`` at 1x and 4x input size: through the scratch chunks it must not grow
+with the token count; held in memory it grows by the encoded tokens.
 
 Builds pretokenized Parquet inputs of ``--samples`` and ``4 * --samples`` samples (lengths lognormal, mean
 about 300 tokens, ids uniform in a 32k vocabulary; default row groups, i.e. one row group per 1Mi rows, as
@@ -10,6 +11,11 @@ a user's file would have), packs each with the real CLI in a child process, and 
   from ``/proc`` every 20 ms;
 * the ratio 4x / 1x of each, and the size of the lengths array (``num_samples * 8`` bytes), which is the
   part of the driver's memory that is allowed to grow.
+
+Pretokenized Parquet this size is held in memory by default (``packtool/pipeline/memory.py``): each scale
+is packed both ways, through the scratch chunks (``PACKTOOL_MEMORY_STORE_BYTES=0``, as an input larger
+than a quarter of the memory would go), where memory must stay flat, and held in memory, where it grows by
+about 8 bytes a token (``--paths`` picks one).
 
 Run ``python scripts/bench_memory.py [--samples 100000] [--num-proc 1]`` (``make bench`` runs it).
 """
@@ -45,13 +51,16 @@ def make_input(path: Path, num_samples: int, seed: int = 0) -> int:
     return int(offsets[-1])
 
 
-def measure(input_path: Path, out: Path, num_proc: int, n: int, engine: str) -> dict:
+PATHS = {"chunks": {"PACKTOOL_MEMORY_STORE_BYTES": "0"}, "memory": {}}
+
+
+def measure(input_path: Path, out: Path, num_proc: int, n: int, engine: str, env_extra: dict) -> dict:
     cmd = [
         sys.executable, "-m", "packtool.cli", "pack", str(input_path), "--output", str(out),
         "--packed-sequence-size", str(n), "--num-proc", str(num_proc), "--engine", engine,
         "--quiet", "--overwrite",
     ]  # fmt: skip
-    env = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra}
     m = run_measured(cmd, env, out.parent / f"{out.name}.log", poll=0.02)
     if m.rc != 0:
         raise SystemExit(f"packtool failed ({m.rc}):\n{m.log.read_text()}")
@@ -66,6 +75,29 @@ def measure(input_path: Path, out: Path, num_proc: int, n: int, engine: str) -> 
     }
 
 
+def report(args: argparse.Namespace, path: str, rows: list[dict]) -> None:
+    print(f"bench_memory: engine={args.engine} num_proc={args.num_proc} N={args.packed_sequence_size} {path}")
+    print(
+        f"{'scale':>5} {'samples':>9} {'tokens':>12} {'input MiB':>9} {'lengths MiB':>11} "
+        f"{'peak RSS MiB':>12} {'tree RSS MiB':>12} {'seconds':>8}"
+    )
+    for r in rows:
+        print(
+            f"{r['scale']:>4}x {r['num_samples']:>9,} {r['num_tokens']:>12,} {r['input_mib']:>9.1f} "
+            f"{r['lengths_mib']:>11.2f} {r['peak_rss_mib']:>12.1f} {r['peak_tree_rss_mib']:>12.1f} "
+            f"{r['seconds']:>8.1f}"
+        )
+    a, b = rows
+    print(
+        f"ratio 4x/1x: tokens {b['num_tokens'] / a['num_tokens']:.2f}, "
+        f"peak RSS {b['peak_rss_mib'] / a['peak_rss_mib']:.2f}, "
+        f"tree RSS {b['peak_tree_rss_mib'] / a['peak_tree_rss_mib']:.2f}, "
+        f"growth {b['peak_rss_mib'] - a['peak_rss_mib']:.1f} MiB for "
+        f"{b['lengths_mib'] - a['lengths_mib']:.1f} MiB more lengths and "
+        f"{(b['num_tokens'] - a['num_tokens']) * 8 / 2**20:.1f} MiB more tokens (8 bytes each)\n"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=100_000, help="samples at 1x (4x is also run)")
@@ -73,39 +105,26 @@ def main() -> None:
     ap.add_argument("--packed-sequence-size", type=int, default=4096)
     ap.add_argument("--engine", default="local")
     ap.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
+    ap.add_argument("--paths", default="chunks,memory", help="chunks, memory, or chunks,memory (default)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="packtool-bench-memory-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        rows = []
+        inputs = {}
         for scale in (1, 4):
             src = work / f"input-{scale}x.parquet"
-            tokens = make_input(src, args.samples * scale, seed=scale)
-            r = measure(src, work / f"out-{scale}x", args.num_proc, args.packed_sequence_size, args.engine)
-            r.update(scale=scale, input_mib=src.stat().st_size / 2**20)
-            r["lengths_mib"] = r["num_samples"] * 8 / 2**20
-            assert r["num_tokens"] == tokens
-            rows.append(r)
-            shutil.rmtree(work / f"out-{scale}x", ignore_errors=True)
-        print(f"bench_memory: engine={args.engine} num_proc={args.num_proc} N={args.packed_sequence_size}")
-        print(
-            f"{'scale':>5} {'samples':>9} {'tokens':>12} {'input MiB':>9} {'lengths MiB':>11} "
-            f"{'peak RSS MiB':>12} {'tree RSS MiB':>12} {'seconds':>8}"
-        )
-        for r in rows:
-            print(
-                f"{r['scale']:>4}x {r['num_samples']:>9,} {r['num_tokens']:>12,} {r['input_mib']:>9.1f} "
-                f"{r['lengths_mib']:>11.2f} {r['peak_rss_mib']:>12.1f} {r['peak_tree_rss_mib']:>12.1f} "
-                f"{r['seconds']:>8.1f}"
-            )
-        a, b = rows
-        print(
-            f"ratio 4x/1x: tokens {b['num_tokens'] / a['num_tokens']:.2f}, "
-            f"peak RSS {b['peak_rss_mib'] / a['peak_rss_mib']:.2f}, "
-            f"tree RSS {b['peak_tree_rss_mib'] / a['peak_tree_rss_mib']:.2f}, "
-            f"growth {b['peak_rss_mib'] - a['peak_rss_mib']:.1f} MiB for "
-            f"{b['lengths_mib'] - a['lengths_mib']:.1f} MiB more lengths"
-        )
+            inputs[scale] = (src, make_input(src, args.samples * scale, seed=scale))
+        for path in args.paths.split(","):
+            rows = []
+            for scale, (src, tokens) in inputs.items():
+                out = work / f"out-{scale}x"
+                r = measure(src, out, args.num_proc, args.packed_sequence_size, args.engine, PATHS[path])
+                r.update(scale=scale, input_mib=src.stat().st_size / 2**20)
+                r["lengths_mib"] = r["num_samples"] * 8 / 2**20
+                assert r["num_tokens"] == tokens
+                rows.append(r)
+                shutil.rmtree(out, ignore_errors=True)
+            report(args, path, rows)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -23,10 +23,14 @@ Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one r
   statistics they compute afterwards count in their CPU and RSS only.
 * floors, measured in the same run, so the table shows how far packtool is from them: Python start-up with
   packtool's imports (a process), reading the input Parquet alone and writing packtool's output arrays
-  alone (zstd Parquet, packtool's writer settings, from memory), both in-process; their sum is the time
-  one core needs for I/O and start-up only, and ``startup + (read + write) / 2`` the same on 2 cores with a
-  perfect split. A ratio against NeMo above what the floor row shows cannot be reached by any packer that
-  reads this input and writes this output.
+  alone (zstd Parquet, packtool's writer settings, page CRC-32s included, from memory), both in-process;
+  their sum is the time one core needs for I/O and start-up only, and ``startup + (read + write) / 2`` the
+  same on 2 cores with a perfect split. A ratio against NeMo above what the floor row shows cannot be
+  reached by any packer that reads this input and writes this output. The floor's parts and ``packtool
+  pack`` (bfd, truncate) at ``--num-proc`` 1 and 2 are measured ``--floor-pairs`` times (default 5), one
+  right after the other, and printed as medians with floor / packtool, the median of the rounds' ratios
+  (``--only-floor`` runs this alone; ``--floor-baseline DIR`` adds another checkout's packtool, e.g. an
+  older commit's, to the same rounds).
 * end to end from raw text: ``.bench/texts-<K>.jsonl`` (``--text-samples``, default 20,000 and 100,000
   lognormal texts of the demo corpus's words; the small set shows what start-up and the last shards weigh
   in a ~3 s job, the large one the throughput a real dataset sees) tokenized and packed by ``packtool
@@ -132,9 +136,9 @@ def make_texts(path: Path, samples: int, mean_words: int = 230, seed: int = 0) -
 
 
 # --- measuring a child process -------------------------------------------------------------------------
-def measure(cmd: list[str], env: dict | None = None, log: Path | None = None) -> dict:
+def measure(cmd: list[str], env: dict | None = None, log: Path | None = None, cwd: Path = ROOT) -> dict:
     """Run ``cmd``; wall s, CPU s (user + system, children included) and peak RSS bytes (``measure.py``)."""
-    m = run_measured(cmd, env, log or BENCH / "last.log", cwd=ROOT, poll=0.2)
+    m = run_measured(cmd, env, log or BENCH / "last.log", cwd=cwd, poll=0.2)
     return {"rc": m.rc, "wall": m.wall, "t0": m.t0, "cpu": m.cpu, "rss": m.tree_rss, "log": str(m.log)}
 
 
@@ -252,7 +256,7 @@ def child(kind: str, data: str, out: str, result: str) -> None:
         for name, table in tables:
             writer = pq.ParquetWriter(
                 Path(out) / name, table.schema, compression="zstd", use_dictionary=False,
-                write_statistics=False, store_schema=True,
+                write_statistics=False, store_schema=True, write_page_checksum=True,
             )  # fmt: skip
             writer.write_table(table, row_group_size=128)
             writer.close()
@@ -334,11 +338,16 @@ def reference_row(name: str, python: str, kind: str, data: Path, samples: int) -
     return row(name, m, samples, s["packs"], s["tokens"], s["input_tokens"] - s["tokens"])
 
 
-def packtool_row(name: str, data: Path, samples: int, *flags: str) -> dict:
+def packtool_row(name: str, data: Path, samples: int, *flags: str, root: Path = ROOT) -> dict:
+    """``packtool pack`` of the checkout ``root`` (this one by default) on ``data``, measured."""
     out = BENCH / "out" / name
     cmd = [sys.executable, "-m", "packtool.cli", "pack", str(data), "-o", str(out), "-q", "--overwrite"]
+    # run from root: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH
     m = measure(
-        cmd + ["--packed-sequence-size", str(N), *flags], {"PYTHONPATH": str(ROOT)}, BENCH / f"{name}.log"
+        cmd + ["--packed-sequence-size", str(N), *flags],
+        {"PYTHONPATH": str(root)},
+        BENCH / f"{name}.log",
+        root,
     )
     if m["rc"] != 0:
         return {"name": name, "error": f"exit {m['rc']}, see {m['log']}"}
@@ -347,18 +356,15 @@ def packtool_row(name: str, data: Path, samples: int, *flags: str) -> dict:
     return row(name, m, samples, s["num_packs"], s["num_tokens"], dropped, input_tokens=s["input_tokens"])
 
 
-def floor_rows(data: Path, packed: Path, samples: int) -> list[dict]:
-    """Start-up, read alone, write alone, and their sums (see the module docstring)."""
-    out = []
-    imports = "import packtool.cli, packtool.pipeline.run"
-    m = measure([sys.executable, "-c", imports], {"PYTHONPATH": str(ROOT)})
-    start = {"name": "floor: python + packtool imports", "wall": m["wall"], "cpu": m["cpu"], "rss": m["rss"]}
-    out.append(start)
-    for kind, src, label in (
-        ("read-floor", data, "floor: read input Parquet (in-process)"),
-        ("write-floor", packed, "floor: write output, zstd (in-process)"),
-    ):
-        result = BENCH / "out" / f"{kind.replace(':', '-')}.json"
+def floor_parts(data: Path, packed: Path) -> dict[str, float] | str:
+    """One measurement of the floor's parts (see the module docstring): ``{"start", "read", "write"}``
+    seconds, or why it failed."""
+    m = measure(
+        [sys.executable, "-c", "import packtool.cli, packtool.pipeline.run"], {"PYTHONPATH": str(ROOT)}
+    )
+    parts = {"start": m["wall"]}
+    for kind, src in (("read-floor", data), ("write-floor", packed)):
+        result = BENCH / "out" / f"{kind}.json"
         result.unlink(missing_ok=True)
         r = measure(
             [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--data", str(src),
@@ -366,16 +372,98 @@ def floor_rows(data: Path, packed: Path, samples: int) -> list[dict]:
             {"PYTHONPATH": str(ROOT)}, BENCH / f"{kind}.log",
         )  # fmt: skip
         if r["rc"] != 0 or not result.exists():
-            out.append({"name": label, "error": f"exit {r['rc']}, see {r['log']}"})
-            return out
-        out.append({"name": label, "wall": json.loads(result.read_text())["seconds"], "rss": r["rss"]})
-    start, read, write = (r["wall"] for r in out)
-    out.append({"name": "floor total, 1 core", "wall": start + read + write})
-    out.append({"name": "floor total, 2 cores (perfect split)", "wall": start + (read + write) / 2})
+            return f"{kind}: exit {r['rc']}, see {r['log']}"
+        parts[kind.split("-")[0]] = json.loads(result.read_text())["seconds"]
+    return parts
+
+
+FLOOR_FLAGS = ("--strategy", "bfd", "--long-samples", "truncate")  # the job the floor is measured against
+
+
+def floor_rows(data: Path, samples: int, pairs: int, baseline: Path | None = None) -> list[dict]:
+    """The floor's parts and ``packtool pack`` (bfd, truncate) at ``--num-proc`` 1 and 2, measured in
+    ``pairs`` rounds one right after the other (the order rotating from round to round), since this
+    machine's speed drifts by tens of percent over minutes: each figure is the median over the rounds, and
+    floor / packtool the median of the rounds' ratios. The write floor writes the shards of that job's
+    first ``--num-proc 1`` run. With ``baseline`` (another checkout of packtool, e.g. an older commit)
+    its packtool runs the same jobs in the same rounds: before and after, measured side by side."""
+    packed = BENCH / "out" / "floor packtool np1"
+    jobs = {"floor": None, "np1": "1", "np2": "2"}
+    if baseline is not None:
+        jobs.update({"baseline np1": "1", "baseline np2": "2"})
+    times: dict[str, list[float]] = {
+        "start": [],
+        "read": [],
+        "write": [],
+        **{j: [] for j in jobs if j != "floor"},
+    }
+    rounds: list[dict[str, float]] = []
+    for i in range(pairs):
+        order = list(jobs)[i % len(jobs) :] + list(jobs)[: i % len(jobs)]
+        if i == 0:  # the write floor needs the shards first
+            order = ["np1", *(j for j in order if j != "np1")]
+        got: dict[str, float] = {}
+        for job in order:
+            if job == "floor":
+                parts = floor_parts(data, packed)
+                if isinstance(parts, str):
+                    return [{"name": "floor", "error": parts}]
+                for k, v in parts.items():
+                    times[k].append(v)
+                got["floor"] = sum(parts.values())
+                continue
+            root = baseline if job.startswith("baseline") and baseline is not None else ROOT
+            r = packtool_row(
+                f"floor packtool {job}", data, samples, *FLOOR_FLAGS, "--num-proc", jobs[job], root=root
+            )
+            if "error" in r:
+                return [r]
+            times[job].append(r["wall"])
+            got[job] = r["wall"]
+        rounds.append(got)
+        print(
+            f"  floor pair {i + 1}/{pairs}: " + ", ".join(f"{k} {v:.2f} s" for k, v in got.items()),
+            file=sys.stderr,
+        )
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = [
+        {"name": "floor: python + packtool imports", "wall": med["start"]},
+        {"name": "floor: read input Parquet (in-process)", "wall": med["read"]},
+        {"name": "floor: write output, zstd (in-process)", "wall": med["write"]},
+        {"name": "floor total, 1 core", "wall": med["start"] + med["read"] + med["write"]},
+        {
+            "name": "floor total, 2 cores (perfect split)",
+            "wall": med["start"] + (med["read"] + med["write"]) / 2,
+        },
+    ]
+    for job in jobs:
+        if job == "floor":
+            continue
+        ratios = [r["floor"] / r[job] for r in rounds]
+        who = f"baseline {baseline.name}" if job.startswith("baseline") else "packtool"
+        out.append(
+            {"name": f"{who} bfd truncate {job.split()[-1]} (paired)", "wall": med[job],
+             "floor_ratio": statistics.median(ratios), "ratios": ratios}
+        )  # fmt: skip
     for r in out:
         r["samples_s"] = samples / r["wall"]
         r["floor"] = True
     return out
+
+
+def print_floor(rows: list[dict], pairs: int, nemo: dict | None = None) -> None:
+    """The floor's parts and packtool beside them: wall s (medians of ``pairs`` rounds), floor / packtool,
+    and the speed against NeMo's row of this run, if there is one."""
+    print(f"\nthe one-core floor against packtool, {pairs} paired rounds (medians; bfd, truncate)\n")
+    print(f"{'run':48} {'wall s':>8} {'x NeMo':>7} {'floor/packtool':>15}  per round")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:48} {r['error']}")
+            continue
+        speed = f"{nemo['wall'] / r['wall']:6.1f}x" if nemo else f"{'-':>7}"
+        ratio = f"{r['floor_ratio']:15.3f}" if "floor_ratio" in r else f"{'':15}"
+        each = " ".join(f"{x:.2f}" for x in r.get("ratios", []))
+        print(f"{r['name']:48} {r['wall']:8.2f} {speed} {ratio}  {each}")
 
 
 def row(name: str, m: dict, samples: int, packs: int, tokens: int, dropped: int, **extra) -> dict:
@@ -563,22 +651,15 @@ def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str =
     return rows
 
 
-def pretokenized_rows(args: argparse.Namespace) -> list[dict]:
-    """NeMo, TRL, packtool and the floors on pretokenized Parquet; prints their table."""
-    data = BENCH / f"tokens-{args.samples}.parquet"
-    if not data.exists():
-        print(f"building {data.name} ...", file=sys.stderr)
-        make_tokens(data, args.samples)
-    k = args.samples
-    rows: list[dict] = []
-    step = lambda r: (rows.append(r), print(f"  {r['name']}: done", file=sys.stderr))  # noqa: E731
+def packer_rows(data: Path, k: int, args: argparse.Namespace, step) -> None:
+    """NeMo, TRL and packtool on the pretokenized input, each row handed to ``step``."""
     if not args.no_nemo:
         step(reference_row("nemo PackedSequence split", sys.executable, "nemo", data, k))
     if not args.no_trl:
         py, why = trl_python()
         for strategy in ("bfd", "bfd_split"):
             if py is None:
-                rows.append({"name": f"trl pack_dataset {strategy}", "error": why})
+                step({"name": f"trl pack_dataset {strategy}", "error": why})
             else:
                 step(reference_row(f"trl pack_dataset {strategy}", py, f"trl:{strategy}", data, k))
     for strategy, extra in (
@@ -600,12 +681,27 @@ def pretokenized_rows(args: argparse.Namespace) -> list[dict]:
             "--long-samples", "truncate", "--packing-buffer-size", "10000", "--num-proc", "2",
         )
     )  # fmt: skip
-    packed = BENCH / "out" / "packtool bfd split np1"
-    if packed.exists():
-        for r in floor_rows(data, packed, k):
-            step(r)
-    print(f"\npretokenized Parquet -> packed Parquet, {k:,} samples (lognormal, mean ~300), N={N}\n")
-    print_table(rows)
+
+
+def pretokenized_rows(args: argparse.Namespace) -> list[dict]:
+    """NeMo, TRL and packtool on pretokenized Parquet, then the floor against packtool in paired rounds;
+    prints their tables."""
+    data = BENCH / f"tokens-{args.samples}.parquet"
+    if not data.exists():
+        print(f"building {data.name} ...", file=sys.stderr)
+        make_tokens(data, args.samples)
+    k = args.samples
+    rows: list[dict] = []
+    step = lambda r: (rows.append(r), print(f"  {r['name']}: done", file=sys.stderr))  # noqa: E731
+    if not args.only_floor:
+        packer_rows(data, k, args, step)
+        print(f"\npretokenized Parquet -> packed Parquet, {k:,} samples (lognormal, mean ~300), N={N}\n")
+        print_table(rows)
+    if args.floor_pairs:
+        floor = floor_rows(data, k, args.floor_pairs, args.floor_baseline)
+        nemo = next((r for r in rows if r["name"].startswith("nemo") and "error" not in r), None)
+        print_floor(floor, args.floor_pairs, nemo)
+        rows += floor
     return rows
 
 
@@ -614,9 +710,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=100_000, help="pretokenized samples (default 100,000)")
     ap.add_argument(
         "--text-samples",
-        type=lambda v: [int(x) for x in v.split(",")],
+        type=lambda v: [int(x) for x in v.split(",") if x],
         default=[20_000, 100_000],
-        help="texts for the end-to-end rows, comma-separated sizes (default 20000,100000)",
+        help="texts for the end-to-end rows, comma-separated sizes (default 20000,100000; '' for none)",
     )
     ap.add_argument(
         "--pairs", type=int, default=3, help="ceiling / packtool np2 pairs per text size (default 3)"
@@ -639,6 +735,17 @@ def main() -> None:
         action="store_true",
         help="only the end-to-end rows from raw text (no pretokenized rows)",
     )
+    ap.add_argument(
+        "--floor-pairs", type=int, default=5, help="rounds of floor / packtool np1 / np2 (default 5; 0 skips)"
+    )
+    ap.add_argument(
+        "--only-floor", action="store_true", help="only the floor rounds (no references, packers or texts)"
+    )
+    ap.add_argument(
+        "--floor-baseline",
+        type=Path,
+        help="another packtool checkout (e.g. `git worktree add DIR COMMIT`) run in the same floor rounds",
+    )
     ap.add_argument("--no-nemo", action="store_true", help="skip NeMo PackedSequence (slowest row)")
     ap.add_argument("--no-trl", action="store_true", help="skip TRL pack_dataset")
     ap.add_argument("--json", help="also write the rows to this JSON file")
@@ -657,7 +764,8 @@ def main() -> None:
     if not args.text_only:
         rows += pretokenized_rows(args)
     for encoder, count in itertools.product(args.text_encoders, args.text_samples):
-        rows += text_rows(count, args.pairs, encoder, args.text_input)
+        if not args.only_floor:
+            rows += text_rows(count, args.pairs, encoder, args.text_input)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -6,10 +6,12 @@
 
 Runs a fixed set of jobs (the demo config; 20,000 synthetic texts with ``bfd`` in both shard formats;
 pretokenized Parquet with a loss mask, ``sequential`` and ``--split-across-pack``; the two fine-tuning
-configs; ``--columns minimal`` on the pretokenized input and on chat in tar shards) in a scratch
-directory, each with the same relative paths every time, and prints one JSON object: for every run, the
-sha256 of every file it wrote, and of its manifest with the run-specific fields (``packtool_version``)
-left out and the scratch directory's path replaced by ``<scratch>``.
+configs; ``--columns minimal`` on the pretokenized input and on chat in tar shards; the bench's
+pretokenized Parquet layout in two files, ``bfd`` with ``--num-proc`` 1 and 2 and into tar shards) in a
+scratch directory, each with the same relative paths every time, and prints one JSON object: for every
+run, the sha256 of every file it wrote, and of its manifest with the run-specific fields
+(``packtool_version``) left out and the scratch directory's path (in the inputs' and the tokenizer's
+absolute paths) replaced by ``WORK``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,35 @@ def make_inputs(work: Path) -> None:
         }
     )
     pq.write_table(table, work / "pretokenized.parquet", row_group_size=1_000)
+    # the bench's layout (int32 input_ids and shifted labels), in two files: the first with a loss_mask and
+    # an attention_mask that pads a few records, the second without either and with bad records (labels of
+    # another length, a negative id) that --on-error skip leaves out; chunks of 4096 cut across the files
+    rng = np.random.default_rng(6_000)
+    for part, count in enumerate((3_000, 4_000)):
+        lengths = np.clip(rng.lognormal(5.5, 1.0, count), 1, 6_000).astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        ids = rng.integers(0, 32000, int(offsets[-1])).astype(np.int32)
+        labels = np.roll(ids, -1)
+        labels[offsets[1:] - 1] = -100
+        off = pa.array(offsets)
+        cols = {
+            "input_ids": pa.LargeListArray.from_arrays(off, pa.array(ids)),
+            "labels": pa.LargeListArray.from_arrays(off, pa.array(labels)),
+        }
+        if part == 0:
+            cols["loss_mask"] = pa.LargeListArray.from_arrays(
+                off, pa.array((rng.random(int(offsets[-1])) < 0.8).astype(np.int8))
+            )
+            attend = np.ones(int(offsets[-1]), dtype=np.int8)
+            attend[offsets[1:][::7] - 1] = 0  # every 7th record ends in a padding token
+            cols["attention_mask"] = pa.LargeListArray.from_arrays(off, pa.array(attend))
+        table = pa.table(cols)
+        if part == 1:
+            rows = table.to_pylist()
+            rows[10]["labels"] = rows[10]["labels"][:-1]
+            rows[2_500]["input_ids"][0] = -5
+            table = pa.Table.from_pylist(rows, schema=table.schema)
+        pq.write_table(table, work / f"bench-{part}.parquet", row_group_size=1_500)
 
 
 RUNS: dict[str, list[str]] = {
@@ -71,6 +102,19 @@ RUNS: dict[str, list[str]] = {
     "pretokenized-sequential-split": [
         "pretokenized.parquet", "--packed-sequence-size", "4096", "--strategy", "sequential",
         "--split-across-pack", "--row-group-size", "64", "--shard-size", "256", "-o", "out/pretok",
+    ],
+    "bench-bfd-truncate-np1": [
+        "bench-0.parquet", "bench-1.parquet", "--packed-sequence-size", "4096", "--long-samples", "truncate",
+        "--on-error", "skip", "--shard-size", "200", "--num-proc", "1", "-o", "out/bench-np1",
+    ],
+    "bench-bfd-truncate-np2": [
+        "bench-0.parquet", "bench-1.parquet", "--packed-sequence-size", "4096", "--long-samples", "truncate",
+        "--on-error", "skip", "--shard-size", "200", "--num-proc", "2", "-o", "out/bench-np2",
+    ],
+    "bench-bfd-split-webdataset-np2": [
+        "bench-0.parquet", "bench-1.parquet", "--packed-sequence-size", "2048", "--split-across-pack",
+        "--on-error", "skip", "--format", "webdataset", "--shard-size", "300", "--num-proc", "2",
+        "-o", "out/bench-tar",
     ],
     "sft-alpaca": ["--config", "configs/sft_alpaca.yaml", "-o", "out/sft_alpaca"],
     "sft-chat": ["--config", "configs/sft_chat.yaml", "-o", "out/sft_chat"],
@@ -93,8 +137,8 @@ def digest(out: Path, work: Path) -> dict[str, str]:
             manifest = json.loads(path.read_text())
             for key in RUN_SPECIFIC:
                 manifest.pop(key, None)
-            # the inputs' and tokenizer's absolute paths lie in this run's scratch directory
-            data = json.dumps(manifest, sort_keys=True).replace(str(work), "<scratch>").encode()
+            # absolute paths (the inputs', the tokenizer's) lie in this run's scratch directory
+            data = json.dumps(manifest, sort_keys=True).replace(str(work), "WORK").encode()
         else:
             data = path.read_bytes()
         files[rel] = hashlib.sha256(data).hexdigest()

@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from packtool.arrays import groups, list_parts
+from packtool.config import PackConfig
 from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
 from packtool.layout import labels_follow_rule
@@ -63,57 +64,17 @@ def write_chunk(
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    sources: list[str] = []
-    row_kinds: list[str] = []
-    source_ids, rows = [], []
-    for b in batches:
-        if not sources or sources[-1] != b.source or row_kinds[-1] != b.row_kind:
-            sources.append(b.source)
-            row_kinds.append(b.row_kind)
-        source_ids.append(np.full(b.num_rows, len(sources) - 1, dtype=np.int32))
-        rows.append(b.rows)
-    has_mask = any("loss_mask" in e.schema.names for e in encoded)
+    parts, meta = chunk_parts(batches, encoded, labels_rule)
+    # the parts' offsets (each from 0) made the chunk's: one leading 0, then each part's after the last
+    starts = np.cumsum([0] + [int(p["offsets"][-1]) for p in parts])[:-1]
     offsets = [np.zeros(1, dtype=np.int64)]
-    ids, labels, masks = [], [], []
-    base = 0
-    follow = True
-    for e in encoded:
-        # list_parts: an encoder may return slices, whose .values is the whole child array
-        o, values = list_parts(e.column("input_ids"))
-        ids.append(values)
-        labels.append(list_parts(e.column("labels"))[1])
-        if has_mask:
-            if "loss_mask" in e.schema.names:
-                masks.append(list_parts(e.column("loss_mask"))[1])
-            else:
-                masks.append((labels[-1] != -100).astype(np.int8))
-        if labels_rule is not None and follow:
-            mask = masks[-1] if has_mask else None
-            follow = labels_follow_rule(values, labels[-1], mask, o, labels_rule == "shifted")
-        offsets.append(o[1:] + base)
-        base += int(o[-1])
-    _save_parts(tmp / "input_ids.npy", ids, np.int32)
-    _save_parts(tmp / "labels.npy", labels, np.int32)
-    if has_mask:
-        _save_parts(tmp / "loss_mask.npy", masks, np.int8)
-    _save_parts(tmp / "offsets.npy", offsets, np.int64)
-    _save_parts(tmp / "rows.npy", rows, np.int64)
-    _save_parts(tmp / "source_ids.npy", source_ids, np.int32)
-    num_samples = sum(b.num_rows for b in batches)
-    meta = {
-        "index": index,
-        "num_samples": num_samples,
-        "num_tokens": base,
-        "has_loss_mask": has_mask,
-        # samples with tokens but nothing to learn, as the encoder reported them (packtool.encoders.masking)
-        "empty_loss_samples": sum(empty_loss_count(e)[0] for e in encoded),
-        "empty_loss_tokens": sum(empty_loss_count(e)[1] for e in encoded),
-        "sources": sources,
-        "row_kinds": row_kinds,
-        **(extra or {}),
-    }
-    if labels_rule is not None:
-        meta.update(labels_rule=labels_rule, labels_follow_rule=follow)
+    offsets += [p["offsets"][1:] + start for p, start in zip(parts, starts, strict=True)]
+    for name, dtype in CHUNK_ARRAYS.items():
+        if name == "offsets":
+            _save_parts(tmp / "offsets.npy", offsets, dtype)
+        elif name != "loss_mask" or meta["has_loss_mask"]:
+            _save_parts(tmp / f"{name}.npy", [p[name] for p in parts], dtype)
+    meta = {"index": index, **meta, **(extra or {})}
     (tmp / "meta.json").write_text(json.dumps(meta))
     # A chunk's bytes depend only on its records, so if another writer finished it meanwhile (a task of a
     # killed run still in flight on a cluster while the run is resumed), keep theirs and drop ours.
@@ -126,6 +87,74 @@ def write_chunk(
                 raise
     shutil.rmtree(tmp, ignore_errors=True)
     return meta
+
+
+# a chunk's arrays and their dtypes (rows and source_ids: where each sample came from)
+CHUNK_ARRAYS = {
+    "input_ids": np.int32,
+    "labels": np.int32,
+    "loss_mask": np.int8,
+    "offsets": np.int64,
+    "rows": np.int64,
+    "source_ids": np.int32,
+}
+
+
+def chunk_parts(
+    batches: list[SourceBatch], encoded: list[pa.RecordBatch], labels_rule: str | None = None
+) -> tuple[list[dict], dict]:
+    """A chunk of ``batches`` and their encodings as one part per batch, and the chunk's meta (less its
+    ``index``).
+
+    A part holds the ``CHUNK_ARRAYS`` of its batch in their dtypes: views of the encoder's Arrow buffers
+    where they already are, ``offsets`` from 0 (``num_samples + 1``), ``source_ids`` indexing the meta's
+    ``sources``. A chunk has a ``loss_mask`` when any of its batches has one; the batches without one then
+    get ``labels != -100`` (a chunk without any has none: every token is trained). With ``labels_rule`` (a
+    ``labels`` convention) the meta says whether every sample's labels follow the rule of
+    ``layout.labels_follow_rule`` under it (what ``--columns minimal`` rebuilds).
+    """
+    sources: list[str] = []
+    row_kinds: list[str] = []
+    parts = []
+    has_mask = any("loss_mask" in e.schema.names for e in encoded)
+    for b, e in zip(batches, encoded, strict=True):
+        if not sources or sources[-1] != b.source or row_kinds[-1] != b.row_kind:
+            sources.append(b.source)
+            row_kinds.append(b.row_kind)
+        # list_parts: an encoder may return slices, whose .values is the whole child array
+        offsets, ids = list_parts(e.column("input_ids"))
+        labels = np.ascontiguousarray(list_parts(e.column("labels"))[1], dtype=np.int32)
+        part = {
+            "input_ids": np.ascontiguousarray(ids, dtype=np.int32),
+            "labels": labels,
+            "offsets": offsets,
+            "rows": np.asarray(b.rows, dtype=np.int64),
+            "source_ids": np.full(b.num_rows, len(sources) - 1, dtype=np.int32),
+        }
+        if has_mask:
+            if "loss_mask" in e.schema.names:
+                part["loss_mask"] = np.ascontiguousarray(list_parts(e.column("loss_mask"))[1], dtype=np.int8)
+            else:
+                part["loss_mask"] = (labels != -100).astype(np.int8)
+        parts.append(part)
+    meta = {
+        "num_samples": sum(b.num_rows for b in batches),
+        "num_tokens": sum(int(p["offsets"][-1]) for p in parts),
+        "has_loss_mask": has_mask,
+        # samples with tokens but nothing to learn, as the encoder reported them (packtool.encoders.masking)
+        "empty_loss_samples": sum(empty_loss_count(e)[0] for e in encoded),
+        "empty_loss_tokens": sum(empty_loss_count(e)[1] for e in encoded),
+        "sources": sources,
+        "row_kinds": row_kinds,
+    }
+    if labels_rule is not None:
+        shifted = labels_rule == "shifted"
+        follow = all(
+            labels_follow_rule(p["input_ids"], p["labels"], p.get("loss_mask"), p["offsets"], shifted)
+            for p in parts
+        )
+        meta.update(labels_rule=labels_rule, labels_follow_rule=follow)
+    return parts, meta
 
 
 def _save_parts(path: Path, parts: list[np.ndarray], dtype) -> None:
@@ -160,6 +189,52 @@ def read_chunk_list(work_dir: str | Path) -> list[dict]:
 def read_chunk_meta(work_dir: str | Path, index: int) -> dict | None:
     path = chunk_dir(work_dir, index) / "meta.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def labels_rule(config: PackConfig) -> str | None:
+    """The ``labels`` convention whose rule a run checks its encoded labels against (``--columns minimal``
+    stores labels only where they do not follow it: ``packtool.layout``); ``None`` for ``full``."""
+    return config.labels if config.columns == "minimal" else None
+
+
+def policy_chunk(
+    packs: list[dict[str, np.ndarray]], labels_rule: str | None = None
+) -> tuple[dict[str, np.ndarray], dict]:
+    """The arrays and meta (less ``index``) of the chunk that holds packs made by a custom
+    ``pack_selected_samples``, one sample per ``seq_lens`` entry (with ``labels_rule``, as
+    ``chunk_parts``: whether the policy's labels follow that rule too).
+
+    Each pack is a dict of ``input_ids``, ``labels`` (and ``loss_mask``), ``seq_lens`` and ``origin``
+    (the input index of each ``seq_lens`` entry, what ``sample_index`` says in the output).
+    """
+    seq = np.concatenate([p["seq_lens"] for p in packs]).astype(np.int64)
+    has_mask = any("loss_mask" in p for p in packs)
+    arrays = {
+        "input_ids": np.concatenate([p["input_ids"] for p in packs]).astype(np.int32),
+        "labels": np.concatenate([p["labels"] for p in packs]).astype(np.int32),
+    }
+    if has_mask:
+        masks = [p.get("loss_mask", (p["labels"] != -100).astype(np.int8)) for p in packs]
+        arrays["loss_mask"] = np.concatenate(masks).astype(np.int8)
+    arrays["offsets"] = np.concatenate([[0], np.cumsum(seq)]).astype(np.int64)
+    arrays["rows"] = np.repeat(np.arange(len(packs)), [len(p["seq_lens"]) for p in packs])
+    arrays["source_ids"] = np.zeros(len(seq), dtype=np.int32)
+    arrays["origin"] = np.concatenate([p["origin"] for p in packs]).astype(np.int64)
+    meta = {
+        "num_samples": len(seq),
+        "num_tokens": int(seq.sum()),
+        "has_loss_mask": has_mask,
+        "sources": ["pack_selected_samples output"],
+        "row_kinds": ["pack"],
+        "origin": True,
+    }
+    if labels_rule is not None:
+        mask = arrays.get("loss_mask")
+        follow = labels_follow_rule(
+            arrays["input_ids"], arrays["labels"], mask, arrays["offsets"], labels_rule == "shifted"
+        )
+        meta.update(labels_rule=labels_rule, labels_follow_rule=follow)
+    return arrays, meta
 
 
 MAX_OPEN = 8192  # chunks mapped at once at most: 33M samples at the default chunk_size of 4096
@@ -224,55 +299,28 @@ class ChunkStore:
         self.has_loss_mask = any(m["has_loss_mask"] for m in self.metas)
         # every chunk's labels follow the rule the minimal layout rebuilds them by (recorded when encoded)
         self.labels_follow_rule = all(m.get("labels_follow_rule", False) for m in self.metas)
+        self.labels_rule = next((m["labels_rule"] for m in self.metas if "labels_rule" in m), None)
         if self.max_open is None:
             self.max_open = _default_max_open()
 
     def append_packs(self, packs: list[dict[str, np.ndarray]]) -> np.ndarray:
         """Store packs made by a custom ``pack_selected_samples`` as one more chunk, one new sample per
-        ``seq_lens`` entry (numbered after every sample of the store), and return their sample numbers.
-
-        Each pack is a dict of ``input_ids``, ``labels`` (and ``loss_mask``), ``seq_lens`` and ``origin``
-        (the input index of each ``seq_lens`` entry, what ``sample_index`` says in the output).
-        """
+        ``seq_lens`` entry (numbered after every sample of the store), and return their sample numbers
+        (``policy_chunk`` says what ``packs`` hold)."""
         first = self.num_samples
         index = max((m["index"] for m in self.metas), default=-1) + 1
+        arrays, meta = policy_chunk(packs, self.labels_rule)
         final = chunk_dir(self.work_dir, index)
         shutil.rmtree(final, ignore_errors=True)
         final.mkdir(parents=True)
-        seq = np.concatenate([p["seq_lens"] for p in packs]).astype(np.int64)
-        has_mask = any("loss_mask" in p for p in packs)
-        ids = np.concatenate([p["input_ids"] for p in packs]).astype(np.int32)
-        labels = np.concatenate([p["labels"] for p in packs]).astype(np.int32)
-        offsets = np.concatenate([[0], np.cumsum(seq)]).astype(np.int64)
-        np.save(final / "input_ids.npy", ids)
-        np.save(final / "labels.npy", labels)
-        mask = None
-        if has_mask:
-            masks = [p.get("loss_mask", (p["labels"] != -100).astype(np.int8)) for p in packs]
-            mask = np.concatenate(masks).astype(np.int8)
-            np.save(final / "loss_mask.npy", mask)
-        np.save(final / "offsets.npy", offsets)
-        np.save(final / "rows.npy", np.repeat(np.arange(len(packs)), [len(p["seq_lens"]) for p in packs]))
-        np.save(final / "source_ids.npy", np.zeros(len(seq), dtype=np.int32))
-        np.save(final / "origin.npy", np.concatenate([p["origin"] for p in packs]).astype(np.int64))
-        meta = {
-            "index": index,
-            "num_samples": len(seq),
-            "num_tokens": int(seq.sum()),
-            "has_loss_mask": has_mask,
-            "sources": ["pack_selected_samples output"],
-            "row_kinds": ["pack"],
-            "origin": True,
-        }
-        rule = next((m["labels_rule"] for m in self.metas if "labels_rule" in m), None)
-        if rule is not None:  # a minimal run: do the policy's labels follow the rule too?
-            follow = labels_follow_rule(ids, labels, mask, offsets, rule == "shifted")
-            meta.update(labels_rule=rule, labels_follow_rule=follow)
+        for name, values in arrays.items():
+            np.save(final / f"{name}.npy", values)
+        meta = {"index": index, **meta}
         (final / "meta.json").write_text(json.dumps(meta))
         self.metas.append(meta)
         self.__post_init__()
         write_chunk_list(self.work_dir, self.metas)
-        return first + np.arange(len(seq), dtype=np.int64)
+        return first + np.arange(meta["num_samples"], dtype=np.int64)
 
     def samples(self, sample: np.ndarray, lengths: np.ndarray) -> list[dict]:
         """Samples as dicts (what a custom packing policy is given): ``index``, ``length`` and read-only
@@ -284,7 +332,10 @@ class ChunkStore:
             begin = int(a["offsets"][s - int(self.sample_starts[c])])
             d = {"index": s, "length": length}
             for key in self.keys:
-                d[key] = a[key][begin : begin + length]
+                if key in a:
+                    d[key] = a[key][begin : begin + length]
+                else:  # a chunk without loss_mask in a store with one: every token is trained
+                    d[key] = np.ones(length, dtype=np.int8)
             out.append(d)
         return out
 
@@ -431,9 +482,7 @@ class ChunkStore:
         if not len(sample):
             return
         chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
-        begin = np.empty(len(sample), dtype=np.int64)
-        for c, sel in groups(chunk):
-            begin[sel] = self.offsets(c)[sample[sel] - self.sample_starts[c]] + start[sel]
+        begin = self.sample_begins(chunk, sample) + start
         end = begin + length
         new_run = np.ones(len(sample), dtype=bool)
         new_run[1:] = (
@@ -441,34 +490,45 @@ class ChunkStore:
         )
         first = np.flatnonzero(new_run)
         last = np.append(first[1:], len(sample)) - 1
-        run_chunk = chunk[first]
         # runs grouped by chunk (stable): one chunk mapped at a time, holding every used chunk's maps would
-        # hold their file descriptors
-        visits = groups(run_chunk)
+        # hold their file descriptors. The runs' bounds become Python lists once, each chunk's a slice of
+        # them: a gather visits every chunk it draws from, and with many chunks the visits add up.
+        order = np.argsort(chunk[first], kind="stable")
+        run_chunk = chunk[first][order]
+        cuts = np.flatnonzero(run_chunk[1:] != run_chunk[:-1]) + 1
+        lo, hi = np.concatenate([[0], cuts]), np.append(cuts, len(run_chunk))
+        visits = list(zip(run_chunk[lo].tolist(), lo.tolist(), hi.tolist(), strict=True))
         if len(visits) > self.max_open:
             # more chunks than stay open: each gather visits them in the other direction than the last, so
             # it starts with the chunks the last one left open instead of evicting them unused (LRU order)
             self._zigzag = not self._zigzag
             if self._zigzag:
                 visits.reverse()
-        for c, group in visits:
+        to, src_begin, src_end = dest[first[order]], begin[first[order]], end[last[order]]
+        bounds = (to.tolist(), (to + src_end - src_begin).tolist(), src_begin.tolist(), src_end.tolist())
+        for c, i, j in visits:
             a = self.arrays(c)
-            runs = list(
-                zip(
-                    dest[first[group]].tolist(),
-                    begin[first[group]].tolist(),
-                    end[last[group]].tolist(),
-                    strict=True,
-                )
-            )
+            runs = [b[i:j] for b in bounds]
+            copies = []
             for key, dst in out.items():
                 src = a.get(key)
                 if src is None:  # a chunk without loss_mask: every token is trained
-                    for p, b, e in runs:
-                        dst[p : p + e - b] = 1
-                    continue
-                for p, b, e in runs:
-                    dst[p : p + e - b] = src[b:e]
+                    for p, q in zip(runs[0], runs[1], strict=True):
+                        dst[p:q] = 1
+                elif src.dtype == dst.dtype:  # slices of memoryviews cost less than NumPy views
+                    copies.append((memoryview(dst), memoryview(src)))
+                else:
+                    copies.append((dst, src))
+            if len(copies) == 2:  # input_ids and labels in one pass over the runs
+                (d1, s1), (d2, s2) = copies
+                for p, q, b, e in zip(*runs, strict=True):
+                    d1[p:q] = s1[b:e]
+                    d2[p:q] = s2[b:e]
+            else:
+                for d, s in copies:
+                    for p, q, b, e in zip(*runs, strict=True):
+                        d[p:q] = s[b:e]
+            del copies
             self.release(c)
             del a
 
@@ -476,13 +536,19 @@ class ChunkStore:
         """``(k,)`` values of token column ``key`` (``labels``, ...) at ``offset`` inside each of ``sample``:
         one gather per chunk."""
         sample = np.asarray(sample, dtype=np.int64)
-        offset = np.asarray(offset, dtype=np.int64)
         out = np.empty(len(sample), dtype=np.int8 if key == "loss_mask" else np.int32)
         chunk = np.searchsorted(self.sample_starts, sample, side="right") - 1
+        at = self.sample_begins(chunk, sample) + np.asarray(offset, dtype=np.int64)
         for c, sel in groups(chunk):
-            at = self.offsets(c)[sample[sel] - self.sample_starts[c]] + offset[sel]
-            out[sel] = self.arrays(c)[key][at]
+            out[sel] = self.arrays(c)[key][at[sel]]
         return out
+
+    def sample_begins(self, chunk: np.ndarray, sample: np.ndarray) -> np.ndarray:
+        """Where each of ``sample`` (global indices, in chunks ``chunk``) starts in its chunk's tokens."""
+        begin = np.empty(len(sample), dtype=np.int64)
+        for c, sel in groups(chunk):
+            begin[sel] = self.offsets(c)[sample[sel] - self.sample_starts[c]]
+        return begin
 
     def lengths(self) -> np.ndarray:
         """``(num_samples,)`` int64 tokens per sample, from the offsets alone."""

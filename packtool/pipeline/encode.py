@@ -37,7 +37,7 @@ from packtool.config import PackConfig
 from packtool.encoders import Encoder, build_encoder
 from packtool.errors import ErrorSink, InputError
 from packtool.packing import too_long_message
-from packtool.pipeline.chunks import ChunkStore, read_chunk_list, write_chunk, write_chunk_list
+from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
 from packtool.readers import expand_inputs
 from packtool.readers.base import SourceBatch
 
@@ -76,9 +76,19 @@ def worker(spec: RunSpec) -> Worker:
 
 def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir: str) -> dict:
     """Encode one chunk and write it to ``work_dir``; returns its meta. Every engine runs this function."""
-    w = worker(spec)
     if os.environ.get("PACKTOOL_TEST_KILL_WORKER") == f"encode:{index}" and mp.parent_process():
         os.kill(os.getpid(), signal.SIGKILL)  # test hook: a worker killed from outside (out of memory)
+    kept, encoded, extra = encode_records(spec, pieces)
+    return write_chunk(work_dir, index, kept, encoded, extra, labels_rule=labels_rule(worker(spec).config))
+
+
+def encode_records(
+    spec: RunSpec, pieces: list[SourceBatch]
+) -> tuple[list[SourceBatch], list[pa.RecordBatch], dict]:
+    """Load and encode the records of one chunk: the records kept, their encodings, and what the chunk's
+    meta adds about them (``skipped``, ``input_rows``). Bad records go by the run's ``on_error``; under
+    ``long_samples=error`` the first sample too long fails here."""
+    w = worker(spec)
     sink = ErrorSink(w.config.on_error)
     kept, encoded = encode_batches(w.encoder, pieces, sink)
     if w.config.long_samples == "error" and not w.config.split_across_pack:
@@ -86,9 +96,7 @@ def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir:
     # in meta.json: a resumed run counts the chunk's skipped records, and compares input_rows (rows or
     # lines of input the chunk covers, bad and blank ones included) with the chunk it would make
     extra = {"skipped": sink.to_dict(), "input_rows": sum(p.num_rows for p in pieces)}
-    # a minimal run stores labels only where they do not follow the rule it rebuilds them by (layout)
-    rule = w.config.labels if w.config.columns == "minimal" else None
-    return write_chunk(work_dir, index, kept, encoded, extra, labels_rule=rule)
+    return kept, encoded, extra
 
 
 def encode_chunks(tasks: list[tuple[RunSpec, int, list[SourceBatch], str]]) -> list[dict]:

@@ -14,11 +14,15 @@
 Chunk and shard boundaries depend only on the config, never on the number of processes, so the output
 is byte-identical for every ``num_proc`` and engine.
 
+**Pretokenized Parquet** that fits in memory skips the scratch chunks (``pipeline.memory``): the driver
+reads and encodes the chunks itself and keeps them in a ``MemoryStore``, and ``num_proc`` threads of the
+driver write the shards from it; the same chunk boundaries and plan give the same bytes.
+
 **Resuming.** The run's identity (``run_id``, plus the input files' sizes and modification times and
 packtool's version) is recorded in ``<output>.partial/_work/run.json``. A run started again with the same
 command after being killed (SIGKILL included) or interrupted finds it, skips the chunks whose ``meta.json``
-exists (it still streams past their records) and the shards whose record exists, and writes the same
-bytes as an uninterrupted run.
+exists (it still streams past their records; a run in memory reads them all again) and the shards whose
+record exists, and writes the same bytes as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -53,7 +57,9 @@ from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
 from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
 from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
+from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
+from packtool.pipeline.memory import encode_in_memory, use_memory_store
 from packtool.pipeline.output import OutputDir
 from packtool.pipeline.summary import build_manifest, run_stats
 from packtool.pipeline.write import finished_shard, output_columns, write_shard
@@ -238,10 +244,11 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
     if resumed:
         _note(config, f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
     fmt = get_format(config.format)
+    in_memory = use_memory_store(config, sample_format)  # no scratch chunks: pipeline.memory
 
     with make_engine(config) as engine:
         done = {}
-        if resumed:
+        if resumed and not in_memory:
             done = {m["index"]: m for m in _chunk_metas(work)}
         encoded = 0
         total = _input_rows(config.inputs) if show else None
@@ -254,11 +261,13 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                     encoded += 1
                     _fault("encode", encoded)
 
-            metas = encode_to_chunks(
-                spec, config, itertools.chain([first], batches), work, engine, on_chunk, done
-            )
+            records = itertools.chain([first], batches)
+            if in_memory:
+                store, metas = encode_in_memory(spec, config, records, work, on_chunk)
+            else:
+                metas = encode_to_chunks(spec, config, records, work, engine, on_chunk, done)
+                store = ChunkStore(Path(work), metas)
         skipped = _merge_skipped(config, sink, metas)
-        store = ChunkStore(Path(work), metas)
         if store.num_samples == 0:
             raise InputError(_nothing_left(skipped), source=", ".join(config.inputs), code="empty_input")
         lengths = store.lengths()
@@ -306,10 +315,12 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         finished = {}
         if resumed:
             finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
+            shards = f"{len(finished)} of {len(shard_ranges)} shards were already done"
             _note(
                 config,
-                f"resumed: {len(done)} of {len(metas)} chunks and {len(finished)} of "
-                f"{len(shard_ranges)} shards were already done",
+                f"resumed: {shards} (the input was read into memory again)"
+                if in_memory
+                else f"resumed: {len(done)} of {len(metas)} chunks and {shards}",
             )
         (Path(work) / "shards").mkdir(exist_ok=True)
         written = []
@@ -327,7 +338,11 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                 for i, (a, b, split) in shard_ranges
                 if i not in finished
             )
-            for entry in engine.map(_write_shard_task, tasks):
+            if in_memory:  # the driver's threads write from the store it holds
+                entries = thread_map(lambda task: write_shard(*task, store=store), tasks, config.num_proc)
+            else:
+                entries = engine.map(_write_shard_task, tasks)
+            for entry in entries:
                 written.append(entry)
                 bar.update(entry.num_packs)
                 _fault("write", len(written))

@@ -112,13 +112,20 @@ def build_pack_arrays(
 
 
 def write_shard(
-    spec: RunSpec, meta: ShardMeta, plan: PackPlan, work_dir: str, out_dir: str, split: str = "train"
+    spec: RunSpec,
+    meta: ShardMeta,
+    plan: PackPlan,
+    work_dir: str,
+    out_dir: str,
+    split: str = "train",
+    store: ChunkStore | None = None,
 ) -> ShardEntry:
     """Write shard ``meta.shard`` (the packs of ``plan``, of ``split``) into ``out_dir``; returns its
-    manifest entry."""
+    manifest entry. The tokens come from ``store`` (a ``MemoryStore`` the caller holds), else from the
+    chunks in ``work_dir``."""
     w = worker(spec)
     cfg = w.config
-    store = w.store(work_dir)
+    store = store if store is not None else w.store(work_dir)
     fmt = get_format(cfg.format)
     step = fmt.block_packs(cfg) or max(plan.num_packs, 1)
     columns = output_columns(cfg, store)

@@ -16,7 +16,7 @@ from packtool.config import PackConfig
 from packtool.errors import ConfigError
 from packtool.pipeline.engines.local import LocalEngine
 
-__all__ = ["LocalEngine", "make_engine", "resolve_num_proc"]
+__all__ = ["LocalEngine", "make_engine", "may_need_workers", "resolve_num_proc"]
 
 # below it one process: starting the workers and moving the chunks between them costs more than the
 # second core saves (docs/performance.md, "Default --num-proc")
@@ -43,6 +43,23 @@ def resolve_num_proc(config: PackConfig) -> int:
         if size >= SMALL_INPUT_BYTES:
             return cores
     return 1
+
+
+def may_need_workers(config: PackConfig) -> bool:
+    """False when a local run will most likely not start worker processes: every input is a Parquet
+    file and no tokenizer is given, so the input can only be pretokenized, which the driver reads and
+    writes itself when it fits in memory (``pipeline.memory``). The CLI then does not start the workers'
+    forkserver ahead of time (a run that makes a pool after all starts it then). Decided with ``os`` alone,
+    as ``resolve_num_proc`` is; a directory counts as needing workers."""
+    if config.engine != "local" or config.tokenizer:
+        return True
+    for spec in config.inputs:
+        if spec.startswith("hf:"):
+            return True
+        paths = [spec] if os.path.lexists(spec) else glob.glob(spec)
+        if not paths or not all(p.endswith(".parquet") and os.path.isfile(p) for p in paths):
+            return True
+    return False
 
 
 def make_engine(config: PackConfig):

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import forkserver
 from typing import Any
@@ -87,6 +87,32 @@ class LocalEngine:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
             _stop_forkserver()
+
+
+def thread_map(fn: Callable[[Any], Any], tasks: Iterable[Any], workers: int) -> Iterator[Any]:
+    """``fn`` over ``tasks`` in ``workers`` threads of this process (in this thread if ``workers <= 1``),
+    results in task order, at most ``2 * workers`` tasks in flight: for tasks that leave the GIL most of
+    their time (Arrow's encoding and compression) over data this process holds.
+
+    When a task fails or the caller stops early (an exception, Ctrl-C), the tasks not started are dropped
+    and the running ones finish before this returns, so that no thread still writes after it.
+    """
+    if workers <= 1:
+        for task in tasks:
+            yield fn(task)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="packtool") as pool:
+        in_flight: deque[Future] = deque()
+        try:
+            for task in tasks:
+                in_flight.append(pool.submit(fn, task))
+                if len(in_flight) >= 2 * workers:
+                    yield in_flight.popleft().result()
+            while in_flight:
+                yield in_flight.popleft().result()
+        finally:
+            for f in in_flight:
+                f.cancel()
 
 
 def _stop_forkserver() -> None:

@@ -78,3 +78,32 @@ def test_gathers_over_more_chunks_than_stay_open_reuse_the_open_ones(tmp_path):
         whole.pieces_into(sample, start, length, dest, want)
         assert all(np.array_equal(got[k], want[k]) for k in got)
         assert len(set(opened)) == (12 if gather == 0 else 12 - 4)
+
+
+def test_samples_of_a_chunk_without_loss_mask_in_a_store_with_one(tmp_path):
+    """A custom policy's samples (``ChunkStore.samples``) from a chunk without a loss_mask, in a store
+    whose other chunks have one, are wholly trained (1s), as ``pieces_into`` copies them; it was a
+    KeyError."""
+    import numpy as np
+    import pyarrow as pa
+
+    from packtool.pipeline.chunks import ChunkStore, write_chunk
+    from packtool.readers.base import SourceBatch
+
+    metas = []
+    for index, with_mask in enumerate((True, False)):
+        rows = np.arange(2, dtype=np.int64)
+        batch = SourceBatch("mem", pa.record_batch({"id": pa.array(rows)}), rows, "row")
+        offsets = pa.array(np.array([0, 2, 5], dtype=np.int64))
+        ids = pa.array(np.arange(5, dtype=np.int32) + 10 * index)
+        cols = {"input_ids": pa.LargeListArray.from_arrays(offsets, ids)}
+        cols["labels"] = cols["input_ids"]
+        if with_mask:
+            mask = pa.array(np.array([0, 1, 1, 0, 1], dtype=np.int8))
+            cols["loss_mask"] = pa.LargeListArray.from_arrays(offsets, mask)
+        metas.append(write_chunk(tmp_path, index, [batch], [pa.record_batch(cols)]))
+    store = ChunkStore(tmp_path, metas)
+    got = store.samples(np.array([1, 3]), np.array([3, 3]))
+    assert [s["loss_mask"].tolist() for s in got] == [[1, 0, 1], [1, 1, 1]]
+    pieces = store.pieces(np.array([1, 3]), np.zeros(2, dtype=np.int64), np.array([3, 3]))
+    assert pieces["loss_mask"].tolist() == [1, 0, 1, 1, 1, 1]

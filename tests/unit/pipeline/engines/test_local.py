@@ -62,3 +62,71 @@ def test_a_run_builds_its_encoder_once_in_the_driver(monkeypatch, tmp_path):
     )
     run_pack(config, progress=False)
     assert len(built) == 1
+
+
+def _slow_square(task: int) -> tuple[int, str]:
+    import threading
+    import time
+
+    time.sleep(0.01 * (task % 3))  # finish out of order
+    return task * task, threading.current_thread().name
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_thread_map_results_in_task_order(workers):
+    from packtool.pipeline.engines.local import thread_map
+
+    results = list(thread_map(_slow_square, range(12), workers))
+    assert [r for r, _ in results] == [t * t for t in range(12)]
+    names = {n for _, n in results}
+    assert names == ({"MainThread"} if workers == 1 else {n for n in names if n.startswith("packtool")})
+
+
+def test_thread_map_stops_at_a_failure_with_no_task_left_running():
+    """A failing task raises in task order; the tasks queued behind it are dropped and the running ones
+    have finished when the error reaches the caller (no thread writes after it)."""
+    import threading
+    import time
+
+    from packtool.pipeline.engines.local import thread_map
+
+    started, finished = [], []
+    lock = threading.Lock()
+
+    def task(i: int) -> int:
+        with lock:
+            started.append(i)
+        if i == 3:
+            raise ValueError("task 3 failed")
+        time.sleep(0.05)
+        with lock:
+            finished.append(i)
+        return i
+
+    got = []
+    with pytest.raises(ValueError, match="task 3 failed"):
+        for r in thread_map(task, range(100), 2):
+            got.append(r)
+    assert got == [0, 1, 2]
+    done = set(started) - {3}
+    assert set(finished) == done  # every task begun ran to its end before the error came back
+    assert len(started) <= 3 + 2 * 2  # at most 2 * workers in flight beyond what was handed back
+
+
+def test_workers_are_needed_unless_every_input_is_parquet_without_a_tokenizer(tmp_path):
+    from packtool.pipeline.engines import may_need_workers
+
+    (tmp_path / "a.parquet").write_bytes(b"")
+    (tmp_path / "b.parquet").write_bytes(b"")
+    (tmp_path / "c.jsonl").write_text("")
+
+    def cfg(*inputs: str, **kw) -> PackConfig:
+        return PackConfig.from_dict({"inputs": [str(tmp_path / i) for i in inputs], **kw})
+
+    assert not may_need_workers(cfg("a.parquet", "*.parquet"))
+    assert may_need_workers(cfg("a.parquet", tokenizer=str(DEMO_TOKENIZER)))  # text, or ids to check
+    assert may_need_workers(cfg("a.parquet", "c.jsonl"))
+    assert may_need_workers(cfg("*"))
+    assert may_need_workers(cfg("."))  # a folder: whatever it holds
+    assert may_need_workers(cfg("a.parquet", engine="ray"))
+    assert may_need_workers(PackConfig.from_dict({"inputs": ["hf:org/set"]}))
