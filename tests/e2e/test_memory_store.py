@@ -147,3 +147,52 @@ def test_disk_full_while_the_threads_write(inputs, tmp_path, num_proc):
     line = assert_clean_failure(proc, tmp_path, code=4)
     assert f"{tmp_path / 'out'}: cannot write the output" in line
     assert os.listdir(tmp_path) == []
+
+
+def test_ctrl_c_while_the_threads_write(tmp_path):
+    """SIGINT in the middle of the writes (--num-proc 2): exit 130 once the shards in flight are done,
+    no half-written shard, nothing written after the exit, and the same command resumes to the bytes of a
+    run through the chunks."""
+    import glob
+    import os
+    import sys
+    import time
+
+    import numpy as np
+
+    from tests.conftest import ROOT
+
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 600, 15_000)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ids = rng.integers(0, 32000, int(offsets[-1])).astype(np.int32)
+    src = tmp_path / "big.parquet"
+    pq.write_table(
+        pa.table({"input_ids": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(ids))}), src
+    )
+    out = tmp_path / "out"
+    args = ["pack", src, "-o", out, "--packed-sequence-size", 1024, "--shard-size", 16, "--num-proc", 2, "-q"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packtool.cli", *map(str, args)], env=env, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not glob.glob(str(out.with_name("out.partial") / "_work" / "shards" / "*.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the job ended before any shard"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    rc = proc.wait(timeout=60)
+    if rc == 0:
+        pytest.skip("the job finished before the signal came")
+    assert rc == 130 and "interrupted" in proc.stderr.read()
+    partial = out.with_name("out.partial")
+    names = sorted(os.listdir(partial))
+    assert not [n for n in names if ".tmp" in n]
+    recorded = len(os.listdir(partial / "_work" / "shards"))
+    assert len([n for n in names if n.startswith("packs-")]) == recorded
+    time.sleep(0.5)
+    assert sorted(os.listdir(partial)) == names, "something was written after the exit"
+    resumed = run_cli(*args)
+    assert resumed.returncode == 0
+    run_cli(*[a if a != out else tmp_path / "ref" for a in args], env=DISK)
+    assert files(out) == files(tmp_path / "ref")
