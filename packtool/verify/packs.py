@@ -37,6 +37,7 @@ def check_packs(
     nsl = np.diff(slo)
     csl = np.concatenate([[0], np.cumsum(sl)])
     sums = csl[slo[1:]] - csl[slo[:-1]]
+    seg_end = csl[1:] - np.repeat(csl[slo[:-1]], nsl)  # where every seq_lens entry ends in its pack, 1..n
     nonpos = np.concatenate([[0], np.cumsum(sl <= 0)])
     has_pad = nsl - npieces
     layout = {
@@ -76,8 +77,7 @@ def check_packs(
     pad = cols >= used[:, None]
     if cp is not None and cp.any():  # the padding that ends pieces is padding too
         whole = np.repeat(~broken, npieces)
-        csl_all = np.cumsum(sl)
-        ends = (csl_all - np.repeat(np.r_[0, csl_all][slo[:-1]], nsl))[ranges(slo[:-1], npieces)][whole]
+        ends = seg_end[ranges(slo[:-1], npieces)][whole]
         piece_cp, pack = cp[whole], np.repeat(np.arange(k), npieces)[whole]
         pad.reshape(-1)[ranges(pack * n + ends - piece_cp, piece_cp)] = True
         used = used - np.bincount(pack, weights=piece_cp, minlength=k).astype(np.int64)
@@ -106,11 +106,9 @@ def check_packs(
     if text_labels and stored.labels is not None:
         # inside a piece, label j is -100 or the id the labels convention names; a piece's last label
         # may point past the pack (split or truncated samples), so it is not checked
-        csl = np.cumsum(sl)
-        ends = csl - np.repeat(np.r_[0, csl][slo[:-1]], nsl)  # end of every seq_lens entry, 1..n
         piece_end = np.zeros((k, n + 1), dtype=bool)
         whole = np.repeat(~broken, nsl)
-        piece_end[np.repeat(np.arange(k), nsl)[whole], ends[whole]] = True
+        piece_end[np.repeat(np.arange(k), nsl)[whole], seg_end[whole]] = True
         last = piece_end[:, 1:]  # last[i, j]: token j is the last of its piece
         shifted = manifest.labels == "shifted"
         target = np.concatenate([ids[:, 1:], ids[:, -1:]], axis=1) if shifted else ids
