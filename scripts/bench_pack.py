@@ -51,7 +51,9 @@ Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one r
   the same function alone on the same texts, in 2 processes taking batches of 512 texts in turn from a
   shared counter (timed from a barrier, texts loaded before), and the pairs and the median as above.
   ``--text-only`` skips everything before the raw-text rows; ``--text-input txt`` has packtool read the
-  same texts from a ``.txt`` file (a text per line) instead of JSON Lines.
+  same texts from a ``.txt`` file (a text per line) instead of JSON Lines; ``--baseline DIR`` times
+  another checkout of packtool in every pair too (before or after this one in turn), for a before/after
+  comparison against the same ceilings.
 
 The figures are for the machine it runs on; other work on the same cores shows up in them.
 """
@@ -539,7 +541,9 @@ def tokenizer_alone(kind: str, env: dict, texts: Path) -> dict | None:
     return None
 
 
-def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str = "jsonl") -> list[dict]:
+def text_rows(
+    count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str = "jsonl", baseline: Path | None = None
+) -> list[dict]:
     """End to end from raw text on ``count`` texts; prints their table.
 
     ``encoder``: ``tokenizer`` (``--tokenizer tokenizer.json``, batch calls) or ``plugin`` (``--tokenizer
@@ -549,7 +553,9 @@ def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str =
     drifts by tens of percent over minutes, so each pair's ratio compares two runs a few seconds apart, and
     the median of the pairs is the figure. Last, ``--num-proc 1`` once. ``fmt``: the input packtool reads,
     ``jsonl`` (``{"text": ...}`` lines) or ``txt`` (the same texts, one per line); the encoder alone is
-    given the same texts either way, loaded before its clock starts.
+    given the same texts either way, loaded before its clock starts. ``baseline``: another checkout of
+    packtool (e.g. ``git worktree add /tmp/base COMMIT``), timed in every pair too, right before or after
+    this one in turn, for a before/after comparison against the same ceilings.
     """
     rows: list[dict] = []
     texts = BENCH / f"texts-{count}.jsonl"
@@ -584,10 +590,11 @@ def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str =
         if (tok := tokenizer_alone(kind, env, texts)) is not None:
             ceilings[label] = (kind, env, tok)
 
-    def pack(procs: int) -> dict:
+    def pack(procs: int, root: Path = ROOT) -> dict:
+        tag = "" if root == ROOT else " baseline"
         return packtool_row(
-            f"packtool {encoder} {fmt} {count // 1000}k np{procs}", source, count,
-            *flags, "--num-proc", str(procs), "--split-across-pack",
+            f"packtool{tag} {encoder} {fmt} {count // 1000}k np{procs}", source, count,
+            *flags, "--num-proc", str(procs), "--split-across-pack", root=root,
         )  # fmt: skip
 
     print(f"\nend to end from raw text, {count:,} texts read from {fmt}, {title}, 2 cores\n")
@@ -616,23 +623,43 @@ def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str =
             }
         )
     kind, env, _ = ceilings[best_label]
-    ratios, quiet, ceiling_speeds = [], [], []
+    ratios, quiet, ceiling_speeds, base_ratios, base_quiet = [], [], [], [], []
     for i in range(1, pairs + 1):
         busy, own = machine_cpu(), time.process_time()
-        tok, ours = tokenizer_alone(kind, env, texts), pack(2)
-        if tok is None or "error" in ours:
-            print(f"pair {i}: {ours.get('error', 'the encoder alone failed')}")
+        tok = tokenizer_alone(kind, env, texts)
+        base = None
+        if baseline is not None and i % 2 == 0:  # the baseline first in every other pair
+            base = pack(2, baseline)
+        ours = pack(2)
+        if baseline is not None and base is None:
+            base = pack(2, baseline)
+        if tok is None or "error" in ours or (base is not None and "error" in base):
+            print(f"pair {i}: {ours.get('error', (base or {}).get('error', 'the encoder alone failed'))}")
             continue
         # CPU seconds of other work on the machine during the pair (not known off Linux)
         others = None
         if busy is not None:
-            others = machine_cpu() - busy - tok["cpu"] - ours["cpu"] - (time.process_time() - own)
+            ran = tok["cpu"] + ours["cpu"] + (base["cpu"] if base else 0.0)
+            others = machine_cpu() - busy - ran - (time.process_time() - own)
+        is_quiet = others is not None and others < QUIET_SHARE * ours["wall"] * (2 if base else 1)
+        if base is not None:
+            base_ratios.append(base["input_tokens"] / base["wall"] / speed(tok))
+            base_quiet += [base_ratios[-1]] if is_quiet else []
+            line(
+                f"pair {i}: baseline (whole job)",
+                base["input_tokens"],
+                f"{base['wall']:.2f}",
+                base_ratios[-1],
+            )
+            rows.append(
+                {**base, "encoder": encoder, "texts": count, "pair": i, "of_ceiling": base_ratios[-1]}
+            )
         ratios.append(ours["input_tokens"] / ours["wall"] / speed(tok))
         ceiling_speeds.append(speed(tok))
         seconds = f"{tok['seconds']:.2f} / {ours['wall']:.2f}"
         label = f"pair {i}: ceiling / packtool np2" + (f", others {max(others, 0):.1f} s" if busy else "")
         line(label, ours["input_tokens"], seconds, ratios[-1])
-        if others is not None and others < QUIET_SHARE * ours["wall"]:
+        if is_quiet:
             quiet.append(ratios[-1])
         rows.append(
             {**ours, "encoder": encoder, "texts": count, "pair": i, "ceiling_s": tok["seconds"],
@@ -642,6 +669,10 @@ def text_rows(count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str =
         line("packtool np2 / ceiling: median of the pairs", "", "", statistics.median(ratios))
     if quiet:
         line(f"  median of the {len(quiet)} quiet pairs", "", "", statistics.median(quiet))
+    if base_ratios:
+        line("baseline np2 / ceiling: median of the pairs", "", "", statistics.median(base_ratios))
+    if base_quiet:
+        line(f"  median of the {len(base_quiet)} quiet pairs", "", "", statistics.median(base_quiet))
     ours = pack(1)
     if "error" in ours:
         print(f"{ours['name']:50} {ours['error']}")
@@ -732,6 +763,11 @@ def main() -> None:
         help="what packtool reads in the raw-text rows: JSON Lines (default) or the same texts as .txt",
     )
     ap.add_argument(
+        "--baseline",
+        type=Path,
+        help="another packtool checkout (git worktree add DIR COMMIT) timed in every raw-text pair too",
+    )
+    ap.add_argument(
         "--text-only",
         action="store_true",
         help="only the end-to-end rows from raw text (no pretokenized rows)",
@@ -766,7 +802,7 @@ def main() -> None:
         rows += pretokenized_rows(args)
     for encoder, count in itertools.product(args.text_encoders, args.text_samples):
         if not args.only_floor:
-            rows += text_rows(count, args.pairs, encoder, args.text_input)
+            rows += text_rows(count, args.pairs, encoder, args.text_input, args.baseline)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
