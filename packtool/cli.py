@@ -27,7 +27,7 @@ from packtool.errors import (
     PacktoolError,
 )
 from packtool.pipeline.engines import may_need_workers, resolve_num_proc
-from packtool.pipeline.engines.local import start_forkserver
+from packtool.pipeline.engines.local import keep_freed_memory, start_forkserver
 
 
 def _one_line(e: BaseException) -> str:
@@ -136,6 +136,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     # imported after the forkserver started: the two processes then import numpy and pyarrow side by side
     from packtool.pipeline.run import run_pack
 
+    keep_freed_memory()  # the writers reuse their arrays (the CLI only: run_pack leaves its caller be)
     manifest = run_pack(config)
     s = manifest.stats
     if not config.quiet:

@@ -167,9 +167,41 @@ def _run_task(fn: Callable[[Any], Any], task: Any) -> Any:
     return fn(task)
 
 
+# glibc malloc settings for a packing process (``keep_freed_memory``), in bytes
+MMAP_THRESHOLD = 64 << 20  # blocks under this come from the heap, not from a fresh mapping each
+TRIM_THRESHOLD = 256 << 20  # free heap at the top kept for reuse, up to this
+
+
+def keep_freed_memory() -> bool:
+    """Let this process reuse the memory it frees instead of giving it back to the OS at once (glibc's
+    ``mallopt``; returns False elsewhere, where nothing changes).
+
+    The writers allocate the same arrays for every row group: ``(row_group_size, N)`` tokens, labels and
+    positions and their temporaries, 2 MiB each at N = 4096. glibc serves blocks over 128 KiB (its
+    threshold moves up only to the size of a block freed from the main heap) from fresh mappings and
+    unmaps them when freed, so every row group page-faulted its arrays in again: about a quarter of the
+    gather's CPU time (docs/performance.md). Served from the heap and kept there, they are reused. The cost
+    is that up to ``TRIM_THRESHOLD`` of freed memory stays with the process until it exits. ``packtool
+    pack`` calls it in its own process and in every worker; ``run_pack`` called from Python does not, so
+    that a caller's process keeps its own settings.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+        return bool(libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD)) and bool(
+            libc.mallopt(m_trim_threshold, TRIM_THRESHOLD)
+        )
+    except (OSError, AttributeError):
+        return False
+
+
 def _start_worker(job: int) -> None:
-    """Worker start-up: exit when the driver ``job`` (its pid) is gone; one tokenizer thread per worker."""
+    """Worker start-up: exit when the driver ``job`` (its pid) is gone; one tokenizer thread per worker;
+    freed memory kept for reuse (``keep_freed_memory``)."""
     _DRIVER[:] = [job]
+    keep_freed_memory()
     _exit_with(job)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

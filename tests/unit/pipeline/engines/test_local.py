@@ -130,3 +130,12 @@ def test_workers_are_needed_unless_every_input_is_parquet_without_a_tokenizer(tm
     assert may_need_workers(cfg("."))  # a folder: whatever it holds
     assert may_need_workers(cfg("a.parquet", engine="ray"))
     assert may_need_workers(PackConfig.from_dict({"inputs": ["hf:org/set"]}))
+
+
+def test_keep_freed_memory_takes_effect_where_glibc_runs():
+    """The writers' arrays are reused only where ``mallopt`` exists (glibc); elsewhere it changes nothing."""
+    import platform
+
+    from packtool.pipeline.engines.local import keep_freed_memory
+
+    assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
