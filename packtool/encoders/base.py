@@ -86,7 +86,8 @@ def to_token_lists(
         values = values.combine_chunks()
     if not isinstance(values, pa.Array):
         try:
-            values = pa.array(values, type=pa.large_list(pa.int64()))
+            # the type is inferred, not asked for: asked for int64, Arrow truncates 1.7 to 1 without a word
+            values = pa.array(values)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
             for i, v in enumerate(values):
                 if not isinstance(v, list | tuple) or not all(
@@ -128,11 +129,11 @@ def to_token_lists(
         bad = np.flatnonzero((f != np.floor(f)) | (np.abs(f) >= 2**31))  # also NaN and inf
         if len(bad):
             raise batch.error(
-                row_of(bad[0]), field, f"expected int32 integers, got {f[bad[0]]!r}", "wrong_type"
+                row_of(bad[0]), field, f"expected int32 integers, got {float(f[bad[0]])!r}", "wrong_type"
             )
         flat = flat.cast(pa.int64())
     if not pa.types.is_integer(flat.type):
-        raise batch.error(0, field, f"expected integers, got {flat.type}", "wrong_type")
+        raise batch.error(row_of(0), field, f"expected integers, got {flat.type}", "wrong_type")
     lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
     mm = pc.min_max(flat)
     if len(flat) and (mm["min"].as_py() < lo or mm["max"].as_py() > hi):

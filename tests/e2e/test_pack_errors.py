@@ -492,6 +492,27 @@ def test_encoder_plugin_failing_on_one_record_is_named(tmp_path):
     assert manifest(tmp_path)["stats"]["skipped_by_reason"] == {"encoder_failed": 1}
 
 
+@pytest.mark.parametrize(
+    ("ids", "said"),
+    [("[1, 2.5]", "got 2.5"), ("[True, False]", "got bool"), ("['7']", "expected")],
+)
+def test_encoder_plugin_returning_what_is_not_integers_is_named(tmp_path, ids, said):
+    """A plugin's floats were truncated to integers without a word (1.7 packed as 1): now the record is
+    named, as pretokenized input's floats are; integral floats (2.0) are token ids as JSON's are."""
+    plugin = tmp_path / "enc.py"
+    plugin.write_text(
+        "def encode(records):\n"
+        f"    return {{'input_ids': [[3, 4] if 'bad' not in t else {ids} for t in records['text']]}}\n"
+    )
+    src = write_jsonl(tmp_path / "in.jsonl", [GOOD[0], {"text": "a bad one"}, GOOD[1]])
+    line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", f"{plugin}:encode"), tmp_path)
+    assert f"{src}, line 2, field 'input_ids'" in line and said in line
+    plugin.write_text(
+        "def encode(records):\n    return {'input_ids': [[3.0, 4.0] for t in records['text']]}\n"
+    )
+    pack(tmp_path, src, "--tokenizer", f"{plugin}:encode", "--overwrite", check=True)
+
+
 # --- the output directory ---------------------------------------------------------------------------------
 def test_existing_output_is_refused_without_overwrite(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", GOOD)
