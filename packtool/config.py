@@ -189,7 +189,8 @@ class PackConfig:
     num_proc: int | None = key(
         None,
         "Processes for encoding and writing (output identical for any) [default: the cores this process "
-        "may use; 1 for inputs under 128 MiB, where starting workers takes longer than it saves].",
+        "may use; 1 for inputs under 48 MiB that need worker processes (all but pretokenized Parquet), "
+        "where starting them takes longer than it saves].",
         positive=True,
         runtime=True,
     )

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from packtool.config import PackConfig, load_config_file
 from packtool.errors import ConfigError
 from packtool.plugins import load_plugin
+from tests.conftest import DEMO_TOKENIZER
 
 
 def _cfg(**kw) -> PackConfig:
@@ -127,3 +130,8 @@ def test_num_proc_defaults_to_the_cores_for_inputs_worth_it(tmp_path: Path):
     assert resolve_num_proc(_cfg(inputs=[str(tmp_path)])) == cores
     assert resolve_num_proc(_cfg(inputs=["hf:org/set"])) == cores
     assert resolve_num_proc(_cfg(inputs=[str(big)], num_proc=3)) == 3
+    # pretokenized Parquet is written by the driver's threads: nothing to start, so the cores at any size
+    tiny = tmp_path / "tiny.parquet"
+    pq.write_table(pa.table({"input_ids": [[1, 2]]}), tiny)
+    assert resolve_num_proc(_cfg(inputs=[str(tiny)])) == cores
+    assert resolve_num_proc(_cfg(inputs=[str(tiny)], tokenizer=DEMO_TOKENIZER)) == 1  # text: workers

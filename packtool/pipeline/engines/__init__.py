@@ -18,18 +18,22 @@ from packtool.pipeline.engines.local import LocalEngine
 
 __all__ = ["LocalEngine", "make_engine", "may_need_workers", "resolve_num_proc"]
 
-# below it one process: starting the workers and moving the chunks between them costs more than the
-# second core saves (docs/performance.md, "Default --num-proc")
-SMALL_INPUT_BYTES = 128 << 20
+# below it one process, for inputs that need worker processes: starting them and moving the chunks
+# between them costs more than the second core saves (docs/performance.md, "Default --num-proc")
+SMALL_INPUT_BYTES = 48 << 20
 
 
 def resolve_num_proc(config: PackConfig) -> int:
     """``config.num_proc``, or when unset the cores this process may use (its CPU affinity), or 1 for
-    local inputs under ``SMALL_INPUT_BYTES`` in all. (Sized with ``os`` alone: the CLI asks before it
-    imports the pipeline, so that the workers' forkserver starts first.)"""
+    local inputs under ``SMALL_INPUT_BYTES`` in all that need worker processes (``may_need_workers``:
+    pretokenized Parquet is written by the driver's threads, which cost nothing to start). (Sized with
+    ``os`` alone: the CLI asks before it imports the pipeline, so that the workers' forkserver starts
+    first.)"""
     if config.num_proc is not None:
         return config.num_proc
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if not may_need_workers(config):
+        return cores
     size = 0
     for spec in config.inputs:
         if spec.startswith("hf:"):
