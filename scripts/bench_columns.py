@@ -44,8 +44,7 @@ from bench_pack import lognormal_lengths, make_tokens, write_lists  # noqa: E402
 from packtool.config import PackConfig  # noqa: E402
 from packtool.formats import ShardMeta, get_format  # noqa: E402
 from packtool.formats.parquet import write_parquet_shard  # noqa: E402
-from packtool.formats.tar import BLOCK, RECORD, member_size  # noqa: E402
-from packtool.formats.webdataset import _npy_size  # noqa: E402
+from packtool.formats.tar import BLOCK, RECORD, member_size, npy_size  # noqa: E402
 from packtool.loader import PackedDataset, get_loader  # noqa: E402
 from packtool.packing import make_plan  # noqa: E402
 from packtool.packs import PackArrays  # noqa: E402
@@ -160,7 +159,7 @@ def shard_bytes(out: Path) -> int:
 def tar_input_ids_bytes(out: Path) -> int:
     """Bytes of a tar holding each pack's ``input_ids.npy`` member alone (the tar's own layout)."""
     m = load_manifest(out)
-    per_pack = member_size(_npy_size(N, "int32"))
+    per_pack = member_size(npy_size((N,), np.dtype(np.int32)))
     return sum(-(-(e.num_packs * per_pack + 2 * BLOCK) // RECORD) * RECORD for e in m.shards)
 
 

@@ -4,19 +4,25 @@ A WebDataset *sample* is a run of adjacent members ``KEY.EXT`` with the same ``K
 sample per pack. These functions read an archive held in memory (``bytes`` or an ``mmap``) without
 extracting it: headers with ``tarfile.TarInfo.frombuf``, ``.npy`` headers with ``numpy.lib.format``, the
 data as NumPy views, so a shard is read with one copy per member at most.
+
+Which ``.npy`` members a pack has is ``pack_members``: one per column, except that a ``minimal`` pack's
+*small columns* (every column but the token columns) are the fields of one record, ``small_columns.npy``
+(``record``, ``record_fields``): each tar member costs a 512-byte header and pads its data to 512 bytes,
+which one member per small column paid several times over.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from packtool.errors import InputError
-from packtool.manifest import ShardEntry
+from packtool.manifest import COLUMNS, ShardEntry
 
 BLOCK = tarfile.BLOCKSIZE  # 512
 RECORD = tarfile.RECORDSIZE  # 10240: tarfile pads the archive to a multiple of this
@@ -50,11 +56,78 @@ def tarinfo(name: str, size: int) -> tarfile.TarInfo:
     return ti
 
 
+SMALL_COLUMNS = "small_columns.npy"  # a minimal pack's small columns, as the fields of one record
+
+
+def pack_members(columns: Iterable[str], layout: str) -> dict[str, tuple[str, ...]]:
+    """The ``.npy`` members of a pack storing ``columns`` (in stored order) in ``layout`` (``full`` or
+    ``minimal``), by extension, each with the columns it holds: ``NAME.npy`` holds column ``NAME``; in the
+    ``minimal`` layout only the token columns (``input_ids``, a stored ``labels``) are members of their own,
+    and the others, the *small columns*, are the fields of ``small_columns.npy`` (``record``).
+
+    >>> pack_members(["input_ids", "seq_lens", "sample_index"], "full")
+    {'input_ids.npy': ('input_ids',), 'seq_lens.npy': ('seq_lens',), 'sample_index.npy': ('sample_index',)}
+    >>> pack_members(["input_ids", "seq_lens", "sample_index"], "minimal")
+    {'input_ids.npy': ('input_ids',), 'small_columns.npy': ('seq_lens', 'sample_index')}
+    """
+    columns = list(columns)
+    small = [c for c in columns if COLUMNS[c].per != "token"] if layout == "minimal" else []
+    members: dict[str, tuple[str, ...]] = {f"{c}.npy": (c,) for c in columns if c not in small}
+    if small:
+        members[SMALL_COLUMNS] = tuple(small)
+    return members
+
+
+@functools.lru_cache(maxsize=4096)
+def record_dtype(fields: tuple[tuple[str, int], ...]) -> np.dtype:
+    """The dtype of a record of columns: a field per ``(column, length)``, a ``(length,)`` subarray of the
+    column's dtype, packed in that order."""
+    return np.dtype([(name, COLUMNS[name].dtype, (length,)) for name, length in fields])
+
+
+def record(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """The 0-d structured array (``shape ()``) whose fields are ``arrays`` (1-D, columns by name): what
+    ``small_columns.npy`` stores, and ``numpy.load`` gives back (``rec["seq_lens"]``)."""
+    rec = np.empty((), record_dtype(tuple((name, len(a)) for name, a in arrays.items())))
+    for name, a in arrays.items():
+        rec[name] = a
+    return rec
+
+
+def record_fields(path: Path, name: str, rec: np.ndarray) -> dict[str, np.ndarray]:
+    """The fields of ``rec``, the record of member ``name``, as 1-D arrays (views) by name.
+
+    Raises ``InputError`` naming ``path`` and the member when it is not a record (a structured array of
+    shape ``()``) or a field is not 1-D."""
+    if rec.dtype.names is None or rec.shape != ():
+        raise InputError(f"{path}: member {name} is not a record of columns (a structured .npy of shape ())")
+    fields = {field: rec[field] for field in rec.dtype.names}
+    flat = [field for field, a in fields.items() if a.ndim != 1]
+    if flat:
+        raise InputError(f"{path}: member {name} has field(s) {', '.join(flat)} that are not 1-D arrays")
+    return fields
+
+
 def npy_bytes(array: np.ndarray) -> bytes:
-    """A 1-D array as a version 1 ``.npy`` file (no pickle)."""
+    """An array (1-D, or a ``record``) as a version 1 ``.npy`` file (no pickle)."""
     buf = io.BytesIO()
-    np.lib.format.write_array(buf, np.ascontiguousarray(array), version=(1, 0), allow_pickle=False)
+    array = array if array.flags.c_contiguous else array.copy(order="C")  # (ascontiguousarray makes 0-d 1-D)
+    np.lib.format.write_array(buf, array, version=(1, 0), allow_pickle=False)
     return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=4096)
+def npy_size(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Bytes of the ``.npy`` file ``npy_bytes`` writes for an array of ``shape`` and ``dtype`` (header
+    included), without writing it.
+
+    >>> npy_size((3,), np.dtype(np.int32)) == len(npy_bytes(np.zeros(3, np.int32)))
+    True
+    """
+    buf = io.BytesIO()
+    descr = np.lib.format.dtype_to_descr(dtype)
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    return len(buf.getvalue()) + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
 
 def members(path: Path, buf) -> Iterator[tuple[str, int, int]]:

@@ -1,6 +1,7 @@
 """``verify``'s checks of one tar shard: it parses member by member, every pack has exactly its members,
-named by its global index, each ``.npy`` has the right dtype and shape, the ``.json`` counts match the
-arrays, and the ``.tar.idx`` holds the offsets the tar really has. Problems name global pack numbers."""
+named by its global index, each ``.npy`` (each field of a ``small_columns.npy`` record) has the right dtype
+and shape, the ``.json`` counts match the arrays, and the ``.tar.idx`` holds the offsets the tar really
+has. Problems name global pack numbers, and the member or the column."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 from packtool.errors import PacktoolError
 from packtool.formats import tar
 from packtool.formats.base import ProblemSink, shard_meta_problems
-from packtool.formats.tar import BLOCK, RECORD, pack_key, tar_index_name
+from packtool.formats.tar import BLOCK, RECORD, SMALL_COLUMNS, pack_key, pack_members, tar_index_name
 from packtool.manifest import COLUMNS, Manifest, ShardEntry
 from packtool.packs import PackArrays
 
@@ -62,33 +63,62 @@ class _Batch:
         return PackArrays.from_parts(parts, self.n)
 
 
+def _member_views(
+    path: Path, buf, key: str, members: dict, groups: dict[str, tuple[str, ...]], problem: Callable
+) -> dict[str, tuple[np.ndarray, str]]:
+    """Every stored column of one pack as ``(view into buf, where)`` by name (``where``: `` (a field of
+    KEY.small_columns.npy)`` or ""), the members that do not parse, and the record's missing or unexpected
+    fields, reported."""
+    views: dict[str, tuple[np.ndarray, str]] = {}
+    for ext, names in groups.items():
+        name = f"{key}.{ext}"
+        try:
+            arr = tar.npy_view(path, name, buf, *members[ext])
+            fields = tar.record_fields(path, name, arr) if ext == SMALL_COLUMNS else {names[0]: arr}
+        except PacktoolError as e:
+            problem("npy", str(e).removeprefix(f"{path}: "), names[0] if len(names) == 1 else None)
+            continue
+        if ext == SMALL_COLUMNS:
+            missing, extra = [c for c in names if c not in fields], [c for c in fields if c not in names]
+            if missing:
+                problem("members", f"{name} has no field(s) {', '.join(missing)}", missing[0])
+            if extra:
+                problem("members", f"{name} has unexpected field(s) {', '.join(extra)}", extra[0])
+        where = f" (a field of {name})" if ext == SMALL_COLUMNS else ""
+        views.update({c: (fields[c], where) for c in names if c in fields})
+    return views
+
+
 def _pack_arrays(
-    path: Path, buf, key: str, members: dict, columns: list[str], n: int, problem: Callable
+    path: Path, buf, key: str, members: dict, columns: list[str], layout: str, n: int, problem: Callable
 ) -> dict[str, np.ndarray] | None:
-    """The ``.npy`` members of one pack as arrays (copies), or None (reported) if one is unusable."""
+    """The stored columns of one pack as arrays (copies), or None (reported) if one is unusable."""
+    views = _member_views(path, buf, key, members, pack_members(columns, layout), problem)
     arrays: dict[str, np.ndarray] = {}
     for col in columns:
-        offset, nbytes = members[f"{col}.npy"]
-        try:
-            arr = tar.npy_view(path, f"{key}.{col}.npy", buf, offset, nbytes)
-        except PacktoolError as e:
-            problem("npy", str(e).removeprefix(f"{path}: "), col)
+        if col not in views:
             continue
+        arr, where = views.pop(col)
         column = COLUMNS[col]
         width = column.width(n)
         pieces = len(arrays["sample_index"]) if "sample_index" in arrays else None
         if arr.dtype != column.dtype or arr.ndim != 1:
             problem(
-                "npy", f"{arr.dtype} array of shape {arr.shape}, expected a 1-D {column.dtype} array", col
+                "npy",
+                f"{arr.dtype} array of shape {arr.shape}, expected a 1-D {column.dtype} array{where}",
+                col,
             )
         elif width is not None and len(arr) != width:
             what = "packed_sequence_size" if column.per == "token" else "ceil(N / 8) ="
-            problem("length", f"has {len(arr)} values, expected {what} {width}", col)
+            problem("length", f"has {len(arr)} values, expected {what} {width}{where}", col)
         elif column.per == "piece" and col != "sample_index" and pieces is not None and len(arr) != pieces:
-            problem("length", f"has {len(arr)} values, expected one per sample_index entry: {pieces}", col)
+            problem(
+                "length", f"has {len(arr)} values, expected one per sample_index entry: {pieces}{where}", col
+            )
         else:
             arrays[col] = arr.copy()  # the mmap closes after the walk: no view may outlive it
         del arr
+    views.clear()
     return arrays if len(arrays) == len(columns) else None
 
 
@@ -114,7 +144,7 @@ def check_tar_shard(
     name = entry.path
     n = manifest.packed_sequence_size
     columns = [c for c in manifest.columns if c in COLUMNS]
-    want = {f"{c}.npy" for c in columns} | {"json"}
+    want = set(pack_members(columns, manifest.layout)) | {"json"}
     old = manifest.format_version < 2  # no run_id in .json; verify says so once
     capacity = max(1, TAR_BATCH_TOKENS // n)
     starts: list[int] = []  # header offset of every pack, then the end of the last one
@@ -148,7 +178,11 @@ def check_tar_shard(
                     problem("members", f"unexpected member(s) {', '.join(f'{key}.{x}' for x in extra)}")
                 if missing:
                     problem("members", f"missing member(s) {', '.join(f'{key}.{x}' for x in missing)}")
-                arrays = None if missing else _pack_arrays(path, buf, key, members, columns, n, problem)
+                arrays = (
+                    None
+                    if missing
+                    else _pack_arrays(path, buf, key, members, columns, manifest.layout, n, problem)
+                )
                 meta = _pack_json(buf, key, members, problem) if "json" in members else None
                 if meta is not None and shard_meta is None:
                     shard_meta = meta
