@@ -10,7 +10,8 @@ response of 1s: labels and loss_mask as the fine-tuning encoders make them). For
 * **bytes**: the Parquet shards of each layout, and the same packs' ``input_ids`` alone written by
   packtool's Parquet writer with the same settings (zstd, row groups, page checksums): the reference.
   Target: minimal / input_ids alone <= 1.15. The tar shards (``--format webdataset``, uncompressed) are
-  shown beside, against the ``input_ids`` members alone;
+  shown beside, against the ``input_ids.npy`` members alone (``tar_input_ids_bytes``), with the same
+  target (a minimal tar pack: ``input_ids.npy``, the ``.json`` and one ``small_columns.npy`` record);
 * **write**: the write step alone (plan + encoded chunks -> shards, ``pipeline.write.write_shard`` for
   every shard, in this process), on the same encoded chunks and plan, full and minimal one after the
   other in ``--write-pairs`` pairs (alternating which goes first): the figure is the median of the
@@ -232,7 +233,8 @@ def report(res: dict) -> None:
     print(
         f"    bytes, tar: full {t['full'] / 2**20:,.1f} MiB, minimal {t['minimal'] / 2**20:,.1f} MiB, "
         f"input_ids members alone {t['input_ids alone'] / 2**20:,.1f} MiB: minimal / input_ids alone = "
-        f"{t['minimal'] / t['input_ids alone']:.3f} (full: {t['full'] / t['input_ids alone']:.3f})"
+        f"{t['minimal'] / t['input_ids alone']:.3f} (target <= 1.15; "
+        f"full: {t['full'] / t['input_ids alone']:.3f})"
     )
     w = res["write_s"]
     print(
