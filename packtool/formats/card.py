@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from packtool.formats.tar import SMALL_COLUMNS, pack_members
+from packtool.formats.tar import META, PACK_META, RUN_ID_BYTES, SMALL_COLUMNS, pack_members
 from packtool.manifest import COLUMNS, MANIFEST, SHARD_PREFIXES, Manifest
 
 CARD = "README.md"
@@ -56,10 +56,15 @@ def dataset_card(manifest: Manifest, suffix: str) -> str:
         if (col := COLUMNS.get(c)) is not None
     ]
     if fmt == "webdataset":
-        rows += [
-            "| `json` | object | one | `pack_index`, `num_tokens`, `num_samples`, `run_id`, `shard` |",
-            "| `__key__` | string | one | the pack's global index, zero-padded (`000000123`) |",
-        ]
+        meta = ", ".join(f"`{k}`" for k in PACK_META)
+        if META in pack_members(m.columns, m.layout):
+            rows.append(f"| `{META}` | object | one | {meta} |")
+        else:  # a minimal pack's metadata: the first fields of its record
+            rows.append(
+                f'| `{SMALL_COLUMNS}["KEY"]` | `int64` (`run_id`: `S{RUN_ID_BYTES}`, ASCII) | one |'
+                f" the pack's metadata, KEY one of {meta} |"
+            )
+        rows.append("| `__key__` | string | one | the pack's global index, zero-padded (`000000123`) |")
     labels = (
         "`labels[i]` is the target of `input_ids[i]` (already shifted, per sample)"
         if m.labels == "shifted"
@@ -112,10 +117,10 @@ LAYOUT_NOTE = {
 # datasets cannot turn a NumPy record (small_columns.npy) into Arrow: say so where the card says how to load
 TAR_LAYOUT_NOTE = {
     "minimal": [
-        f"- tar shards of `--columns minimal` hold `input_ids.npy` (and `labels.npy` when stored), `json` and"
-        f' `{SMALL_COLUMNS}`, a NumPy record of the other columns (`numpy.load` gives it, `rec["seq_lens"]`);'
-        " `datasets` cannot decode that record: read the packs with `packtool.read_packs`, or pack with"
-        " `--columns full`"
+        "- tar shards of `--columns minimal` hold `input_ids.npy` (and `labels.npy` when stored) and"
+        f" `{SMALL_COLUMNS}`, a NumPy record of the pack's metadata and the other columns (`numpy.load`"
+        ' gives it, `rec["seq_lens"]`, `rec["run_id"]`), and no `json`; `datasets` cannot decode that'
+        " record: read the packs with `packtool.read_packs`, or pack with `--columns full`"
     ]
 }
 PER = {

@@ -5,7 +5,8 @@ nine digits (``000000123``), ``EXT`` each column the manifest's ``columns`` name
 ``packtool.manifest.PACK_COLUMNS``) as ``NAME.npy`` (version 1 ``.npy``, no pickle) plus ``json``:
 ``{"pack_index", "num_tokens", "num_samples", "run_id", "shard"}`` (``run_id``/``shard`` match a shard to
 its manifest). In the ``minimal`` layout the small columns (all but ``input_ids`` and a stored ``labels``)
-are the fields of one member instead, ``small_columns.npy`` (``tar.pack_members``). Members follow the
+and the ``.json``'s keys are the fields of one member instead, ``small_columns.npy`` (``tar.pack_members``,
+``tar.PACK_META``). Members follow the
 ``webdataset.TarWriter`` conventions (USTAR, a sample's members adjacent and sorted by extension) and are
 written by ``tarfile`` with fixed metadata, so a shard is byte-identical for every run and ``num_proc``.
 
@@ -38,6 +39,7 @@ from packtool.formats.base import ProblemSink, ShardFormat, ShardMeta, ShardMism
 from packtool.formats.tar import (
     BLOCK,
     INDEX_SUFFIX,
+    META,
     RECORD,
     SMALL_COLUMNS,
     member_size,
@@ -47,6 +49,8 @@ from packtool.formats.tar import (
     pack_members,
     record,
     record_dtype,
+    record_fields,
+    record_meta,
     tar_index_name,
 )
 from packtool.formats.webdataset_check import check_tar_shard
@@ -91,8 +95,11 @@ def pack_tar_bytes(plan: PackPlan, columns: list[str], layout: str) -> np.ndarra
     n, k = plan.packed_sequence_size, plan.num_packs
     counts = np.diff(plan.pack_offsets).astype(np.int64)
     values = {"segment": counts + (plan.pack_spans() < n), "piece": counts}  # per pack, by Column.per
-    total = np.full(k, member_size(BLOCK - 1), dtype=np.int64)  # the json
+    total = np.zeros(k, dtype=np.int64)
     for member, names in pack_members(columns, layout).items():
+        if member == META:
+            total += member_size(BLOCK - 1)  # under one block, as write_tar_shard asserts
+            continue
         # (num_packs, columns of the member): how many values each column has in each pack
         lengths = np.stack([_lengths(COLUMNS[c], n, k, values) for c in names], axis=1)
         uniq, inv = np.unique(lengths, axis=0, return_inverse=True)
@@ -154,12 +161,23 @@ def write_tar_shard(
             for i in range(k):
                 offsets[i] = archive.offset
                 key = pack_key(first_pack + i)
-                meta = pack_json(first_pack + i, num_tokens[i], num_samples[i], run_id, shard)
-                assert len(meta) < BLOCK, meta  # pack_tar_bytes counts one block for it
-                members = {"json": meta}
+                meta = {
+                    "pack_index": first_pack + i,
+                    "num_tokens": int(num_tokens[i]),
+                    "num_samples": int(num_samples[i]),
+                    "run_id": run_id,
+                    "shard": shard,
+                }
+                members = {}
                 for ext, names in groups.items():
                     arrays = {name: packs.row(name, i) for name in names}
-                    members[ext] = npy_bytes(record(arrays) if ext == SMALL_COLUMNS else arrays[names[0]])
+                    if ext == META:
+                        members[ext] = pack_json(**meta)
+                        assert len(members[ext]) < BLOCK, meta  # pack_tar_bytes counts one block for it
+                    elif ext == SMALL_COLUMNS:
+                        members[ext] = npy_bytes(record(arrays, meta))
+                    else:
+                        members[ext] = npy_bytes(arrays[names[0]])
                 for ext in sorted(members):  # webdataset.TarWriter's order
                     data = members[ext]
                     archive.addfile(tar.tarinfo(f"{key}.{ext}", len(data)), io.BytesIO(data))
@@ -175,11 +193,35 @@ def write_tar_shard(
 
 
 # --- reading -------------------------------------------------------------------------------------------
-def _check_run_id(path: Path, name: str, data: bytes, run_id: str) -> None:
-    try:
-        found = json.loads(data).get("run_id")
-    except (ValueError, AttributeError):
-        raise InputError(f"{path}: member {name} is not a JSON object") from None
+def pack_meta(path: Path, key: str, found: dict[str, tuple[int, int]], buf) -> dict | None:
+    """The metadata of pack ``key`` (its members ``{ext: (data offset, size)}`` in ``buf``): its ``.json``
+    member (``full``), or the ``PACK_META`` fields of its ``small_columns.npy`` record (``minimal``); None
+    when it has neither.
+
+    Raises ``InputError`` naming the member when the ``.json`` is not a JSON object, the record does not
+    parse or one of its metadata fields is not of its dtype."""
+    if META in found:
+        offset, size = found[META]
+        try:
+            meta = json.loads(bytes(buf[offset : offset + size]))
+        except ValueError:
+            meta = None
+        if not isinstance(meta, dict):
+            raise InputError(f"{path}: member {key}.{META} is not a JSON object")
+        return meta
+    if SMALL_COLUMNS not in found:
+        return None
+    name = f"{key}.{SMALL_COLUMNS}"
+    meta, bad = record_meta(record_fields(path, name, tar.npy_view(path, name, buf, *found[SMALL_COLUMNS])))
+    if bad:
+        field, what = next(iter(bad.items()))
+        raise InputError(f"{path}: member {name} has a field {field} that is {what}")
+    return meta
+
+
+def _check_run_id(path: Path, meta: dict | None, run_id: str) -> None:
+    """Refuse a shard whose first pack's metadata names another run than ``run_id`` (the manifest's)."""
+    found = None if meta is None else meta.get("run_id")
     if found is not None and found != run_id:
         raise InputError(f"{path}: shard of run {found}, the manifest is run {run_id}")
 
@@ -219,8 +261,9 @@ def read_tar_packs(
     """The packs of one tar shard in order, as dicts of the ``columns`` asked for.
 
     The shard is memory-mapped; each column read becomes one array copy. With ``run_id``, a shard whose
-    first ``.json`` member names another run raises ``InputError``; with ``crc32``, a shard whose bytes
-    have another CRC-32 (a damaged or replaced file) raises ``ShardMismatch`` before any pack is parsed.
+    first pack's metadata (``pack_meta``) names another run raises ``InputError``; with ``crc32``, a shard
+    whose bytes have another CRC-32 (a damaged or replaced file) raises ``ShardMismatch`` before any pack
+    is parsed.
     """
     columns = set(columns)
     out = []
@@ -234,9 +277,8 @@ def read_tar_packs(
                     "since it was written"
                 )
             for key, _start, found, _end in tar.samples(path, buf):
-                if run_id is not None and "json" in found:
-                    offset, size = found["json"]
-                    _check_run_id(path, f"{key}.json", bytes(buf[offset : offset + size]), run_id)
+                if run_id is not None:
+                    _check_run_id(path, pack_meta(path, key, found, buf), run_id)
                     run_id = None  # the first pack's is enough: a shard is written by one run
                 pack = _stored_columns(path, key, found, buf, columns)
                 missing = [c for c in columns if c not in pack]
@@ -322,8 +364,8 @@ class WebDatasetFormat(ShardFormat):
             return None
 
     def summary(self, path: Path) -> dict[str, Any]:
-        """run_id, shard number, first pack and pack count from the ``.tar.idx`` and the ``.json`` of the
-        shard's first and last packs (two small reads, whatever the shard's size)."""
+        """run_id, shard number, first pack and pack count from the ``.tar.idx`` and the metadata
+        (``pack_meta``) of the shard's first and last packs (two small reads, whatever the shard's size)."""
         offsets = tar.read_index(path).astype(np.int64)
         size = path.stat().st_size
         if len(offsets) < 2 or size != -(-(int(offsets[-1]) + 2 * BLOCK) // RECORD) * RECORD:
@@ -356,9 +398,15 @@ class WebDatasetFormat(ShardFormat):
 
 
 def _pack_meta(path: Path, buf, start: int, end: int) -> dict:
-    """The ``.json`` member of the pack at ``buf[start:end]`` (offsets from the ``.tar.idx``)."""
+    """The metadata (``pack_meta``) of the pack at ``buf[start:end]`` (offsets from the ``.tar.idx``)."""
     chunk = bytes(buf[start:end])  # one pack: a few times N bytes
-    for member, offset, size in tar.members(path, chunk):
-        if member.endswith(".json"):
-            return json.loads(chunk[offset : offset + size])
-    raise InputError(f"{path}: no .json member between bytes {start} and {end}")
+    groups = list(tar.samples(path, chunk))
+    meta = None
+    if len(groups) == 1:
+        key, _, found, _ = groups[0]
+        meta = pack_meta(path, key, found, chunk)
+    if meta is None:
+        raise InputError(
+            f"{path}: no pack metadata ({META}, {SMALL_COLUMNS}) between bytes {start} and {end}"
+        )
+    return meta

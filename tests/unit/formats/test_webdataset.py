@@ -173,33 +173,69 @@ def test_reader_rejects_truncated_corrupt_and_pickled_shards(wds_out, tmp_path):
         read_tar_packs(pickled, N, ["input_ids"])
 
 
-def test_a_minimal_tar_pack_is_input_ids_json_and_one_small_columns_record(tmp_path):
-    """In the minimal layout a pack is three members: input_ids.npy, json, and small_columns.npy, a NumPy
-    record holding every other stored column as a field (numpy.load reads it); read back as stored."""
-    from packtool.formats.webdataset import read_tar_packs, stack_packs, write_tar_shard
+def test_a_minimal_tar_pack_is_input_ids_and_one_small_columns_record(tmp_path):
+    """In the minimal layout a pack is two members: input_ids.npy and small_columns.npy, a NumPy record
+    holding the pack's metadata (the keys a full pack's .json has) and every other stored column as fields
+    (numpy.load reads it without pickle); no .json. Read back as stored; a labels column is a member."""
+    from packtool.formats.tar import PACK_META
+    from packtool.formats.webdataset import WebDatasetFormat, read_tar_packs, stack_packs, write_tar_shard
     from tests.unit.test_packs import N, minimal_packs
 
     packs = minimal_packs()
-    write_tar_shard(tmp_path / "a.tar", packs, first_pack=0, run_id="r", shard=0, layout="minimal")
+    run_id = "0123456789abcdef"
+    write_tar_shard(tmp_path / "a.tar", packs, first_pack=40, run_id=run_id, shard=3, layout="minimal")
     samples = tar_samples(tmp_path / "a.tar")
-    assert [set(members) for _, members in samples] == [{"input_ids.npy", "json", "small_columns.npy"}] * 2
+    assert [set(members) for _, members in samples] == [{"input_ids.npy", "small_columns.npy"}] * 2
     with tarfile.open(tmp_path / "a.tar") as tar:
-        for i, (_, members) in enumerate(samples):
+        for i, (key, members) in enumerate(samples):
             rec = np.load(
                 io.BytesIO(tar.extractfile(members["small_columns.npy"]).read()), allow_pickle=False
             )
-            assert rec.shape == () and rec.dtype.names == tuple(packs.present()[1:])
-            for name in rec.dtype.names:
+            assert rec.shape == () and rec.dtype.names == (*PACK_META, *packs.present()[1:])
+            num_samples = len(packs.row("sample_index", i))
+            assert {k: rec[k].item() for k in PACK_META} == {
+                "pack_index": 40 + i,
+                "num_tokens": int(packs.row("seq_lens", i)[:num_samples].sum()),
+                "num_samples": num_samples,
+                "run_id": run_id.encode(),
+                "shard": 3,
+            } and key == pack_key(40 + i)
+            for name in packs.present()[1:]:
                 want = packs.row(name, i)
                 assert rec[name].dtype == want.dtype and np.array_equal(rec[name], want), name
-    again = stack_packs(read_tar_packs(tmp_path / "a.tar", N, packs.present(), "r"), N)
+    again = stack_packs(read_tar_packs(tmp_path / "a.tar", N, packs.present(), run_id), N)
     for name in packs.present():
         assert np.array_equal(getattr(again, name), getattr(packs, name)), name
+    # inspect's fast path reads the same metadata from the records of the first and last packs
+    assert WebDatasetFormat().summary(tmp_path / "a.tar") == {
+        "run_id": run_id,
+        "shard": 3,
+        "first_pack": 40,
+        "num_packs": 2,
+    }
     # a stored labels column is token-sized: a member of its own, as input_ids
     labeled = dataclasses.replace(packs, labels=packs.input_ids + 1, next_label=None)
     write_tar_shard(tmp_path / "b.tar", labeled, first_pack=0, run_id="r", shard=0, layout="minimal")
     (_, members), _ = tar_samples(tmp_path / "b.tar")
-    assert set(members) == {"input_ids.npy", "labels.npy", "json", "small_columns.npy"}
+    assert set(members) == {"input_ids.npy", "labels.npy", "small_columns.npy"}
+    with pytest.raises(ValueError, match="longer than 16 bytes"):  # the record's run_id field is 16 bytes
+        write_tar_shard(tmp_path / "c.tar", packs, first_pack=0, run_id="r" * 17, shard=0, layout="minimal")
+
+
+@pytest.mark.parametrize("layout", ["full", "minimal"])
+def test_reading_refuses_a_tar_shard_of_another_run(tmp_path, layout):
+    """The run_id of a shard's first pack (its .json, or a minimal pack's record) must be the manifest's."""
+    from packtool.errors import InputError
+    from packtool.formats.webdataset import read_tar_packs, write_tar_shard
+    from tests.unit.test_packs import N, minimal_packs
+
+    packs = minimal_packs()
+    if layout == "full":
+        packs = dataclasses.replace(packs, labels=packs.input_ids, position_ids=packs.input_ids)
+    write_tar_shard(tmp_path / "a.tar", packs, first_pack=0, run_id="aaaa", shard=0, layout=layout)
+    assert len(read_tar_packs(tmp_path / "a.tar", N, ["input_ids"], "aaaa")) == 2
+    with pytest.raises(InputError, match="a.tar: shard of run aaaa, the manifest is run bbbb"):
+        read_tar_packs(tmp_path / "a.tar", N, ["input_ids"], "bbbb")
 
 
 def _plan_and_packs(seed: int, n: int, k: int, columns: set[str]) -> tuple[PackPlan, PackArrays]:
