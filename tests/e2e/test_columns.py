@@ -250,8 +250,9 @@ def _record_bytes(fields: dict[str, np.ndarray]) -> bytes:
 
 
 def test_verify_names_a_damaged_small_columns_member(tmp_path):
-    """A minimal tar pack's small columns are fields of one member, small_columns.npy: verify names that
-    member when it is missing or does not parse, its missing fields, and a damaged field by its column."""
+    """A minimal tar pack's small columns and metadata are fields of one member, small_columns.npy (there
+    is no .json): verify names that member when it is missing or does not parse, its missing fields, and a
+    damaged field by its column or metadata key."""
     _, minimal = _pack(tmp_path, "ids-mask", False, "webdataset")
     shard = minimal / load_manifest(minimal).shards[0].path
 
@@ -274,6 +275,15 @@ def test_verify_names_a_damaged_small_columns_member(tmp_path):
         packs["000000005"]["small_columns.npy"] = _record_bytes(
             {**f, "next_label": np.r_[-5, f["next_label"][1:]]}
         )
+        # the metadata fields: a wrong value, another dtype, one missing
+        f = fields("000000006")
+        packs["000000006"]["small_columns.npy"] = _record_bytes({**f, "pack_index": np.int64(60)})
+        f = fields("000000007")
+        packs["000000007"]["small_columns.npy"] = _record_bytes({**f, "run_id": f["run_id"].astype("U16")})
+        f = fields("000000008")
+        packs["000000008"]["small_columns.npy"] = _record_bytes(
+            {k: v for k, v in f.items() if k != "num_tokens"}
+        )
 
     _rewrite_tar(shard, change)
     proc = run_cli("verify", minimal, check=False)
@@ -290,7 +300,18 @@ def test_verify_names_a_damaged_small_columns_member(tmp_path):
     assert (
         f"{name}, pack 5, field 'next_label': next_label -5 of piece 0 is neither -100 nor a token id" in text
     )
-    assert "pack 0," not in text and "pack 6," not in text, text
+    assert (
+        f"{name}, pack 6, field 'pack_index': 000000006.small_columns.npy says pack_index 60, expected 6"
+        in text
+    )
+    assert f"{name}, pack 7, field 'run_id': a <U16 value, expected |S16 (a field of 000000007." in text
+    assert (
+        f"{name}, pack 8, field 'num_tokens': 000000008.small_columns.npy has no field(s) num_tokens" in text
+    )
+    assert "pack 0," not in text and "pack 9," not in text, text
+    # every pack's member is the record: no .json
+    with tarfile.open(minimal / load_manifest(minimal).shards[1].path) as tar:
+        assert {m.name.partition(".")[2] for m in tar.getmembers()} == {"input_ids.npy", "small_columns.npy"}
 
 
 @pytest.mark.parametrize(
