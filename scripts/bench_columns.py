@@ -11,7 +11,7 @@ response of 1s: labels and loss_mask as the fine-tuning encoders make them). For
   packtool's Parquet writer with the same settings (zstd, row groups, page checksums): the reference.
   Target: minimal / input_ids alone <= 1.15. The tar shards (``--format webdataset``, uncompressed) are
   shown beside, against the ``input_ids.npy`` members alone (``tar_input_ids_bytes``), with the same
-  target (a minimal tar pack: ``input_ids.npy``, the ``.json`` and one ``small_columns.npy`` record);
+  target (a minimal tar pack: ``input_ids.npy`` and one ``small_columns.npy`` record, no ``.json``);
 * **write**: the write step alone (plan + encoded chunks -> shards, ``pipeline.write.write_shard`` for
   every shard, in this process), on the same encoded chunks and plan, full and minimal one after the
   other in ``--write-pairs`` pairs (alternating which goes first): the figure is the median of the
