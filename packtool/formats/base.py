@@ -7,7 +7,9 @@ A shard holds a run of consecutive packs. A format says how to
 * **read** one: a shard is read in *units* (``units``: packs per unit, e.g. Parquet row groups; the loader
   decodes one unit at a time), ``open_reader`` gives a reader of units, ``read_pack`` one pack alone; a
   format reads the columns its shards store, and the base class turns them into the packs readers give
-  (``packtool.layout.rebuild``: the columns the ``minimal`` layout leaves out), so no format knows layouts;
+  (``packtool.layout.rebuild``: the columns the ``minimal`` layout leaves out), so no format rebuilds a
+  column (a format may still store a layout's columns its own way: a ``minimal`` tar pack's small columns
+  are one member, ``formats.tar.pack_members``);
 * **summarize** one from its own metadata, without reading packs (``inspect``'s fast path);
 * **check** one for ``verify``: parse it, report what is wrong on a ``ProblemSink`` and yield the packs it
   could read; and check the dataset-level index files, if the format writes any.

@@ -16,14 +16,20 @@ from pathlib import Path
 
 import yaml
 
+from packtool.formats.tar import META, PACK_META, RUN_ID_BYTES, SMALL_COLUMNS, pack_members
 from packtool.manifest import COLUMNS, MANIFEST, SHARD_PREFIXES, Manifest
 
 CARD = "README.md"
 
 
-def member_name(column: str, shard_format: str) -> str:
-    """The column's name as ``datasets`` shows it: a tar member keeps its ``.npy`` suffix."""
-    return f"{column}.npy" if shard_format == "webdataset" else column
+def member_name(column: str, manifest: Manifest) -> str:
+    """The column's name as the shards hold it: a tar member keeps its ``.npy`` suffix, and a minimal tar
+    pack's small columns are fields of one member (``small_columns.npy["seq_lens"]``)."""
+    if manifest.shard_format != "webdataset":
+        return column
+    if column in pack_members(manifest.columns, manifest.layout).get(SMALL_COLUMNS, ()):
+        return f'{SMALL_COLUMNS}["{column}"]'
+    return f"{column}.npy"
 
 
 def card_yaml(manifest: Manifest, suffix: str) -> dict:
@@ -45,15 +51,20 @@ def dataset_card(manifest: Manifest, suffix: str) -> str:
     val = f", and `{SHARD_PREFIXES['val']}NNNNNN{suffix}`: {held:,} packs held out as validation" * bool(held)
     fmt = m.shard_format
     rows = [
-        f"| `{member_name(c, fmt)}` | `{col.dtype.name}` | {PER[col.per]} | {col.meaning} |"
+        f"| `{member_name(c, m)}` | `{col.dtype.name}` | {PER[col.per]} | {col.meaning} |"
         for c in m.columns
         if (col := COLUMNS.get(c)) is not None
     ]
     if fmt == "webdataset":
-        rows += [
-            "| `json` | object | one | `pack_index`, `num_tokens`, `num_samples`, `run_id`, `shard` |",
-            "| `__key__` | string | one | the pack's global index, zero-padded (`000000123`) |",
-        ]
+        meta = ", ".join(f"`{k}`" for k in PACK_META)
+        if META in pack_members(m.columns, m.layout):
+            rows.append(f"| `{META}` | object | one | {meta} |")
+        else:  # a minimal pack's metadata: the first fields of its record
+            rows.append(
+                f'| `{SMALL_COLUMNS}["KEY"]` | `int64` (`run_id`: `S{RUN_ID_BYTES}`, ASCII) | one |'
+                f" the pack's metadata, KEY one of {meta} |"
+            )
+        rows.append("| `__key__` | string | one | the pack's global index, zero-padded (`000000123`) |")
     labels = (
         "`labels[i]` is the target of `input_ids[i]` (already shifted, per sample)"
         if m.labels == "shifted"
@@ -89,6 +100,7 @@ def dataset_card(manifest: Manifest, suffix: str) -> str:
         f"- labels: {labels}; `-100` where no loss is taken",
         f"- position ids: `{m.position_ids}`; padding token id: {m.pad_token_id}",
         *LAYOUT_NOTE.get(m.layout, []),
+        *(TAR_LAYOUT_NOTE.get(m.layout, []) if fmt == "webdataset" else []),
         f"- tokenizer: `{m.tokenizer.name or m.tokenizer.kind or 'unknown'}`",
     ]
     return "\n".join(lines) + "\n"
@@ -100,6 +112,15 @@ LAYOUT_NOTE = {
         "- layout: `--columns minimal`: the columns above are all that is stored; `labels`, `position_ids`"
         " (and `loss_mask`) are rebuilt from them by packtool's readers (`packtool.read_packs`,"
         " `packtool.loader`): see packtool's docs/formats.md"
+    ]
+}
+# datasets cannot turn a NumPy record (small_columns.npy) into Arrow: say so where the card says how to load
+TAR_LAYOUT_NOTE = {
+    "minimal": [
+        "- tar shards of `--columns minimal` hold `input_ids.npy` (and `labels.npy` when stored) and"
+        f" `{SMALL_COLUMNS}`, a NumPy record of the pack's metadata and the other columns (`numpy.load`"
+        ' gives it, `rec["seq_lens"]`, `rec["run_id"]`), and no `json`; `datasets` cannot decode that'
+        " record: read the packs with `packtool.read_packs`, or pack with `--columns full`"
     ]
 }
 PER = {

@@ -4,19 +4,26 @@ A WebDataset *sample* is a run of adjacent members ``KEY.EXT`` with the same ``K
 sample per pack. These functions read an archive held in memory (``bytes`` or an ``mmap``) without
 extracting it: headers with ``tarfile.TarInfo.frombuf``, ``.npy`` headers with ``numpy.lib.format``, the
 data as NumPy views, so a shard is read with one copy per member at most.
+
+Which members a pack has is ``pack_members``: one ``.npy`` per column and a ``json`` of the pack's
+metadata (``PACK_META``), except that a ``minimal`` pack's *small columns* (every column but the token
+columns) and its metadata are the fields of one record, ``small_columns.npy`` (``record``,
+``record_fields``, ``record_meta``): each tar member costs a 512-byte header and pads its data to 512
+bytes, which one member per small column, and the ``json``, paid several times over.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from packtool.errors import InputError
-from packtool.manifest import ShardEntry
+from packtool.manifest import COLUMNS, ShardEntry
 
 BLOCK = tarfile.BLOCKSIZE  # 512
 RECORD = tarfile.RECORDSIZE  # 10240: tarfile pads the archive to a multiple of this
@@ -50,11 +57,129 @@ def tarinfo(name: str, size: int) -> tarfile.TarInfo:
     return ti
 
 
+META = "json"  # a full pack's metadata member
+SMALL_COLUMNS = "small_columns.npy"  # a minimal pack's small columns and metadata: fields of one record
+RUN_ID_BYTES = 16  # make_run_id's 16 hex digits: a fixed width, so a record's size follows from the plan
+# a pack's metadata (what matches a shard to its manifest, and its counts): the keys of a full pack's
+# .json member, and the first fields of a minimal pack's record, with their dtypes there
+PACK_META = {
+    "pack_index": np.dtype("<i8"),
+    "num_tokens": np.dtype("<i8"),
+    "num_samples": np.dtype("<i8"),
+    "run_id": np.dtype(f"S{RUN_ID_BYTES}"),
+    "shard": np.dtype("<i8"),
+}
+
+
+def pack_members(columns: Iterable[str], layout: str) -> dict[str, tuple[str, ...]]:
+    """The members of a pack storing ``columns`` (in stored order) in ``layout`` (``full`` or ``minimal``),
+    by extension, each with the columns it holds: ``NAME.npy`` holds column ``NAME``; a ``full`` pack has
+    a ``json`` member too, its metadata (``PACK_META``). In the ``minimal`` layout only the token columns
+    (``input_ids``, a stored ``labels``) are members of their own, and the others, the *small columns*,
+    are the fields of ``small_columns.npy`` (``record``), after the pack's metadata: no ``json``.
+
+    >>> pack_members(["input_ids", "seq_lens"], "full")
+    {'input_ids.npy': ('input_ids',), 'seq_lens.npy': ('seq_lens',), 'json': ()}
+    >>> pack_members(["input_ids", "seq_lens", "sample_index"], "minimal")
+    {'input_ids.npy': ('input_ids',), 'small_columns.npy': ('seq_lens', 'sample_index')}
+    """
+    columns = list(columns)
+    if layout != "minimal":
+        return {**{f"{c}.npy": (c,) for c in columns}, META: ()}
+    small = tuple(c for c in columns if COLUMNS[c].per != "token")
+    return {**{f"{c}.npy": (c,) for c in columns if c not in small}, SMALL_COLUMNS: small}
+
+
+@functools.lru_cache(maxsize=4096)
+def record_dtype(fields: tuple[tuple[str, int], ...]) -> np.dtype:
+    """The dtype of a record: the pack's metadata (``PACK_META``: scalars), then a field per ``(column,
+    length)``, a ``(length,)`` subarray of the column's dtype, packed in that order."""
+    return np.dtype([*PACK_META.items(), *((name, COLUMNS[name].dtype, (n,)) for name, n in fields)])
+
+
+def record(arrays: dict[str, np.ndarray], meta: dict[str, int | str]) -> np.ndarray:
+    """The 0-d structured array (``shape ()``) whose fields are the pack's metadata ``meta`` (by
+    ``PACK_META`` key; ``run_id`` ASCII, at most ``RUN_ID_BYTES``) and the columns ``arrays`` (1-D, by
+    name): what ``small_columns.npy`` stores, and ``numpy.load`` gives back (``rec["seq_lens"]``,
+    ``rec["run_id"]``, bytes)."""
+    run_id = str(meta["run_id"]).encode("ascii")
+    if len(run_id) > RUN_ID_BYTES:
+        raise ValueError(f"run_id {meta['run_id']!r} is longer than {RUN_ID_BYTES} bytes")
+    rec = np.zeros((), record_dtype(tuple((name, len(a)) for name, a in arrays.items())))
+    for key in PACK_META:
+        rec[key] = run_id if key == "run_id" else meta[key]
+    for name, a in arrays.items():
+        rec[name] = a
+    return rec
+
+
+def record_fields(path: Path, name: str, rec: np.ndarray) -> dict[str, np.ndarray]:
+    """The fields of ``rec``, the record of member ``name``, by name: views, 0-d for the pack's metadata
+    (``PACK_META``), 1-D for the columns.
+
+    Raises ``InputError`` naming ``path`` and the member when it is not a record (a structured array of
+    shape ``()``), or the fields that are not of their shape."""
+    if rec.dtype.names is None or rec.shape != ():
+        raise InputError(f"{path}: member {name} is not a record of columns (a structured .npy of shape ())")
+    fields = {field: rec[field] for field in rec.dtype.names}
+    meta = [f for f, a in fields.items() if f in PACK_META and a.ndim != 0]
+    if meta:
+        raise InputError(f"{path}: member {name} has field(s) {', '.join(meta)} that are not one value")
+    flat = [f for f, a in fields.items() if f not in PACK_META and a.ndim != 1]
+    if flat:
+        raise InputError(f"{path}: member {name} has field(s) {', '.join(flat)} that are not 1-D arrays")
+    return fields
+
+
+def record_meta(fields: dict[str, np.ndarray]) -> tuple[dict[str, int | str], dict[str, str]]:
+    """The pack's metadata among a record's ``fields`` (``record_fields``) as the ``.json`` member holds
+    it (``run_id`` a str, the others ints), and for each field of another dtype than ``PACK_META``'s (left
+    out of the first) what it is.
+
+    >>> rec = record({"seq_lens": np.array([3, 1], np.int32)}, dict(pack_index=7, num_tokens=3,
+    ...     num_samples=1, run_id="0123456789abcdef", shard=0))
+    >>> record_meta({f: rec[f] for f in rec.dtype.names})
+    ({'pack_index': 7, 'num_tokens': 3, 'num_samples': 1, 'run_id': '0123456789abcdef', 'shard': 0}, {})
+    """
+    meta: dict[str, int | str] = {}
+    bad: dict[str, str] = {}
+    for key, dtype in PACK_META.items():
+        if key not in fields:
+            continue
+        value = fields[key]
+        if value.dtype != dtype:
+            bad[key] = f"a {value.dtype} value, expected {dtype}"
+            continue
+        if key != "run_id":
+            meta[key] = int(value)
+            continue
+        try:
+            meta[key] = value.item().decode("ascii")
+        except UnicodeDecodeError:
+            bad[key] = f"not ASCII ({value.item()!r})"
+    return meta, bad
+
+
 def npy_bytes(array: np.ndarray) -> bytes:
-    """A 1-D array as a version 1 ``.npy`` file (no pickle)."""
+    """An array (1-D, or a ``record``) as a version 1 ``.npy`` file (no pickle)."""
     buf = io.BytesIO()
-    np.lib.format.write_array(buf, np.ascontiguousarray(array), version=(1, 0), allow_pickle=False)
+    array = array if array.flags.c_contiguous else array.copy(order="C")  # (ascontiguousarray makes 0-d 1-D)
+    np.lib.format.write_array(buf, array, version=(1, 0), allow_pickle=False)
     return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=4096)
+def npy_size(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Bytes of the ``.npy`` file ``npy_bytes`` writes for an array of ``shape`` and ``dtype`` (header
+    included), without writing it.
+
+    >>> npy_size((3,), np.dtype(np.int32)) == len(npy_bytes(np.zeros(3, np.int32)))
+    True
+    """
+    buf = io.BytesIO()
+    descr = np.lib.format.dtype_to_descr(dtype)
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False, "shape": shape})
+    return len(buf.getvalue()) + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
 
 
 def members(path: Path, buf) -> Iterator[tuple[str, int, int]]:

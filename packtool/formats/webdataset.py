@@ -4,9 +4,11 @@ Each pack is one WebDataset *sample*: the tar members ``KEY.EXT``, ``KEY`` the p
 nine digits (``000000123``), ``EXT`` each column the manifest's ``columns`` names (of
 ``packtool.manifest.PACK_COLUMNS``) as ``NAME.npy`` (version 1 ``.npy``, no pickle) plus ``json``:
 ``{"pack_index", "num_tokens", "num_samples", "run_id", "shard"}`` (``run_id``/``shard`` match a shard to
-its manifest). Members follow the ``webdataset.TarWriter`` conventions (USTAR, a sample's members adjacent
-and sorted by extension) and are written by ``tarfile`` with fixed metadata, so a shard is byte-identical
-for every run and ``num_proc``.
+its manifest). In the ``minimal`` layout the small columns (all but ``input_ids`` and a stored ``labels``)
+and the ``.json``'s keys are the fields of one member instead, ``small_columns.npy`` (``tar.pack_members``,
+``tar.PACK_META``). Members follow the
+``webdataset.TarWriter`` conventions (USTAR, a sample's members adjacent and sorted by extension) and are
+written by ``tarfile`` with fixed metadata, so a shard is byte-identical for every run and ``num_proc``.
 
 Beside each shard, ``packs-NNNNNN.tar.idx``: little-endian uint64 byte offsets of every pack's first
 header, then the end of the last one (Megatron-Energon's layout). Once all shards are written, the
@@ -18,7 +20,6 @@ A tar shard is one read unit (the loader decodes it whole).
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import mmap
@@ -35,10 +36,26 @@ from packtool.config import PackConfig
 from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.formats import tar
 from packtool.formats.base import ProblemSink, ShardFormat, ShardMeta, ShardMismatch, UnitReader
-from packtool.formats.tar import BLOCK, INDEX_SUFFIX, RECORD, member_size, npy_bytes, pack_key, tar_index_name
+from packtool.formats.tar import (
+    BLOCK,
+    INDEX_SUFFIX,
+    META,
+    RECORD,
+    SMALL_COLUMNS,
+    member_size,
+    npy_bytes,
+    npy_size,
+    pack_key,
+    pack_members,
+    record,
+    record_dtype,
+    record_fields,
+    record_meta,
+    tar_index_name,
+)
 from packtool.formats.webdataset_check import check_tar_shard
 from packtool.formats.webdataset_index import check_dataset_index, write_dataset_index
-from packtool.manifest import COLUMNS, Manifest, ShardEntry
+from packtool.manifest import COLUMNS, Column, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
 
@@ -57,40 +74,44 @@ def pack_json(pack_index: int, num_tokens: int, num_samples: int, run_id: str, s
     ).encode()
 
 
-@functools.lru_cache(maxsize=4096)
-def _npy_size(length: int, dtype: str) -> int:
-    """Bytes of a 1-D ``.npy`` file of ``length`` items of ``dtype`` (header included), without writing it."""
-    buf = io.BytesIO()
-    header = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": (int(length),)}
-    np.lib.format.write_array_header_1_0(buf, header)
-    return len(buf.getvalue()) + int(length) * np.dtype(dtype).itemsize
+def _member_npy_size(member: str, fields: tuple[tuple[str, int], ...]) -> int:
+    """Bytes of the ``.npy`` member ``member`` holding columns of these ``(name, length)``."""
+    if member == SMALL_COLUMNS:
+        return npy_size((), record_dtype(fields))
+    ((name, length),) = fields
+    return npy_size((length,), COLUMNS[name].dtype)
 
 
-def pack_tar_bytes(plan: PackPlan, columns: list[str]) -> np.ndarray:
-    """``(num_packs,)`` int64: bytes each pack of ``plan`` takes in a tar shard storing ``columns``, from the
-    plan alone (to cut shards by ``shard_max_bytes`` before any token is written)."""
-    n = plan.packed_sequence_size
+def _lengths(col: Column, n: int, k: int, values: dict[str, np.ndarray]) -> np.ndarray:
+    """``(k,)``: how many values column ``col`` holds in each of ``k`` packs of ``n`` tokens (``values``: the
+    counts of the ragged kinds, by ``Column.per``)."""
+    width = col.width(n)
+    return np.full(k, width, dtype=np.int64) if width is not None else values[col.per]
+
+
+def pack_tar_bytes(plan: PackPlan, columns: list[str], layout: str) -> np.ndarray:
+    """``(num_packs,)`` int64: bytes each pack of ``plan`` takes in a tar shard storing ``columns`` in
+    ``layout``, from the plan alone (to cut shards by ``shard_max_bytes`` before any token is written)."""
+    n, k = plan.packed_sequence_size, plan.num_packs
     counts = np.diff(plan.pack_offsets).astype(np.int64)
     values = {"segment": counts + (plan.pack_spans() < n), "piece": counts}  # per pack, by Column.per
-    total = np.full(plan.num_packs, member_size(BLOCK - 1), dtype=np.int64)  # the json
-
-    def ragged(lengths: np.ndarray, dtype: str) -> np.ndarray:
-        uniq, inv = np.unique(lengths, return_inverse=True)
-        sizes = np.array([member_size(_npy_size(int(u), dtype)) for u in uniq], dtype=np.int64)
-        return sizes[inv.reshape(-1)]
-
-    for name in columns:
-        col = COLUMNS[name]
-        width = col.width(n)
-        if width is not None:
-            total += member_size(_npy_size(width, col.dtype.name))
-        else:
-            total += ragged(values[col.per], col.dtype.name)
+    total = np.zeros(k, dtype=np.int64)
+    for member, names in pack_members(columns, layout).items():
+        if member == META:
+            total += member_size(BLOCK - 1)  # under one block, as write_tar_shard asserts
+            continue
+        # (num_packs, columns of the member): how many values each column has in each pack
+        lengths = np.stack([_lengths(COLUMNS[c], n, k, values) for c in names], axis=1)
+        uniq, inv = np.unique(lengths, axis=0, return_inverse=True)
+        sizes = [
+            member_size(_member_npy_size(member, tuple(zip(names, u.tolist(), strict=True)))) for u in uniq
+        ]
+        total += np.array(sizes, dtype=np.int64)[inv.reshape(-1)]
     return total
 
 
 def shard_bounds(
-    plan: PackPlan, shard_size: int, shard_max_bytes: int | None, columns: list[str]
+    plan: PackPlan, shard_size: int, shard_max_bytes: int | None, columns: list[str], layout: str
 ) -> list[tuple[int, int]]:
     """Pack ranges ``[(first, end), ...]`` of the tar shards: at most ``shard_size`` packs and, when
     ``shard_max_bytes`` is set, at most that many bytes per ``.tar`` file (end-of-archive blocks included).
@@ -100,7 +121,7 @@ def shard_bounds(
     k = plan.num_packs
     if shard_max_bytes is None:
         return [(a, min(a + shard_size, k)) for a in range(0, k, shard_size)]
-    sizes = pack_tar_bytes(plan, columns)
+    sizes = pack_tar_bytes(plan, columns, layout)
     cum = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(sizes, out=cum[1:])
     # a shard of S bytes of members becomes ceil((S + 2 blocks) / RECORD) * RECORD bytes on disk
@@ -119,10 +140,13 @@ def shard_bounds(
     return out
 
 
-def write_tar_shard(path: str | Path, packs: PackArrays, *, first_pack: int, run_id: str, shard: int) -> dict:
-    """Write ``packs`` as the tar shard ``path`` and its ``path.idx`` (both through ``.tmp`` names and a
-    rename); return the shard entry's ``{"index": "packs-NNNNNN.tar.idx"}``."""
+def write_tar_shard(
+    path: str | Path, packs: PackArrays, *, first_pack: int, run_id: str, shard: int, layout: str
+) -> dict:
+    """Write ``packs`` (the columns ``layout`` stores) as the tar shard ``path`` and its ``path.idx`` (both
+    through ``.tmp`` names and a rename); return the shard entry's ``{"index": "packs-NNNNNN.tar.idx"}``."""
     path = Path(path)
+    groups = pack_members(packs.present(), layout)
     k, n = packs.input_ids.shape
     num_samples = np.diff(packs.sample_index_offsets)
     has_pad = np.diff(packs.seq_lens_offsets) > num_samples
@@ -137,10 +161,23 @@ def write_tar_shard(path: str | Path, packs: PackArrays, *, first_pack: int, run
             for i in range(k):
                 offsets[i] = archive.offset
                 key = pack_key(first_pack + i)
-                meta = pack_json(first_pack + i, num_tokens[i], num_samples[i], run_id, shard)
-                assert len(meta) < BLOCK, meta  # pack_tar_bytes counts one block for it
-                members = {f"{name}.npy": npy_bytes(a) for name, a in packs.stored(i).items()}
-                members["json"] = meta
+                meta = {
+                    "pack_index": first_pack + i,
+                    "num_tokens": int(num_tokens[i]),
+                    "num_samples": int(num_samples[i]),
+                    "run_id": run_id,
+                    "shard": shard,
+                }
+                members = {}
+                for ext, names in groups.items():
+                    arrays = {name: packs.row(name, i) for name in names}
+                    if ext == META:
+                        members[ext] = pack_json(**meta)
+                        assert len(members[ext]) < BLOCK, meta  # pack_tar_bytes counts one block for it
+                    elif ext == SMALL_COLUMNS:
+                        members[ext] = npy_bytes(record(arrays, meta))
+                    else:
+                        members[ext] = npy_bytes(arrays[names[0]])
                 for ext in sorted(members):  # webdataset.TarWriter's order
                     data = members[ext]
                     archive.addfile(tar.tarinfo(f"{key}.{ext}", len(data)), io.BytesIO(data))
@@ -156,25 +193,54 @@ def write_tar_shard(path: str | Path, packs: PackArrays, *, first_pack: int, run
 
 
 # --- reading -------------------------------------------------------------------------------------------
-def _check_run_id(path: Path, name: str, data: bytes, run_id: str) -> None:
-    try:
-        found = json.loads(data).get("run_id")
-    except (ValueError, AttributeError):
-        raise InputError(f"{path}: member {name} is not a JSON object") from None
+def pack_meta(path: Path, key: str, found: dict[str, tuple[int, int]], buf) -> dict | None:
+    """The metadata of pack ``key`` (its members ``{ext: (data offset, size)}`` in ``buf``): its ``.json``
+    member (``full``), or the ``PACK_META`` fields of its ``small_columns.npy`` record (``minimal``); None
+    when it has neither.
+
+    Raises ``InputError`` naming the member when the ``.json`` is not a JSON object, the record does not
+    parse or one of its metadata fields is not of its dtype."""
+    if META in found:
+        offset, size = found[META]
+        try:
+            meta = json.loads(bytes(buf[offset : offset + size]))
+        except ValueError:
+            meta = None
+        if not isinstance(meta, dict):
+            raise InputError(f"{path}: member {key}.{META} is not a JSON object")
+        return meta
+    if SMALL_COLUMNS not in found:
+        return None
+    name = f"{key}.{SMALL_COLUMNS}"
+    meta, bad = record_meta(record_fields(path, name, tar.npy_view(path, name, buf, *found[SMALL_COLUMNS])))
+    if bad:
+        field, what = next(iter(bad.items()))
+        raise InputError(f"{path}: member {name} has a field {field} that is {what}")
+    return meta
+
+
+def _check_run_id(path: Path, meta: dict | None, run_id: str) -> None:
+    """Refuse a shard whose first pack's metadata names another run than ``run_id`` (the manifest's)."""
+    found = None if meta is None else meta.get("run_id")
     if found is not None and found != run_id:
         raise InputError(f"{path}: shard of run {found}, the manifest is run {run_id}")
 
 
-def _npy_members(
+def _stored_columns(
     path: Path, key: str, found: dict[str, tuple[int, int]], buf, columns
 ) -> dict[str, np.ndarray]:
-    """The ``.npy`` members of pack ``key`` named in ``columns`` (``{ext: (data offset, size)}`` in
-    ``buf``), as array copies by name (``buf`` may close after)."""
-    return {
-        ext[: -len(".npy")]: tar.npy_view(path, f"{key}.{ext}", buf, *found[ext]).copy()
-        for ext in found
-        if ext.endswith(".npy") and ext[: -len(".npy")] in columns
-    }
+    """The stored columns of pack ``key`` named in ``columns`` (its members ``{ext: (data offset, size)}``
+    in ``buf``: ``NAME.npy``, and the fields of ``small_columns.npy``), as array copies by name (``buf``
+    may close after)."""
+    out = {}
+    for ext, (offset, size) in found.items():
+        if ext == SMALL_COLUMNS:
+            name = f"{key}.{ext}"
+            fields = tar.record_fields(path, name, tar.npy_view(path, name, buf, offset, size))
+            out.update({c: a.copy() for c, a in fields.items() if c in columns})
+        elif ext.endswith(".npy") and ext[: -len(".npy")] in columns:
+            out[ext[: -len(".npy")]] = tar.npy_view(path, f"{key}.{ext}", buf, offset, size).copy()
+    return out
 
 
 def stack_packs(packs: list[dict[str, np.ndarray]], n: int) -> PackArrays:
@@ -194,9 +260,10 @@ def read_tar_packs(
 ) -> list[dict]:
     """The packs of one tar shard in order, as dicts of the ``columns`` asked for.
 
-    The shard is memory-mapped; each ``.npy`` member becomes one array copy. With ``run_id``, a shard whose
-    first ``.json`` member names another run raises ``InputError``; with ``crc32``, a shard whose bytes
-    have another CRC-32 (a damaged or replaced file) raises ``ShardMismatch`` before any pack is parsed.
+    The shard is memory-mapped; each column read becomes one array copy. With ``run_id``, a shard whose
+    first pack's metadata (``pack_meta``) names another run raises ``InputError``; with ``crc32``, a shard
+    whose bytes have another CRC-32 (a damaged or replaced file) raises ``ShardMismatch`` before any pack
+    is parsed.
     """
     columns = set(columns)
     out = []
@@ -210,14 +277,13 @@ def read_tar_packs(
                     "since it was written"
                 )
             for key, _start, found, _end in tar.samples(path, buf):
-                if run_id is not None and "json" in found:
-                    offset, size = found["json"]
-                    _check_run_id(path, f"{key}.json", bytes(buf[offset : offset + size]), run_id)
+                if run_id is not None:
+                    _check_run_id(path, pack_meta(path, key, found, buf), run_id)
                     run_id = None  # the first pack's is enough: a shard is written by one run
-                pack = _npy_members(path, key, found, buf, columns)
+                pack = _stored_columns(path, key, found, buf, columns)
                 missing = [c for c in columns if c not in pack]
                 if missing:
-                    raise InputError(f"{path}: pack {key} has no {', '.join(missing)} member")
+                    raise InputError(f"{path}: pack {key} stores no {', '.join(missing)}")
                 if "input_ids" in pack and pack["input_ids"].shape != (n,):
                     shape = pack["input_ids"].shape
                     raise InputError(f"{path}: pack {key} has input_ids of shape {shape}, expected ({n},)")
@@ -246,11 +312,18 @@ class WebDatasetFormat(ShardFormat):
     suffix = ".tar"
 
     def shard_ranges(self, plan: PackPlan, config: PackConfig, columns: list[str]) -> list[tuple[int, int]]:
-        return shard_bounds(plan, config.shard_size, config.shard_max_bytes, columns)
+        return shard_bounds(plan, config.shard_size, config.shard_max_bytes, columns, config.columns)
 
     def write(self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, config: PackConfig) -> dict:
         (packs,) = list(blocks)  # block_packs is None: the whole shard in one block
-        return write_tar_shard(path, packs, first_pack=meta.first_pack, run_id=meta.run_id, shard=meta.shard)
+        return write_tar_shard(
+            path,
+            packs,
+            first_pack=meta.first_pack,
+            run_id=meta.run_id,
+            shard=meta.shard,
+            layout=config.columns,
+        )
 
     def units(self, entry: ShardEntry) -> list[int]:
         return [entry.num_packs]
@@ -279,7 +352,7 @@ class WebDatasetFormat(ShardFormat):
             if len(groups) != 1:
                 return None
             key, _, found, _ = groups[0]
-            pack = _npy_members(path, key, found, data, COLUMNS)
+            pack = _stored_columns(path, key, found, data, COLUMNS)
         except PacktoolError:  # a damaged member: reading in order says so, as for any format
             return None
         n = manifest.packed_sequence_size
@@ -291,8 +364,8 @@ class WebDatasetFormat(ShardFormat):
             return None
 
     def summary(self, path: Path) -> dict[str, Any]:
-        """run_id, shard number, first pack and pack count from the ``.tar.idx`` and the ``.json`` of the
-        shard's first and last packs (two small reads, whatever the shard's size)."""
+        """run_id, shard number, first pack and pack count from the ``.tar.idx`` and the metadata
+        (``pack_meta``) of the shard's first and last packs (two small reads, whatever the shard's size)."""
         offsets = tar.read_index(path).astype(np.int64)
         size = path.stat().st_size
         if len(offsets) < 2 or size != -(-(int(offsets[-1]) + 2 * BLOCK) // RECORD) * RECORD:
@@ -325,9 +398,15 @@ class WebDatasetFormat(ShardFormat):
 
 
 def _pack_meta(path: Path, buf, start: int, end: int) -> dict:
-    """The ``.json`` member of the pack at ``buf[start:end]`` (offsets from the ``.tar.idx``)."""
+    """The metadata (``pack_meta``) of the pack at ``buf[start:end]`` (offsets from the ``.tar.idx``)."""
     chunk = bytes(buf[start:end])  # one pack: a few times N bytes
-    for member, offset, size in tar.members(path, chunk):
-        if member.endswith(".json"):
-            return json.loads(chunk[offset : offset + size])
-    raise InputError(f"{path}: no .json member between bytes {start} and {end}")
+    groups = list(tar.samples(path, chunk))
+    meta = None
+    if len(groups) == 1:
+        key, _, found, _ = groups[0]
+        meta = pack_meta(path, key, found, chunk)
+    if meta is None:
+        raise InputError(
+            f"{path}: no pack metadata ({META}, {SMALL_COLUMNS}) between bytes {start} and {end}"
+        )
+    return meta

@@ -1,6 +1,8 @@
 """``verify``'s checks of one tar shard: it parses member by member, every pack has exactly its members,
-named by its global index, each ``.npy`` has the right dtype and shape, the ``.json`` counts match the
-arrays, and the ``.tar.idx`` holds the offsets the tar really has. Problems name global pack numbers."""
+named by its global index, each ``.npy`` (each field of a ``small_columns.npy`` record) has the right dtype
+and shape, the pack's metadata (its ``.json``, or the record's ``PACK_META`` fields) matches the manifest
+and the arrays, and the ``.tar.idx`` holds the offsets the tar really has. Problems name global pack
+numbers, and the member or the column or metadata field."""
 
 from __future__ import annotations
 
@@ -16,7 +18,17 @@ import numpy as np
 from packtool.errors import PacktoolError
 from packtool.formats import tar
 from packtool.formats.base import ProblemSink, shard_meta_problems
-from packtool.formats.tar import BLOCK, RECORD, pack_key, tar_index_name
+from packtool.formats.tar import (
+    BLOCK,
+    META,
+    PACK_META,
+    RECORD,
+    SMALL_COLUMNS,
+    pack_key,
+    pack_members,
+    record_meta,
+    tar_index_name,
+)
 from packtool.manifest import COLUMNS, Manifest, ShardEntry
 from packtool.packs import PackArrays
 
@@ -62,34 +74,72 @@ class _Batch:
         return PackArrays.from_parts(parts, self.n)
 
 
+def _member_views(
+    path: Path, buf, key: str, members: dict, groups: dict[str, tuple[str, ...]], problem: Callable
+) -> tuple[dict[str, tuple[np.ndarray, str]], dict | None]:
+    """Every stored column of one pack as ``(view into buf, where)`` by name (``where``: `` (a field of
+    KEY.small_columns.npy)`` or ""), and the record's metadata fields (``record_meta``: None without a
+    record that parses); the members that do not parse, and the record's missing, unexpected or damaged
+    fields, reported."""
+    views: dict[str, tuple[np.ndarray, str]] = {}
+    meta = None
+    for ext, names in groups.items():
+        if ext == META or ext not in members:  # (a missing member is reported as such)
+            continue
+        name = f"{key}.{ext}"
+        try:
+            arr = tar.npy_view(path, name, buf, *members[ext])
+            fields = tar.record_fields(path, name, arr) if ext == SMALL_COLUMNS else {names[0]: arr}
+        except PacktoolError as e:
+            problem("npy", str(e).removeprefix(f"{path}: "), names[0] if len(names) == 1 else None)
+            continue
+        if ext == SMALL_COLUMNS:
+            want = [*PACK_META, *names]
+            missing, extra = [c for c in want if c not in fields], [c for c in fields if c not in want]
+            if missing:
+                problem("members", f"{name} has no field(s) {', '.join(missing)}", missing[0])
+            if extra:
+                problem("members", f"{name} has unexpected field(s) {', '.join(extra)}", extra[0])
+            meta, bad = record_meta(fields)
+            for field_name, what in bad.items():
+                problem("npy", f"{what} (a field of {name})", field_name)
+        where = f" (a field of {name})" if ext == SMALL_COLUMNS else ""
+        views.update({c: (fields[c], where) for c in names if c in fields})
+    return views, meta
+
+
 def _pack_arrays(
-    path: Path, buf, key: str, members: dict, columns: list[str], n: int, problem: Callable
-) -> dict[str, np.ndarray] | None:
-    """The ``.npy`` members of one pack as arrays (copies), or None (reported) if one is unusable."""
+    path: Path, buf, key: str, members: dict, columns: list[str], layout: str, n: int, problem: Callable
+) -> tuple[dict[str, np.ndarray] | None, dict | None]:
+    """The stored columns of one pack as arrays (copies), or None (reported) if one is unusable; and the
+    metadata fields of its record (``_member_views``)."""
+    views, meta = _member_views(path, buf, key, members, pack_members(columns, layout), problem)
     arrays: dict[str, np.ndarray] = {}
     for col in columns:
-        offset, nbytes = members[f"{col}.npy"]
-        try:
-            arr = tar.npy_view(path, f"{key}.{col}.npy", buf, offset, nbytes)
-        except PacktoolError as e:
-            problem("npy", str(e).removeprefix(f"{path}: "), col)
+        if col not in views:
             continue
+        arr, where = views.pop(col)
         column = COLUMNS[col]
         width = column.width(n)
         pieces = len(arrays["sample_index"]) if "sample_index" in arrays else None
         if arr.dtype != column.dtype or arr.ndim != 1:
             problem(
-                "npy", f"{arr.dtype} array of shape {arr.shape}, expected a 1-D {column.dtype} array", col
+                "npy",
+                f"{arr.dtype} array of shape {arr.shape}, expected a 1-D {column.dtype} array{where}",
+                col,
             )
         elif width is not None and len(arr) != width:
             what = "packed_sequence_size" if column.per == "token" else "ceil(N / 8) ="
-            problem("length", f"has {len(arr)} values, expected {what} {width}", col)
+            problem("length", f"has {len(arr)} values, expected {what} {width}{where}", col)
         elif column.per == "piece" and col != "sample_index" and pieces is not None and len(arr) != pieces:
-            problem("length", f"has {len(arr)} values, expected one per sample_index entry: {pieces}", col)
+            problem(
+                "length", f"has {len(arr)} values, expected one per sample_index entry: {pieces}{where}", col
+            )
         else:
             arrays[col] = arr.copy()  # the mmap closes after the walk: no view may outlive it
         del arr
-    return arrays if len(arrays) == len(columns) else None
+    views.clear()
+    return (arrays if len(arrays) == len(columns) else None), meta
 
 
 def _pack_json(buf, key: str, members: dict, problem: Callable) -> dict | None:
@@ -109,16 +159,18 @@ def check_tar_shard(
     path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int = 0, base: int = 0
 ) -> Iterator[tuple[int, PackArrays]]:
     """Parse a tar shard member by member; check each pack's members, ``.npy`` headers (dtype, shape)
-    and ``.json`` (pack index, run_id, shard, counts), the shard's pack count and its ``.tar.idx``;
-    yield the packs that could be read, in batches of consecutive packs."""
+    and metadata (pack index, run_id, shard, counts: the ``.json``, or a minimal pack's record), the
+    shard's pack count and its ``.tar.idx``; yield the packs that could be read, in batches of consecutive
+    packs."""
     name = entry.path
     n = manifest.packed_sequence_size
     columns = [c for c in manifest.columns if c in COLUMNS]
-    want = {f"{c}.npy" for c in columns} | {"json"}
+    want = set(pack_members(columns, manifest.layout))
+    has_json = META in want  # else the metadata is the record's fields, each checked as a field
     old = manifest.format_version < 2  # no run_id in .json; verify says so once
     capacity = max(1, TAR_BATCH_TOKENS // n)
     starts: list[int] = []  # header offset of every pack, then the end of the last one
-    shard_meta: dict | None = None  # the .json of the shard's first pack: its run_id and shard
+    shard_meta: dict | None = None  # the metadata of the shard's first pack: its run_id and shard
     batch = _Batch.new(0, capacity, n, columns)
     local = 0  # index in the shard of the pack being read
 
@@ -148,13 +200,16 @@ def check_tar_shard(
                     problem("members", f"unexpected member(s) {', '.join(f'{key}.{x}' for x in extra)}")
                 if missing:
                     problem("members", f"missing member(s) {', '.join(f'{key}.{x}' for x in missing)}")
-                arrays = None if missing else _pack_arrays(path, buf, key, members, columns, n, problem)
-                meta = _pack_json(buf, key, members, problem) if "json" in members else None
+                # (a pack missing a member still has its other members and metadata checked)
+                arrays, meta = _pack_arrays(path, buf, key, members, columns, manifest.layout, n, problem)
+                if has_json:
+                    meta = _pack_json(buf, key, members, problem) if META in members else None
+                source = f"{key}.{META if has_json else SMALL_COLUMNS}"
                 if meta is not None and shard_meta is None:
                     shard_meta = meta
                     if "run_id" in meta:
                         shard_meta_problems(meta, manifest, index, report, name)
-                    elif not old:
+                    elif has_json and not old:  # a record's missing field is reported as such
                         problem("run_id", "the pack's .json carries no run_id", "run_id")
                 # a shard of another run is reported once, above, not as every pack's misplaced number
                 ours = shard_meta is None or shard_meta.get("run_id") in (None, manifest.run_id)
@@ -171,8 +226,10 @@ def check_tar_shard(
                         spans = int(arrays["seq_lens"][: expect["num_samples"]].sum())
                         expect["num_tokens"] = spans - int(arrays.get("cp_padding", np.zeros(0)).sum())
                     for k, v in expect.items():
-                        if v is not None and meta.get(k) != v:
-                            problem("json", f"{key}.json says {k} {meta.get(k)}, expected {v}", k)
+                        # (a record's missing or damaged field is reported as such, not as a value)
+                        if v is not None and (has_json or k in meta) and meta.get(k) != v:
+                            kind = "json" if has_json else "meta"
+                            problem(kind, f"{source} says {k} {meta.get(k)}, expected {v}", k)
                 if arrays is not None:
                     batch.add(arrays)
                 local += 1

@@ -16,7 +16,7 @@ import yaml
 
 from packtool.formats.base import ProblemSink
 from packtool.formats.energon_index import INDEX_UUID, SQLITE_INDEX, write_sqlite_index
-from packtool.formats.tar import INDEX_SUFFIX, tar_index_name
+from packtool.formats.tar import INDEX_SUFFIX, pack_members, tar_index_name
 from packtool.manifest import MANIFEST, Manifest
 
 WIDS_INDEX = "wids.json"
@@ -56,7 +56,13 @@ def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
         },
         f"{ENERGON_DIR}/dataset.yaml": {
             "sample_type": ENERGON_SAMPLE_TYPE,
-            "field_map": {c: f"{c}.npy" for c in manifest.columns},
+            # the members of one column, named after it (a minimal output's small columns, fields of one
+            # member, are not PackSample's: Energon reads a full output)
+            "field_map": {
+                names[0]: ext
+                for ext, names in pack_members(manifest.columns, manifest.layout).items()
+                if names == (ext.removesuffix(".npy"),)
+            },
         },
         f"{ENERGON_DIR}/{ENERGON_CRUDE_CONFIG}": {
             "__module__": "megatron.energon",

@@ -1,9 +1,9 @@
 """``packtool inspect``: how good is this packing? Figures, per-shard table and histograms of an output.
 
 By default everything comes from the manifest and the shards' own metadata (the Parquet footer; for a
-tar shard its ``.tar.idx`` and the ``.json`` of its first and last packs), so ``inspect`` takes the same
-time for 10 packs or 10 million. ``full=True`` (``--full``) reads every pack and recomputes the figures
-from the data, flagging any that differ from the manifest.
+tar shard its ``.tar.idx`` and the metadata of its first and last packs: their ``.json``, or a minimal
+pack's record), so ``inspect`` takes the same time for 10 packs or 10 million. ``full=True`` (``--full``)
+reads every pack and recomputes the figures from the data, flagging any that differ from the manifest.
 
 Example::
 

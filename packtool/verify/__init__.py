@@ -8,7 +8,8 @@ Three layers of checks, each problem reported with its shard, pack and field:
 * **format** (the shard's ``ShardFormat.check``, in ``packtool.formats``): the shard parses, carries this
   manifest's ``run_id``, holds the recorded number of packs, and its own index agrees with it (Parquet:
   the recorded ``row_groups``; tar: the ``.tar.idx`` offsets, each pack's members, ``.npy`` dtypes and
-  shapes and ``.json``); the dataset-level index files say what the manifest says.
+  shapes and metadata: the ``.json``, or a minimal pack's record); the dataset-level index files say what
+  the manifest says.
 * **packs** (``verify.packs``, format-independent, vectorized per batch): every per-token column has ``N``
   values, ``sum(seq_lens) == N``, ``seq_lens`` and ``sample_index`` agree, padding carries ``pad_token_id``
   and labels ``-100``, labels are aligned with ``input_ids`` (text input), position ids follow the

@@ -5,7 +5,9 @@ a bad value is a one-line usage error."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -214,6 +216,102 @@ def test_verify_names_a_damaged_next_label(tmp_path, damage, message):
     proc = run_cli("verify", minimal, check=False)
     assert proc.returncode == 1
     assert message in proc.stdout + proc.stderr, proc.stdout
+
+
+def _rewrite_tar(path: Path, change) -> None:
+    """Rewrite tar shard ``path`` after ``change(packs)`` edits its members (``{key: {ext: bytes}}``); its
+    ``.tar.idx`` follows (the manifest's size and checksums do not)."""
+    packs: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            key, _, ext = member.name.partition(".")
+            packs.setdefault(key, {})[ext] = tar.extractfile(member).read()
+    change(packs)
+    offsets = []
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, members in packs.items():
+            offsets.append(tar.offset)
+            for ext in sorted(members):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(members[ext])
+                tar.addfile(info, io.BytesIO(members[ext]))
+        offsets.append(tar.offset)
+    Path(f"{path}.idx").write_bytes(np.asarray(offsets, dtype="<u8").tobytes())
+
+
+def _record_bytes(fields: dict[str, np.ndarray]) -> bytes:
+    """A small_columns.npy member holding ``fields``, as numpy writes it."""
+    rec = np.empty((), [(name, a.dtype, a.shape) for name, a in fields.items()])
+    for name, a in fields.items():
+        rec[name] = a
+    buf = io.BytesIO()
+    np.save(buf, rec, allow_pickle=False)
+    return buf.getvalue()
+
+
+def test_verify_names_a_damaged_small_columns_member(tmp_path):
+    """A minimal tar pack's small columns and metadata are fields of one member, small_columns.npy (there
+    is no .json): verify names that member when it is missing or does not parse, its missing fields, and a
+    damaged field by its column or metadata key."""
+    _, minimal = _pack(tmp_path, "ids-mask", False, "webdataset")
+    shard = minimal / load_manifest(minimal).shards[0].path
+
+    def change(packs):
+        def fields(key: str) -> dict[str, np.ndarray]:
+            rec = np.load(io.BytesIO(packs[key]["small_columns.npy"]), allow_pickle=False)
+            return {name: rec[name] for name in rec.dtype.names}
+
+        del packs["000000001"]["small_columns.npy"]
+        data = packs["000000002"]["small_columns.npy"]
+        packs["000000002"]["small_columns.npy"] = b"\x00" + data[1:]  # not the .npy magic
+        packs["000000003"]["small_columns.npy"] = _record_bytes(
+            {k: v for k, v in fields("000000003").items() if k != "next_label"}
+        )
+        f = fields("000000004")
+        packs["000000004"]["small_columns.npy"] = _record_bytes(
+            {**f, "seq_lens": f["seq_lens"].astype(np.int64)}
+        )
+        f = fields("000000005")
+        packs["000000005"]["small_columns.npy"] = _record_bytes(
+            {**f, "next_label": np.r_[-5, f["next_label"][1:]]}
+        )
+        # the metadata fields: a wrong value, another dtype, one missing
+        f = fields("000000006")
+        packs["000000006"]["small_columns.npy"] = _record_bytes({**f, "pack_index": np.int64(60)})
+        f = fields("000000007")
+        packs["000000007"]["small_columns.npy"] = _record_bytes({**f, "run_id": f["run_id"].astype("U16")})
+        f = fields("000000008")
+        packs["000000008"]["small_columns.npy"] = _record_bytes(
+            {k: v for k, v in f.items() if k != "num_tokens"}
+        )
+
+    _rewrite_tar(shard, change)
+    proc = run_cli("verify", minimal, check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1
+    name = shard.name
+    assert f"{name}, pack 1: missing member(s) 000000001.small_columns.npy" in text
+    assert f"{name}, pack 2: member 000000002.small_columns.npy has a bad .npy header" in text
+    assert (
+        f"{name}, pack 3, field 'next_label': 000000003.small_columns.npy has no field(s) next_label" in text
+    )
+    assert f"{name}, pack 4, field 'seq_lens': int64 array of shape (" in text
+    assert "expected a 1-D int32 array (a field of 000000004.small_columns.npy)" in text
+    assert (
+        f"{name}, pack 5, field 'next_label': next_label -5 of piece 0 is neither -100 nor a token id" in text
+    )
+    assert (
+        f"{name}, pack 6, field 'pack_index': 000000006.small_columns.npy says pack_index 60, expected 6"
+        in text
+    )
+    assert f"{name}, pack 7, field 'run_id': a <U16 value, expected |S16 (a field of 000000007." in text
+    assert (
+        f"{name}, pack 8, field 'num_tokens': 000000008.small_columns.npy has no field(s) num_tokens" in text
+    )
+    assert "pack 0," not in text and "pack 9," not in text, text
+    # every pack's member is the record: no .json
+    with tarfile.open(minimal / load_manifest(minimal).shards[1].path) as tar:
+        assert {m.name.partition(".")[2] for m in tar.getmembers()} == {"input_ids.npy", "small_columns.npy"}
 
 
 @pytest.mark.parametrize(

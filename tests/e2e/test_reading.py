@@ -66,6 +66,19 @@ def test_a_parquet_shard_of_another_run_is_an_error(tmp_path):
         list(_unchecked(out))
 
 
+@pytest.mark.parametrize("layout", ["full", "minimal"])
+def test_a_tar_shard_of_another_run_is_an_error(tmp_path, layout):
+    """A tar shard's run_id is its first pack's: the .json's, or a field of a minimal pack's record."""
+    out = pack(tmp_path / "a", "--format", "webdataset", "--columns", layout)
+    other = pack(tmp_path / "b", "--format", "webdataset", "--columns", layout, "--seed", "7")
+    for name in ("packs-000000.tar", "packs-000000.tar.idx"):
+        shutil.copy(other / name, out / name)
+    with pytest.raises(PacktoolError, match=r"packs-000000.tar: shard of run \w+, the manifest is run"):
+        list(_unchecked(out))
+    text = run_cli("verify", out, check=False).stdout
+    assert "packs-000000.tar, field 'run_id': shard belongs to run " in text, text
+
+
 def test_a_truncated_parquet_shard_is_named(tmp_path):
     out = pack(tmp_path / "a")
     shard = out / "packs-000001.parquet"

@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 from packtool import read_packs
@@ -53,16 +54,18 @@ def tar_samples(path: Path) -> list[tuple[str, dict[str, tarfile.TarInfo]]]:
     return out
 
 
-def test_byte_identical_across_runs_and_num_proc(tmp_path):
+@pytest.mark.parametrize("layout", ["full", "minimal"])
+def test_byte_identical_across_runs_and_num_proc(tmp_path, layout):
     out = tmp_path / "out"
 
     def snapshot() -> dict[str, bytes]:
         return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
     # Energon's key index included: index.sqlite is the same bytes too
-    pack(out, "--format", "webdataset", "--shard-size", "64", "--num-proc", "1")
+    args = ["--format", "webdataset", "--shard-size", "64", "--columns", layout]
+    pack(out, *args, "--num-proc", "1")
     first = snapshot()
-    pack(out, "--format", "webdataset", "--shard-size", "64", "--num-proc", "2", "--overwrite")
+    pack(out, *args, "--num-proc", "2", "--overwrite")
     second = snapshot()
     assert first.keys() == second.keys() and len(first) > 5
     for name in first:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -17,6 +18,8 @@ import yaml
 from packtool import read_packs
 from packtool.formats.tar import pack_key
 from packtool.formats.tar import read_index as read_tar_index
+from packtool.packing.plan import PackPlan
+from packtool.packs import PackArrays
 from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, run_cli, without_conflicts
 from tests.fixtures.webdataset_outputs import wds_out  # noqa: F401 - fixtures
 
@@ -170,21 +173,138 @@ def test_reader_rejects_truncated_corrupt_and_pickled_shards(wds_out, tmp_path):
         read_tar_packs(pickled, N, ["input_ids"])
 
 
-def test_a_tar_shard_of_minimal_packs_reads_back_as_stored(tmp_path):
-    """The tar members are the columns the packs hold (here the minimal layout's), one .npy each."""
-    import tarfile
-
-    import numpy as np
-
-    from packtool.formats.webdataset import read_tar_packs, stack_packs, write_tar_shard
+def test_a_minimal_tar_pack_is_input_ids_and_one_small_columns_record(tmp_path):
+    """In the minimal layout a pack is two members: input_ids.npy and small_columns.npy, a NumPy record
+    holding the pack's metadata (the keys a full pack's .json has) and every other stored column as fields
+    (numpy.load reads it without pickle); no .json. Read back as stored; a labels column is a member."""
+    from packtool.formats.tar import PACK_META
+    from packtool.formats.webdataset import WebDatasetFormat, read_tar_packs, stack_packs, write_tar_shard
     from tests.unit.test_packs import N, minimal_packs
 
     packs = minimal_packs()
-    write_tar_shard(tmp_path / "a.tar", packs, first_pack=0, run_id="r", shard=0)
+    run_id = "0123456789abcdef"
+    write_tar_shard(tmp_path / "a.tar", packs, first_pack=40, run_id=run_id, shard=3, layout="minimal")
+    samples = tar_samples(tmp_path / "a.tar")
+    assert [set(members) for _, members in samples] == [{"input_ids.npy", "small_columns.npy"}] * 2
     with tarfile.open(tmp_path / "a.tar") as tar:
-        names = tar.getnames()
-    assert "000000000.next_label.npy" in names and "000000000.loss_mask_bits.npy" in names
-    assert not any("labels.npy" in n or "position_ids" in n for n in names)
-    again = stack_packs(read_tar_packs(tmp_path / "a.tar", N, packs.present(), "r"), N)
+        for i, (key, members) in enumerate(samples):
+            rec = np.load(
+                io.BytesIO(tar.extractfile(members["small_columns.npy"]).read()), allow_pickle=False
+            )
+            assert rec.shape == () and rec.dtype.names == (*PACK_META, *packs.present()[1:])
+            num_samples = len(packs.row("sample_index", i))
+            assert {k: rec[k].item() for k in PACK_META} == {
+                "pack_index": 40 + i,
+                "num_tokens": int(packs.row("seq_lens", i)[:num_samples].sum()),
+                "num_samples": num_samples,
+                "run_id": run_id.encode(),
+                "shard": 3,
+            } and key == pack_key(40 + i)
+            for name in packs.present()[1:]:
+                want = packs.row(name, i)
+                assert rec[name].dtype == want.dtype and np.array_equal(rec[name], want), name
+    again = stack_packs(read_tar_packs(tmp_path / "a.tar", N, packs.present(), run_id), N)
     for name in packs.present():
         assert np.array_equal(getattr(again, name), getattr(packs, name)), name
+    # inspect's fast path reads the same metadata from the records of the first and last packs
+    assert WebDatasetFormat().summary(tmp_path / "a.tar") == {
+        "run_id": run_id,
+        "shard": 3,
+        "first_pack": 40,
+        "num_packs": 2,
+    }
+    # a stored labels column is token-sized: a member of its own, as input_ids
+    labeled = dataclasses.replace(packs, labels=packs.input_ids + 1, next_label=None)
+    write_tar_shard(tmp_path / "b.tar", labeled, first_pack=0, run_id="r", shard=0, layout="minimal")
+    (_, members), _ = tar_samples(tmp_path / "b.tar")
+    assert set(members) == {"input_ids.npy", "labels.npy", "small_columns.npy"}
+    with pytest.raises(ValueError, match="longer than 16 bytes"):  # the record's run_id field is 16 bytes
+        write_tar_shard(tmp_path / "c.tar", packs, first_pack=0, run_id="r" * 17, shard=0, layout="minimal")
+
+
+@pytest.mark.parametrize("layout", ["full", "minimal"])
+def test_reading_refuses_a_tar_shard_of_another_run(tmp_path, layout):
+    """The run_id of a shard's first pack (its .json, or a minimal pack's record) must be the manifest's."""
+    from packtool.errors import InputError
+    from packtool.formats.webdataset import read_tar_packs, write_tar_shard
+    from tests.unit.test_packs import N, minimal_packs
+
+    packs = minimal_packs()
+    if layout == "full":
+        packs = dataclasses.replace(packs, labels=packs.input_ids, position_ids=packs.input_ids)
+    write_tar_shard(tmp_path / "a.tar", packs, first_pack=0, run_id="aaaa", shard=0, layout=layout)
+    assert len(read_tar_packs(tmp_path / "a.tar", N, ["input_ids"], "aaaa")) == 2
+    with pytest.raises(InputError, match="a.tar: shard of run aaaa, the manifest is run bbbb"):
+        read_tar_packs(tmp_path / "a.tar", N, ["input_ids"], "bbbb")
+
+
+def _plan_and_packs(seed: int, n: int, k: int, columns: set[str]) -> tuple[PackPlan, PackArrays]:
+    """A random plan of ``k`` packs of ``n`` tokens (full packs and padded ones, from 1 to 40 pieces) and
+    packs that fit it, holding ``columns`` of the optional ones."""
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(1, 41, k)
+    lengths, seq_lens, seq_offsets, cp = [], [], [0], []
+    for c in counts:
+        used = n if rng.random() < 0.5 else int(rng.integers(c, n))  # a full pack, or padding after
+        cuts = np.sort(rng.choice(np.arange(1, used), c - 1, replace=False))
+        piece = np.diff(np.r_[0, cuts, used])
+        pad = np.minimum(rng.integers(0, 3, c), piece - 1) if "cp_padding" in columns else np.zeros(c, int)
+        lengths += list(piece - pad)
+        cp += list(pad)
+        seq_lens += list(piece) + ([n - piece.sum()] if piece.sum() < n else [])
+        seq_offsets.append(len(seq_lens))
+    pieces = int(counts.sum())
+    offsets = np.r_[0, np.cumsum(counts)]
+    spans = np.array(lengths) + np.array(cp)
+    plan = PackPlan(n, offsets, np.arange(pieces), np.zeros(pieces, np.int64), np.array(lengths),
+                    span=spans if "cp_padding" in columns else None)  # fmt: skip
+    token = rng.integers(0, 1000, (k, n)).astype(np.int32)
+    packs = PackArrays(
+        input_ids=token,
+        seq_lens=np.array(seq_lens, np.int32),
+        seq_lens_offsets=np.array(seq_offsets),
+        sample_index=plan.sample,
+        sample_index_offsets=offsets,
+        sample_offset=plan.start,
+        labels=token if "labels" in columns else None,
+        position_ids=token if "position_ids" in columns else None,
+        loss_mask=(token % 2).astype(np.int8) if "loss_mask" in columns else None,
+        cp_padding=np.array(cp, np.int32) if "cp_padding" in columns else None,
+        next_label=np.full(pieces, -100, np.int32) if "next_label" in columns else None,
+        loss_mask_bits=np.packbits(token % 2, axis=1) if "loss_mask_bits" in columns else None,
+    )
+    return plan, packs
+
+
+@pytest.mark.parametrize(
+    "layout, columns",
+    [
+        ("full", {"labels", "position_ids"}),
+        ("full", {"labels", "position_ids", "loss_mask", "cp_padding"}),
+        ("minimal", {"next_label"}),
+        ("minimal", {"next_label", "loss_mask_bits", "cp_padding"}),
+        ("minimal", {"labels", "loss_mask_bits"}),
+    ],
+)
+@pytest.mark.parametrize("n", [256, 4096])
+def test_pack_tar_bytes_predicts_every_pack_and_shard_exactly(tmp_path, layout, columns, n):
+    """``pack_tar_bytes`` (the plan alone) gives every pack's bytes as written (the .tar.idx offsets), so
+    ``shard_bounds`` cuts at ``shard_max_bytes`` exactly: the shard files' sizes are the predicted ones."""
+    from packtool.formats.tar import BLOCK, RECORD
+    from packtool.formats.webdataset import pack_tar_bytes, shard_bounds, write_tar_shard
+
+    plan, packs = _plan_and_packs(n + len(columns), n, 60, columns)
+    stored = packs.present()
+    sizes = pack_tar_bytes(plan, stored, layout)
+    write_tar_shard(tmp_path / "all.tar", packs, first_pack=0, run_id="r", shard=0, layout=layout)
+    assert np.diff(read_tar_index(tmp_path / "all.tar")).tolist() == sizes.tolist()
+    limit = int(sizes.sum()) // 3
+    bounds = shard_bounds(plan, 1000, limit, stored, layout)
+    assert len(bounds) > 2
+    for s, (a, b) in enumerate(bounds):
+        path = tmp_path / f"{s}.tar"
+        write_tar_shard(path, packs.take(np.arange(a, b)), first_pack=a, run_id="r", shard=s, layout=layout)
+        size = path.stat().st_size
+        assert size == -(-(int(sizes[a:b].sum()) + 2 * BLOCK) // RECORD) * RECORD <= limit
+        if b < plan.num_packs:  # cut as late as the limit allows
+            assert -(-(int(sizes[a : b + 1].sum()) + 2 * BLOCK) // RECORD) * RECORD > limit
