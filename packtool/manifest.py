@@ -33,7 +33,10 @@ ERRORS_LOG = "errors.jsonl"  # the first skipped records (on_error=skip), one JS
 FORMAT = "packtool"
 # 2: every pack's .json member in a tar shard carries the run_id and shard number (verify matches them)
 # 3: shard entries carry the file's crc32 and Parquet pages their CRC checksums (checked at read time)
-FORMAT_VERSION = 3
+# 4: a --columns minimal tar pack is input_ids.npy (+ labels.npy) and one small_columns.npy record that
+#    holds the other columns and the .json's keys (3: one member per column and a .json)
+FORMAT_VERSION = 4
+MINIMAL_TAR_RECORD_VERSION = 4  # minimal tar outputs older than this are read, but verify cannot check them
 # shard file names by split: the training packs, and those held out by val_fraction
 SHARD_PREFIXES = {"train": "packs-", "val": "val-"}
 SPLITS = tuple(SHARD_PREFIXES)

@@ -54,7 +54,7 @@ from packtool.formats.tar import (
     tar_index_name,
 )
 from packtool.formats.webdataset_check import check_tar_shard
-from packtool.formats.webdataset_index import check_dataset_index, write_dataset_index
+from packtool.formats.webdataset_index import check_dataset_index, old_minimal_layout, write_dataset_index
 from packtool.manifest import COLUMNS, Column, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
@@ -385,6 +385,8 @@ class WebDatasetFormat(ShardFormat):
     def check(
         self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int
     ) -> Iterator[tuple[int, PackArrays]]:
+        if old_minimal_layout(manifest):  # said once by check_dataset_index
+            return iter(())
         return check_tar_shard(path, entry, manifest, report, index, base)
 
     def index_files(self, entry: ShardEntry) -> list[str]:

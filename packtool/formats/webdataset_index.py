@@ -17,7 +17,7 @@ import yaml
 from packtool.formats.base import ProblemSink
 from packtool.formats.energon_index import INDEX_UUID, SQLITE_INDEX, write_sqlite_index
 from packtool.formats.tar import INDEX_SUFFIX, pack_members, tar_index_name
-from packtool.manifest import MANIFEST, Manifest
+from packtool.manifest import MANIFEST, MINIMAL_TAR_RECORD_VERSION, Manifest
 
 WIDS_INDEX = "wids.json"
 ENERGON_DIR = ".nv-meta"
@@ -108,9 +108,24 @@ def _short(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def old_minimal_layout(manifest: Manifest) -> bool:
+    """A ``--columns minimal`` output from before its tar packs became one record (format_version 3)."""
+    return manifest.layout == "minimal" and manifest.format_version < MINIMAL_TAR_RECORD_VERSION
+
+
 def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink) -> None:
     """``wids.json`` and ``.nv-meta/`` must say what the manifest says; no stray ``.tar.idx``. An output
     older than format_version 2 is said once here: its tar shards carry no run_id (the other checks run)."""
+    if old_minimal_layout(manifest):
+        report.add(
+            "format_version",
+            f"written by an older packtool (format_version {manifest.format_version}), whose --columns "
+            "minimal tar packs hold one member per column and a .json; this one checks only the one-record "
+            "layout of format_version 4: pack it again to verify it (read_packs and the loader read it)",
+            shard=MANIFEST,
+            field="format_version",
+        )
+        return
     if manifest.format_version < 2:
         report.add(
             "format_version",

@@ -688,6 +688,23 @@ def test_tar_output_of_an_older_or_newer_format_version(tar_out: Path):
     assert code == 1 and "written by a newer packtool (format_version 99" in text
 
 
+def test_minimal_tar_output_of_format_version_3_is_said_once(tmp_path: Path):
+    """Format 3's minimal tar packs held one member per column and a .json: verify checks only format 4's
+    one-record layout, so it says so once instead of naming every pack's missing record."""
+    out = tmp_path / "min"
+    run_cli("pack", TRAIN, "-o", out, "--tokenizer", DEMO_TOKENIZER, "-q", "--long-samples", "truncate",
+            "--packed-sequence-size", "256", "--format", "webdataset", "--columns", "minimal")  # fmt: skip
+    m = manifest(out)
+    m["format_version"] = 3
+    (out / "manifest.json").write_text(json.dumps(m))
+    code, text = verify(out)
+    assert code == 1 and "1 problem(s)" in text
+    assert text.splitlines()[0].startswith(
+        "problem: manifest.json, field 'format_version': written by an older packtool (format_version 3), "
+        "whose --columns minimal tar packs hold one member per column"
+    )
+
+
 def test_tar_source_ok_for_bfd_with_split_samples(tmp_path):
     out = tmp_path / "bfd"
     run_cli("pack", TRAIN, "-o", out, "--tokenizer", DEMO_TOKENIZER, "--add-eos", "-q", "--strategy", "bfd",
