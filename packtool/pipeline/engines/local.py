@@ -14,6 +14,7 @@ write into the output directory while the job is resumed; the forkserver then ex
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
 import select
@@ -186,8 +187,6 @@ def keep_freed_memory() -> bool:
     that a caller's process keeps its own settings.
     """
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
         return bool(libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD)) and bool(

@@ -190,7 +190,8 @@ def test_a_run_in_memory_writes_no_chunk(tmp_path, monkeypatch, limit):
         monkeypatch.delenv(MEMORY_STORE_ENV, raising=False)
     else:
         monkeypatch.setenv(MEMORY_STORE_ENV, limit)
-    config = _config(write_inputs(tmp_path), tmp_path, long_samples="truncate")
+    # one process: a pool's workers would write the chunks where this test does not see them
+    config = _config(write_inputs(tmp_path), tmp_path, long_samples="truncate", num_proc=1)
     written = []
     from packtool.pipeline import chunks
 
