@@ -141,6 +141,12 @@ class PackedBatch:
     * ``cu_seqlens``: ``(T + 1,)`` int32 and ``max_seqlen`` (int): the ``T`` non-empty sequences of the
       batch flattened to ``B * N`` tokens, for varlen kernels (FlashAttention, TE THD);
     * ``loss_mask``: ``(B, N)`` int8 on the host, int64 after ``to()``; ``None`` when the data has none;
+    * ``cp_padding``: ``(B, max_seqs)`` int32, aligned with ``seq_lens``: how many of each sequence's tokens
+      are context-parallel padding (``--cp-size``; 0 for the pack's own padding), and
+      ``cu_seqlens_unpadded``: ``(T + 1,)`` int32, ``cu_seqlens`` without it; both ``None`` when the output
+      has no context-parallel padding. Transformer Engine's THD attention takes ``cu_seqlens_unpadded``
+      as ``cu_seqlens_q`` / ``cu_seqlens_kv`` and ``cu_seqlens`` as ``cu_seqlens_q_padded`` /
+      ``cu_seqlens_kv_padded``;
     * ``pack_index``: ``(B,)`` int64, each pack's index in the output directory (shard order);
     * ``mask``: which mask ``to()`` / ``build_mask()`` builds: ``"varlen"`` (none beyond ``cu_seqlens``;
       ``flattened()`` gives the kwargs of a flattened batch), ``"dense"`` (``attention_mask``, bool
@@ -163,6 +169,8 @@ class PackedBatch:
     max_seqlen: int
     loss_mask: torch.Tensor | None = None
     pack_index: torch.Tensor | None = None
+    cp_padding: torch.Tensor | None = None
+    cu_seqlens_unpadded: torch.Tensor | None = None
     mask: str = "varlen"
     attention_mask: torch.Tensor | None = None
     block_mask: Any = None
@@ -234,7 +242,7 @@ class PackedBatch:
         return out
 
 
-_BATCH_KEYS = {"input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "pack_index"}
+_BATCH_KEYS = {"input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "pack_index", "cp_padding"}
 
 
 def gather_batch(
@@ -270,6 +278,14 @@ def gather_batch(
         seq_lens[j, : len(piece)] = piece
         seq_lens[j, len(piece) :] = SEQ_LENS_PAD
     out["seq_lens"] = torch.from_numpy(seq_lens)
+    if decoded[unit_list[0]].cp_padding is not None:  # one per piece: the first entries of each seq_lens row
+        cp = alloc((k, width), np.int32)
+        cp.fill(0)
+        for j, (u, r) in enumerate(zip(unit_list, row_list, strict=True)):
+            off = decoded[u].sample_index_offsets
+            values = decoded[u].cp_padding[off[r] : off[r + 1]]
+            cp[j, : len(values)] = values
+        out["cp_padding"] = torch.from_numpy(cp)
     out["pack_index"] = ids.tolist()
     return out
 
@@ -292,6 +308,7 @@ def packed_batch(raw: dict, mask: str) -> PackedBatch:
     seq_lens = raw["seq_lens"]
     cu, max_seqlen = host_cu_seqlens(seq_lens)
     pack_index = raw.get("pack_index")
+    cp, cu_unpadded = _cp_padding(raw.get("cp_padding"), seq_lens)
     return PackedBatch(
         input_ids=raw["input_ids"],
         labels=raw["labels"],
@@ -301,9 +318,33 @@ def packed_batch(raw: dict, mask: str) -> PackedBatch:
         max_seqlen=max_seqlen,
         loss_mask=raw.get("loss_mask"),
         pack_index=torch.tensor(pack_index, dtype=torch.int64) if pack_index is not None else None,
+        cp_padding=cp,
+        cu_seqlens_unpadded=cu_unpadded,
         mask=mask,
         extra={k: v for k, v in raw.items() if k not in _BATCH_KEYS},
     )
+
+
+def _cp_padding(
+    cp: torch.Tensor | None, seq_lens: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``cp`` (each pack's pieces' context-parallel padding, ``(B, max_pieces)``, the pieces being the
+    first sequences of each ``seq_lens`` row) widened to ``seq_lens``' shape with 0s, and the
+    ``cu_seqlens`` of ``seq_lens - cp`` over the same non-empty sequences; ``(None, None)`` without it.
+
+    >>> cp, cu = _cp_padding(torch.tensor([[1, 0]]), torch.tensor([[4, 2, 2]], dtype=torch.int32))
+    >>> cp.tolist(), cu.tolist()
+    ([[1, 0, 0]], [0, 3, 5, 7])
+    """
+    if cp is None:
+        return None, None
+    wide = torch.zeros(seq_lens.shape, dtype=torch.int32)
+    wide[:, : cp.shape[1]] = cp
+    lengths = seq_lens.reshape(-1)
+    real = (seq_lens - wide).reshape(-1)[lengths > 0]
+    cu = torch.zeros(real.numel() + 1, dtype=torch.int32)
+    torch.cumsum(real, 0, dtype=torch.int32, out=cu[1:])
+    return wide, cu
 
 
 def pack_dict(packs: PackArrays, row: int, pack_index: int, tensors: bool) -> dict:

@@ -227,7 +227,7 @@ class PackedDataset(IterableDataset):
         # as readers give them, whatever the layout stores (packtool.layout rebuilds the rest)
         self.columns = (
             [*TRAINING_COLUMNS, "loss_mask"] if self.manifest.has_loss_mask else [*TRAINING_COLUMNS]
-        )
+        ) + (["cp_padding"] if "cp_padding" in self.manifest.columns else [])
         if self.on_error == "fail":  # before the first batch; under skip, reading the shard counts it
             require_shard_files(self.directory, self.manifest)
         self._start = (0, 0)  # (epoch, batch) where the next iteration starts; set by the loader

@@ -476,3 +476,56 @@ def test_drop_last_is_part_of_the_resume_state(packed):
         b.load_state_dict(state)
     older = {k: v for k, v in b.state_dict().items() if k != "drop_last"}  # saved before drop_last existed
     b.load_state_dict(older)
+
+
+class _Identity:
+    """A task encoder whose ``encode_sample`` keeps the pack: the loader's per-pack path."""
+
+    def encode_sample(self, pack):
+        return pack
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "webdataset"])
+@pytest.mark.parametrize("columns", ["full", "minimal"])
+@pytest.mark.parametrize("per_pack", [False, True])
+def test_context_parallel_padding_reaches_the_batch(tmp_path, fmt, columns, per_pack):
+    """``--cp-size``: each batch says how much of each sequence is padding (``cp_padding``, aligned with
+    ``seq_lens``) and gives ``cu_seqlens_unpadded``, what Transformer Engine's THD attention takes beside
+    ``cu_seqlens`` (its ``_padded`` offsets); the real lengths are ``nemo_thd_sample``'s."""
+    from packtool import run_pack
+    from packtool.config import PackConfig
+    from packtool.nemo import nemo_thd_sample
+    from tests.conftest import DEMO, DEMO_TOKENIZER
+
+    out = tmp_path / "out"
+    run_pack(
+        PackConfig(
+            inputs=[str(DEMO / "train.jsonl")], output=str(out), tokenizer=str(DEMO_TOKENIZER),
+            packed_sequence_size=128, cp_size=4, long_samples="truncate", format=fmt, columns=columns,
+            quiet=True,
+        )
+    )  # fmt: skip
+    want = {i: p for i, p in enumerate(read_packs(out, with_sample_index=True))}
+    te = _Identity() if per_pack else None
+    ds = PackedDataset(out, batch_size=8, shuffle=False, drop_last=False, task_encoder=te)
+    seen = 0
+    for batch in get_loader(ds, num_workers=0):
+        assert batch.cp_padding.shape == batch.seq_lens.shape and batch.cp_padding.dtype == torch.int32
+        real = []
+        for row, index in enumerate(batch.pack_index.tolist()):
+            pack = want[index]
+            pieces = len(pack["sample_index"])
+            assert batch.cp_padding[row, :pieces].tolist() == pack["cp_padding"].tolist()
+            assert not batch.cp_padding[row, pieces:].any()
+            lengths = pack["seq_lens"].tolist()
+            real += nemo_thd_sample(pack)["seq_lens"] + lengths[pieces:]  # the pack's padding: its own
+            seen += 1
+        assert batch.cu_seqlens_unpadded.tolist() == np.concatenate([[0], np.cumsum(real)]).tolist()
+        moved = batch.to("cpu")
+        assert torch.equal(moved.cu_seqlens_unpadded, batch.cu_seqlens_unpadded)
+    assert seen == len(want) and any(p["cp_padding"].any() for p in want.values())
+
+
+def test_no_context_parallel_padding_no_fields(packed):
+    batch = next(iter(get_loader(PackedDataset(packed, batch_size=4, shuffle=False), num_workers=0)))
+    assert batch.cp_padding is None and batch.cu_seqlens_unpadded is None
