@@ -256,8 +256,13 @@ def _split_samples(plan: PackPlan, num_samples: int) -> np.ndarray:
     split = np.zeros(num_samples, dtype=bool)
     if plan.num_packs == 0:
         return split
+    pieces = np.bincount(plan.input_index, minlength=num_samples)
+    several = pieces[plan.input_index] > 1  # only the pieces of samples in more than one piece
+    if not several.any():
+        return split
     pack_of_piece = np.repeat(np.arange(plan.num_packs, dtype=np.int64), np.diff(plan.pack_offsets))
-    sample_pack = np.unique(plan.input_index * plan.num_packs + pack_of_piece)  # distinct (sample, pack)
+    # distinct (sample, pack) of those pieces
+    sample_pack = np.unique(plan.input_index[several] * plan.num_packs + pack_of_piece[several])
     packs_per_sample = np.bincount(sample_pack // plan.num_packs, minlength=num_samples)
     split[:] = packs_per_sample[:num_samples] > 1
     return split

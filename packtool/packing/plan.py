@@ -122,7 +122,7 @@ class PackPlan:
         held = (
             self.input_index if self.members is None else np.concatenate([self.input_index, self.members[1]])
         )
-        return np.unique(held)
+        return np.flatnonzero(np.bincount(held)) if len(held) else np.zeros(0, dtype=np.int64)  # no sort
 
     def permute(self, order: np.ndarray) -> PackPlan:
         """The same packs in the order ``order`` (a permutation of pack indices)."""
