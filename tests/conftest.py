@@ -92,6 +92,28 @@ def rewrite_tar_json(path: Path, edit: Callable[[dict], dict]) -> None:
             tar.addfile(member, io.BytesIO(data))
 
 
+def rewrite_tar_members(path: Path, change: Callable[[dict[str, dict[str, bytes]]], None]) -> None:
+    """Rewrite the tar shard ``path`` after ``change(packs)`` edits its members (``{key: {ext: bytes}}``,
+    in order; each pack's members written sorted by extension), and its ``.tar.idx`` with it (the
+    manifest's size and checksums do not follow)."""
+    packs: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            key, _, ext = member.name.partition(".")
+            packs.setdefault(key, {})[ext] = tar.extractfile(member).read()
+    change(packs)
+    offsets = []
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, members in packs.items():
+            offsets.append(tar.offset)
+            for ext in sorted(members):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(members[ext])
+                tar.addfile(info, io.BytesIO(members[ext]))
+        offsets.append(tar.offset)
+    Path(f"{path}.idx").write_bytes(np.asarray(offsets, dtype="<u8").tobytes())
+
+
 @pytest.fixture
 def cli():
     return run_cli

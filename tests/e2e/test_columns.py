@@ -19,7 +19,15 @@ from packtool.inspect import inspect_report, pack_report
 from packtool.loader import PackedDataset, get_loader
 from packtool.reading import load_manifest, read_packs
 from packtool.verify import VerifyReport, iter_batches, verify_output
-from tests.conftest import DEMO, DEMO_TOKENIZER, manifest_json, masked_rows, run_cli, write_jsonl
+from tests.conftest import (
+    DEMO,
+    DEMO_TOKENIZER,
+    manifest_json,
+    masked_rows,
+    rewrite_tar_members,
+    run_cli,
+    write_jsonl,
+)
 
 N = 128
 
@@ -218,27 +226,6 @@ def test_verify_names_a_damaged_next_label(tmp_path, damage, message):
     assert message in proc.stdout + proc.stderr, proc.stdout
 
 
-def _rewrite_tar(path: Path, change) -> None:
-    """Rewrite tar shard ``path`` after ``change(packs)`` edits its members (``{key: {ext: bytes}}``); its
-    ``.tar.idx`` follows (the manifest's size and checksums do not)."""
-    packs: dict[str, dict[str, bytes]] = {}
-    with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            key, _, ext = member.name.partition(".")
-            packs.setdefault(key, {})[ext] = tar.extractfile(member).read()
-    change(packs)
-    offsets = []
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for key, members in packs.items():
-            offsets.append(tar.offset)
-            for ext in sorted(members):
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(members[ext])
-                tar.addfile(info, io.BytesIO(members[ext]))
-        offsets.append(tar.offset)
-    Path(f"{path}.idx").write_bytes(np.asarray(offsets, dtype="<u8").tobytes())
-
-
 def _record_bytes(fields: dict[str, np.ndarray]) -> bytes:
     """A small_columns.npy member holding ``fields``, as numpy writes it."""
     rec = np.empty((), [(name, a.dtype, a.shape) for name, a in fields.items()])
@@ -285,7 +272,7 @@ def test_verify_names_a_damaged_small_columns_member(tmp_path):
             {k: v for k, v in f.items() if k != "num_tokens"}
         )
 
-    _rewrite_tar(shard, change)
+    rewrite_tar_members(shard, change)
     proc = run_cli("verify", minimal, check=False)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 1

@@ -20,7 +20,7 @@ from packtool import read_packs
 from packtool.errors import EXIT_INPUT
 from packtool.fileio import file_sha256
 from packtool.manifest import SamplesPerPack, total_stats
-from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli, without_conflicts, write_jsonl
+from tests.conftest import DEMO, DEMO_TOKENIZER, rewrite_tar_members, run_cli, without_conflicts, write_jsonl
 
 TRAIN = DEMO / "train.jsonl"
 # sequential: the damage tests below name the shards and packs of its layout
@@ -437,23 +437,11 @@ def rewrite_tar(out: Path, shard: int, change, *, update_index: bool = True, upd
     m = manifest(out)
     entry = m["shards"][shard]
     path = out / entry["path"]
-    packs: dict[str, dict[str, bytes]] = {}
-    with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            key, _, ext = member.name.partition(".")
-            packs.setdefault(key, {})[ext] = tar.extractfile(member).read()
-    change(packs)
-    offsets = []
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for key, members in packs.items():
-            offsets.append(tar.offset)
-            for ext in sorted(members):
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(members[ext])
-                tar.addfile(info, io.BytesIO(members[ext]))
-        offsets.append(tar.offset)
-    if update_index:
-        (out / entry["index"]).write_bytes(np.asarray(offsets, dtype="<u8").tobytes())
+    index = out / entry["index"]
+    stale = index.read_bytes()
+    rewrite_tar_members(path, change)
+    if not update_index:
+        index.write_bytes(stale)
     if update_manifest:
         entry.update(bytes=os.path.getsize(path), sha256=file_sha256(path))
         (out / "manifest.json").write_text(json.dumps(m))
