@@ -99,6 +99,20 @@ def token_lists(ids: list[list[int]]) -> pa.LargeListArray:
     return large_lists(offsets, flat, pa.int32())
 
 
+def concat_ragged(parts: list[np.ndarray], dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``parts`` (1-D arrays) as one flat array of ``dtype`` and its ``(len(parts) + 1,)`` int64 offsets
+    (CSR), as ``PackArrays.from_parts`` and ``PackPlan`` take them.
+
+    >>> flat, offsets = concat_ragged([np.array([1, 2]), np.array([], int), np.array([3])], np.int32)
+    >>> flat.tolist(), offsets.tolist(), flat.dtype.name
+    ([1, 2, 3], [0, 2, 2, 3], 'int32')
+    """
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    flat = np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+    return flat, offsets
+
+
 def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, s + l)`` for every ``(s, l)``, vectorized.
 

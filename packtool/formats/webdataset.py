@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from packtool.arrays import concat_ragged
 from packtool.config import PackConfig
 from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.formats import tar
@@ -236,7 +237,7 @@ def _stored_columns(
     for ext, (offset, size) in found.items():
         if ext == SMALL_COLUMNS:
             name = f"{key}.{ext}"
-            fields = tar.record_fields(path, name, tar.npy_view(path, name, buf, offset, size))
+            fields = record_fields(path, name, tar.npy_view(path, name, buf, offset, size))
             out.update({c: a.copy() for c, a in fields.items() if c in columns})
         elif ext.endswith(".npy") and ext[: -len(".npy")] in columns:
             out[ext[: -len(".npy")]] = tar.npy_view(path, f"{key}.{ext}", buf, offset, size).copy()
@@ -246,12 +247,8 @@ def _stored_columns(
 def stack_packs(packs: list[dict[str, np.ndarray]], n: int) -> PackArrays:
     """Pack dicts of one shard (consecutive; stored columns by name) as ``PackArrays`` of packs of ``n``
     tokens; ``ValueError`` as ``PackArrays.from_parts`` raises it."""
-    parts = {}
-    for name in packs[0] if packs else ():
-        values = [p[name] for p in packs]
-        offsets = np.zeros(len(values) + 1, dtype=np.int64)
-        np.cumsum([len(v) for v in values], out=offsets[1:])
-        parts[name] = (np.concatenate(values).astype(COLUMNS[name].dtype, copy=False), offsets)
+    names = packs[0] if packs else ()
+    parts = {name: concat_ragged([p[name] for p in packs], COLUMNS[name].dtype) for name in names}
     return PackArrays.from_parts(parts, n)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from packtool.arrays import concat_ragged
 from packtool.errors import PacktoolError
 from packtool.formats import tar
 from packtool.formats.base import ProblemSink, shard_meta_problems
@@ -67,10 +68,7 @@ class _Batch:
             for c, a in self.fixed.items()
         }
         for col, values in self.ragged.items():
-            offsets = np.zeros(k + 1, dtype=np.int64)
-            np.cumsum([len(v) for v in values], out=offsets[1:])
-            flat = np.concatenate(values) if values else np.zeros(0, COLUMNS[col].dtype)
-            parts[col] = (flat, offsets)
+            parts[col] = concat_ragged(values, COLUMNS[col].dtype)
         return PackArrays.from_parts(parts, self.n)
 
 

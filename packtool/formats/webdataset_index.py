@@ -115,7 +115,9 @@ def old_minimal_layout(manifest: Manifest) -> bool:
 
 def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink) -> None:
     """``wids.json`` and ``.nv-meta/`` must say what the manifest says; no stray ``.tar.idx``. An output
-    older than format_version 2 is said once here: its tar shards carry no run_id (the other checks run)."""
+    older than format_version 2 is said once here: its tar shards carry no run_id (the other checks run);
+    so is a minimal output of the one-member-per-column layout (``old_minimal_layout``: nothing else is
+    checked, ``WebDatasetFormat.check`` skips its shards)."""
     if old_minimal_layout(manifest):
         report.add(
             "format_version",

@@ -38,8 +38,7 @@ def resolve_num_proc(config: PackConfig) -> int:
     for spec in config.inputs:
         if spec.startswith("hf:"):
             return cores  # a Hub dataset: its size is not known here
-        paths = [spec] if os.path.lexists(spec) else glob.glob(spec)
-        for path in paths:
+        for path in _paths(spec):
             if os.path.isdir(path):
                 size += sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
             elif os.path.isfile(path):
@@ -60,10 +59,15 @@ def may_need_workers(config: PackConfig) -> bool:
     for spec in config.inputs:
         if spec.startswith("hf:"):
             return True
-        paths = [spec] if os.path.lexists(spec) else glob.glob(spec)
+        paths = _paths(spec)
         if not paths or not all(p.endswith(".parquet") and os.path.isfile(p) for p in paths):
             return True
     return False
+
+
+def _paths(spec: str) -> list[str]:
+    """The local paths an input names: itself if it exists, else what it matches as a glob."""
+    return [spec] if os.path.lexists(spec) else glob.glob(spec)
 
 
 def make_engine(config: PackConfig):
