@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from packtool.arrays import concat_ragged
 from packtool.errors import ConfigError, PacktoolError
 from packtool.packing.plan import PackPlan
 from packtool.plugins import load_plugin
@@ -242,9 +243,8 @@ def plan_custom(
     np.cumsum(counts, out=offsets[1:])
     members = None
     if pack_fn is not None:  # a pack may name fewer samples than its group holds (it merged them)
-        group_offsets = np.zeros(len(groups) + 1, dtype=np.int64)
-        np.cumsum([len(g) for g in groups], out=group_offsets[1:])
-        members = (group_offsets, np.concatenate(groups) if groups else np.zeros(0, np.int64))
+        flat, group_offsets = concat_ragged(groups, np.int64)
+        members = (group_offsets, flat)
     return PackPlan(
         n,
         offsets,
