@@ -454,6 +454,7 @@ class Manifest:
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     packtool_version: str = __version__
+    run_key: str | None = None  # what the run_id is made from with the reading fields (packtool.binding)
 
     # what other packtool tools need, named once -------------------------------------------------------
     @property
@@ -529,6 +530,7 @@ class Manifest:
                 format=d.get("format", FORMAT),
                 format_version=d.get("format_version", 1),
                 packtool_version=d.get("packtool_version", "unknown"),
+                run_key=d.get("run_key"),
             )
         except (TypeError, KeyError, AttributeError, ConfigError) as e:
             raise InputError(f"{origin}: not a valid packtool manifest ({e})") from None
@@ -557,6 +559,8 @@ class Manifest:
             out["index_files"] = list(self.index_files)
         if self.warnings:
             out["warnings"] = list(self.warnings)
+        if self.run_key is not None:
+            out["run_key"] = self.run_key
         return out
 
     def save(self, directory: str | Path) -> Path:

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from packtool.binding import manifest_problem
 from packtool.errors import InputError, PacktoolError
 from packtool.formats import get_format
 from packtool.formats.base import UNIT_ERRORS, ShardMismatch
 from packtool.manifest import TRAINING_COLUMNS, Manifest, ShardEntry
+from packtool.safepath import output_file_problem
 
 
 def load_manifest(directory: str | Path) -> Manifest:
@@ -27,12 +29,12 @@ def load_manifest(directory: str | Path) -> Manifest:
 
 
 def shard_file_problem(directory: str | Path, entry: ShardEntry) -> str | None:
-    """What is wrong with shard ``entry``'s file at a glance (one ``stat``): ``missing``, or its size is
-    not the recorded one; ``None`` when neither."""
-    try:
-        size = (Path(directory) / entry.path).stat().st_size
-    except FileNotFoundError:
-        return "missing"
+    """What is wrong with shard ``entry``'s file at a glance (a ``realpath`` and a ``stat``): it may not be
+    opened (``safepath.output_file_problem``: outside the directory, not a regular file, ``missing``), or
+    its size is not the recorded one; ``None`` when neither."""
+    if (problem := output_file_problem(directory, entry.path)) is not None:
+        return problem
+    size = (Path(directory) / entry.path).stat().st_size
     return None if size == entry.bytes else f"{size:,} bytes on disk, manifest says {entry.bytes:,}"
 
 
@@ -50,9 +52,15 @@ def check_shard_files(directory: str | Path, manifest: Manifest) -> list[tuple[s
     if listed != counted:
         why = f"its shards hold {listed:,} packs, its stats count {counted:,} (a shard entry removed/added)"
         problems.append(("manifest.json", why))
+    if (problem := manifest_problem(manifest)) is not None:
+        problems.append(("manifest.json", problem))
+    fmt = get_format(manifest.shard_format)
     for entry in manifest.shards:
         if (problem := shard_file_problem(directory, entry)) is not None:
             problems.append((entry.path, problem))
+        for name in fmt.index_files(entry):  # e.g. a tar's .tar.idx: opened by readers too
+            if (problem := output_file_problem(directory, name)) not in (None, "missing"):
+                problems.append((name, problem))
     return problems
 
 

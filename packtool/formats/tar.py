@@ -197,6 +197,8 @@ def members(path: Path, buf) -> Iterator[tuple[str, int, int]]:
             return
         except (tarfile.HeaderError, UnicodeDecodeError):
             raise InputError(f"{path}: bad tar header checksum at byte {pos}") from None
+        if info.size < 0:  # GNU base-256 allows a negative size: the position would not advance
+            raise InputError(f"{path}: bad tar header at byte {pos} (member {info.name}: size {info.size})")
         if pos + BLOCK + info.size > end:
             raise InputError(
                 f"{path}: truncated tar archive (member {info.name} at byte {pos} runs past the end)"

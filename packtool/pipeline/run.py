@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from packtool.binding import bound_run_id, content_run_key, reading_fields
 from packtool.config import PackConfig
 from packtool.encoders import PRETOKENIZED_FIELDS, fields_read, resolve_sample_format
 from packtool.errors import (
@@ -54,7 +55,7 @@ from packtool.formats import ShardFormat, ShardMeta, get_format
 from packtool.formats.card import write_dataset_card
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
-from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
+from packtool.pipeline.chunks import ChunkStore, chunk_intact, read_chunk_meta
 from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.engines.local import thread_map
@@ -230,10 +231,10 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         )
     work = str(out.work)
     fingerprint = input_fingerprint(config.inputs)
-    run_id = make_run_id(config, identity, fingerprint)
+    identity_key = make_run_id(config, identity, fingerprint)  # the run_id is bound to content below
 
     stamps = input_stamps(config.inputs)  # the inputs as the run starts reading them
-    resume = out.begin({"run_id": run_id, "inputs": stamps, "packtool": __version__})
+    resume = out.begin({"run_id": identity_key, "inputs": stamps, "packtool": __version__})
     if resume is not None and not resume["resumed"]:
         _note(
             config,
@@ -250,6 +251,15 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         done = {}
         if resumed and not in_memory:
             done = {m["index"]: m for m in _chunk_metas(work)}
+            damaged = [i for i, m in done.items() if not chunk_intact(work, m)]
+            for i in damaged:  # its arrays are not what was written (a disk fault, an edit): encode it again
+                del done[i]
+            if damaged:
+                _note(
+                    config,
+                    f"{len(damaged)} scratch chunk(s) of the interrupted run are damaged "
+                    f"(chunk {damaged[0]}: its arrays do not give its digest); encoding them again",
+                )
         encoded = 0
         total = _input_rows(config.inputs) if show else None
         with _progress(show, desc="encode", unit=" records", total=total) as bar:
@@ -312,6 +322,20 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
             )
         plan, num_train = hold_out(plan, config.val_fraction, config.seed)
         shard_ranges = list(enumerate(split_shard_ranges(fmt, plan, num_train, config, columns)))
+        # the run's identity: what it is made from, what it encoded, and what readers rely on
+        run_key = content_run_key(identity_key, [m["digest"] for m in metas])
+        fields = reading_fields(
+            packed_sequence_size=config.packed_sequence_size,
+            shard_format=config.format,
+            sample_format=sample_format,
+            labels=config.labels,
+            position_ids=plan.position_ids,
+            pad_token_id=config.pad_token_id,
+            columns=columns,
+            layout=config.columns,
+            shards=[(fmt.shard_name(i, split), b - a, split) for i, (a, b, split) in shard_ranges],
+        )
+        run_id = bound_run_id(run_key, fields)
         finished = {}
         if resumed:
             finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
@@ -363,6 +387,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         _with_counts(fingerprint, store.samples_per_source()),
         columns=columns,
     )
+    manifest.run_key = run_key
     manifest.index_files = fmt.write_dataset_index(out.partial, manifest)
     manifest.warnings = run_warnings
     write_dataset_card(out.partial, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it

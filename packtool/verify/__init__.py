@@ -42,7 +42,8 @@ from packtool.errors import InputError, PacktoolError
 from packtool.formats import get_format
 from packtool.manifest import MANIFEST, Manifest, SamplesPerPack, ShardEntry
 from packtool.packs import PackArrays
-from packtool.verify.files import check_files, check_stats, check_version
+from packtool.safepath import output_file_problem
+from packtool.verify.files import check_binding, check_files, check_stats, check_version
 from packtool.verify.packs import check_packs
 from packtool.verify.report import MAX_LISTED, Problem, VerifyReport
 from packtool.verify.source import SourceCheck
@@ -59,7 +60,7 @@ def iter_batches(
     base = 0
     for i, entry in enumerate(manifest.shards):
         path = Path(directory) / entry.path
-        if path.exists():
+        if output_file_problem(directory, entry.path) is None:  # else check_files says why
             for first, packs in fmt.check(path, entry, manifest, report, i, base):
                 yield i, entry, base + first, packs
         base += entry.num_packs
@@ -82,6 +83,7 @@ def verify_output(
         report.add("manifest", str(e), shard=MANIFEST)
         return report
     check_version(manifest, report)
+    check_binding(manifest, report)
     check_files(directory, manifest, report, fmt)
     fmt.check_dataset_index(directory, manifest, report)
     text_labels = manifest.sample_format == "text" and manifest.tokenizer.kind == "huggingface"
