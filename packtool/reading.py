@@ -52,8 +52,6 @@ def check_shard_files(directory: str | Path, manifest: Manifest) -> list[tuple[s
     if listed != counted:
         why = f"its shards hold {listed:,} packs, its stats count {counted:,} (a shard entry removed/added)"
         problems.append(("manifest.json", why))
-    if (problem := manifest_problem(manifest)) is not None:
-        problems.append(("manifest.json", problem))
     fmt = get_format(manifest.shard_format)
     for entry in manifest.shards:
         if (problem := shard_file_problem(directory, entry)) is not None:
@@ -61,6 +59,8 @@ def check_shard_files(directory: str | Path, manifest: Manifest) -> list[tuple[s
         for name in fmt.index_files(entry):  # e.g. a tar's .tar.idx: opened by readers too
             if (problem := output_file_problem(directory, name)) not in (None, "missing"):
                 problems.append((name, problem))
+    if (problem := manifest_problem(manifest)) is not None:  # after the files: theirs are more specific
+        problems.append(("manifest.json", problem))
     return problems
 
 

@@ -220,11 +220,23 @@ def pack_meta(path: Path, key: str, found: dict[str, tuple[int, int]], buf) -> d
     return meta
 
 
-def _check_run_id(path: Path, meta: dict | None, run_id: str) -> None:
-    """Refuse a shard whose first pack's metadata names another run than ``run_id`` (the manifest's)."""
+def _check_run_id(path: Path, meta: dict | None, run_id: str, shard: int | None, first: int | None) -> None:
+    """Refuse a shard whose first pack's metadata names another run than ``run_id`` (the manifest's), or
+    another place in it than shard ``shard`` starting at global pack ``first`` (a shard list duplicated or
+    reordered in the manifest)."""
     found = None if meta is None else meta.get("run_id")
     if found is not None and found != run_id:
         raise InputError(f"{path}: shard of run {found}, the manifest is run {run_id}")
+    if meta is None or found is None:  # before format_version 2: nothing to match
+        return
+    if shard is not None and meta.get("shard") != shard:
+        raise InputError(
+            f"{path}: the shard says it is shard {meta.get('shard')}, the manifest lists it as {shard}"
+        )
+    if first is not None and meta.get("pack_index") != first:
+        raise InputError(
+            f"{path}: the shard's first pack is pack {meta.get('pack_index')}, the manifest's {first}"
+        )
 
 
 def _stored_columns(
@@ -253,14 +265,20 @@ def stack_packs(packs: list[dict[str, np.ndarray]], n: int) -> PackArrays:
 
 
 def read_tar_packs(
-    path: Path, n: int, columns: Iterable[str], run_id: str | None = None, crc32: int | None = None
+    path: Path,
+    n: int,
+    columns: Iterable[str],
+    run_id: str | None = None,
+    crc32: int | None = None,
+    place: tuple[int, int] | None = None,
 ) -> list[dict]:
     """The packs of one tar shard in order, as dicts of the ``columns`` asked for.
 
     The shard is memory-mapped; each column read becomes one array copy. With ``run_id``, a shard whose
     first pack's metadata (``pack_meta``) names another run raises ``InputError``; with ``crc32``, a shard
     whose bytes have another CRC-32 (a damaged or replaced file) raises ``ShardMismatch`` before any pack
-    is parsed.
+    is parsed; with ``place`` (``(shard number, global index of its first pack)`` in the manifest), so does
+    a shard whose first pack says another.
     """
     columns = set(columns)
     out = []
@@ -275,7 +293,7 @@ def read_tar_packs(
                 )
             for key, _start, found, _end in tar.samples(path, buf):
                 if run_id is not None:
-                    _check_run_id(path, pack_meta(path, key, found, buf), run_id)
+                    _check_run_id(path, pack_meta(path, key, found, buf), run_id, *(place or (None, None)))
                     run_id = None  # the first pack's is enough: a shard is written by one run
                 pack = _stored_columns(path, key, found, buf, columns)
                 missing = [c for c in columns if c not in pack]
@@ -288,6 +306,9 @@ def read_tar_packs(
     return out
 
 
+CRC32_VERSION = 3  # the format_version from which shard entries carry the file's crc32
+
+
 class TarReader(UnitReader):
     """Whole tar shards of an output (a shard is one unit)."""
 
@@ -298,7 +319,14 @@ class TarReader(UnitReader):
         entry = self.manifest.shards[shard]
         m = self.manifest
         crc = entry.crc32 if self.verify_checksums else None
-        packs = read_tar_packs(self.directory / entry.path, m.packed_sequence_size, columns, m.run_id, crc)
+        if crc is None and self.verify_checksums and m.format_version >= CRC32_VERSION:
+            raise ShardMismatch(
+                f"the manifest records no crc32 for it, which format_version {m.format_version} writes "
+                "(an edited manifest)"
+            )
+        place = (shard, sum(e.num_packs for e in m.shards[:shard]))
+        path = self.directory / entry.path
+        packs = read_tar_packs(path, m.packed_sequence_size, columns, m.run_id, crc, place)
         if len(packs) != entry.num_packs:
             raise ShardMismatch(f"{len(packs)} packs, the manifest says {entry.num_packs}")
         return stack_packs(packs, m.packed_sequence_size)

@@ -20,7 +20,6 @@ would make memory (and open files) grow with the input.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
@@ -42,6 +41,7 @@ from packtool.config import PackConfig
 from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
 from packtool.layout import labels_follow_rule
+from packtool.pipeline.content import DIGESTED, chunk_digest, labels_equal_input_ids
 from packtool.readers.base import SourceBatch
 
 
@@ -139,7 +139,7 @@ def chunk_parts(
                 part["loss_mask"] = (labels != -100).astype(np.int8)
         parts.append(part)
     meta = {
-        "digest": chunk_digest(parts),
+        "digest": chunk_digest(parts, CHUNK_ARRAYS),
         "num_samples": sum(b.num_rows for b in batches),
         "num_tokens": sum(int(p["offsets"][-1]) for p in parts),
         "has_loss_mask": has_mask,
@@ -148,6 +148,7 @@ def chunk_parts(
         "empty_loss_tokens": sum(empty_loss_count(e)[1] for e in encoded),
         "sources": sources,
         "row_kinds": row_kinds,
+        "labels_equal_input_ids": labels_equal_input_ids(parts),
     }
     if labels_rule is not None:
         shifted = labels_rule == "shifted"
@@ -157,37 +158,6 @@ def chunk_parts(
         )
         meta.update(labels_rule=labels_rule, labels_follow_rule=follow)
     return parts, meta
-
-
-DIGESTED = ("input_ids", "labels", "loss_mask", "rows")  # with the samples' lengths: a chunk's content
-
-
-def chunk_digest(parts: list[dict]) -> str:
-    """BLAKE2b (128 bits) of a chunk's content: its ``DIGESTED`` arrays end to end in their chunk dtypes,
-    then the samples' lengths (int64), whether given as one part or as several (``chunk_parts``'s parts,
-    or a whole chunk read back: ``{name: array, "offsets": ...}``). The run's identity is made from these
-    (``pipeline.identity.content_run_key``), and a resumed run checks a scratch chunk against its own.
-
-    >>> ids = np.arange(4)
-    >>> whole = {"input_ids": ids, "labels": ids, "offsets": np.array([0, 1, 4])}
-    >>> parts = [{"input_ids": ids[:1], "labels": ids[:1], "offsets": np.array([0, 1])},
-    ...          {"input_ids": ids[1:], "labels": ids[1:], "offsets": np.array([0, 3])}]
-    >>> chunk_digest([whole]) == chunk_digest(parts)
-    True
-    """
-    out = hashlib.blake2b(digest_size=16)
-    for name in (*DIGESTED, "lengths"):
-        h = hashlib.blake2b(digest_size=16)
-        for part in parts:
-            if name == "lengths":
-                array = np.diff(np.asarray(part["offsets"], dtype=np.int64))
-            elif name in part:
-                array = np.ascontiguousarray(part[name], dtype=CHUNK_ARRAYS[name])
-            else:
-                continue
-            h.update(memoryview(array).cast("B"))
-        out.update(name.encode() + h.digest())
-    return out.hexdigest()
 
 
 def chunk_intact(work_dir: str | Path, meta: dict) -> bool:
@@ -200,7 +170,7 @@ def chunk_intact(work_dir: str | Path, meta: dict) -> bool:
             for name in (*DIGESTED, "offsets")
             if (path / f"{name}.npy").exists()
         }
-        return "digest" in meta and chunk_digest([arrays]) == meta["digest"]
+        return "digest" in meta and chunk_digest([arrays], CHUNK_ARRAYS) == meta["digest"]
     except (OSError, ValueError):
         return False
 

@@ -56,7 +56,7 @@ from packtool.formats.card import write_dataset_card
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
 from packtool.pipeline.chunks import ChunkStore, chunk_intact, read_chunk_meta
-from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
+from packtool.pipeline.encode import RunSpec, encode_to_chunks, precut_limit, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
@@ -313,6 +313,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                 "--strict: not every sample would be packed whole, so no shard was written: "
                 + "; ".join(losses)
             )
+        run_warnings += _labels_as_given(config, sample_format, first.schema.names, metas)
         columns = output_columns(config, store)
         if config.columns == "minimal" and "labels" in columns:
             _note(
@@ -389,9 +390,37 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
     )
     manifest.run_key = run_key
     manifest.index_files = fmt.write_dataset_index(out.partial, manifest)
+    precut = sum(m.get("precut_samples", 0) for m in metas)
+    if precut:  # recorded: what of the input was never tokenized
+        limit = precut_limit(config, sample_format)
+        run_warnings = [
+            *run_warnings,
+            f"{precut:,} text sample(s) longer than {limit:,} characters were cut to that length before "
+            "tokenizing (--long-samples truncate keeps only their first tokens)",
+        ]
     manifest.warnings = run_warnings
     write_dataset_card(out.partial, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
     return manifest
+
+
+def _labels_as_given(
+    config: PackConfig, sample_format: str, fields: list[str], metas: list[dict]
+) -> list[str]:
+    """Pretokenized input with ``labels`` of its own, equal to its ``input_ids`` in every sample, packed as
+    ``shifted``: such labels follow the ``unshifted`` rule, and a trainer that believes the manifest would
+    learn to copy its input. A warning (said now, and kept in the manifest's ``warnings``), or under
+    ``--strict`` a ``ConfigError`` before any shard is written."""
+    given = sample_format == "pretokenized" and "labels" in fields
+    if not given or config.labels != "shifted" or not all(m.get("labels_equal_input_ids") for m in metas):
+        return []
+    message = (
+        "the input's own labels equal its input_ids in every sample: they follow the unshifted convention "
+        "(the trainer shifts them), not --labels shifted; pass --labels unshifted so the manifest says so"
+    )
+    if config.strict:
+        raise ConfigError(f"--strict: {message}")
+    _note(config, f"warning: {message}")
+    return [f"labels: taken as given from the input; {message}"]
 
 
 def _with_counts(fingerprint: list[dict], counts: dict[str, int]) -> list[dict]:

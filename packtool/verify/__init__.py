@@ -67,10 +67,15 @@ def iter_batches(
 
 
 def verify_output(
-    directory: str | Path, *, source: list[str] | None = None, progress: bool = False
+    directory: str | Path,
+    *,
+    source: list[str] | None = None,
+    progress: bool = False,
+    tokenizer: str | None = None,
 ) -> VerifyReport:
     """Check the output directory ``directory``; with ``source``, re-encode those inputs and prove that
-    every kept sample's tokens are in the packs exactly once (see module docstring)."""
+    every kept sample's tokens are in the packs exactly once (see module docstring), with ``tokenizer``
+    instead of the run's when given (required when the run's is code: ``SourceCheck.start``)."""
     directory = Path(directory)
     report = VerifyReport(str(directory))
     report.checked.update(shards=0, packs=0, tokens=0)
@@ -87,7 +92,9 @@ def verify_output(
     check_files(directory, manifest, report, fmt)
     fmt.check_dataset_index(directory, manifest, report)
     text_labels = manifest.sample_format == "text" and manifest.tokenizer.kind == "huggingface"
-    source_check = SourceCheck.start(manifest, source, report, progress) if source is not None else None
+    source_check = (
+        SourceCheck.start(manifest, source, report, progress, tokenizer) if source is not None else None
+    )
     num_packs = num_tokens = num_pieces = 0
     fewest, most = sys.maxsize, 0  # pieces in one pack
     shard_tokens: Counter = Counter()

@@ -22,6 +22,7 @@ from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.encode import encode_to_chunks, worker
 from packtool.pipeline.engines import make_engine
 from packtool.pipeline.run import start_run
+from packtool.plugins import is_plugin_spec
 from packtool.readers import read_inputs
 from packtool.verify.report import VerifyReport
 
@@ -39,8 +40,17 @@ class SourceCheck:
 
     @classmethod
     def start(
-        cls, manifest: Manifest, inputs: list[str], report: VerifyReport, progress: bool
+        cls,
+        manifest: Manifest,
+        inputs: list[str],
+        report: VerifyReport,
+        progress: bool,
+        tokenizer: str | None = None,
     ) -> SourceCheck:
+        """Re-encode the source with the run's config, the tokenizer replaced by ``tokenizer`` when the
+        user gives one (``verify --tokenizer``). A manifest is untrusted input: a tokenizer it names that
+        is code (a ``module:callable`` or ``file.py:callable`` plugin) is never imported on its word, only
+        when the user names it (``ConfigError`` otherwise); a tokenizer file or model folder is data."""
         if manifest.stats.policy_packs:
             raise ConfigError(
                 f"--source cannot check this output: its {manifest.stats.policy_packs:,} packs hold what the "
@@ -50,8 +60,15 @@ class SourceCheck:
         # the run's inputs where it found them (absolute paths: verify may run from another directory)
         recorded_inputs = [i.path if i.path and Path(i.path).exists() else i.source for i in manifest.inputs]
         config = dataclasses.replace(
-            manifest.config, inputs=list(inputs) or recorded_inputs or manifest.config.inputs
+            manifest.config,
+            inputs=list(inputs) or recorded_inputs or manifest.config.inputs,
+            tokenizer=tokenizer or manifest.config.tokenizer,
         )
+        if tokenizer is None and is_plugin_spec(manifest.config.tokenizer):
+            raise ConfigError(
+                f"--source: the run's tokenizer is code ({manifest.config.tokenizer}), and verify runs only "
+                "code named on its command line: pass --tokenizer SPEC (that plugin, if you trust it)"
+            )
         # bad records are left out as the run left them (its on_error), fields it did not read ignored
         sink = ErrorSink(config.on_error)
         used = fields_read(config, manifest.sample_format)
