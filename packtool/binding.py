@@ -27,6 +27,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from packtool.layout import columns_problem
+
 
 def content_run_key(identity_key: str, chunk_digests: Sequence[str]) -> str:
     """32 hex digits from the run's identity (config, tokenizer, inputs' names and sizes) and the
@@ -84,8 +86,12 @@ def manifest_fields(manifest: Any) -> dict[str, Any]:
 
 
 def manifest_problem(manifest: Any) -> str | None:
-    """Why the manifest does not give its own ``run_id`` (a field a reader relies on was edited), or None.
+    """Why the manifest cannot be read as written: its columns cannot give the training columns
+    (``layout.columns_problem``), or it does not give its own ``run_id`` (a field a reader relies on was
+    edited); None when neither.
     A manifest without ``run_key`` (written before run ids were bound to content) is not checked."""
+    if (problem := columns_problem(list(manifest.columns), manifest.labels)) is not None:
+        return problem
     run_key = getattr(manifest, "run_key", None)
     if run_key is None:
         return None

@@ -41,6 +41,22 @@ NEEDS = {
 }
 
 
+def columns_problem(stored: list[str], labels: str) -> str | None:
+    """What stored columns ``stored`` (a manifest's ``columns``) lack to give every training column under
+    the ``labels`` convention, or None: a column left out must be rebuilt from the ones it needs.
+
+    >>> columns_problem(["input_ids", "position_ids", "seq_lens"], "shifted")
+    'columns store neither labels nor next_label, which rebuilds them'
+    """
+    need = {"input_ids": "input_ids", "seq_lens": "seq_lens"}
+    if "labels" not in stored and labels == "shifted":
+        need["next_label"] = "labels nor next_label, which rebuilds them"
+    if "position_ids" not in stored:
+        need["sample_offset"] = "position_ids nor sample_offset, which rebuilds them"
+    missing = [what for name, what in need.items() if name not in stored]
+    return f"columns store neither {missing[0]}" if missing else None
+
+
 def stored_columns(stored: list[str], wanted: Iterable[str]) -> list[str]:
     """The stored columns (of ``stored``, a manifest's ``columns``) to read to give the columns
     ``wanted``, in stored order.

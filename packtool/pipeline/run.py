@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -55,7 +56,7 @@ from packtool.formats import ShardFormat, ShardMeta, get_format
 from packtool.formats.card import write_dataset_card
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
-from packtool.pipeline.chunks import ChunkStore, chunk_intact, read_chunk_meta
+from packtool.pipeline.chunks import ChunkStore, chunk_dir, chunk_intact, read_chunk_meta
 from packtool.pipeline.encode import RunSpec, encode_to_chunks, precut_limit, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.engines.local import thread_map
@@ -254,6 +255,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
             damaged = [i for i, m in done.items() if not chunk_intact(work, m)]
             for i in damaged:  # its arrays are not what was written (a disk fault, an edit): encode it again
                 del done[i]
+                shutil.rmtree(chunk_dir(work, i))
             if damaged:
                 _note(
                     config,
@@ -408,7 +410,7 @@ def _labels_as_given(
 ) -> list[str]:
     """Pretokenized input with ``labels`` of its own, equal to its ``input_ids`` in every sample, packed as
     ``shifted``: such labels follow the ``unshifted`` rule, and a trainer that believes the manifest would
-    learn to copy its input. A warning (said now, and kept in the manifest's ``warnings``), or under
+    learn to copy its input. A warning (in the manifest's ``warnings``, which ``pack`` prints), or under
     ``--strict`` a ``ConfigError`` before any shard is written."""
     given = sample_format == "pretokenized" and "labels" in fields
     if not given or config.labels != "shifted" or not all(m.get("labels_equal_input_ids") for m in metas):
@@ -419,7 +421,6 @@ def _labels_as_given(
     )
     if config.strict:
         raise ConfigError(f"--strict: {message}")
-    _note(config, f"warning: {message}")
     return [f"labels: taken as given from the input; {message}"]
 
 

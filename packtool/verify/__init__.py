@@ -40,6 +40,7 @@ import numpy as np
 
 from packtool.errors import InputError, PacktoolError
 from packtool.formats import get_format
+from packtool.layout import columns_problem
 from packtool.manifest import MANIFEST, Manifest, SamplesPerPack, ShardEntry
 from packtool.packs import PackArrays
 from packtool.safepath import output_file_problem
@@ -89,6 +90,8 @@ def verify_output(
         return report
     check_version(manifest, report)
     check_binding(manifest, report)
+    if columns_problem(list(manifest.columns), manifest.labels) is not None:
+        return report  # (check_binding said so) no pack can be rebuilt from what the columns store
     check_files(directory, manifest, report, fmt)
     fmt.check_dataset_index(directory, manifest, report)
     text_labels = manifest.sample_format == "text" and manifest.tokenizer.kind == "huggingface"
