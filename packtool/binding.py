@@ -22,6 +22,7 @@ False
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
@@ -85,12 +86,68 @@ def manifest_fields(manifest: Any) -> dict[str, Any]:
     )
 
 
+def _fits(value: Any, annotation: str) -> bool:
+    """Whether ``value`` is of the (string) ``annotation`` of a manifest dataclass field: ``int``,
+    ``float``, ``str``, ``bool``, ``list[X]``, ``dict[...]``, unions with ``None``; a dataclass field is
+    checked field by field (``type_problem``), any other annotation passes."""
+    for alt in (a.strip() for a in annotation.split("|")):
+        if alt == "None" and value is None:
+            return True
+        if alt == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if alt == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+            return True
+        if alt in ("str", "bool") and type(value).__name__ == alt:
+            return True
+        if alt.startswith("list[") and isinstance(value, list):
+            return all(_fits(v, alt[5:-1]) for v in value)
+        if alt.startswith("dict") and isinstance(value, dict):
+            return True
+        if alt not in ("None", "int", "float", "str", "bool") and not alt.startswith(("list", "dict")):
+            return not dataclasses.is_dataclass(value) or type_problem(value) is None
+    return False
+
+
+def type_problem(record: Any, where: str = "") -> str | None:
+    """The first field of dataclass ``record`` (a loaded ``Manifest``'s shard entries, stats...) whose value
+    is not of its declared type, as ``field 'shards[2].num_packs': not an int``; None when all are. A
+    manifest is untrusted: a reader must not meet a string where it adds numbers."""
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if f.name in ("config", "tokenizer", "histograms", "inputs"):  # parsed by their own classes
+            continue
+        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            for i, item in enumerate(value):
+                if (problem := type_problem(item, f"{where}{f.name}[{i}].")) is not None:
+                    return problem
+            continue
+        if dataclasses.is_dataclass(value):
+            if (problem := type_problem(value, f"{where}{f.name}.")) is not None:
+                return problem
+            continue
+        if isinstance(f.type, str) and not _fits(value, f.type):
+            return f"field '{where}{f.name}': {json.dumps(value, default=str)[:40]} is not of type {f.type}"
+    return None
+
+
+def fields_problem(manifest: Any) -> str | None:
+    """Why the manifest's fields cannot be read at all: one not of its type (``type_problem``), a negative
+    count, or columns that cannot give the training columns (``layout.columns_problem``); None if none."""
+    if (problem := type_problem(manifest)) is not None:
+        return problem
+    vocab = manifest.tokenizer.vocab_size
+    if not _fits(vocab, "int | None"):
+        return f"field 'tokenizer.vocab_size': {vocab!r} is not a number"
+    if any(e.num_packs < 0 or e.bytes < 0 for e in manifest.shards) or manifest.packed_sequence_size <= 0:
+        return "a shard entry counts fewer than 0 packs or bytes"
+    return columns_problem(list(manifest.columns), manifest.labels)
+
+
 def manifest_problem(manifest: Any) -> str | None:
-    """Why the manifest cannot be read as written: its columns cannot give the training columns
-    (``layout.columns_problem``), or it does not give its own ``run_id`` (a field a reader relies on was
-    edited); None when neither.
-    A manifest without ``run_key`` (written before run ids were bound to content) is not checked."""
-    if (problem := columns_problem(list(manifest.columns), manifest.labels)) is not None:
+    """Why the manifest cannot be read as written: ``fields_problem``, or it does not give its own
+    ``run_id`` (a field a reader relies on was edited); None when neither. A manifest without
+    ``run_key`` (written before run ids were bound to content) is not checked for the second."""
+    if (problem := fields_problem(manifest)) is not None:
         return problem
     run_key = getattr(manifest, "run_key", None)
     if run_key is None:

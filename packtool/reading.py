@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packtool.binding import manifest_problem
+from packtool.binding import fields_problem, manifest_problem
 from packtool.errors import InputError, PacktoolError
 from packtool.formats import get_format
 from packtool.formats.base import UNIT_ERRORS, ShardMismatch
@@ -46,6 +46,8 @@ def check_shard_files(directory: str | Path, manifest: Manifest) -> list[tuple[s
     >>> check_shard_files("out/demo", load_manifest("out/demo"))  # doctest: +SKIP
     []
     """
+    if (problem := fields_problem(manifest)) is not None:  # nothing below can be trusted to compute
+        return [("manifest.json", problem)]
     problems = []
     listed = manifest.num_packs
     counted = manifest.stats.num_packs

@@ -220,7 +220,7 @@ def check_tar_shard(
                         "run_id": shard_meta.get("run_id"),
                         "shard": shard_meta.get("shard"),
                     }
-                    if arrays is not None:
+                    if arrays is not None and {"sample_index", "seq_lens"} <= arrays.keys():
                         expect["num_samples"] = len(arrays["sample_index"])
                         spans = int(arrays["seq_lens"][: expect["num_samples"]].sum())
                         expect["num_tokens"] = spans - int(arrays.get("cp_padding", np.zeros(0)).sum())

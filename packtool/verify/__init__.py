@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
+from packtool.binding import manifest_problem
 from packtool.errors import InputError, PacktoolError
 from packtool.formats import get_format
-from packtool.layout import columns_problem
 from packtool.manifest import MANIFEST, Manifest, SamplesPerPack, ShardEntry
 from packtool.packs import PackArrays
 from packtool.safepath import output_file_problem
@@ -88,10 +88,12 @@ def verify_output(
     except PacktoolError as e:
         report.add("manifest", str(e), shard=MANIFEST)
         return report
-    check_version(manifest, report)
     check_binding(manifest, report)
-    if columns_problem(list(manifest.columns), manifest.labels) is not None:
-        return report  # (check_binding said so) no pack can be rebuilt from what the columns store
+    if manifest_problem(manifest) is not None:
+        # (check_binding said what) its fields are not what the run wrote: every check below would be
+        # made against them (a count, a column, a convention), so none is made
+        return report
+    check_version(manifest, report)
     check_files(directory, manifest, report, fmt)
     fmt.check_dataset_index(directory, manifest, report)
     text_labels = manifest.sample_format == "text" and manifest.tokenizer.kind == "huggingface"
