@@ -13,10 +13,11 @@ DIGESTED = ("input_ids", "labels", "loss_mask", "rows")  # with the samples' len
 
 
 def chunk_digest(parts: list[dict], dtypes: dict) -> str:
-    """XXH3 (128 bits, about 10 GB/s: docs/performance.md) of a chunk's content: its ``DIGESTED`` arrays end to end in their chunk dtypes,
-    then the samples' lengths (int64), whether given as one part or as several (``chunk_parts``'s parts,
-    or a whole chunk read back: ``{name: array, "offsets": ...}``). The run's identity is made from these
-    (``pipeline.identity.content_run_key``), and a resumed run checks a scratch chunk against its own.
+    """XXH3 (128 bits, fast: docs/performance.md) of a chunk's content: its ``DIGESTED`` arrays end to end
+    in their ``dtypes``, then the samples' lengths (int64), whether given as one part or as several
+    (``chunk_parts``'s parts, or a whole chunk read back: ``{name: array, "offsets": ...}``). The run's
+    identity is made from these (``binding.content_run_key``), and a resumed run checks a scratch chunk
+    against its own.
 
     >>> ids = np.arange(4)
     >>> whole = {"input_ids": ids, "labels": ids, "offsets": np.array([0, 1, 4])}
