@@ -28,6 +28,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from packtool.config import LABELS, POSITION_IDS
 from packtool.layout import columns_problem
 
 
@@ -132,7 +133,9 @@ def type_problem(record: Any, where: str = "") -> str | None:
 
 def fields_problem(manifest: Any) -> str | None:
     """Why the manifest's fields cannot be read at all: one not of its type (``type_problem``), a negative
-    count, or columns that cannot give the training columns (``layout.columns_problem``); None if none."""
+    count, a convention packtool does not know, or columns that are not a list packtool writes
+    (``layout.columns_problem``); None if none. ``verify`` stops at these; an edit that leaves the fields
+    readable is ``manifest_problem``'s, and verify checks on past it."""
     if (problem := type_problem(manifest)) is not None:
         return problem
     vocab = manifest.tokenizer.vocab_size
@@ -140,6 +143,9 @@ def fields_problem(manifest: Any) -> str | None:
         return f"field 'tokenizer.vocab_size': {vocab!r} is not a number"
     if any(e.num_packs < 0 or e.bytes < 0 for e in manifest.shards) or manifest.packed_sequence_size <= 0:
         return "a shard entry counts fewer than 0 packs or bytes"
+    for key, known in (("labels", LABELS), ("position_ids", POSITION_IDS)):
+        if getattr(manifest, key) not in known:
+            return f"field '{key}': {getattr(manifest, key)!r} is not one of {', '.join(known)}"
     return columns_problem(list(manifest.columns), manifest.labels)
 
 
