@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import tarfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -255,7 +256,7 @@ def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
         shape, fortran, dtype = read(header)
     except ValueError as e:
         raise InputError(f"{path}: member {name} has a bad .npy header ({e})") from None
-    count = int(np.prod(shape))
+    count = math.prod(shape)  # exact: np.prod of (2**32, 2**32) overflows int64 to 0
     start = header.tell()
     if dtype.hasobject or fortran or start + count * dtype.itemsize != size:
         raise InputError(f"{path}: member {name} is not a plain C-order .npy array of its size")
