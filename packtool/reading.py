@@ -39,9 +39,12 @@ def shard_file_problem(directory: str | Path, entry: ShardEntry) -> str | None:
 
 
 def check_shard_files(directory: str | Path, manifest: Manifest) -> list[tuple[str, str]]:
-    """What is wrong with the output's shard set, cheaply (one ``stat`` per shard, no read): the shard
-    entries must hold the packs the stats count, and every shard must pass ``shard_file_problem``.
-    Returns ``[(shard path, problem)]``; empty when all is well. Readers check this before the first pack.
+    """What is wrong with the output's shard set, cheaply (a ``realpath`` and a ``stat`` per file, no
+    read): the manifest's fields must be readable (``binding.fields_problem``), the shard entries must hold
+    the packs the stats count, every shard must pass ``shard_file_problem`` and every index file be a
+    regular file inside the directory, and the manifest must give its own ``run_id``
+    (``binding.manifest_problem``). Returns ``[(path, problem)]``; empty when all is well. Readers check
+    this before the first pack.
 
     >>> check_shard_files("out/demo", load_manifest("out/demo"))  # doctest: +SKIP
     []
@@ -89,9 +92,11 @@ def read_packs(
     ``sample_index`` (the input index of each piece's sample) and ``sample_offset`` (where each piece
     starts inside its sample).
 
-    Before the first pack, the shard set is checked against the manifest (``check_shard_files``); every
-    unit read is checked against the checksums written with it (``verify_checksums``: Parquet page CRCs,
-    a tar shard's CRC-32). A shard that is not the manifest's (another run's, a damaged one, one that does
+    The output is untrusted input (docs/errors.md, threat model). Before the first pack, the shard set is
+    checked against the manifest (``check_shard_files``: files confined to the directory, the run_id
+    recomputed from the manifest's reading fields); every shard must carry the run_id and its own place
+    (shard number, first pack); every unit read is checked against the checksums written with it
+    (``verify_checksums``: Parquet page CRCs, a tar shard's CRC-32). A shard that is not the manifest's (another run's, a damaged one, one that does
     not parse or holds another number of packs) raises ``InputError`` naming it, once the packs before it
     are out.
     """
