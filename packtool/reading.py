@@ -96,9 +96,9 @@ def read_packs(
     checked against the manifest (``check_shard_files``: files confined to the directory, the run_id
     recomputed from the manifest's reading fields); every shard must carry the run_id and its own place
     (shard number, first pack); every unit read is checked against the checksums written with it
-    (``verify_checksums``: Parquet page CRCs, a tar shard's CRC-32). A shard that is not the manifest's (another run's, a damaged one, one that does
-    not parse or holds another number of packs) raises ``InputError`` naming it, once the packs before it
-    are out.
+    (``verify_checksums``: Parquet page CRCs, a tar shard's CRC-32). A shard that is not the manifest's
+    (another run's, a damaged one, one that does not parse or holds another number of packs) raises
+    ``InputError`` naming it, once the packs before it are out.
     """
     directory = Path(directory)
     manifest = Manifest.load(directory)
