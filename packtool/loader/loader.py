@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from packtool.loader.dataset import PARCEL_BATCHES, PackedDataset, ParcelStream, _Item
+from packtool.manifest import Manifest
 
 STATE_VERSION = 1
 _STAT_COUNTS = ("skipped_packs", "skipped_batches", "bad_packs")
@@ -51,12 +52,11 @@ _TYPES = {
 _OLDER = {"drop_last": True}  # fields a state of this version may lack (saved before they existed)
 
 
-def shards_digest(dataset: PackedDataset) -> str:
-    """sha256 over the paths and sha256s of the dataset's shards (its split), from the manifest: what a
-    loader state binds to, besides ``run_id``."""
+def shards_digest(manifest: Manifest, split: str | None) -> str:
+    """sha256 over the paths and sha256s of the shards of ``split``, from the manifest: what a loader
+    state (and ``trl_dataset``'s cache) binds to, besides ``run_id``."""
     h = hashlib.sha256()
-    for unit_shard in dict.fromkeys(u.shard for u in dataset.units):
-        entry = dataset.manifest.shards[unit_shard]
+    for _, entry in manifest.split_shards(split):
         h.update(f"{entry.path}\0{entry.sha256}\n".encode())
     return h.hexdigest()
 
@@ -191,7 +191,7 @@ class PackedLoader:
             "lanes": self.lanes,
             "run_id": ds.manifest.run_id,
             "split": ds.split,
-            "shards": shards_digest(ds),
+            "shards": shards_digest(ds.manifest, ds.split),
             "num_packs": ds.num_packs,
             "seed": ds.seed,
             "batch_size": ds.batch_size,
