@@ -51,3 +51,28 @@ def test_train_trl_sft_runs(packed, tmp_path, capsys):
     losses = _example("train_trl_sft").main(argv)
     assert len(losses) == 3 and all(abs(loss - math.log(1000)) < 0.1 for loss in losses)
     assert "step 2: loss" in capsys.readouterr().out
+
+
+def _code_lines(text: str) -> list[str]:
+    """The code of ``text`` line by line, stripped of indentation and trailing comments."""
+    lines = (line.split("  #")[0].split(" # ")[0].strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+@pytest.mark.parametrize(
+    ("section", "source"),
+    [
+        ("### HF Trainer", "examples/train_hf_trainer.py"),
+        ("### TRL", "examples/train_trl_sft.py"),
+        ("### Accelerate, Lightning", "tests/interop/test_trainers.py"),
+    ],
+)
+def test_the_trainer_sections_of_docs_loader_are_the_code_the_tests_run(section, source):
+    text = (ROOT / "docs" / "loader.md").read_text()
+    body = text[text.index(section) :].split("\n### ")[0]
+    blocks = body.split("```python\n")[1:]
+    assert blocks, section
+    code = set(_code_lines((ROOT / source).read_text()))
+    for block in blocks:
+        for line in _code_lines(block.split("```")[0]):
+            assert line in code, f"{section}: {line!r} is not in {source}"
