@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from packtool import read_packs
+from packtool import read_packs, run_pack
+from packtool.config import PackConfig
 from tests.conftest import DEMO, run_cli, write_jsonl
 
 CHAT_TOKENIZER = DEMO / "chat-tokenizer"
@@ -29,18 +30,18 @@ def test_verify_source_accounts_for_empty_loss_drops_from_another_directory(tmp_
     assert "OK:" in result.stdout and "source samples: 4" in result.stdout
 
 
-def test_split_across_pack_with_nemo_positions_warns_and_names_restart(tmp_path):
+def test_split_across_pack_with_nemo_positions_warns_and_names_restart(tmp_path, capsys):
     rng = np.random.default_rng(0)
     rows = [{"input_ids": rng.integers(1, 100, int(n)).tolist()} for n in (30, 90, 40)]
-    src = write_jsonl(tmp_path / "in.jsonl", rows)
-    base = ["pack", src, "--packed-sequence-size", "64", "--strategy", "sequential", "--split-across-pack"]
-    nemo = run_cli(*base, "-o", tmp_path / "nemo", "-q")
-    assert "packtool: warning: --split-across-pack with --position-ids nemo" in nemo.stderr
-    assert "--position-ids restart" in nemo.stderr
+    src = [str(write_jsonl(tmp_path / "in.jsonl", rows))]
+    base = {"inputs": src, "packed_sequence_size": 64, "strategy": "sequential", "split_across_pack": True}
+    run_pack(PackConfig(output=str(tmp_path / "nemo"), quiet=True, **base))
+    said = capsys.readouterr().err
+    assert "packtool: warning: --split-across-pack with --position-ids nemo" in said
+    assert "--position-ids restart" in said
     # what it warns of: a piece that continues a sample in the next pack does not continue its positions
     packs = list(read_packs(tmp_path / "nemo", with_sample_index=True))
     continued = [(p, i) for p in packs for i, o in enumerate(p["sample_offset"]) if o > 0]
-    assert continued
     wrapped = 0
     for pack, i in continued:
         start, length, offset = (
@@ -48,8 +49,9 @@ def test_split_across_pack_with_nemo_positions_warns_and_names_restart(tmp_path)
             int(pack["seq_lens"][i]),
             pack["sample_offset"][i],
         )
-        true = np.arange(offset, offset + length)
-        wrapped += not np.array_equal(pack["position_ids"][start : start + length], true)
+        wrapped += not np.array_equal(
+            pack["position_ids"][start : start + length], np.arange(offset, offset + length)
+        )
     assert wrapped
-    restart = run_cli(*base, "--position-ids", "restart", "-o", tmp_path / "restart", "-q")
-    assert "warning: --split-across-pack" not in restart.stderr
+    run_pack(PackConfig(output=str(tmp_path / "restart"), position_ids="restart", quiet=True, **base))
+    assert "warning: --split-across-pack" not in capsys.readouterr().err

@@ -13,6 +13,7 @@ functions are the exact code of docs/loader.md's sections.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import warnings
 from pathlib import Path
 
@@ -158,27 +159,30 @@ def test_trl_rows_are_refused_by_collate_packs_and_trainer_columns_named(outputs
 
 def test_a_plain_dataloader_over_packed_dataset_trains_on_each_sample_alone(outputs):
     """What Lightning and accelerate build from a dataset: DataLoader(ds, batch_size=None); and iterating
-    the dataset itself. Both give PackedBatch objects, the loader's batches in its order."""
+    the dataset itself. Both give PackedBatch objects, the loader's batches in its order; with a model
+    and optimizer prepared by accelerate, it trains on each sample alone."""
+    from accelerate import Accelerator
+
     directory = outputs["unshifted"]
     ds = PackedDataset(directory, batch_size=B, shuffle=True, seed=1, mask="dense", lanes=2)
     want = [b.pack_index.tolist() for b in get_loader(ds, num_workers=0)]
     assert [b.pack_index.tolist() for b in ds] == want
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    seen = [batch.pack_index.tolist() for batch in loader if isinstance(batch, PackedBatch)]
+    assert seen == want and len(seen) > STEPS
     example = _example("train_hf_trainer")
-    model = example.tiny_llama(str(directory), "sdpa", torch.float64).train()
+    model = example.tiny_llama(str(directory), "sdpa", torch.float64)
     check = PerTokenCheck(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    seen = []
-    for batch in loader:  # the raw loop of docs/loader.md
-        assert isinstance(batch, PackedBatch)
-        seen.append(batch.pack_index.tolist())
-        if len(seen) > STEPS:
-            continue  # the order of every batch, the training of a few
-        loss = model(**batch.to("cpu")).loss
-        loss.backward()
+    accelerator = Accelerator(cpu=True)
+    model, optimizer = accelerator.prepare(model, optimizer)  # not the loader: packtool shards by rank
+    model.train()
+    for batch in itertools.islice(loader, STEPS):
+        loss = model(**batch.to(accelerator.device)).loss
+        accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
-    assert seen == want and len(seen) > STEPS
+    assert len(check.losses) == STEPS
     assert check.worst < TOL and check.tokens > STEPS * B * 15
 
 
