@@ -14,9 +14,10 @@ data is read.
 
 **Workers.** The DataLoader takes batch ``k`` of the stream from worker ``k % num_workers``; each worker
 decodes only the units holding its batches' packs and drops a unit once its last pack is used. With
-``num_workers == lanes`` (the default) the workers read disjoint units, every unit once per epoch. A
-worker sends ``PARCEL_BATCHES`` batches per DataLoader item (``_Parcel``), through the DataLoader's own
-transport.
+``num_workers == lanes`` (the default) the workers read disjoint units, every unit once per epoch. Under
+``PackedLoader`` a worker sends ``PARCEL_BATCHES`` batches per DataLoader item (``_Parcel``, through the
+DataLoader's own transport, iterating ``ParcelStream``); iterating the dataset itself, or a plain
+``DataLoader(dataset, batch_size=None)``, yields the batches one by one.
 
 **Faults.** ``on_error="fail"`` (default) raises ``InputError`` naming the shard and unit when a unit
 cannot be read (missing file, corrupt data, wrong pack count, a shard of another run).
