@@ -20,7 +20,7 @@ from PIL import Image
 from packtool.errors import ConfigError
 from packtool.vision.images import image_size
 from packtool.vision.processor import load_processor
-from tests.fixtures.vision_processors import build_llava, build_qwen2vl
+from tests.fixtures.vision_processors import build_qwen2vl
 
 FORMATS = [("PNG", "RGB"), ("PNG", "L"), ("PNG", "RGBA"), ("PNG", "P"), ("JPEG", "RGB"), ("JPEG", "L"),
            ("WEBP", "RGB"), ("WEBP", "RGBA"), ("GIF", "P"), ("BMP", "RGB"), ("TIFF", "L")]  # fmt: skip
@@ -54,15 +54,6 @@ def image_files(tmp_path_factory) -> list[tuple[str, Image.Image | None, tuple[i
         large = max(h, w) > 1000
         out.append((str(path), None if large and i % 5 else Image.open(path).convert("RGB"), (h, w)))
     return out
-
-
-@pytest.fixture(scope="module")
-def processors(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("processors")
-    return {
-        "llava": load_processor(build_llava(tmp / "llava")),
-        "qwen2vl": load_processor(build_qwen2vl(tmp / "qwen2vl")),
-    }
 
 
 def test_the_header_gives_the_size_the_decoder_gives(image_files):
