@@ -6,10 +6,12 @@ imports this package.
 * ``images``: an image's size from its header (``image_size``), one-line errors for bad images.
 * ``processor``: the model's processor from a local directory (``load_processor``), how many tokens each
   image becomes (``VisionProcessor.image_tokens``).
-* ``samples``: inputs -> ``VisionSample`` (LLaVA JSON / JSON Lines, chat ``messages`` with image parts,
-  Hugging Face datasets with ``Image`` features, WebDataset captioning shards).
+* ``samples``, ``hf_samples``: inputs -> ``VisionSample`` (LLaVA JSON / JSON Lines, chat ``messages`` with
+  image parts, Hugging Face datasets with ``Image`` features, WebDataset captioning shards).
 * ``sequences``: a sample as the model sees it (``encode_sample``): image tokens expanded, labels, each
   image's span; ``sample_lengths`` for ``packtool.packing.make_plan``.
+* ``packs``: whole samples planned into packs (``plan_packs``) and laid out with each image's span
+  (``assemble_pack``).
 
 See docs/vision.md for what exists and what is left.
 """

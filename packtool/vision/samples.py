@@ -15,8 +15,8 @@ Records (``sample_from_record``), told apart by their fields:
   names its image under ``image``, ``path`` or ``url`` (a local path) as a string, or holds its bytes
   (``image``/``bytes``: bytes, or ``{"bytes": ..., "path": ...}`` as a ``datasets.Image`` column stores
   them); a part without one takes the next of the record's ``images`` list (TRL's layout).
-* Hugging Face datasets: records of either kind whose ``image``/``images`` columns are ``datasets.Image``
-  features, read undecoded (``{"bytes", "path"}``).
+* Hugging Face datasets (``packtool.vision.hf_samples``): records of either kind whose ``image``/``images``
+  columns are ``datasets.Image`` features, read undecoded (``{"bytes", "path"}``).
 * WebDataset captioning shards (Energon's ``CaptioningSample`` layout): per sample key one image member
   (``.jpg``, ``.jpeg``, ``.png``, ``.webp``) and a ``.txt`` caption or a ``.json`` with a ``caption``; the
   sample is a user turn holding the image and an assistant turn holding the caption.
@@ -227,32 +227,6 @@ def _record(record: Any, source: str, row: int, row_kind: str) -> VisionSample:
     if not isinstance(record, dict):
         raise InputError("a record must be a JSON object", source=source, row=row, row_kind=row_kind)
     return sample_from_record(record, source, row, row_kind)
-
-
-def read_hf_samples(directory: str | Path) -> Iterator[VisionSample]:
-    """The samples of a ``save_to_disk`` dataset directory; ``Image`` columns are read undecoded."""
-    try:  # datasets is slow to import and only this reader needs its Image feature
-        import datasets
-    except ImportError:
-        raise InputError("reading a Hugging Face dataset needs datasets", source=str(directory)) from None
-    dataset = datasets.load_from_disk(str(directory))
-    features = dataset.features.copy()
-
-    def undecoded(feature: Any) -> None:
-        if isinstance(feature, datasets.Image):
-            feature.decode = False
-        for inner in (
-            feature.values() if isinstance(feature, dict) else feature if isinstance(feature, list) else []
-        ):
-            undecoded(inner)
-        if hasattr(feature, "feature"):  # Sequence / List / LargeList of images
-            undecoded(feature.feature)
-
-    undecoded(features)
-    dataset = dataset.cast(features)
-    source = str(Path(directory) / "dataset")
-    for i, record in enumerate(dataset):
-        yield sample_from_record(record, source, i, "row")
 
 
 def read_webdataset_samples(shard: str | Path) -> Iterator[VisionSample]:

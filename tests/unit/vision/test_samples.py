@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from packtool.errors import InputError
+from packtool.vision.hf_samples import read_hf_samples
 from packtool.vision.samples import (
-    read_hf_samples,
     read_json_samples,
     read_webdataset_samples,
     sample_from_record,
