@@ -12,8 +12,9 @@ For the pack, run once through ``attn_implementation="sdpa"`` with the dense blo
 ``position_ids``, which restart at every sample), the per-token loss equals each sample's loss run alone,
 and the gradient of the summed loss with respect to one vision-tower and one language-model parameter
 equals that of the samples alone, within 1e-9. Qwen2-VL's M-RoPE position ids ``(3, 1, N)`` are the
-model's own ``get_rope_index`` run on each sample alone, concatenated; flattened, the text positions go
-first as a fourth row (``(4, 1, N)``), the layout transformers reads packed-sequence boundaries from. The
+model's own ``get_rope_index`` run on each sample alone, concatenated (``mrope_position_ids``); flattened,
+the text positions go first as a fourth row (``(4, 1, N)``, ``with_text_positions``), the layout
+transformers reads packed-sequence boundaries from. The
 samples alone get no position ids: the model computes its own, so the packed positions are checked against
 the model's rule too.
 """
@@ -28,6 +29,7 @@ from PIL import Image
 
 from packtool.masks import block_causal_mask
 from packtool.vision.packs import assemble_pack, plan_packs
+from packtool.vision.positions import mrope_position_ids, with_text_positions
 from packtool.vision.processor import load_processor
 from packtool.vision.samples import read_json_samples
 from packtool.vision.sequences import encode_sample, sequence_columns
@@ -162,8 +164,9 @@ def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
     extra = _image_inputs(vp, pack_images)
     text_positions = torch.from_numpy(pack.position_ids).view(1, -1)
     if family == "qwen2vl":
-        padding = text_positions[:, bounds[-1][1] :].expand(3, 1, -1)
-        position_ids = torch.cat([*alone_positions, padding], dim=-1)  # (3, 1, N)
+        grids = extra["image_grid_thw"]
+        position_ids = mrope_position_ids(model.model.get_rope_index, pack, grids)  # (3, 1, N)
+        assert torch.equal(position_ids[:, :, : bounds[-1][1]], torch.cat(alone_positions, dim=-1))
     else:
         position_ids = text_positions
     model.zero_grad()
@@ -174,7 +177,7 @@ def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
         ).logits
     else:
         if family == "qwen2vl":  # the text positions first: transformers finds the boundaries from them
-            position_ids = torch.cat([text_positions.view(1, 1, -1), position_ids], dim=0)
+            position_ids = with_text_positions(position_ids, text_positions)
         logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra).logits
     loss = _token_loss(logits, labels)
     loss.sum().backward()
