@@ -20,7 +20,7 @@ from PIL import Image
 from packtool.errors import ConfigError
 from packtool.vision.images import image_size
 from packtool.vision.processor import load_processor
-from tests.fixtures.vision_processors import build_qwen2vl
+from tests.fixtures.vision_processors import build_llava, build_qwen2vl
 
 FORMATS = [("PNG", "RGB"), ("PNG", "L"), ("PNG", "RGBA"), ("PNG", "P"), ("JPEG", "RGB"), ("JPEG", "L"),
            ("WEBP", "RGB"), ("WEBP", "RGBA"), ("GIF", "P"), ("BMP", "RGB"), ("TIFF", "L")]  # fmt: skip
@@ -91,6 +91,14 @@ def test_qwen2vl_counts_what_its_image_processor_gives(image_files, processors):
     # min_pixels 4 * 28 ** 2 -> at least 4 tokens; max_pixels 64 * 28 ** 2 -> 64, except at extreme aspect
     # ratios, where the rule keeps the short side at 28 (its max(factor, ...)) and goes over max_pixels
     assert ran >= 200 and len(counts) > 20 and min(counts) == 4 and 64 in counts
+
+
+def test_llava_15_layout_gives_576_tokens(tmp_path):
+    """LLaVA-1.5's 336 x 336 crop, patch 14: 24 * 24 patches, the CLS feature dropped."""
+    vp = load_processor(build_llava(tmp_path / "l", crop=336))
+    assert vp.image_tokens(480, 640) == vp.image_tokens(7, 3000) == 576
+    ids = vp.processor(text=["<image>"], images=[Image.new("RGB", (640, 480))])["input_ids"][0]
+    assert int((np.asarray(ids) == vp.image_token_id).sum()) == 576
 
 
 def test_smart_resize_rule_at_qwen2vl_defaults(tmp_path):

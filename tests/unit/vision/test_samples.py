@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from packtool.errors import InputError
+from packtool.errors import ConfigError, InputError
 from packtool.vision.hf_samples import read_hf_samples
+from packtool.vision.inputs import read_vision_samples
 from packtool.vision.samples import (
     read_json_samples,
     read_webdataset_samples,
@@ -154,3 +155,21 @@ def test_bad_rows_are_one_line_errors_naming_file_line_and_field(tmp_path, what,
     text = str(caught.value)
     assert "\n" not in text and text.startswith(f"{path}, {where}"), text
     assert re.search(message, text), text
+
+
+def test_every_kind_of_input_through_one_entry(tmp_path):
+    import datasets
+
+    jsonl = write_llava_input(tmp_path / "llava")
+    shard = _tar(tmp_path / "s.tar", {"k.png": image_bytes(9, 9), "k.txt": b"caption"})
+    parts = [{"type": "image"}, {"type": "text", "text": "x"}]
+    datasets.Dataset.from_dict(
+        {
+            "messages": [[{"role": "user", "content": parts}]],
+            "images": [[str(tmp_path / "llava/images/a.png")]],
+        }
+    ).cast_column("images", datasets.List(datasets.Image())).save_to_disk(str(tmp_path / "ds"))
+    samples = list(read_vision_samples([jsonl, shard, tmp_path / "ds"]))
+    assert [s.source for s in samples] == [str(jsonl)] * 4 + [str(shard), str(tmp_path / "ds" / "dataset")]
+    with pytest.raises(ConfigError, match="vision input .*nope.csv: expected"):
+        list(read_vision_samples([tmp_path / "nope.csv"]))
