@@ -173,3 +173,25 @@ def test_every_kind_of_input_through_one_entry(tmp_path):
     assert [s.source for s in samples] == [str(jsonl)] * 4 + [str(shard), str(tmp_path / "ds" / "dataset")]
     with pytest.raises(ConfigError, match="vision input .*nope.csv: expected"):
         list(read_vision_samples([tmp_path / "nope.csv"]))
+
+
+def test_the_demo_script_writes_inputs_every_reader_takes(tmp_path, processors):
+    """scripts/make_vision_demo.py: the same samples as LLaVA and chat records, and a captioning shard."""
+    import subprocess
+    import sys
+
+    from packtool.vision.sequences import encode_sample
+
+    root = Path(__file__).resolve().parents[3]
+    script = root / "scripts" / "make_vision_demo.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--samples", "24"], check=True)
+    llava = list(read_vision_samples([tmp_path / "llava.jsonl"]))
+    chat = list(read_vision_samples([tmp_path / "chat.jsonl"]))
+    shard = list(read_vision_samples([tmp_path / "captions-000000.tar"]))
+    assert len(llava) == len(chat) == 24 and 0 < len(shard) < 24
+    assert {len(s.images) for s in llava} == {0, 1, 2}
+    vp = processors["qwen2vl"]
+    for a, b in zip(llava, chat, strict=True):
+        assert [r.path for r in a.images] == [r.path for r in b.images]
+        assert encode_sample(vp, a).image_lengths.tolist() == encode_sample(vp, b).image_lengths.tolist()
+    assert len({int(n) for s in llava for n in encode_sample(vp, s).image_lengths}) > 3
