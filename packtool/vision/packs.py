@@ -18,7 +18,9 @@ import pyarrow as pa
 
 from packtool.arrays import np_view
 from packtool.config import PackConfig
+from packtool.errors import InputError
 from packtool.packing import PackPlan, make_plan
+from packtool.vision.samples import VisionSample
 from packtool.vision.sequences import VisionSequence, check_plannable, sample_lengths
 
 IGNORE_INDEX = -100
@@ -50,14 +52,37 @@ class VisionPack:
 
 
 def plan_packs(
-    sequences: list[VisionSequence], packed_sequence_size: int, long_samples: str = "error", seed: int = 0
+    sequences: list[VisionSequence],
+    packed_sequence_size: int,
+    long_samples: str = "error",
+    seed: int = 0,
+    samples: list[VisionSample] | None = None,
 ) -> PackPlan:
     """Plan whole samples into packs of ``packed_sequence_size`` tokens (``bfd``, packs in a shuffled order
-    from ``seed``). A sample longer than N is an ``InputError`` (``long_samples="error"``) or left out
-    (``"drop"``), counted in ``plan.stats``."""
+    from ``seed``).
+
+    A sample longer than N is an ``InputError`` (``long_samples="error"``) or left out (``"drop"``), counted
+    in ``plan.stats``. An image whose tokens alone exceed N is an ``InputError`` under either policy: no
+    setting of N packs it. With ``samples`` (the ``VisionSample`` of each sequence), errors name the
+    sample's file, line or row, and the image.
+    """
     check_plannable(False, long_samples)
-    config = PackConfig(packed_sequence_size=packed_sequence_size, long_samples=long_samples, seed=seed)
-    return make_plan(sample_lengths(sequences), config)
+    n = packed_sequence_size
+    for i, seq in enumerate(sequences):
+        over = np.flatnonzero(seq.image_lengths > n)
+        if len(over):
+            k = int(over[0])
+            tokens = int(seq.image_lengths[k])
+            message = f"image {k} alone takes {tokens} tokens, more than packed_sequence_size {n}"
+            if samples is not None:
+                raise samples[i].error(f"{message} ({samples[i].images[k].name})", "image")
+            raise InputError(f"sample {i}: {message}", field="image")
+
+    def locate(i: int, field: str, message: str) -> InputError:
+        return samples[i].error(message, "messages")
+
+    config = PackConfig(packed_sequence_size=n, long_samples=long_samples, seed=seed)
+    return make_plan(sample_lengths(sequences), config, locate if samples is not None else None)
 
 
 def assemble_pack(columns: pa.RecordBatch, plan: PackPlan, k: int, pad_id: int) -> VisionPack:

@@ -125,5 +125,18 @@ def test_a_sample_longer_than_the_pack_is_refused_or_dropped_never_cut(processor
             plan_packs(sequences, longest - 1, long_samples=policy)
 
 
+def test_errors_of_planning_name_the_sample_and_the_image(processors, samples):
+    sequences = [encode_sample(processors["llava"], s) for s in samples]
+    longest = max(len(s) for s in sequences)
+    where = rf"^{samples[0].source}, line \d, field 'messages': sample has {longest} tokens"
+    with pytest.raises(InputError, match=where):
+        plan_packs(sequences, longest - 1, samples=samples)
+    image = r"line 1, field 'image': image 0 alone takes 16 tokens, more than packed_sequence_size 15 "
+    image += r"\(images/a.png\)$"
+    for policy in ("error", "drop"):
+        with pytest.raises(InputError, match=image):
+            plan_packs(sequences, 15, long_samples=policy, samples=samples)
+
+
 def sample_len(sequences, plan) -> np.ndarray:
     return np.array([len(sequences[i]) for i in plan.sample])
