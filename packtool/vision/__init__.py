@@ -11,7 +11,9 @@ imports this package.
 * ``sequences``: a sample as the model sees it (``encode_sample``): image tokens expanded, labels, each
   image's span; ``sample_lengths`` for ``packtool.packing.make_plan``.
 * ``packs``: whole samples planned into packs (``plan_packs``) and laid out with each image's span
-  (``assemble_pack``).
+  (``assemble_pack``); ``positions``: M-RoPE ids through the model's ``get_rope_index``.
+* ``records``: packs as Arrow rows with each image's original bytes and per-image columns.
+* ``inputs``: ``read_vision_samples(paths)``, the reader for each kind of input.
 
 See docs/vision.md for what exists and what is left.
 """

@@ -52,7 +52,7 @@ def image_size(source: str | Path | bytes, name: str | None = None, *, decode: b
     """
     where = name if name is not None else (str(source) if not isinstance(source, bytes) else "image bytes")
     try:
-        stream = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")  # noqa: SIM115
+        stream = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
     except OSError as e:
         raise InputError(f"cannot read image: {e.strerror or e}", source=where, field="image") from None
     with stream, warnings.catch_warnings():

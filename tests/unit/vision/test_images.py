@@ -4,6 +4,7 @@ image for each kind of bad image."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def test_a_bad_image_is_one_line_naming_it(tmp_path, monkeypatch, what, make, me
     assert "\n" not in text
     assert text.startswith("data/a.jsonl, row 3, image 1, field 'image': ")
     assert caught.value.field == "image"
-    assert __import__("re").search(message, text), text
+    assert re.search(message, text), text
 
 
 def test_a_zero_size_image_is_refused():

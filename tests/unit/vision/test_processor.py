@@ -20,6 +20,7 @@ from PIL import Image
 from packtool.errors import ConfigError
 from packtool.vision.images import image_size
 from packtool.vision.processor import load_processor
+from tests.conftest import DEMO
 from tests.fixtures.vision_processors import build_llava, build_qwen2vl
 
 FORMATS = [("PNG", "RGB"), ("PNG", "L"), ("PNG", "RGBA"), ("PNG", "P"), ("JPEG", "RGB"), ("JPEG", "L"),
@@ -118,9 +119,7 @@ def test_a_directory_without_an_image_processor_is_a_config_error(tmp_path):
         load_processor(tmp_path / "nope")
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "tokenizer.json").write_bytes(
-        (
-            __import__("tests.conftest", fromlist=["DEMO"]).DEMO / "chat-tokenizer" / "tokenizer.json"
-        ).read_bytes()
+        (DEMO / "chat-tokenizer" / "tokenizer.json").read_bytes()
     )
     with pytest.raises(ConfigError, match="processor .*tok"):
         load_processor(tmp_path / "tok")

@@ -1,0 +1,59 @@
+"""Packs as records with their images: the original bytes unchanged, each image's span and size, and
+``datasets.load_dataset`` reading the Parquet file with the images typed as images."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from packtool.vision.packs import plan_packs
+from packtool.vision.records import pack_records
+from packtool.vision.samples import read_json_samples
+from packtool.vision.sequences import encode_sample, sequence_columns
+from tests.fixtures.vision_inputs import write_llava_input
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory, processors):
+    samples = list(read_json_samples(write_llava_input(tmp_path_factory.mktemp("records")))) * 3
+    vp = processors["qwen2vl"]
+    sequences = [encode_sample(vp, s) for s in samples]
+    plan = plan_packs(sequences, max(len(s) for s in sequences) + 40, samples=samples)
+    return samples, sequences, plan, pack_records(sequence_columns(sequences), plan, samples, pad_id=0), vp
+
+
+def test_each_image_is_stored_once_unchanged_with_its_span(records):
+    samples, sequences, plan, rb, vp = records
+    assert rb.num_rows == plan.num_packs > 1
+    stored = 0
+    for k in range(rb.num_rows):
+        row = {name: rb.column(name)[k].as_py() for name in rb.schema.names}
+        ids = np.array(row["input_ids"])
+        for m, image in enumerate(row["images"]):
+            sample = samples[row["samples"][row["image_sample"][m]]]
+            ref = next(r for r in sample.images if r.name == image["path"])
+            assert image["bytes"] == Path(ref.path).read_bytes()  # the original file, byte for byte
+            a, n = row["image_offset"][m], row["image_length"][m]
+            assert (ids[a : a + n] == vp.image_token_id).all()
+            assert n == vp.image_tokens(row["image_height"][m], row["image_width"][m])
+            stored += 1
+        assert (ids == vp.image_token_id).sum() == sum(row["image_length"])
+    assert stored == sum(len(s.images) for s in samples) == 15
+
+
+def test_load_dataset_types_the_image_column_as_images(records, tmp_path):
+    import datasets
+
+    _, _, _, rb, _ = records
+    pq.write_table(pa.Table.from_batches([rb]), tmp_path / "packs.parquet")
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "packs.parquet"), split="train",
+                               cache_dir=str(tmp_path / "hf"))  # fmt: skip
+    assert isinstance(ds.features["images"], datasets.List)
+    assert isinstance(ds.features["images"].feature, datasets.Image)
+    row = next(r for r in ds if r["images"])
+    image = row["images"][0]
+    assert (image.height, image.width) == (row["image_height"][0], row["image_width"][0])
