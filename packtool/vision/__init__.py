@@ -12,6 +12,7 @@ imports this package.
   image's span; ``sample_lengths`` for ``packtool.packing.make_plan``.
 * ``packs``: whole samples planned into packs (``plan_packs``) and laid out with each image's span
   (``assemble_pack``); ``positions``: M-RoPE ids through the model's ``get_rope_index``.
+* ``balance``: a pack order giving data-parallel ranks similar image tokens per step.
 * ``records``: packs as Arrow rows with each image's original bytes and per-image columns.
 * ``inputs``: ``read_vision_samples(paths)``, the reader for each kind of input.
 
