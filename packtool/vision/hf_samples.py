@@ -9,10 +9,11 @@ from typing import Any
 
 import datasets
 
-from packtool.vision.samples import VisionSample, sample_from_record
+from packtool.errors import ErrorSink, InputError
+from packtool.vision.samples import VisionSample, report, sample_from_record
 
 
-def read_hf_samples(directory: str | Path) -> Iterator[VisionSample]:
+def read_hf_samples(directory: str | Path, sink: ErrorSink | None = None) -> Iterator[VisionSample]:
     """The samples of a ``save_to_disk`` dataset directory; ``Image`` columns are read undecoded."""
     dataset = datasets.load_from_disk(str(directory))
     features = dataset.features.copy()
@@ -31,4 +32,7 @@ def read_hf_samples(directory: str | Path) -> Iterator[VisionSample]:
     dataset = dataset.cast(features)
     source = str(Path(directory) / "dataset")
     for i, record in enumerate(dataset):
-        yield sample_from_record(record, source, i, "row")
+        try:
+            yield sample_from_record(record, source, i, "row")
+        except InputError as e:
+            report(sink, e)

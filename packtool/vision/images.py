@@ -54,7 +54,9 @@ def image_size(source: str | Path | bytes, name: str | None = None, *, decode: b
     try:
         stream = io.BytesIO(source) if isinstance(source, bytes) else open(source, "rb")
     except OSError as e:
-        raise InputError(f"cannot read image: {e.strerror or e}", source=where, field="image") from None
+        raise InputError(
+            f"cannot read image: {e.strerror or e}", source=where, field="image", code="missing_image"
+        ) from None
     with stream, warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
@@ -68,16 +70,23 @@ def image_size(source: str | Path | bytes, name: str | None = None, *, decode: b
         except InputError:
             raise
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-            raise InputError(f"decompression bomb: {e}", source=where, field="image") from None
+            raise InputError(
+                f"decompression bomb: {e}", source=where, field="image", code="image_too_large"
+            ) from None
         except UnidentifiedImageError:
             raise InputError(
-                "not an image Pillow can read (unknown format or a cut header)", source=where, field="image"
+                "not an image Pillow can read (unknown format or a cut header)",
+                source=where,
+                field="image",
+                code="bad_image",
             ) from None
         except (OSError, SyntaxError, ValueError) as e:  # Pillow's plugins raise these on a bad header
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise InputError(f"broken image: {reason}", source=where, field="image") from None
+            raise InputError(
+                f"broken image: {reason}", source=where, field="image", code="bad_image"
+            ) from None
     if width <= 0 or height <= 0:
-        raise InputError(f"zero-size image ({width}x{height})", source=where, field="image")
+        raise InputError(f"zero-size image ({width}x{height})", source=where, field="image", code="bad_image")
     return ImageSize(height=height, width=width, format=kind)
 
 
@@ -89,4 +98,5 @@ def _check_bomb(width: int, height: int, where: str) -> None:
             f"MAX_IMAGE_PIXELS = {limit}",
             source=where,
             field="image",
+            code="image_too_large",
         )

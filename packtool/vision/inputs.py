@@ -10,20 +10,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, ErrorSink
 from packtool.vision.hf_samples import read_hf_samples
 from packtool.vision.samples import VisionSample, read_json_samples, read_webdataset_samples
 
 
-def read_vision_samples(paths: list[str | Path]) -> Iterator[VisionSample]:
-    """The samples of every input, in order; ``ConfigError`` for a path that is none of the kinds above."""
+def read_vision_samples(paths: list[str | Path], sink: ErrorSink | None = None) -> Iterator[VisionSample]:
+    """The samples of every input, in order; ``ConfigError`` for a path that is none of the kinds above.
+    Bad records go to ``sink`` when one is given (``--on-error``), else raise."""
     for path in map(Path, paths):
         if path.is_dir() and (path / "dataset_info.json").is_file():
-            yield from read_hf_samples(path)
+            yield from read_hf_samples(path, sink)
         elif path.is_file() and path.suffix in (".jsonl", ".json"):
-            yield from read_json_samples(path)
+            yield from read_json_samples(path, sink)
         elif path.is_file() and path.suffix == ".tar":
-            yield from read_webdataset_samples(path)
+            yield from read_webdataset_samples(path, sink)
         else:
             raise ConfigError(
                 f"vision input {path}: expected a .jsonl/.json file, a WebDataset .tar shard, or a "

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import json
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import InputError
+from packtool.errors import ErrorSink, InputError
 from packtool.vision.images import ImageSize, image_size
 
 LLAVA_ROLES = {
@@ -75,9 +75,12 @@ class VisionSample:
     row: int = 0
     row_kind: str = "row"
 
-    def error(self, message: str, field: str | None = None) -> InputError:
-        """An ``InputError`` naming this sample's file, row and ``field``."""
-        return InputError(message, source=self.source, row=self.row, field=field, row_kind=self.row_kind)
+    def error(self, message: str, field: str | None = None, code: str = "invalid") -> InputError:
+        """An ``InputError`` naming this sample's file, row and ``field``; ``code`` is the reason counted
+        under ``--on-error skip``."""
+        return InputError(
+            message, source=self.source, row=self.row, field=field, row_kind=self.row_kind, code=code
+        )
 
     def image_sizes(self) -> list[ImageSize]:
         """Each image's size, read from its header; a bad image's error names this sample and the image."""
@@ -86,7 +89,7 @@ class VisionSample:
             try:
                 sizes.append(ref.size())
             except InputError as e:
-                raise self.error(f"image {k} ({ref.name}): {e.reason}", "image") from None
+                raise self.error(f"image {k} ({ref.name}): {e.reason}", "image", e.code) from None
         return sizes
 
 
@@ -154,7 +157,9 @@ def _llava(record: dict, sample: VisionSample, base: Path) -> None:
         sample.messages.append({"role": role, "content": parts})
     if placeholders != len(sample.images):
         raise sample.error(
-            f"{placeholders} {PLACEHOLDER} placeholder(s) for {len(sample.images)} image(s)", "conversations"
+            f"{placeholders} {PLACEHOLDER} placeholder(s) for {len(sample.images)} image(s)",
+            "conversations",
+            "image_count",
         )
 
 
@@ -198,11 +203,13 @@ def _chat(record: dict, sample: VisionSample, base: Path) -> None:
             raise sample.error(f"message {j}: content must be a string or a list of parts", "messages")
         sample.messages.append({"role": message["role"], "content": parts})
     if taken != len(listed):
-        raise sample.error(f"{len(listed)} image(s) listed for {taken} image part(s) without one", "images")
+        message = f"{len(listed)} image(s) listed for {taken} image part(s) without one"
+        raise sample.error(message, "images", "image_count")
 
 
-def read_json_samples(path: str | Path) -> Iterator[VisionSample]:
-    """The samples of a JSON Lines file (rows named by line, from 1) or a JSON array (rows from 0)."""
+def read_json_samples(path: str | Path, sink: ErrorSink | None = None) -> Iterator[VisionSample]:
+    """The samples of a JSON Lines file (rows named by line, from 1) or a JSON array (rows from 0). A bad
+    record goes to ``sink`` (``--on-error``: raise, or count it and go on); without one it raises."""
     source = str(path)
     text = Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
@@ -211,7 +218,7 @@ def read_json_samples(path: str | Path) -> Iterator[VisionSample]:
         except json.JSONDecodeError as e:
             raise InputError(f"malformed JSON: {e}", source=source) from None
         for i, record in enumerate(records):
-            yield _record(record, source, i, "row")
+            yield from _or_sink(sink, _record, record, source, i, "row")
         return
     for i, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -219,8 +226,27 @@ def read_json_samples(path: str | Path) -> Iterator[VisionSample]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise InputError(f"malformed JSON: {e.msg}", source=source, row=i, row_kind="line") from None
-        yield _record(record, source, i, "line")
+            error = InputError(
+                f"malformed JSON: {e.msg}", source=source, row=i, row_kind="line", code="malformed_json"
+            )
+            report(sink, error)
+            continue
+        yield from _or_sink(sink, _record, record, source, i, "line")
+
+
+def _or_sink(sink: ErrorSink | None, make: Callable[..., VisionSample], *args: Any) -> Iterator[VisionSample]:
+    """``make(*args)``'s sample, or nothing when it raised an ``InputError`` that ``sink`` counts."""
+    try:
+        yield make(*args)
+    except InputError as e:
+        report(sink, e)
+
+
+def report(sink: ErrorSink | None, error: InputError) -> None:
+    """Raise ``error``, or, with a sink, hand it over (``ErrorSink.bad``: raise or count)."""
+    if sink is None:
+        raise error
+    sink.bad(error)
 
 
 def _record(record: Any, source: str, row: int, row_kind: str) -> VisionSample:
@@ -229,10 +255,10 @@ def _record(record: Any, source: str, row: int, row_kind: str) -> VisionSample:
     return sample_from_record(record, source, row, row_kind)
 
 
-def read_webdataset_samples(shard: str | Path) -> Iterator[VisionSample]:
+def read_webdataset_samples(shard: str | Path, sink: ErrorSink | None = None) -> Iterator[VisionSample]:
     """The captioning samples of a WebDataset tar shard: members grouped by key (the name up to the first
     dot of its last path part), one image and a ``.txt`` or ``.json`` caption each. Rows count samples
-    from 0 in the shard's order."""
+    from 0 in the shard's order. A bad sample goes to ``sink`` (see ``read_json_samples``)."""
     source = str(shard)
     with tarfile.open(shard) as tar:
         key, group, row = None, {}, 0
@@ -243,12 +269,12 @@ def read_webdataset_samples(shard: str | Path) -> Iterator[VisionSample]:
             name, _, ext = base.partition(".")
             member_key = f"{folder}/{name}" if folder else name
             if member_key != key and group:
-                yield _captioning(group, key, source, row)
+                yield from _or_sink(sink, _captioning, group, key, source, row)
                 row, group = row + 1, {}
             key = member_key
             group["." + ext.lower()] = tar.extractfile(member).read()
         if group:
-            yield _captioning(group, key, source, row)
+            yield from _or_sink(sink, _captioning, group, key, source, row)
 
 
 def _captioning(group: dict[str, bytes], key: str, source: str, row: int) -> VisionSample:

@@ -21,6 +21,7 @@ that would cut a sample, and so possibly an image, between packs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,9 +29,9 @@ import pyarrow as pa
 
 from packtool.arrays import large_lists, token_lists
 from packtool.encoders.masking import loss_columns
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, ErrorSink, InputError
 from packtool.vision.processor import VisionProcessor
-from packtool.vision.samples import VisionSample
+from packtool.vision.samples import VisionSample, report
 
 
 @dataclass
@@ -102,6 +103,23 @@ def encode_sample(processor: VisionProcessor, sample: VisionSample) -> VisionSeq
         image_lengths=counts,
         image_sizes=np.array([(s.height, s.width) for s in sizes], dtype=np.int64).reshape(-1, 2),
     )
+
+
+def encode_samples(
+    processor: VisionProcessor, samples: Iterable[VisionSample], sink: ErrorSink | None = None
+) -> tuple[list[VisionSample], list[VisionSequence]]:
+    """``encode_sample`` over ``samples``; the samples kept and their sequences. A sample whose encoding
+    fails (a bad image, a template error, ...) goes to ``sink`` (``--on-error skip`` counts it and leaves
+    it out; ``fail`` raises); without a sink the error raises."""
+    kept, sequences = [], []
+    for sample in samples:
+        try:
+            sequences.append(encode_sample(processor, sample))
+        except InputError as e:
+            report(sink, e)
+            continue
+        kept.append(sample)
+    return kept, sequences
 
 
 def sample_lengths(sequences: list[VisionSequence]) -> np.ndarray:

@@ -195,3 +195,30 @@ def test_the_demo_script_writes_inputs_every_reader_takes(tmp_path, processors):
         assert [r.path for r in a.images] == [r.path for r in b.images]
         assert encode_sample(vp, a).image_lengths.tolist() == encode_sample(vp, b).image_lengths.tolist()
     assert len({int(n) for s in llava for n in encode_sample(vp, s).image_lengths}) > 3
+
+
+def test_on_error_skip_counts_every_bad_row_and_keeps_the_good_ones(tmp_path, processors):
+    """The BAD_ROWS table in one file between good rows: ``skip`` keeps the good rows and counts each bad
+    one by reason; ``fail`` raises at the first, with the hint."""
+    from packtool.errors import ErrorSink
+    from packtool.vision.sequences import encode_samples
+
+    write_llava_input(tmp_path)
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    (tmp_path / "cut.png").write_bytes(image_bytes(30, 30)[:20])
+    write_image(tmp_path / "a.png", 10, 10)
+    lines = [json.dumps(r) for r in llava_rows()]
+    for _, record, _, _ in BAD_ROWS:
+        lines.append("{not json" if record is None else json.dumps(record))
+    lines += [json.dumps(r) for r in llava_rows()]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    sink = ErrorSink("skip")
+    kept, sequences = encode_samples(processors["llava"], read_vision_samples([path], sink), sink)
+    assert len(kept) == len(sequences) == 2 * len(llava_rows())
+    assert sink.total == len(BAD_ROWS)
+    assert sink.counts["missing_image"] == 1 and sink.counts["bad_image"] == 2
+    assert sink.counts["image_count"] == 4 and sink.counts["malformed_json"] == 1
+    assert [e["row"] for e in sink.entries] == list(range(5, 5 + len(BAD_ROWS)))
+    with pytest.raises(InputError, match=r"line 5, field 'image': .*--on-error skip leaves bad records"):
+        encode_samples(processors["llava"], read_vision_samples([path], ErrorSink("fail")), ErrorSink("fail"))
