@@ -1,7 +1,8 @@
 """Training on packs of vision-language samples equals training on each sample alone (issue 29).
 
-Two tiny random models built from transformers configs, on the CPU in float64: a LLaVA (CLIP vision tower,
-Llama language model; ``LlavaForConditionalGeneration``) and a Qwen2-VL (``Qwen2VLForConditionalGeneration``).
+Tiny random models built from transformers configs, on the CPU in float64: a LLaVA (CLIP vision tower,
+Llama language model; ``LlavaForConditionalGeneration``), a Qwen2-VL (``Qwen2VLForConditionalGeneration``)
+and a Qwen2.5-VL (window attention in its vision tower; it reads Qwen2-VL's processor output).
 Their processors are the tiny ones of ``tests/fixtures/vision_processors.py``; the samples are LLaVA records
 with one, two and no image. packtool encodes them (``encode_sample``), plans whole samples into packs
 (``plan_packs``) and lays one pack out (``assemble_pack``); the pack's images go to the image processor in
@@ -89,6 +90,39 @@ def _qwen2vl(vp, vocab: int):
     return model.eval(), vision, text
 
 
+def _qwen25vl(vp, vocab: int):
+    """Qwen2.5-VL: the same processor and text model; a vision tower with window attention (one window
+    layer, one full-attention layer) and an MLP merger."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tok = vp.tokenizer
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
+        },
+        vision_config={
+            "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "out_hidden_size": 32,
+            "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 56,
+            "fullatt_block_indexes": [1],
+        },
+        image_token_id=vp.image_token_id, video_token_id=tok.token_to_id("<|video_pad|>"),
+        vision_start_token_id=tok.token_to_id("<|vision_start|>"),
+        vision_end_token_id=tok.token_to_id("<|vision_end|>"),
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration._from_config(
+        config, attn_implementation="sdpa", dtype=torch.float64
+    )
+    vision = model.model.visual.blocks[0].attn.qkv.weight
+    text = model.model.language_model.layers[0].self_attn.q_proj.weight
+    return model.eval(), vision, text
+
+
+MODELS = {"llava": _llava, "qwen2vl": _qwen2vl, "qwen25vl": _qwen25vl}
+
+
 def _token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token cross entropy (0 where the label is -100); packtool's labels are already shifted."""
     flat = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=-100, reduction="none")
@@ -122,16 +156,16 @@ def _mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int) -> torch.Te
 
 
 @pytest.mark.parametrize("how", ["dense", "flattened"])
-@pytest.mark.parametrize("family", ["llava", "qwen2vl"])
+@pytest.mark.parametrize("family", ["llava", "qwen2vl", "qwen25vl"])
 def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
-    vp = data[family]
+    vp = data["llava" if family == "llava" else "qwen2vl"]  # Qwen2.5-VL's processor is Qwen2-VL's
     sequences = [encode_sample(vp, s) for s in data["samples"]]
     n = sum(len(s) for s in sequences) + 5  # one pack: the four samples (1, 2, 0 and 2 images) and padding
     plan = plan_packs(sequences, n)
     pack = assemble_pack(sequence_columns(sequences), plan, 0, pad_id=0)
     assert plan.num_packs == 1 and len(pack.samples) == 4 and len(pack.image_offsets) == 5
     vocab = max(int(s.input_ids.max()) for s in sequences) + 1
-    model, vision_param, text_param = (_llava if family == "llava" else _qwen2vl)(vp, vocab)
+    model, vision_param, text_param = MODELS[family](vp, vocab)
     input_ids = torch.from_numpy(pack.input_ids).view(1, -1)
     labels = torch.from_numpy(pack.labels).view(1, -1)
     ends = np.cumsum(pack.seq_lens)
@@ -145,7 +179,7 @@ def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
         i = int(pack.samples[j])
         ids = input_ids[:, a:b]
         extra = _image_inputs(vp, data["images"][i])
-        if family == "qwen2vl":
+        if family != "llava":
             extra["mm_token_type_ids"] = _mm_token_type_ids(ids, vp.image_token_id)
             positions, _ = model.model.get_rope_index(
                 ids, extra["mm_token_type_ids"], image_grid_thw=extra.get("image_grid_thw")
@@ -163,7 +197,7 @@ def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
     ]
     extra = _image_inputs(vp, pack_images)
     text_positions = torch.from_numpy(pack.position_ids).view(1, -1)
-    if family == "qwen2vl":
+    if family != "llava":
         grids = extra["image_grid_thw"]
         position_ids = mrope_position_ids(model.model.get_rope_index, pack, grids)  # (3, 1, N)
         assert torch.equal(position_ids[:, :, : bounds[-1][1]], torch.cat(alone_positions, dim=-1))
@@ -176,7 +210,7 @@ def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
             input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False, **extra
         ).logits
     else:
-        if family == "qwen2vl":  # the text positions first: transformers finds the boundaries from them
+        if family != "llava":  # the text positions first: transformers finds the boundaries from them
             position_ids = with_text_positions(position_ids, text_positions)
         logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra).logits
     loss = _token_loss(logits, labels)
