@@ -7,7 +7,8 @@
    placeholder: ``<image>`` for LLaVA, ``<|vision_start|><|image_pad|><|vision_end|>`` for Qwen2-VL) and
    finds the trained characters as the ``chat`` encoder does (assistant turns: ``{% generation %}`` spans
    or prefix renders; ``packtool.encoders.chat``);
-3. tokenizes the text once (the image token is a special token, so one image is one token id here), and
+3. tokenizes the text (``encode_samples``: the texts of ``CHUNK_SIZE`` samples in one call; the image
+   token is a special token, so one image is one token id here), and
    repeats the k-th image token id ``image_tokens(k)`` times, in NumPy: the same ids the processor writes
    when it replaces each placeholder by that many image tokens before tokenizing. The vision start/end
    tokens the template writes stay around each run; image tokens are never trained.
@@ -32,6 +33,8 @@ from packtool.encoders.masking import loss_columns
 from packtool.errors import ConfigError, ErrorSink, InputError
 from packtool.vision.processor import VisionProcessor
 from packtool.vision.samples import VisionSample, report
+
+CHUNK_SIZE = 256  # samples whose rendered texts are tokenized in one call
 
 
 @dataclass
@@ -63,12 +66,18 @@ class VisionSequence:
         return mask
 
 
-def encode_sample(processor: VisionProcessor, sample: VisionSample) -> VisionSequence:
-    """The tokens of ``sample`` as the model sees them (see the module docstring).
+@dataclass
+class _Rendered:
+    """A sample rendered, before tokenizing: its text, trained character spans and images."""
 
-    Raises ``InputError`` naming the sample's file, row and image: a bad image, a template that fails, or a
-    rendered text whose image tokens are not one per image (an image token typed in the text).
-    """
+    sample: VisionSample
+    text: str
+    spans: list[tuple[int, int]]
+    counts: np.ndarray  # (k,) int64 image tokens per image
+    sizes: np.ndarray  # (k, 2) int64 (height, width)
+
+
+def _render(processor: VisionProcessor, sample: VisionSample) -> _Rendered:
     sizes = sample.image_sizes()
     counts = np.array([processor.image_tokens(s.height, s.width) for s in sizes], dtype=np.int64)
     try:
@@ -78,47 +87,80 @@ def encode_sample(processor: VisionProcessor, sample: VisionSample) -> VisionSeq
     except Exception as e:  # the template raised (raise_exception, an undefined variable, ...)
         reason = str(e).splitlines()[0] if str(e) else ""
         raise sample.error(f"chat template failed: {type(e).__name__}: {reason}", "messages") from None
-    ids_list, starts_list = processor.tokenizer.encode_batch_offsets([text])
-    ids = np.asarray(ids_list[0], dtype=np.int32)
-    starts = starts_list[0]
+    shape = np.array([(s.height, s.width) for s in sizes], dtype=np.int64).reshape(-1, 2)
+    return _Rendered(sample, text, spans, counts, shape)
+
+
+def _expand(processor: VisionProcessor, r: _Rendered, ids: list[int], starts: np.ndarray) -> VisionSequence:
+    """The tokenized text with the k-th image token repeated ``r.counts[k]`` times."""
+    ids = np.asarray(ids, dtype=np.int32)
     trained = np.zeros(len(ids), dtype=bool)
-    for a, b in spans:  # tokens whose first character lies in [a, b)
+    for a, b in r.spans:  # tokens whose first character lies in [a, b)
         trained[np.searchsorted(starts, a, side="left") : np.searchsorted(starts, b, side="left")] = True
     where = np.flatnonzero(ids == processor.image_token_id)
-    if len(where) != len(counts):
-        raise sample.error(
+    if len(where) != len(r.counts):
+        raise r.sample.error(
             f"the rendered text has {len(where)} image token(s) {processor.image_token!r} for "
-            f"{len(counts)} image(s) (is an image token written in the text?)",
+            f"{len(r.counts)} image(s) (is an image token written in the text?)",
             "messages",
+            "image_count",
         )
     repeats = np.ones(len(ids), dtype=np.int64)
-    repeats[where] = counts
+    repeats[where] = r.counts
     ends = np.cumsum(repeats)
     expanded = np.repeat(ids, repeats)
-    trained = np.repeat(trained, repeats) & (expanded != processor.image_token_id)
     return VisionSequence(
         input_ids=expanded,
-        trained=trained,
-        image_offsets=(ends[where] - counts).astype(np.int64),
-        image_lengths=counts,
-        image_sizes=np.array([(s.height, s.width) for s in sizes], dtype=np.int64).reshape(-1, 2),
+        trained=np.repeat(trained, repeats) & (expanded != processor.image_token_id),
+        image_offsets=(ends[where] - r.counts).astype(np.int64),
+        image_lengths=r.counts,
+        image_sizes=r.sizes,
     )
 
 
+def encode_sample(processor: VisionProcessor, sample: VisionSample) -> VisionSequence:
+    """The tokens of ``sample`` as the model sees them (see the module docstring).
+
+    Raises ``InputError`` naming the sample's file, row and image: a bad image, a template that fails, or a
+    rendered text whose image tokens are not one per image (an image token typed in the text).
+    """
+    return encode_samples(processor, [sample])[1][0]
+
+
 def encode_samples(
-    processor: VisionProcessor, samples: Iterable[VisionSample], sink: ErrorSink | None = None
+    processor: VisionProcessor,
+    samples: Iterable[VisionSample],
+    sink: ErrorSink | None = None,
+    chunk_size: int = CHUNK_SIZE,
 ) -> tuple[list[VisionSample], list[VisionSequence]]:
-    """``encode_sample`` over ``samples``; the samples kept and their sequences. A sample whose encoding
-    fails (a bad image, a template error, ...) goes to ``sink`` (``--on-error skip`` counts it and leaves
-    it out; ``fail`` raises); without a sink the error raises."""
-    kept, sequences = [], []
+    """``encode_sample`` over ``samples``, tokenizing ``chunk_size`` rendered texts in one call; the samples
+    kept and their sequences, in input order. A sample whose encoding fails (a bad image, a template
+    error, ...) goes to ``sink`` (``--on-error skip`` counts it and leaves it out; ``fail`` raises); without
+    a sink the error raises."""
+    kept: list[VisionSample] = []
+    sequences: list[VisionSequence] = []
+    rendered: list[_Rendered] = []
+
+    def flush() -> None:
+        ids, starts = processor.tokenizer.encode_batch_offsets([r.text for r in rendered])
+        for r, sample_ids, sample_starts in zip(rendered, ids, starts, strict=True):
+            try:
+                sequences.append(_expand(processor, r, sample_ids, sample_starts))
+            except InputError as e:
+                report(sink, e)
+                continue
+            kept.append(r.sample)
+        rendered.clear()
+
     for sample in samples:
         try:
-            sequences.append(encode_sample(processor, sample))
+            rendered.append(_render(processor, sample))
         except InputError as e:
             report(sink, e)
-            continue
-        kept.append(sample)
+        if len(rendered) >= chunk_size:
+            flush()
+    if rendered:
+        flush()
     return kept, sequences
 
 

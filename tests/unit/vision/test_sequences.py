@@ -10,7 +10,7 @@ from PIL import Image
 from packtool.errors import ConfigError, InputError
 from packtool.vision.packs import assemble_pack, plan_packs
 from packtool.vision.samples import read_json_samples, sample_from_record
-from packtool.vision.sequences import encode_sample, sequence_columns
+from packtool.vision.sequences import encode_sample, encode_samples, sequence_columns
 from tests.fixtures.vision_inputs import write_llava_input
 
 
@@ -65,6 +65,16 @@ def test_image_spans_and_labels(processors, samples, model):
     assert runs[0].endswith("s.<|im_end|>") and runs[1].endswith("er.<|im_end|>")
     labels = sequence_columns([seq]).column("labels").to_pylist()[0]
     assert sum(label != -100 for label in labels) == seq.trained.sum()
+
+
+def test_chunks_of_any_size_give_the_same_sequences(processors, samples):
+    vp = processors["qwen2vl"]
+    _, whole = encode_samples(vp, samples * 3)
+    kept, one_by_one = encode_samples(vp, samples * 3, chunk_size=1)
+    assert len(kept) == len(whole) == len(one_by_one) == 12
+    for a, b in zip(whole, one_by_one, strict=True):
+        assert np.array_equal(a.input_ids, b.input_ids) and np.array_equal(a.trained, b.trained)
+        assert np.array_equal(a.image_offsets, b.image_offsets)
 
 
 def test_a_text_only_sample_has_no_image(processors, samples):
