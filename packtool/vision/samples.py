@@ -12,7 +12,8 @@ Records (``sample_from_record``), told apart by their fields:
   images must be as many; a LLaVA record with one image and no placeholder is refused too (where the image
   goes is not known).
 * chat: ``messages`` whose ``content`` is a string or a list of parts; an image part (``"type": "image"``)
-  names its image under ``image``, ``path`` or ``url`` (a local path) as a string, or holds its bytes
+  names its image under ``image``, ``path`` or ``url`` (a local path; a remote URL is refused, nothing is
+  downloaded) as a string, or holds its bytes
   (``image``/``bytes``: bytes, or ``{"bytes": ..., "path": ...}`` as a ``datasets.Image`` column stores
   them); a part without one takes the next of the record's ``images`` list (TRL's layout).
 * Hugging Face datasets (``packtool.vision.hf_samples``): records of either kind whose ``image``/``images``
@@ -55,6 +56,7 @@ class ImageRef:
     path: str | None = None
     data: bytes | None = None
     name: str = ""
+    remote: bool = False  # an http(s):// or other URL: never fetched, refused when its size is asked
 
     def read_bytes(self) -> bytes:
         """The image's encoded bytes, unchanged."""
@@ -62,6 +64,9 @@ class ImageRef:
 
     def size(self) -> ImageSize:
         """Its size from the header (``image_size``)."""
+        if self.remote:
+            raise InputError("a URL: packtool reads local files and bytes only, nothing is downloaded",
+                             field="image", code="missing_image")  # fmt: skip
         return image_size(self.data if self.data is not None else self.path, self.name)
 
 
@@ -122,6 +127,8 @@ def _image_ref(value: Any, base: Path, name: str) -> ImageRef | None:
     if isinstance(value, bytes | bytearray):
         return ImageRef(data=bytes(value), name=name)
     if isinstance(value, str) and value:
+        if "://" in value and not value.startswith("file://"):
+            return ImageRef(path=value, name=value, remote=True)
         path = value.removeprefix("file://")
         resolved = str(base / path) if not Path(path).is_absolute() else path
         return ImageRef(path=resolved, name=value)

@@ -135,6 +135,8 @@ BAD_ROWS = [
      "line 1, field 'images'", r"1 image\(s\) listed for 0 image part"),
     ("an image value that is no path", {"image": 5, "conversations": [{"from": "human", "value": "<image>"}]},
      "line 1, field 'image'", r"image 0 is not a path or image bytes"),
+    ("a remote URL", {"messages": [{"role": "user", "content": [{"type": "image", "url": "https://x/a.png"}]}]},
+     "line 1, field 'image'", r"image 0 \(https://x/a\.png\): a URL: .* nothing is downloaded"),
     ("malformed JSON", None, "line 1", r"malformed JSON"),
 ]  # fmt: skip
 
@@ -217,7 +219,7 @@ def test_on_error_skip_counts_every_bad_row_and_keeps_the_good_ones(tmp_path, pr
     kept, sequences = encode_samples(processors["llava"], read_vision_samples([path], sink), sink)
     assert len(kept) == len(sequences) == 2 * len(llava_rows())
     assert sink.total == len(BAD_ROWS)
-    assert sink.counts["missing_image"] == 1 and sink.counts["bad_image"] == 2
+    assert sink.counts["missing_image"] == 2 and sink.counts["bad_image"] == 2
     assert sink.counts["image_count"] == 4 and sink.counts["malformed_json"] == 1
     assert [e["row"] for e in sink.entries] == list(range(5, 5 + len(BAD_ROWS)))
     with pytest.raises(InputError, match=r"line 5, field 'image': .*--on-error skip leaves bad records"):
