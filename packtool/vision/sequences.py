@@ -79,7 +79,12 @@ class _Rendered:
 
 def _render(processor: VisionProcessor, sample: VisionSample) -> _Rendered:
     sizes = sample.image_sizes()
-    counts = np.array([processor.image_tokens(s.height, s.width) for s in sizes], dtype=np.int64)
+    counts = np.zeros(len(sizes), dtype=np.int64)
+    for k, size in enumerate(sizes):
+        try:
+            counts[k] = processor.image_tokens(size.height, size.width)
+        except ValueError as e:  # the processor refuses the size (Qwen: an aspect ratio over 200)
+            raise sample.error(f"image {k} ({sample.images[k].name}): {e}", "image", "bad_image") from None
     try:
         text, spans = processor.chat.trained_spans(sample.messages)
     except ValueError as e:

@@ -11,7 +11,7 @@ from packtool.errors import ConfigError, InputError
 from packtool.vision.packs import assemble_pack, plan_packs
 from packtool.vision.samples import read_json_samples, sample_from_record
 from packtool.vision.sequences import encode_sample, encode_samples, sequence_columns
-from tests.fixtures.vision_inputs import write_llava_input
+from tests.fixtures.vision_inputs import write_image, write_llava_input
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,15 @@ def test_chunks_of_any_size_give_the_same_sequences(processors, samples):
 def test_a_text_only_sample_has_no_image(processors, samples):
     seq = encode_sample(processors["qwen2vl"], samples[2])
     assert len(seq.image_offsets) == 0 and seq.image_sizes.shape == (0, 2) and seq.trained.any()
+
+
+def test_a_size_the_processor_refuses_names_the_image(processors, tmp_path):
+    write_image(tmp_path / "thin.png", 250, 1)
+    record = {"image": "thin.png", "conversations": [{"from": "human", "value": "<image>"}]}
+    sample = sample_from_record(record, str(tmp_path / "in.jsonl"), 2, "line")
+    with pytest.raises(InputError, match=r"line 2, field 'image': image 0 \(thin\.png\): 1x250 image: .*200"):
+        encode_sample(processors["qwen2vl"], sample)
+    assert len(encode_sample(processors["llava"], sample).input_ids) > 16  # LLaVA crops: any shape goes
 
 
 def test_an_image_token_typed_in_the_text_is_refused(processors, tmp_path):
