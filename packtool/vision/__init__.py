@@ -14,6 +14,7 @@ imports this package.
   (``assemble_pack``); ``positions``: M-RoPE ids through the model's ``get_rope_index``.
 * ``balance``: a pack order giving data-parallel ranks similar image tokens per step.
 * ``records``: packs as Arrow rows with each image's original bytes and per-image columns.
+* ``model_inputs``: a pack's stored images -> ``pixel_values`` (and ``image_grid_thw``), in pack order.
 * ``inputs``: ``read_vision_samples(paths)``, the reader for each kind of input.
 
 See docs/vision.md for what exists and what is left.

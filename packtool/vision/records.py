@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.packing import PackPlan
-from packtool.vision.packs import assemble_pack
+from packtool.vision.packs import VisionPack, assemble_pack
 from packtool.vision.samples import VisionSample
 
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
@@ -73,3 +73,25 @@ def pack_records(
         rows["image_width"].append(np.array(widths, dtype=np.int32))
     arrays = [pa.array(rows[name], type=SCHEMA.field(name).type) for name in SCHEMA.names]
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+
+
+def pack_from_record(row: dict) -> VisionPack:
+    """A ``SCHEMA`` row (``{column: value}``, e.g. ``table.slice(k, 1).to_pylist()[0]``) back as the
+    ``VisionPack`` it was written from (its image bytes are in ``row["images"]``)."""
+
+    def ints(name: str) -> np.ndarray:
+        return np.asarray(row[name], dtype=np.int64)
+
+    image_sample = ints("image_sample")
+    first = np.searchsorted(image_sample, image_sample, side="left")  # images of a sample are consecutive
+    return VisionPack(
+        input_ids=ints("input_ids"),
+        labels=ints("labels"),
+        position_ids=ints("position_ids"),
+        seq_lens=ints("seq_lens"),
+        samples=ints("samples"),
+        image_sample=image_sample,
+        image_index=np.arange(len(image_sample), dtype=np.int64) - first,
+        image_offsets=ints("image_offset"),
+        image_lengths=ints("image_length"),
+    )

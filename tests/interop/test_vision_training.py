@@ -5,8 +5,10 @@ Llama language model; ``LlavaForConditionalGeneration``), a Qwen2-VL (``Qwen2VLF
 and a Qwen2.5-VL (window attention in its vision tower; it reads Qwen2-VL's processor output).
 Their processors are the tiny ones of ``tests/fixtures/vision_processors.py``; the samples are LLaVA records
 with one, two and no image. packtool encodes them (``encode_sample``), plans whole samples into packs
-(``plan_packs``) and lays one pack out (``assemble_pack``); the pack's images go to the image processor in
-pack order (``pixel_values``, and ``image_grid_thw`` for Qwen2-VL).
+(``plan_packs``), stores the pack with its images' original bytes (``pack_records``, written to Parquet and
+read back: ``pack_from_record``), and decodes the stored images into the model's inputs in pack order
+(``image_inputs``: ``pixel_values``, and ``image_grid_thw`` for Qwen2-VL). The samples alone read their
+image files.
 
 For the pack, run once through ``attn_implementation="sdpa"`` with the dense block-causal mask
 (``packtool.masks.block_causal_mask``) and once flattened (no mask; the sequence boundaries from the
@@ -23,15 +25,19 @@ the model's rule too.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
 from packtool.masks import block_causal_mask
+from packtool.vision.model_inputs import image_inputs
 from packtool.vision.packs import assemble_pack, plan_packs
 from packtool.vision.positions import mrope_position_ids, with_text_positions
 from packtool.vision.processor import load_processor
+from packtool.vision.records import pack_from_record, pack_records
 from packtool.vision.samples import read_json_samples
 from packtool.vision.sequences import encode_sample, sequence_columns
 from tests.fixtures.vision_inputs import write_llava_input
@@ -151,13 +157,19 @@ def data(tmp_path_factory):
     }
 
 
+def _stored(records: pa.RecordBatch, tmp_path) -> dict:
+    """Pack 0 of ``records`` written to Parquet and read back."""
+    pq.write_table(pa.Table.from_batches([records]), tmp_path / "packs.parquet")
+    return pq.read_table(tmp_path / "packs.parquet").slice(0, 1).to_pylist()[0]
+
+
 def _mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
     return (input_ids == image_token_id).to(torch.int32)
 
 
 @pytest.mark.parametrize("how", ["dense", "flattened"])
 @pytest.mark.parametrize("family", ["llava", "qwen2vl", "qwen25vl"])
-def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
+def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how, tmp_path):
     vp = data["llava" if family == "llava" else "qwen2vl"]  # Qwen2.5-VL's processor is Qwen2-VL's
     sequences = [encode_sample(vp, s) for s in data["samples"]]
     n = sum(len(s) for s in sequences) + 5  # one pack: the four samples (1, 2, 0 and 2 images) and padding
@@ -191,11 +203,12 @@ def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
         want[0, a:b] = loss[0].detach()
     want_grads = [vision_param.grad.clone(), text_param.grad.clone()]
 
-    # the pack: its images in pack order
-    pack_images = [
-        data["images"][pack.samples[j]][k] for j, k in zip(pack.image_sample, pack.image_index, strict=True)
-    ]
-    extra = _image_inputs(vp, pack_images)
+    # the pack as stored: a Parquet row with its images' bytes, read back; the images in pack order
+    stored = _stored(pack_records(sequence_columns(sequences), plan, data["samples"], pad_id=0), tmp_path)
+    pack = pack_from_record(stored)
+    input_ids = torch.from_numpy(pack.input_ids).view(1, -1)
+    labels = torch.from_numpy(pack.labels).view(1, -1)
+    extra = image_inputs(vp, [image["bytes"] for image in stored["images"]], torch.float64)
     text_positions = torch.from_numpy(pack.position_ids).view(1, -1)
     if family != "llava":
         grids = extra["image_grid_thw"]

@@ -57,3 +57,25 @@ def test_load_dataset_types_the_image_column_as_images(records, tmp_path):
     row = next(r for r in ds if r["images"])
     image = row["images"][0]
     assert (image.height, image.width) == (row["image_height"][0], row["image_width"][0])
+
+
+def test_a_record_reads_back_as_the_pack_it_was_written_from(records, tmp_path, monkeypatch):
+    from PIL import Image
+
+    from packtool.vision.model_inputs import decode_images, image_inputs
+    from packtool.vision.packs import assemble_pack
+    from packtool.vision.records import pack_from_record
+
+    samples, sequences, plan, rb, vp = records
+    columns = sequence_columns(sequences)
+    for k in range(rb.num_rows):
+        row = rb.slice(k, 1).to_pylist()[0]
+        got, want = pack_from_record(row), assemble_pack(columns, plan, k, pad_id=0)
+        for name in want.__dataclass_fields__:
+            assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    row = next(r for r in rb.to_pylist() if len(r["images"]) >= 2)
+    inputs = image_inputs(vp, [image["bytes"] for image in row["images"]])
+    assert inputs["image_grid_thw"].prod(-1).div(4).tolist() == row["image_length"]
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # a stored image is untrusted: the bomb limit holds
+    with pytest.raises(ValueError, match="image 0: decompression bomb"):
+        decode_images([row["images"][0]["bytes"]])
