@@ -23,7 +23,8 @@ def encoded(width: int, height: int, fmt: str, mode: str = "RGB") -> bytes:
 @pytest.mark.parametrize(
     ("fmt", "mode"),
     [("PNG", "RGB"), ("PNG", "L"), ("PNG", "RGBA"), ("PNG", "P"), ("JPEG", "RGB"), ("JPEG", "L"),
-     ("WEBP", "RGB"), ("WEBP", "RGBA"), ("GIF", "P"), ("BMP", "RGB"), ("TIFF", "RGB")],
+     ("WEBP", "RGB"), ("WEBP", "RGBA"), ("GIF", "P"), ("BMP", "RGB"), ("TIFF", "RGB"),
+     ("PPM", "RGB"), ("TGA", "RGB")],  # no magic of images.MAGIC: Pillow tries its plugins
 )  # fmt: skip
 def test_size_from_the_header_of_every_format(tmp_path, fmt, mode):
     data = encoded(123, 45, fmt, mode)
