@@ -15,6 +15,7 @@ imports this package.
 * ``balance``: a pack order giving data-parallel ranks similar image tokens per step.
 * ``records``: packs as Arrow rows with each image's original bytes and per-image columns.
 * ``model_inputs``: a pack's stored images -> ``pixel_values`` (and ``image_grid_thw``), in pack order.
+* ``stats``: image statistics of stored packs (for the manifest and ``inspect``).
 * ``inputs``: ``read_vision_samples(paths)``, the reader for each kind of input.
 
 See docs/vision.md for what exists and what is left.

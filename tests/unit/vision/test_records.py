@@ -79,3 +79,19 @@ def test_a_record_reads_back_as_the_pack_it_was_written_from(records, tmp_path, 
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # a stored image is untrusted: the bomb limit holds
     with pytest.raises(ValueError, match="image 0: decompression bomb"):
         decode_images([row["images"][0]["bytes"]])
+
+
+def test_image_stats_of_stored_packs(records):
+    from packtool.vision.stats import image_stats
+
+    samples, sequences, plan, rb, _ = records
+    stats = image_stats(rb, ranks=2)
+    lengths = np.concatenate([s.image_lengths for s in sequences])
+    assert stats["packs"] == plan.num_packs and stats["images"] == len(lengths) == 15
+    assert stats["image_tokens"] == lengths.sum()
+    assert stats["image_token_share"] == pytest.approx(
+        lengths.sum() / (plan.num_packs * plan.packed_sequence_size)
+    )
+    assert sum(stats["images_per_pack_histogram"].values()) == plan.num_packs
+    assert sum(c * f for c, f in stats["images_per_pack_histogram"].items()) == 15
+    assert (stats["tokens_per_image_min"], stats["tokens_per_image_max"]) == (lengths.min(), lengths.max())
