@@ -152,10 +152,10 @@ def load_processor(directory: str | Path) -> VisionProcessor:
     token_id = tokenizer.token_to_id(image_token)
     if token_id is None:
         raise ConfigError(f"processor {directory}: the tokenizer has no image token {image_token!r}")
-    template = path / "chat_template.jinja"
-    chat = ChatEncoder(
-        tokenizer, str(template) if template.is_file() and not tokenizer.chat_template else None
-    )
+    # the template: the tokenizer's own, else the processor's file (chat_template.jinja or .json)
+    files = [path / "chat_template.jinja", path / "chat_template.json"]
+    template = None if tokenizer.chat_template else next((str(f) for f in files if f.is_file()), None)
+    chat = ChatEncoder(tokenizer, template)
     return VisionProcessor(
         path=str(path),
         family=family,

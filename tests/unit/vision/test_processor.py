@@ -12,6 +12,7 @@ through the count rule.
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -123,6 +124,19 @@ def test_a_directory_without_an_image_processor_is_a_config_error(tmp_path):
     )
     with pytest.raises(ConfigError, match="processor .*tok"):
         load_processor(tmp_path / "tok")
+
+
+def test_a_chat_template_json_of_the_processor_is_used(tmp_path, processors):
+    """LLaVA-1.5's layout: the template only in the processor's chat_template.json."""
+    directory = build_llava(tmp_path / "l")
+    template = (directory / "chat_template.jinja").read_text()
+    (directory / "chat_template.jinja").unlink()
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    (directory / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    vp = load_processor(directory)
+    assert vp.chat.template == template and vp.chat.template_source.endswith("chat_template.json")
 
 
 def test_the_identity_hashes_the_config_files(tmp_path, processors):
