@@ -42,11 +42,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from bench_pack import lognormal_lengths, make_tokens, write_lists  # noqa: E402
 
-from packtool.config import PackConfig  # noqa: E402
 from packtool.formats import ShardMeta, get_format  # noqa: E402
 from packtool.formats.parquet import write_parquet_shard  # noqa: E402
 from packtool.formats.tar import BLOCK, RECORD, member_size, npy_size  # noqa: E402
 from packtool.loader import PackedDataset, get_loader  # noqa: E402
+from packtool.options import PackOptions  # noqa: E402
 from packtool.packing import make_plan  # noqa: E402
 from packtool.packs import PackArrays  # noqa: E402
 from packtool.pipeline.chunks import ChunkStore  # noqa: E402
@@ -90,8 +90,8 @@ def pack_cli(data: Path, out: Path, layout: str, fmt: str = "parquet") -> float:
     return time.perf_counter() - t
 
 
-def config_for(data: Path, out: Path, layout: str) -> PackConfig:
-    return PackConfig(
+def config_for(data: Path, out: Path, layout: str) -> PackOptions:
+    return PackOptions.of(
         inputs=[str(data)],
         output=str(out),
         packed_sequence_size=N,
@@ -99,7 +99,7 @@ def config_for(data: Path, out: Path, layout: str) -> PackConfig:
         columns=layout,
         num_proc=1,
         quiet=True,
-    ).validate()
+    )
 
 
 def write_step(data: Path, work: Path, pairs: int) -> tuple[list[float], dict]:
@@ -112,7 +112,7 @@ def write_step(data: Path, work: Path, pairs: int) -> tuple[list[float], dict]:
     with make_engine(config) as engine:
         metas = encode_to_chunks(spec, config, batches, str(work / "chunks"), engine)
     store = ChunkStore(work / "chunks", metas)
-    plan = make_plan(store.lengths(), config)
+    plan = make_plan(store.lengths(), config.packing)
     times: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
     for i in range(pairs):
         for layout in pair_order(i):

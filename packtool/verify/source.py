@@ -3,7 +3,6 @@ packs compared token by token with its source sample; every sample accounted for
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from packtool.arrays import ranges
 from packtool.encoders import fields_read
 from packtool.errors import ConfigError, ErrorSink, InputError
 from packtool.manifest import MANIFEST, Manifest
+from packtool.options import PackOptions
 from packtool.packs import PackArrays
 from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.encode import encode_to_chunks, worker
@@ -44,24 +44,29 @@ class SourceCheck:
         if manifest.stats.policy_packs:
             raise ConfigError(
                 f"--source cannot check this output: its {manifest.stats.policy_packs:,} packs hold what the "
-                f"custom strategy's pack_selected_samples returned ({manifest.config.strategy}), not the "
+                f"custom strategy's pack_selected_samples returned "
+                f"({manifest.config.get('strategy')}), not the "
                 "source samples' tokens; run verify without --source"
             )
         # the run's inputs where it found them (absolute paths: verify may run from another directory)
         recorded_inputs = [i.path if i.path and Path(i.path).exists() else i.source for i in manifest.inputs]
-        config = dataclasses.replace(
-            manifest.config, inputs=list(inputs) or recorded_inputs or manifest.config.inputs
+        options = PackOptions.from_provenance(
+            manifest.config, inputs=list(inputs) or recorded_inputs or manifest.config.get("inputs", [])
         )
         # bad records are left out as the run left them (its on_error), fields it did not read ignored
-        sink = ErrorSink(config.on_error)
-        used = fields_read(config, manifest.sample_format)
+        sink = ErrorSink(options.running.on_error)
+        used = fields_read(options.encoding, manifest.sample_format)
         batches = read_inputs(
-            config.inputs, split=config.split, text_field=config.text_field, sink=sink, used_fields=used
+            options.reading.inputs,
+            split=options.reading.split,
+            text_field=options.encoding.text_field,
+            sink=sink,
+            used_fields=used,
         )
         first = next(batches, None)
         if first is None:
-            raise InputError("input holds no records", source=", ".join(config.inputs))
-        spec = start_run(config, manifest.sample_format)
+            raise InputError("input holds no records", source=", ".join(options.reading.inputs))
+        spec = start_run(options, manifest.sample_format)
         ident, recorded = worker(spec).encoder.identity(), manifest.tokenizer
         if ident.get("sha256") != recorded.sha256:
             report.add(
@@ -73,11 +78,11 @@ class SourceCheck:
             )
         tmp = tempfile.TemporaryDirectory(prefix="packtool-verify-")
         with (
-            make_engine(config) as engine,
+            make_engine(options) as engine,
             tqdm(disable=not progress, file=sys.stderr, desc="encode source", unit=" samples") as bar,
         ):
             metas = encode_to_chunks(
-                spec, config, itertools.chain([first], batches), tmp.name, engine,
+                spec, options, itertools.chain([first], batches), tmp.name, engine,
                 lambda meta, new: bar.update(meta["num_samples"]),
             )  # fmt: skip
         skipped = sink.total + sum(sum(m.get("skipped", {}).get("counts", {}).values()) for m in metas)
@@ -181,7 +186,7 @@ class SourceCheck:
         cfg, stats, n = self.manifest.config, self.manifest.stats, self.manifest.packed_sequence_size
         lengths, seen = self.lengths, self.seen
         long = lengths > n
-        policy = None if cfg.split_across_pack else cfg.long_samples
+        policy = None if cfg.get("split_across_pack") else cfg.get("long_samples")
         counted = {
             "num_samples": len(lengths),
             "packed_samples": int((seen > 0).sum()),
@@ -196,7 +201,7 @@ class SourceCheck:
         if policy == "truncate":
             explained |= long & (seen == n)
         over_max = short & ~explained
-        if cfg.max_packs:  # left out whole, or partly kept (also counted as packed)
+        if cfg.get("max_packs"):  # left out whole, or partly kept (also counted as packed)
             counted["samples_over_max_packs"] = int((over_max & (seen == 0)).sum())
             counted["partial_samples"] = int((over_max & (seen > 0)).sum())
         else:

@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packtool.config import PackConfig
 from packtool.errors import InputError
+from packtool.options import PackOptions
 from packtool.packing import STRATEGIES, make_plan
 from packtool.pipeline.chunks import ChunkStore, write_chunk
 from packtool.pipeline.write import build_pack_arrays
@@ -81,7 +81,7 @@ def packing_cases(draw):
 
 def check_packs(case: dict, strategy: str, store: ChunkStore, tokens: list[np.ndarray]) -> None:
     n, lengths = case["n"], np.asarray(case["lengths"], dtype=np.int64)
-    config = PackConfig.from_dict(
+    config = PackOptions.from_dict(
         {
             "packed_sequence_size": n,
             "strategy": strategy,
@@ -94,9 +94,9 @@ def check_packs(case: dict, strategy: str, store: ChunkStore, tokens: list[np.nd
     long = lengths > n
     if long.any() and not case["split_across_pack"] and case["long_samples"] == "error":
         with pytest.raises(InputError, match="more than packed_sequence_size"):
-            make_plan(lengths, config, store.locate)
+            make_plan(lengths, config.packing, store.locate)
         return
-    plan = make_plan(lengths, config, store.locate)
+    plan = make_plan(lengths, config.packing, store.locate)
     packs = build_pack_arrays(plan, store, PAD)
 
     # what should be kept of every sample (before max_packs)
@@ -180,7 +180,7 @@ def check_packs(case: dict, strategy: str, store: ChunkStore, tokens: list[np.nd
             assert (used[:-1] + first_of_next > n).all()
 
     # deterministic: the same plan and packs again
-    again = make_plan(lengths, config, store.locate)
+    again = make_plan(lengths, config.packing, store.locate)
     for name in ("pack_offsets", "sample", "start", "length"):
         assert np.array_equal(getattr(plan, name), getattr(again, name))
     packs2 = build_pack_arrays(again, store, PAD)
