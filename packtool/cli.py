@@ -152,6 +152,11 @@ def _read_config_file(ctx: click.Context, param: click.Parameter, path: str | No
     return path
 
 
+def _positive(value: Any) -> bool:
+    """``value`` is unset or a positive integer (a bad ``--num-proc`` is named once the options are built)."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+
+
 @main.command(cls=PackCommand)
 @click.argument("inputs", nargs=-1)
 @click.option(
@@ -167,8 +172,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     """Tokenize INPUTS (JSONL/JSON, Parquet, text, save_to_disk dirs, hf:NAME) and pack them into shards.
 
     INPUTS, --output and --packed-sequence-size are required (on the command line or in --config)."""
-    # the stages' option groups and the pipeline, imported once the options are parsed (--help stays quick)
-    from packtool.options import PackOptions
+    # imported once the options are parsed (--help stays quick); os alone decides the workers' forkserver
     from packtool.pipeline.engines import may_need_workers, resolve_num_proc
     from packtool.pipeline.engines.local import keep_freed_memory, start_forkserver
 
@@ -179,12 +183,15 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     given = {k for k in ctx.params if ctx.get_parameter_source(k) in _SET} | set(file_only)
     if inputs or "inputs" in defaults:
         given.add("inputs")
-    options = PackOptions.from_dict(values, origin=config_file or "options", given=given & set(values))
-    options = options.replace(num_proc=resolve_num_proc(options))
-    if options.running.engine == "local" and may_need_workers(options):  # its imports then run beside ours
-        start_forkserver(options.running.num_proc)
+    num_proc = resolve_num_proc(values) if _positive(values.get("num_proc")) else 1  # (checked below)
+    if values.get("engine") == "local" and may_need_workers(values):  # its imports then run beside ours
+        start_forkserver(num_proc)
     # imported after the forkserver started: the two processes then import numpy and pyarrow side by side
+    from packtool.options import PackOptions
     from packtool.pipeline.run import run_pack
+
+    options = PackOptions.from_dict(values, origin=config_file or "options", given=given & set(values))
+    options = options.replace(num_proc=num_proc)
 
     keep_freed_memory()  # the writers reuse their arrays (the CLI only: run_pack leaves its caller be)
     manifest = run_pack(options)

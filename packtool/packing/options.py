@@ -119,7 +119,7 @@ class PackingOptions(OptionGroup):
             (
                 "long_samples",
                 "split_across_pack",
-                split and "long_samples" in given,
+                split and self.long_samples != "error",
                 "with --split-across-pack a long sample runs over into the next pack",
             ),
             (

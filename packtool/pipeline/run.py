@@ -75,7 +75,7 @@ def run_pack(options: PackOptions, *, progress: bool | None = None) -> Manifest:
     """
     options.check_required()
     # resolved once: the memory check and the engine size themselves by it
-    options = options.replace(num_proc=resolve_num_proc(options))
+    options = options.replace(num_proc=resolve_num_proc(options.to_dict()))
     check_memory(options)
     show = (not options.running.quiet) if progress is None else progress
     out = OutputDir(options.output.output, overwrite=options.running.overwrite).open()
@@ -135,7 +135,12 @@ def check_memory(options: PackOptions) -> None:
     quarter of this machine's memory, with each of ``num_proc`` writers holding one."""
     fmt = get_format(options.output.format)
     packs = fmt.block_packs(options.output, options.packing.packed_sequence_size) or options.output.shard_size
-    need = packs * options.packing.packed_sequence_size * WRITE_BYTES_PER_TOKEN * resolve_num_proc(options)
+    need = (
+        packs
+        * options.packing.packed_sequence_size
+        * WRITE_BYTES_PER_TOKEN
+        * resolve_num_proc(options.to_dict())
+    )
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not known here: nothing to check against
@@ -248,7 +253,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
     fmt = get_format(options.output.format)
     in_memory = use_memory_store(options, sample_format)  # no scratch chunks: pipeline.memory
 
-    with make_engine(options) as engine:
+    with make_engine(options.running, resolve_num_proc(options.to_dict())) as engine:
         done = {}
         if resumed and not in_memory:
             done = {m["index"]: m for m in _chunk_metas(work)}

@@ -20,7 +20,7 @@ from packtool.options import PackOptions
 from packtool.packs import PackArrays
 from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.encode import encode_to_chunks, worker
-from packtool.pipeline.engines import make_engine
+from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.run import start_run
 from packtool.readers import read_inputs
 from packtool.verify.report import VerifyReport
@@ -78,7 +78,7 @@ class SourceCheck:
             )
         tmp = tempfile.TemporaryDirectory(prefix="packtool-verify-")
         with (
-            make_engine(options) as engine,
+            make_engine(options.running, resolve_num_proc(options.to_dict())) as engine,
             tqdm(disable=not progress, file=sys.stderr, desc="encode source", unit=" samples") as bar,
         ):
             metas = encode_to_chunks(

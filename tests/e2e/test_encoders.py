@@ -208,4 +208,4 @@ def test_mask_labels_writes_ignore_index_where_loss_mask_is_0(tmp_path):
     text = write_jsonl(tmp_path / "t.jsonl", [{"text": "a b"}])
     args = ["--tokenizer", DEMO_TOKENIZER, "--packed-sequence-size", 8, "--mask-labels"]
     proc = run_cli("pack", text, "-o", tmp_path / "t", *args, check=False)
-    assert proc.returncode == 2 and "--mask-labels on and --sample-format text conflict" in proc.stderr
+    assert proc.returncode == 2 and "--mask-labels does not apply to --sample-format text" in proc.stderr

@@ -61,8 +61,6 @@ def test_an_option_that_does_not_apply_is_a_usage_error_naming_it(options, sampl
     [
         ({"split_across_pack": True,
          "long_samples": "truncate"}, "--long-samples and --split-across-pack on conflict"),
-        ({"split_across_pack": True,
-         "long_samples": "error"}, "--long-samples and --split-across-pack on conflict"),
         ({"strategy": "sequential", "seed": 3}, "--seed and --strategy sequential conflict"),
         ({"shuffle_packs": False, "seed": 3}, "--seed and --shuffle-packs off conflict"),
         ({"strategy": "my_policy:select",
@@ -194,13 +192,15 @@ def test_num_proc_defaults_to_the_cores_for_inputs_worth_it(tmp_path: Path):
     big = tmp_path / "big.jsonl"
     with open(big, "wb") as f:  # sparse: the size is what counts
         f.truncate(SMALL_INPUT_BYTES)
-    assert resolve_num_proc(_cfg(inputs=[str(small)])) == 1
-    assert resolve_num_proc(_cfg(inputs=[str(tmp_path / "*.jsonl")])) == cores
-    assert resolve_num_proc(_cfg(inputs=[str(tmp_path)])) == cores
-    assert resolve_num_proc(_cfg(inputs=["hf:org/set"])) == cores
-    assert resolve_num_proc(_cfg(inputs=[str(big)], num_proc=3)) == 3
+    assert resolve_num_proc(_cfg(inputs=[str(small)]).to_dict()) == 1
+    assert resolve_num_proc(_cfg(inputs=[str(tmp_path / "*.jsonl")]).to_dict()) == cores
+    assert resolve_num_proc(_cfg(inputs=[str(tmp_path)]).to_dict()) == cores
+    assert resolve_num_proc(_cfg(inputs=["hf:org/set"]).to_dict()) == cores
+    assert resolve_num_proc(_cfg(inputs=[str(big)], num_proc=3).to_dict()) == 3
     # pretokenized Parquet is written by the driver's threads: nothing to start, so the cores at any size
     tiny = tmp_path / "tiny.parquet"
     pq.write_table(pa.table({"input_ids": [[1, 2]]}), tiny)
-    assert resolve_num_proc(_cfg(inputs=[str(tiny)])) == cores
-    assert resolve_num_proc(_cfg(inputs=[str(tiny)], tokenizer=str(DEMO_TOKENIZER))) == 1  # text: workers
+    assert resolve_num_proc(_cfg(inputs=[str(tiny)]).to_dict()) == cores
+    assert (
+        resolve_num_proc(_cfg(inputs=[str(tiny)], tokenizer=str(DEMO_TOKENIZER)).to_dict()) == 1
+    )  # text: workers

@@ -65,11 +65,11 @@ def store_of(tmp_path, encoded: list[pa.RecordBatch], convention: str) -> ChunkS
 def both_layouts(store: ChunkStore, cfg: PackOptions):
     """``(full packs, minimal packs as stored, the manifest's fields rebuild reads)``, one plan."""
     plan = make_plan(store.lengths(), cfg.packing)
-    full = build_pack_arrays(plan, store, cfg.pad_token_id, column_names(store.has_loss_mask))
+    full = build_pack_arrays(plan, store, cfg.packing.pad_token_id, column_names(store.has_loss_mask))
     columns = output_columns(cfg, store)
-    stored = build_pack_arrays(plan, store, cfg.pad_token_id, columns)
+    stored = build_pack_arrays(plan, store, cfg.packing.pad_token_id, columns)
     manifest = SimpleNamespace(
-        columns=columns, packed_sequence_size=N, position_ids=plan.position_ids, labels=cfg.labels
+        columns=columns, packed_sequence_size=N, position_ids=plan.position_ids, labels=cfg.encoding.labels
     )
     return full, stored, manifest
 

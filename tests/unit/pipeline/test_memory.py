@@ -85,7 +85,7 @@ def _both(tmp: Path, config: PackOptions) -> tuple[ChunkStore, list[dict], Memor
     for name in ("disk", "memory"):
         work = tmp / name
         work.mkdir()
-        batches = read_inputs(config.inputs, sink=ErrorSink(config.on_error), lazy=True)
+        batches = read_inputs(config.reading.inputs, sink=ErrorSink(config.running.on_error), lazy=True)
         if name == "disk":
             with LocalEngine(1) as engine:
                 metas = encode_to_chunks(spec, config, batches, str(work), engine)
