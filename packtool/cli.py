@@ -128,6 +128,8 @@ class PackCommand(click.Command):
         sections: dict[str, list[tuple[str, str]]] = {s: [] for s in (*SECTIONS, "other")}
         sections["input"].append(("INPUTS...", f"{SPECS['inputs'].help} [required]"))
         for param in self.get_params(ctx):
+            if isinstance(param, click.Argument):  # INPUTS: listed first, under Input
+                continue
             record = param.get_help_record(ctx)
             if record:
                 sections[getattr(param, "section", "other")].append(record)

@@ -67,7 +67,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     for name in values:
         if name not in SPECS:
             raise ConfigError(f"{path}: unknown key {name!r}{closest(name, SPECS)}")
-    PackOptions.from_dict(values, origin=str(path), given=set())  # types and ranges, naming the file
+    # types and ranges, naming the file; options against each other once the flags are in (cli.pack)
+    PackOptions.from_dict(values, origin=str(path), given=set(), check=False)
     return resolve_paths(values, path.parent)
 
 

@@ -14,8 +14,8 @@ are built (``PackOptions.from_dict``). Precedence: defaults < config file < flag
 Example::
 
     >>> opts = PackOptions.from_dict({"packed_sequence_size": 4096, "inputs": ["data.jsonl"]})
-    >>> opts.packing.strategy, opts.packing.packed_sequence_size, opts.given
-    ('bfd', 4096, frozenset({'inputs', 'packed_sequence_size'}))
+    >>> opts.packing.strategy, opts.packing.packed_sequence_size, sorted(opts.given)
+    ('bfd', 4096, ['inputs', 'packed_sequence_size'])
 """
 
 from __future__ import annotations
@@ -57,13 +57,19 @@ class PackOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     @classmethod
     def from_dict(
-        cls, values: dict[str, Any], *, origin: str = "options", given: set[str] | None = None
+        cls,
+        values: dict[str, Any],
+        *,
+        origin: str = "options",
+        given: set[str] | None = None,
+        check: bool = True,
     ) -> PackOptions:
         """Options from a flat mapping of keys (``{"packed_sequence_size": 4096, ...}``).
 
         Unknown keys, values of the wrong type or out of range, and options set where they do not apply
         raise ``ConfigError`` naming the key (and ``origin``: the config file, or ``options``).
-        ``given``: the keys the user set (default: every key of ``values``)."""
+        ``given``: the keys the user set (default: every key of ``values``); ``check``: also check the
+        options against each other (``check``; off for a config file whose flags are still to come)."""
         unknown = sorted(set(values) - set(SPECS))
         if unknown:
             raise ConfigError(f"{origin}: unknown key {unknown[0]!r}{closest(unknown[0], SPECS)}")
@@ -82,7 +88,8 @@ class PackOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             where = "" if origin == "options" else f"{origin}: "
             raise ConfigError(f"{where}{_explain(e, values)}") from None
         options.given = frozenset(values if given is None else given)
-        options.check()
+        if check:
+            options.check()
         return options
 
     @classmethod
@@ -198,7 +205,10 @@ def _specs(group: type[OptionGroup], path: tuple[str, ...], applies: tuple[Appli
             sub = f.type.applies
             yield from _specs(f.type, (*path, f.name), applies + ((sub,) if sub else ()))
             continue
-        annotation, meta = typing.get_args(f.type)[0], typing.get_args(f.type)[-1]
+        # Annotated[Annotated[int, Meta(gt=0)], Meta(description=...)] is flattened to one Annotated:
+        # its first Meta(s) are the constraints, its last one the help
+        args = typing.get_args(f.type)
+        annotation, meta = (Annotated[(args[0], *args[1:-1])] if len(args) > 2 else args[0]), args[-1]
         default = f.default_factory() if f.default is msgspec.NODEFAULT else f.default
         yield OptionSpec(
             f.name, path, annotation, default, meta.description, group.section, applies, **meta.extra
@@ -224,37 +234,47 @@ def closest(name: str, known: Any) -> str:
     return f"; did you mean {near[0]!r}?" if near else " (packtool pack --help lists the options)"
 
 
-# msgspec's names of what a value should be, as the errors say them
-_WANTS = {
-    "array": "a list",
-    "str": "a string",
-    "object": "a mapping",
-    "int": "an integer",
-    "int >= 1": "a positive integer",
-    "int >= 0": "an integer, 0 or more",
-    "int | null": "an integer",
-    "int >= 1 | null": "a positive integer",
-    "float": "a number",
-    "bool": "true or false",
-    "str | null": "a string",
-}
+# what a value of each kind is called in an error, and msgspec's names of the others
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list"}
+_WANTS = {"array": "a list", "str": "a string", "object": "a mapping"}
 
-_SIGNS = {"<": "below", "<=": "at most", ">": "above", ">=": "at least"}
+
+def _wanted(spec: OptionSpec, *, with_kind: bool) -> str:
+    """What ``spec`` takes, from its declaration: ``a positive integer``, ``at least 0 and below 1``..."""
+    inner = _without_none(spec.annotation)
+    meta = typing.get_args(inner)[1] if typing.get_origin(inner) is Annotated else msgspec.Meta()
+    kind = _KINDS.get(spec.kind, spec.kind.__name__)
+    positive = spec.kind is int and meta.gt == 0
+    bounds = [
+        f"{word} {value}"
+        for word, value in (
+            ("at least", meta.ge),
+            ("above", meta.gt),
+            ("at most", meta.le),
+            ("below", meta.lt),
+        )
+        if value is not None and not (positive and word == "above")
+    ]
+    head = "a positive integer" if positive else (kind if with_kind or not bounds else "")
+    return " ".join(p for p in (head, " and ".join(bounds)) if p)
 
 
 def _explain(error: msgspec.ValidationError, values: dict[str, Any]) -> str:
-    """msgspec's ``Expected `int` >= 0 - at `$.packing.seed``` as ``seed must be int >= 0, got -1``."""
+    """msgspec's ``Expected `int` >= 0 - at `$.packing.seed``` as ``seed must be at least 0, got -1``."""
     message, _, where = str(error).partition(" - at ")
     keys = re.findall(r"\.(\w+)", where)
     name = next((k for k in reversed(keys) if k in SPECS), None)
-    if message.startswith("Object contains unknown field"):
-        return message
-    want = message.replace("Expected ", "").replace("`", "").split(", got")[0]
-    want = _WANTS.get(want, want)
-    want = re.sub(r"^(int|float) ([<>]=?) (\S+)$", lambda m: f"{_WANTS[m[1]]} {_SIGNS[m[2]]} {m[3]}", want)
-    if message.startswith("Invalid enum value") and name is not None:
-        return f"{name} must be one of {', '.join(SPECS[name].choices or ())}, got {values.get(name)!r}"
-    if name is None:
-        return f"{message.replace('`', '')}"
-    detail = f" (item {where.rsplit('[', 1)[-1].rstrip('`]')} of the list)" if where.endswith("]`") else ""
-    return f"{name} must be {want}{detail}, got {values.get(name)!r}"
+    if name is None or message.startswith("Object contains unknown field"):
+        return message.replace("`", "")
+    value = values.get(name)
+    if message.startswith("Invalid enum value"):
+        return f"{name} must be one of {', '.join(SPECS[name].choices or ())}, got {value!r}"
+    if where.endswith("]`"):  # an item of a list
+        want = message.replace("Expected ", "").replace("`", "").split(", got")[0]
+        item = where.rsplit("[", 1)[-1].rstrip("`]")
+        return f"{name} must be {_WANTS.get(want, want)} (item {item} of the list), got {value!r}"
+    if ", got " in message:  # a value of another type
+        want = message.replace("Expected ", "").replace("`", "").split(", got")[0].split(" |")[0]
+        wanted = _WANTS.get(want) if want in ("array", "object") else _wanted(SPECS[name], with_kind=True)
+        return f"{name} must be {wanted}, got {value!r}"
+    return f"{name} must be {_wanted(SPECS[name], with_kind=False)}, got {value!r}"

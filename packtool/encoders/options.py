@@ -105,8 +105,9 @@ class EncodingOptions(OptionGroup):
     def check(self) -> None:
         """``ConfigError`` for a token named for BOS or EOS that nothing adds."""
         for end in ("bos", "eos"):
-            if getattr(self.tokens, f"{end}_token") is not None and not getattr(self.tokens, f"add_{end}"):
+            token = getattr(self.tokens, f"{end}_token")
+            if token is not None and not getattr(self.tokens, f"add_{end}"):
                 raise ConfigError(
-                    f"--{end}-token and --add-{end} off conflict: --{end}-token names the token --add-{end} "
-                    "adds; drop one"
+                    f"--{end}-token {token} and --add-{end} off conflict: --{end}-token names the token "
+                    f"--add-{end} adds; drop one"
                 )

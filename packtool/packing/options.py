@@ -151,13 +151,17 @@ class PackingOptions(OptionGroup):
         for a, b, conflict, why in pairs:
             if conflict:
                 raise ConfigError(
-                    f"--{_flag(a)} and --{_flag(b)} {_flag(self._value(b))} conflict: {why}; drop one"
+                    f"--{_flag(a)} {self._shown(a)} and --{_flag(b)} {self._shown(b)} conflict: {why}; "
+                    "drop one"
                 )
 
-    def _value(self, name: str) -> str:
+    def _shown(self, name: str) -> str:
+        """The value of option ``name`` as a flag takes it (``on`` / ``off``, ``long-samples`` style)."""
         value = self.bfd.shuffle_packs if name == "shuffle_packs" else getattr(self, name)
-        return ("on" if value else "off") if isinstance(value, bool) else str(value)
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return _flag(value) if isinstance(value, str) and value.isidentifier() else str(value)
 
 
 def _flag(name: str) -> str:
-    return name.replace("_", "-")
+    return str(name).replace("_", "-")

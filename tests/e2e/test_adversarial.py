@@ -128,7 +128,7 @@ CASES = [
     Case("a bad record says how to skip it", bad_record, EXIT_INPUT,
          "malformed JSON: Expecting property name enclosed in double quotes (column 2) (--on-error skip"),
     Case("conflicting options", simple("--packed-sequence-size", 64, "--split-across-pack", "--long-samples",
-         "drop"), EXIT_USAGE, "--long-samples and --split-across-pack on conflict"),
+         "drop"), EXIT_USAGE, "--long-samples drop and --split-across-pack on conflict"),
 ]  # fmt: skip
 
 

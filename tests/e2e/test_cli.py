@@ -63,8 +63,14 @@ def test_progress_goes_to_stderr_and_quiet_silences_it(tmp_path):
 def test_config_errors_are_one_line_with_exit_code_2(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": [1]}])
     cases = [
-        (["--packed-sequence-size", "0"], "packed_sequence_size must be a positive integer, got 0"),
-        (["--packed-sequence-size", "-3"], "packed_sequence_size must be a positive integer, got -3"),
+        (
+            ["--packed-sequence-size", "0"],
+            "packed_sequence_size must be a positive integer at most 16777216, got 0",
+        ),
+        (
+            ["--packed-sequence-size", "-3"],
+            "packed_sequence_size must be a positive integer at most 16777216, got -3",
+        ),
         ([], "packed_sequence_size is required"),
         (["--packed-sequence-size", "8", "--strategy", "nope"], "strategy must be one of"),
     ]
@@ -100,9 +106,9 @@ def test_bad_options_and_config_files_are_usage_errors_not_internal_ones(tmp_pat
         (tmp_path / name).write_bytes(content)
     # fmt: off
     cases = [
-        (["--packed-sequence-size", "8", "--seed", "-1"], "seed must be an integer, 0 or more, got -1"),
+        (["--packed-sequence-size", "8", "--seed", "-1"], "seed must be at least 0, got -1"),
         (["--packed-sequence-size", "8", "--pad-token-id", "2147483648"],
-         "pad_token_id must be an integer at most"),
+         "pad_token_id must be at least 0 and at most 2147483647"),
         (["--config", "random.yaml"], "random.yaml: not a YAML config file (not UTF-8 text at byte 128)"),
         (["--config", "inputs5.yaml"], "inputs5.yaml: inputs must be a list, got 5"),
         (["--config", "nested.yaml"],

@@ -189,10 +189,10 @@ STAGE_OF_GROUP = {
 }
 # the registry (gathers the groups for the CLI, the config file and the docs) and the CLI that presents them
 REGISTRY = {"packtool.options", "packtool.option_types", "packtool.config_file", "packtool.cli"}
-# The driver (packtool.pipeline, and verify --source, which re-runs it) hands each stage its group and passes
-# a few values between stages (N, the pad id, the labels convention, the inputs...). Each such read of another
-# stage's option is listed here: a new one fails the test, so that it is added on purpose (or, better, the
-# stage gets a function that answers the driver's question).
+# The driver (packtool.pipeline; verify --source and inspect --pack re-read inputs as it does) hands each
+# stage its group and passes a few values between stages (N, the pad id, the labels convention, the
+# inputs...). Each such read of another stage's option is listed here: a new one fails the test, so that
+# it is added on purpose (or, better, the stage gets a function that answers the driver's question).
 DRIVER_READS = {
     "packtool.pipeline.chunks": {"encoding.labels", "output.columns"},
     "packtool.pipeline.encode": {
@@ -233,6 +233,7 @@ DRIVER_READS = {
         "packing.pad_token_id",
     },
     "packtool.verify.source": {"encoding.text_field", "reading.inputs", "reading.split", "running.on_error"},
+    "packtool.inspect.sources": {"encoding.text_field", "reading.split"},  # inspect --pack re-reads a source
 }
 
 

@@ -60,18 +60,18 @@ def test_an_option_that_does_not_apply_is_a_usage_error_naming_it(options, sampl
     ("options", "message"),
     [
         ({"split_across_pack": True,
-         "long_samples": "truncate"}, "--long-samples and --split-across-pack on conflict"),
-        ({"strategy": "sequential", "seed": 3}, "--seed and --strategy sequential conflict"),
-        ({"shuffle_packs": False, "seed": 3}, "--seed and --shuffle-packs off conflict"),
+         "long_samples": "truncate"}, "--long-samples truncate and --split-across-pack on conflict"),
+        ({"strategy": "sequential", "seed": 3}, "--seed 3 and --strategy sequential conflict"),
+        ({"shuffle_packs": False, "seed": 3}, "--seed 3 and --shuffle-packs off conflict"),
         ({"strategy": "my_policy:select",
-         "split_across_pack": True}, "--split-across-pack and --strategy my-policy:select conflict"),
+         "split_across_pack": True}, "--split-across-pack on and --strategy my_policy:select conflict"),
         ({"strategy": "my_policy:select",
-         "long_samples": "split"}, "--long-samples and --strategy my-policy:select conflict"),
-        ({"eos_token": "</s>"}, "--eos-token and --add-eos off conflict"),
-        ({"bos_token": "<s>"}, "--bos-token and --add-bos off conflict"),
-        ({"cp_size": 2, "split_across_pack": True}, "--cp-size and --split-across-pack on conflict"),
+         "long_samples": "split"}, "--long-samples split and --strategy my_policy:select conflict"),
+        ({"eos_token": "</s>"}, "--eos-token </s> and --add-eos off conflict"),
+        ({"bos_token": "<s>"}, "--bos-token <s> and --add-bos off conflict"),
+        ({"cp_size": 2, "split_across_pack": True}, "--cp-size 2 and --split-across-pack on conflict"),
         ({"cp_size": 2,
-         "strategy": "my_policy:select"}, "--cp-size and --strategy my-policy:select conflict"),
+         "strategy": "my_policy:select"}, "--cp-size 2 and --strategy my_policy:select conflict"),
     ],
 )  # fmt: skip
 def test_conflicts_structure_cannot_express_name_both(options, message):
@@ -98,14 +98,14 @@ def test_unknown_keys_and_bad_values_name_the_key():
     ):
         _cfg(packed_sequence_sise=4)
     for key, value, message in [
-        ("seed", -1, "seed must be an integer, 0 or more, got -1"),
-        ("pad_token_id", 2**31, "pad_token_id must be an integer at most 2147483647, got 2147483648"),
-        ("packed_sequence_size", 2**25, "packed_sequence_size must be an integer at most 16777216"),
+        ("seed", -1, "seed must be at least 0, got -1"),
+        ("pad_token_id", 2**31, "pad_token_id must be at least 0 and at most 2147483647, got 2147483648"),
+        ("packed_sequence_size", 2**25, "packed_sequence_size must be a positive integer at most 16777216"),
         ("inputs", 5, "inputs must be a list, got 5"),
         ("inputs", [["in.jsonl"]], r"inputs must be a string \(item 0 of the list\)"),
         ("strategy", 3, "strategy must be a string, got 3"),
         ("long_samples", "cut", "long_samples must be one of error, drop, truncate, split, got 'cut'"),
-        ("shard_size", True, "shard_size must be an integer, got True"),
+        ("shard_size", True, "shard_size must be a positive integer, got True"),
     ]:
         with pytest.raises(ConfigError, match="^" + message):
             _cfg(**{key: value})
@@ -121,7 +121,7 @@ def test_val_fraction_takes_a_fraction_and_lets_the_seed_choose():
     _cfg(val_fraction=0)  # a config file's 0
     _cfg(strategy="sequential", seed=3, val_fraction=0.05)  # the seed picks the held-out packs
     for bad in (True, "0.1", 1.0):
-        with pytest.raises(ConfigError, match="^val_fraction must be a number"):
+        with pytest.raises(ConfigError, match="^val_fraction must be (a number )?at least 0 and below 1"):
             _cfg(val_fraction=bad)
 
 
@@ -130,6 +130,12 @@ def test_the_provenance_record_rebuilds_the_options_and_ignores_unknown_keys():
     record = {**options.to_dict(include_runtime=False), "future_option": 1}
     again = PackOptions.from_provenance(record)
     assert again.to_dict(include_runtime=False) == options.to_dict(include_runtime=False)
+
+
+def test_a_config_file_is_checked_against_the_flags_only_once_they_are_in(tmp_path: Path):
+    path = tmp_path / "run.yaml"
+    path.write_text("packed_sequence_size: 64\neos_token: </s>\n")  # --add-eos comes on the command line
+    assert load_config_file(path)["eos_token"] == "</s>"
 
 
 def test_config_file_errors_name_the_file_and_line(tmp_path: Path):
