@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packtool.encoders import build_encoder, resolve_sample_format
+from packtool.encoders import resolve_sample_format
 from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
@@ -200,6 +200,7 @@ def test_auto_picks_chat_for_messages_and_conversations():
 
 
 def test_chat_with_add_eos_is_a_config_error():
+    """The chat template writes the special tokens: --add-eos does not apply (once auto decided chat)."""
     cfg = PackOptions.of(tokenizer=str(CHAT_TOKENIZER), add_eos=True)
-    with pytest.raises(ConfigError, match="add_eos does not apply to sample_format chat"):
-        build_encoder(cfg.encoding, "chat")
+    with pytest.raises(ConfigError, match="^--add-eos does not apply to --sample-format chat"):
+        cfg.check("chat")
