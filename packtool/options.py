@@ -100,8 +100,8 @@ class PackOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     @classmethod
     def from_provenance(cls, record: dict[str, Any], **changes: Any) -> PackOptions:
         """The options a manifest's ``config`` record names (a plain record a reader never parses
-        strictly): keys this version does not know are left out, the rest are taken as set by the run.
-        ``changes``: keys to replace (``inputs=...``)."""
+        strictly): keys this version does not know are left out; none counts as set by the user, so a
+        recorded default never conflicts. ``changes``: keys to replace (``inputs=...``)."""
         values = {k: v for k, v in {**record, **changes}.items() if k in SPECS}
         return cls.from_dict(values, origin="the manifest's config", given=set())
 
