@@ -108,8 +108,10 @@ def write_step(data: Path, work: Path, pairs: int) -> tuple[list[float], dict]:
     (work / "chunks" / "shards").mkdir(parents=True)
     config = config_for(data, work / "out", "minimal")  # minimal: the chunks record whether labels follow
     spec = start_run(config, "pretokenized")
-    batches = read_inputs(config.inputs, split=config.split, text_field=config.text_field)
-    with make_engine(config) as engine:
+    batches = read_inputs(
+        config.reading.inputs, split=config.reading.split, text_field=config.encoding.text_field
+    )
+    with make_engine(config.running, 1) as engine:
         metas = encode_to_chunks(spec, config, batches, str(work / "chunks"), engine)
     store = ChunkStore(work / "chunks", metas)
     plan = make_plan(store.lengths(), config.packing)
@@ -119,12 +121,12 @@ def write_step(data: Path, work: Path, pairs: int) -> tuple[list[float], dict]:
             cfg = config_for(data, work / layout, layout)
             spec = start_run(cfg, "pretokenized")
             columns = output_columns(cfg, ChunkStore(work / "chunks", metas))
-            fmt = get_format(cfg.format)
+            fmt = get_format(cfg.output.format)
             out = work / layout
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
             t = time.perf_counter()
-            for s, (a, b) in enumerate(fmt.shard_ranges(plan, cfg, columns)):
+            for s, (a, b) in enumerate(fmt.shard_ranges(plan, cfg.output, columns)):
                 meta = ShardMeta("bench", s, a, N)
                 write_shard(spec, meta, plan.slice(a, b), str(work / "chunks"), str(out))
             times[layout].append(time.perf_counter() - t)
@@ -147,7 +149,7 @@ def input_ids_alone_bytes(out: Path, scratch: Path) -> int:
             col = pf.read_row_group(rg, columns=["input_ids"]).column("input_ids").combine_chunks()
             blocks.append(PackArrays(input_ids=col.values.to_numpy().reshape(-1, N)))
         path = scratch / entry.path
-        write_parquet_shard(path, blocks, row_group_size=m.config.row_group_size, metadata={"run_id": "x"})
+        write_parquet_shard(path, blocks, row_group_size=m.config["row_group_size"], metadata={"run_id": "x"})
         total += path.stat().st_size
         path.unlink()
     return total
