@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from packtool.config import PackConfig
 from packtool.errors import ConfigError, InputError
 from packtool.fileio import write_json_atomic
 from packtool.version import __version__
@@ -271,14 +270,14 @@ class Stats:
             wrong.append(f"packed_samples is {self.packed_samples:,}, its fates add up to {packed:,}")
         return wrong
 
-    def losses(self, config: PackConfig) -> list[str]:
-        """One line per kind of loss (every sample not packed whole, with its tokens), in input terms.
+    def losses(self, config: dict[str, Any]) -> list[str]:
+        """One line per kind of loss (every sample not packed whole, with its tokens), in input terms;
+        ``config``: the run's options record (``packed_sequence_size``, ``max_packs``).
 
-        >>> Stats(num_samples=10, dropped_samples=2, dropped_tokens=900).losses(PackConfig(
-        ...     packed_sequence_size=256))
+        >>> Stats(num_samples=10, dropped_samples=2, dropped_tokens=900).losses({"packed_sequence_size": 256})
         ['2 of 10 samples longer than 256 tokens were dropped (900 tokens; long_samples=drop)']
         """
-        n, total = config.packed_sequence_size, self.input_samples
+        n, total = config.get("packed_sequence_size"), self.input_samples
         out = []
         if self.truncated_samples:
             out.append(
@@ -294,7 +293,7 @@ class Stats:
             part = f", {self.partial_samples:,} more cut short" if self.partial_samples else ""
             out.append(
                 f"{self.samples_over_max_packs:,} of {total:,} samples were left out by max_packs "
-                f"{config.max_packs}{part} ({self.tokens_over_max_packs:,} tokens)"
+                f"{config.get('max_packs')}{part} ({self.tokens_over_max_packs:,} tokens)"
             )
         if self.empty_samples:
             out.append(f"{self.empty_samples:,} of {total:,} samples were empty (no tokens) and left out")
@@ -445,7 +444,7 @@ class Manifest:
     columns: list[str]
     tokenizer: TokenizerIdentity
     inputs: list[InputEntry]
-    config: PackConfig
+    config: dict[str, Any]  # the options that made it: provenance, read leniently
     stats: Stats
     histograms: dict[str, Histogram]
     shards: list[ShardEntry]
@@ -477,7 +476,7 @@ class Manifest:
     @property
     def layout(self) -> str:
         """``full`` or ``minimal``: the ``columns`` key of the run (``columns`` lists what is stored)."""
-        return self.config.columns
+        return self.config.get("columns", "full")
 
     @property
     def vocab_size(self) -> int | None:
@@ -508,7 +507,9 @@ class Manifest:
             raise InputError(f"{origin}, field 'packed_sequence_size': not a positive integer")
         try:
             shards = [ShardEntry.from_dict(s) for s in d["shards"]]
-            config = PackConfig.from_dict(d["config"], origin=f"{origin}, field 'config'")
+            config = d["config"]
+            if not isinstance(config, dict):
+                raise TypeError("field 'config' is not a mapping")
             return cls(
                 run_id=d["run_id"],
                 shard_format=d.get("shard_format", "parquet"),
@@ -548,7 +549,7 @@ class Manifest:
             "columns": list(self.columns),
             "tokenizer": self.tokenizer.to_dict(),
             "inputs": [dataclasses.asdict(i) for i in self.inputs],
-            "config": self.config.to_dict(include_runtime=False),
+            "config": dict(self.config),
             "stats": self.stats.to_dict(),
             "histograms": {k: dataclasses.asdict(h) for k, h in self.histograms.items()},
             "shards": [s.to_dict() for s in self.shards],

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from packtool.config import PackConfig
 from packtool.errors import PacktoolError
+from packtool.formats.options import OutputOptions
 from packtool.layout import rebuild, stored_columns
 from packtool.manifest import SHARD_PREFIXES, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
@@ -142,19 +142,24 @@ class ShardFormat(ABC):
         number in the manifest)."""
         return f"{SHARD_PREFIXES[split]}{index:06d}{self.suffix}"
 
-    def shard_ranges(self, plan: PackPlan, config: PackConfig, columns: list[str]) -> list[tuple[int, int]]:
+    def shard_ranges(
+        self, plan: PackPlan, options: OutputOptions, columns: list[str]
+    ) -> list[tuple[int, int]]:
         """Pack ranges ``[(first, end), ...]`` of the shards (storing ``columns``): ``shard_size`` packs
         each by default."""
-        k, size = plan.num_packs, config.shard_size
+        k, size = plan.num_packs, options.shard_size
         return [(a, min(a + size, k)) for a in range(0, k, size)]
 
     @abstractmethod
-    def write(self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, config: PackConfig) -> dict:
+    def write(
+        self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, options: OutputOptions
+    ) -> dict:
         """Write the packs of ``blocks`` (consecutive) as shard ``path``, atomically; return the
         format-specific ``ShardEntry`` fields (e.g. ``{"row_groups": [...]}``)."""
 
-    def block_packs(self, config: PackConfig) -> int | None:
-        """Packs per block handed to ``write`` (None: the whole shard in one block)."""
+    def block_packs(self, options: OutputOptions, packed_sequence_size: int) -> int | None:
+        """Packs per block of ``packed_sequence_size`` tokens handed to ``write`` (None: the whole shard in
+        one block)."""
         return None
 
     @abstractmethod
@@ -201,7 +206,9 @@ class ShardFormat(ABC):
         """Files beside the shard that belong to it (e.g. a tar's ``.tar.idx``)."""
         return []
 
-    def write_dataset_index(self, directory: Path, manifest: Manifest) -> list[str] | None:
+    def write_dataset_index(
+        self, directory: Path, manifest: Manifest, options: OutputOptions
+    ) -> list[str] | None:
         """Write the dataset-level index files, if the format has any; return their names."""
         return None
 

@@ -25,7 +25,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.arrays import arrow_array, list_parts
-from packtool.config import PackConfig
 from packtool.formats.base import (
     ProblemSink,
     ShardFormat,
@@ -34,6 +33,7 @@ from packtool.formats.base import (
     UnitReader,
     shard_meta_problems,
 )
+from packtool.formats.options import OutputOptions
 from packtool.manifest import COLUMNS, FORMAT_VERSION, Manifest, ShardEntry
 from packtool.packs import PackArrays
 
@@ -268,11 +268,13 @@ class ParquetFormat(ShardFormat):
     suffix = ".parquet"
     unit_kind = "row group"
 
-    def block_packs(self, config: PackConfig) -> int:
-        rg = config.row_group_size
-        return max(rg, GATHER_TOKENS // config.packed_sequence_size // rg * rg)
+    def block_packs(self, options: OutputOptions, packed_sequence_size: int) -> int:
+        rg = options.parquet.row_group_size
+        return max(rg, GATHER_TOKENS // packed_sequence_size // rg * rg)
 
-    def write(self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, config: PackConfig) -> dict:
+    def write(
+        self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, options: OutputOptions
+    ) -> dict:
         metadata = {
             "run_id": meta.run_id,
             "packed_sequence_size": meta.packed_sequence_size,
@@ -280,7 +282,9 @@ class ParquetFormat(ShardFormat):
             "first_pack": meta.first_pack,
             "shard": meta.shard,
         }
-        return write_parquet_shard(path, blocks, row_group_size=config.row_group_size, metadata=metadata)
+        return write_parquet_shard(
+            path, blocks, row_group_size=options.parquet.row_group_size, metadata=metadata
+        )
 
     def units(self, entry: ShardEntry) -> list[int]:
         return list(entry.row_groups or [entry.num_packs])

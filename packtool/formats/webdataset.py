@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from packtool.arrays import concat_ragged
-from packtool.config import PackConfig
 from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.formats import tar
 from packtool.formats.base import ProblemSink, ShardFormat, ShardMeta, ShardMismatch, UnitReader
+from packtool.formats.options import OutputOptions
 from packtool.formats.tar import (
     BLOCK,
     INDEX_SUFFIX,
@@ -308,10 +308,16 @@ class WebDatasetFormat(ShardFormat):
     name = "webdataset"
     suffix = ".tar"
 
-    def shard_ranges(self, plan: PackPlan, config: PackConfig, columns: list[str]) -> list[tuple[int, int]]:
-        return shard_bounds(plan, config.shard_size, config.shard_max_bytes, columns, config.columns)
+    def shard_ranges(
+        self, plan: PackPlan, options: OutputOptions, columns: list[str]
+    ) -> list[tuple[int, int]]:
+        return shard_bounds(
+            plan, options.shard_size, options.webdataset.shard_max_bytes, columns, options.columns
+        )
 
-    def write(self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, config: PackConfig) -> dict:
+    def write(
+        self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, options: OutputOptions
+    ) -> dict:
         (packs,) = list(blocks)  # block_packs is None: the whole shard in one block
         return write_tar_shard(
             path,
@@ -319,7 +325,7 @@ class WebDatasetFormat(ShardFormat):
             first_pack=meta.first_pack,
             run_id=meta.run_id,
             shard=meta.shard,
-            layout=config.columns,
+            layout=options.columns,
         )
 
     def units(self, entry: ShardEntry) -> list[int]:
@@ -389,8 +395,8 @@ class WebDatasetFormat(ShardFormat):
     def index_files(self, entry: ShardEntry) -> list[str]:
         return [tar_index_name(entry)]
 
-    def write_dataset_index(self, directory: Path, manifest: Manifest) -> list[str]:
-        return write_dataset_index(directory, manifest)
+    def write_dataset_index(self, directory: Path, manifest: Manifest, options: OutputOptions) -> list[str]:
+        return write_dataset_index(directory, manifest, energon=options.webdataset.energon_index)
 
     def check_dataset_index(self, directory: Path, manifest: Manifest, report: ProblemSink) -> None:
         check_dataset_index(directory, manifest, report)

@@ -86,9 +86,9 @@ def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
     }
 
 
-def write_dataset_index(directory: str | Path, manifest: Manifest) -> list[str]:
+def write_dataset_index(directory: str | Path, manifest: Manifest, *, energon: bool = True) -> list[str]:
     """Write the dataset-level index files into ``directory``; return their relative names (Energon's
-    ``index.sqlite`` and ``index.uuid`` among them when megatron-energon is installed)."""
+    ``index.sqlite`` and ``index.uuid`` among them when ``energon`` and megatron-energon is installed)."""
     directory = Path(directory)
     (directory / ENERGON_DIR).mkdir(exist_ok=True)
     contents = dataset_index_contents(manifest)
@@ -100,7 +100,7 @@ def write_dataset_index(directory: str | Path, manifest: Manifest) -> list[str]:
             text = comments.get(Path(name).name, "") + yaml.safe_dump(content, sort_keys=False)
         (directory / name).write_text(text)
     names = list(contents)
-    if manifest.config.energon_index:
+    if energon:
         names += write_sqlite_index(directory, [s.path for s in manifest.shards], manifest.run_id)
     return names
 

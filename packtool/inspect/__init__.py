@@ -76,15 +76,15 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         "directory": str(directory),
         "run_id": m.run_id,
         "packed_sequence_size": n,
-        "strategy": m.config.strategy,
+        "strategy": m.config.get("strategy"),
         "shard_format": m.shard_format,
         "sample_format": m.sample_format,
         "labels": m.labels,
-        "empty_loss": m.config.empty_loss,
+        "empty_loss": m.config.get("empty_loss"),
         "position_ids": m.position_ids,
         "tokenizer": m.tokenizer.to_dict(),
         "inputs": [dataclasses.asdict(i) for i in m.inputs],
-        "config": m.config.to_dict(include_runtime=False),
+        "config": dict(m.config),
         "settings": settings(m),
         **stats,
         "val_packs": sum(e.num_packs for _, e in m.split_shards("val")),  # held out (val_fraction)
@@ -110,27 +110,27 @@ def settings(m: Manifest) -> dict:
     return {
         "packed_sequence_size": m.packed_sequence_size,
         "sample_format": m.sample_format,
-        "strategy": c.strategy,
-        "seed": c.seed if c.strategy == "bfd" and c.shuffle_packs else None,
-        "shuffle_packs": c.shuffle_packs if c.strategy == "bfd" else None,
-        "split_across_pack": c.split_across_pack,
-        "long_samples": None if c.split_across_pack else c.long_samples,
-        "max_packs": c.max_packs,
-        "cp_size": c.cp_size,
-        "val_fraction": c.val_fraction,
+        "strategy": c.get("strategy"),
+        "seed": c.get("seed") if c.get("strategy") == "bfd" and c.get("shuffle_packs") else None,
+        "shuffle_packs": c.get("shuffle_packs") if c.get("strategy") == "bfd" else None,
+        "split_across_pack": c.get("split_across_pack"),
+        "long_samples": None if c.get("split_across_pack") else c.get("long_samples"),
+        "max_packs": c.get("max_packs"),
+        "cp_size": c.get("cp_size"),
+        "val_fraction": c.get("val_fraction"),
         "position_ids": m.position_ids,
         "labels": m.labels,
-        "add_bos": c.add_bos,
-        "add_eos": c.add_eos,
+        "add_bos": c.get("add_bos"),
+        "add_eos": c.get("add_eos"),
         "bos_token_id": tok.bos_token_id,
         "eos_token_id": tok.eos_token_id,
         "pad_token_id": m.pad_token_id,
-        "empty_loss": c.empty_loss if m.sample_format in ("prompt_completion", "chat") else None,
-        "on_error": c.on_error,
+        "empty_loss": c.get("empty_loss") if m.sample_format in ("prompt_completion", "chat") else None,
+        "on_error": c.get("on_error"),
         "shard_format": m.shard_format,
         "columns": m.layout,
-        "shard_size": c.shard_size,
-        "row_group_size": c.row_group_size if get_format(m.shard_format).unit_kind else None,
+        "shard_size": c.get("shard_size"),
+        "row_group_size": c.get("row_group_size") if get_format(m.shard_format).unit_kind else None,
     }
 
 
@@ -162,7 +162,7 @@ def recompute_stats(directory: str | Path, manifest: Manifest, warnings: list[st
     kept = kept[kept > 0].astype(np.int64)
     # samples spread over several packs; not with max_packs, whose manifest counts the samples split before
     # the cut (one cut at the boundary may have kept a single piece of them): the packs cannot tell
-    split = {} if manifest.config.max_packs else {"split_samples": int((packs_of_sample > 1).sum())}
+    split = {} if manifest.config.get("max_packs") else {"split_samples": int((packs_of_sample > 1).sum())}
     spp = SamplesPerPack.of(
         num_packs,
         len(sample),

@@ -17,9 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from packtool.arrays import np_view
-from packtool.config import PackConfig
 from packtool.errors import InputError
-from packtool.packing import PackPlan, make_plan
+from packtool.packing import PackingOptions, PackPlan, make_plan
 from packtool.vision.samples import VisionSample
 from packtool.vision.sequences import VisionSequence, check_plannable, sample_lengths
 
@@ -81,8 +80,8 @@ def plan_packs(
     def locate(i: int, field: str, message: str) -> InputError:
         return samples[i].error(message, "messages")
 
-    config = PackConfig(packed_sequence_size=n, long_samples=long_samples, seed=seed)
-    return make_plan(sample_lengths(sequences), config, locate if samples is not None else None)
+    options = PackingOptions(packed_sequence_size=n, long_samples=long_samples, seed=seed)
+    return make_plan(sample_lengths(sequences), options, locate if samples is not None else None)
 
 
 def assemble_pack(columns: pa.RecordBatch, plan: PackPlan, k: int, pad_id: int) -> VisionPack:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from packtool import read_packs, run_pack
-from packtool.config import PackConfig
+from packtool.options import PackOptions
 from tests.conftest import DEMO, run_cli, write_jsonl
 
 CHAT_TOKENIZER = DEMO / "chat-tokenizer"
@@ -35,7 +35,7 @@ def test_split_across_pack_with_nemo_positions_warns_and_names_restart(tmp_path,
     rows = [{"input_ids": rng.integers(1, 100, int(n)).tolist()} for n in (30, 90, 40)]
     src = [str(write_jsonl(tmp_path / "in.jsonl", rows))]
     base = {"inputs": src, "packed_sequence_size": 64, "strategy": "sequential", "split_across_pack": True}
-    run_pack(PackConfig(output=str(tmp_path / "nemo"), quiet=True, **base))
+    run_pack(PackOptions.of(output=str(tmp_path / "nemo"), quiet=True, **base))
     said = capsys.readouterr().err
     assert "packtool: warning: --split-across-pack with --position-ids nemo" in said
     assert "--position-ids restart" in said
@@ -53,5 +53,5 @@ def test_split_across_pack_with_nemo_positions_warns_and_names_restart(tmp_path,
             pack["position_ids"][start : start + length], np.arange(offset, offset + length)
         )
     assert wrapped
-    run_pack(PackConfig(output=str(tmp_path / "restart"), position_ids="restart", quiet=True, **base))
+    run_pack(PackOptions.of(output=str(tmp_path / "restart"), position_ids="restart", quiet=True, **base))
     assert "warning: --split-across-pack" not in capsys.readouterr().err

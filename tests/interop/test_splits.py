@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from packtool import read_packs, run_pack
-from packtool.config import PackConfig
+from packtool.options import PackOptions
 from packtool.loader import PackedDataset, collate_packs, get_loader
 from tests.conftest import masked_rows, run_cli, write_jsonl
 
@@ -24,7 +24,7 @@ def held_out(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("splits")
     src = write_jsonl(tmp / "in.jsonl", masked_rows(200, 3, 60, 1000, seed=2))
     out = tmp / "wds"
-    config = PackConfig(
+    config = PackOptions.of(
         inputs=[str(src)], output=str(out), packed_sequence_size=N, format="webdataset", shard_size=30,
         val_fraction=0.2, quiet=True,
     )  # fmt: skip
@@ -77,7 +77,7 @@ def test_collate_packs_keeps_the_context_parallel_padding(tmp_path, reader):
     src = write_jsonl(tmp_path / "in.jsonl", masked_rows(60, 3, 60, 1000, seed=4))
     out = tmp_path / "cp"
     run_pack(
-        PackConfig(
+        PackOptions.of(
             inputs=[str(src)], output=str(out), packed_sequence_size=N, cp_size=4, format="webdataset",
             quiet=True,
         )

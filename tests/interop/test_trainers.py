@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from packtool import run_pack
-from packtool.config import PackConfig
+from packtool.options import PackOptions
 from packtool.loader import PackedBatch, PackedDataset, collate_packs, get_loader
 from tests.conftest import ROOT, write_jsonl
 
@@ -51,7 +51,9 @@ def outputs(tmp_path_factory) -> dict[str, Path]:
     for labels in ("shifted", "unshifted"):
         out[labels] = tmp / labels
         run_pack(
-            PackConfig(inputs=src, output=str(out[labels]), packed_sequence_size=N, labels=labels, quiet=True)
+            PackOptions.of(
+                inputs=src, output=str(out[labels]), packed_sequence_size=N, labels=labels, quiet=True
+            )
         )
     return out
 

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from packtool import read_packs, run_pack
-from packtool.config import PackConfig
 from packtool.loader import PackedDataset, get_loader
+from packtool.options import PackOptions
 from tests.conftest import DEMO, write_jsonl
 
 N = 64
@@ -37,7 +37,7 @@ TOL = {"sdpa": 1e-9, "eager": 1e-6}
 def _pack(tmp: Path, rows: list[dict], name: str, n: int = N, **config) -> Path:
     out = tmp / name
     inputs = [str(write_jsonl(tmp / f"{name}.jsonl", rows))]
-    run_pack(PackConfig(inputs=inputs, output=str(out), packed_sequence_size=n, quiet=True, **config))
+    run_pack(PackOptions.of(inputs=inputs, output=str(out), packed_sequence_size=n, quiet=True, **config))
     return out
 
 
