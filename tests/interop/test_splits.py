@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from packtool import read_packs, run_pack
-from packtool.options import PackOptions
 from packtool.loader import PackedDataset, collate_packs, get_loader
+from packtool.options import PackOptions
 from tests.conftest import masked_rows, run_cli, write_jsonl
 
 N = 64

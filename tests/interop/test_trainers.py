@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from packtool import run_pack
-from packtool.options import PackOptions
 from packtool.loader import PackedBatch, PackedDataset, collate_packs, get_loader
+from packtool.options import PackOptions
 from tests.conftest import ROOT, write_jsonl
 
 N = 64
