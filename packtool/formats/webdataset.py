@@ -145,7 +145,8 @@ def write_tar_shard(
     path: str | Path, packs: PackArrays, *, first_pack: int, run_id: str, shard: int, layout: str
 ) -> dict:
     """Write ``packs`` (the columns ``layout`` stores) as the tar shard ``path`` and its ``path.idx`` (both
-    through ``.tmp`` names and a rename); return the shard entry's ``{"index": "packs-NNNNNN.tar.idx"}``."""
+    through ``.tmp`` names and a rename); return the shard entry's own fields
+    (``tar.TarFields``: ``{"index": "packs-NNNNNN.tar.idx"}``)."""
     path = Path(path)
     groups = pack_members(packs.present(), layout)
     k, n = packs.input_ids.shape

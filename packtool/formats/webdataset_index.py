@@ -86,7 +86,7 @@ def write_dataset_index(directory: str | Path, manifest: Manifest) -> list[str]:
             text = comments.get(Path(name).name, "") + yaml.safe_dump(content, sort_keys=False)
         (directory / name).write_text(text)
     names = list(contents)
-    if manifest.config.energon_index:
+    if manifest.option("energon_index", False):  # the run's option (written just now, from its config)
         names += write_sqlite_index(directory, [s.path for s in manifest.shards], manifest.run_id)
     return names
 

@@ -293,12 +293,12 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         if plan.num_packs == 0:  # an empty output would look like a finished dataset
             raise InputError(
                 f"nothing to pack: all {stats.input_samples:,} samples were left out ("
-                + "; ".join(stats.losses(config))
+                + "; ".join(stats.losses(config.packed_sequence_size, config.max_packs))
                 + ")",
                 source=", ".join(config.inputs),
                 code="empty_input",
             )
-        if config.strict and (losses := stats.losses(config)):
+        if config.strict and (losses := stats.losses(config.packed_sequence_size, config.max_packs)):
             raise DataLossError(
                 "--strict: not every sample would be packed whole, so no shard was written: "
                 + "; ".join(losses)
