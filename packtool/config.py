@@ -526,3 +526,11 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             except ConfigError as e:
                 raise ConfigError(f"{path}: {e}") from None
     return values
+
+
+def config_from_provenance(provenance: dict[str, Any]) -> PackConfig:
+    """The options an output's manifest records (``Manifest.provenance``, a plain record) as this
+    version's config, for what re-runs part of the pipeline (``verify --source``, ``inspect``'s look at
+    the inputs): options this version does not know (a newer or an older packtool's) are left out, and
+    those it knows but the record lacks take their defaults."""
+    return PackConfig.from_dict({k: v for k, v in provenance.items() if k in PackConfig.keys()})

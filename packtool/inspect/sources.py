@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+from packtool.config import config_from_provenance
 from packtool.encoders import fields_read
 from packtool.errors import MAX_LOGGED, ErrorSink, PacktoolError
 from packtool.manifest import ERRORS_LOG, Manifest
@@ -67,7 +68,7 @@ def _rows(
     """``{k: (row_kind, row)}`` for the ``k``-th samples of the input at ``path`` (0-based)."""
     if skipped is None:
         return {}
-    c = manifest.config
+    c = config_from_provenance(manifest.provenance)
     sink = ErrorSink("skip")  # records the run skipped are skipped here too, never raised
     found: dict[int, tuple[str, int]] = {}
     seen, todo = 0, sorted(wanted)

@@ -14,6 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from packtool.arrays import ranges
+from packtool.config import config_from_provenance
 from packtool.encoders import fields_read
 from packtool.errors import ConfigError, ErrorSink, InputError
 from packtool.manifest import MANIFEST, Manifest
@@ -44,14 +45,13 @@ class SourceCheck:
         if manifest.stats.policy_packs:
             raise ConfigError(
                 f"--source cannot check this output: its {manifest.stats.policy_packs:,} packs hold what the "
-                f"custom strategy's pack_selected_samples returned ({manifest.config.strategy}), not the "
+                f"custom strategy's pack_selected_samples returned ({manifest.option('strategy')}), not the "
                 "source samples' tokens; run verify without --source"
             )
         # the run's inputs where it found them (absolute paths: verify may run from another directory)
         recorded_inputs = [i.path if i.path and Path(i.path).exists() else i.source for i in manifest.inputs]
-        config = dataclasses.replace(
-            manifest.config, inputs=list(inputs) or recorded_inputs or manifest.config.inputs
-        )
+        recorded = config_from_provenance(manifest.provenance)
+        config = dataclasses.replace(recorded, inputs=list(inputs) or recorded_inputs or recorded.inputs)
         # bad records are left out as the run left them (its on_error), fields it did not read ignored
         sink = ErrorSink(config.on_error)
         used = fields_read(config, manifest.sample_format)
@@ -178,7 +178,8 @@ class SourceCheck:
 
     def finish(self) -> None:
         """Account for every sample: whole, truncated, cut at max_packs, or left out for a counted reason."""
-        cfg, stats, n = self.manifest.config, self.manifest.stats, self.manifest.packed_sequence_size
+        cfg, stats = config_from_provenance(self.manifest.provenance), self.manifest.stats
+        n = self.manifest.packed_sequence_size
         lengths, seen = self.lengths, self.seen
         long = lengths > n
         policy = None if cfg.split_across_pack else cfg.long_samples
