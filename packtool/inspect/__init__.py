@@ -49,7 +49,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
     shards = []
     for i, entry in enumerate(m.shards):
         sh = {k: getattr(entry, k) for k in ("path", "num_packs", "num_tokens", "bytes")}
-        sh["row_groups"] = entry.fields.get("row_groups")  # a Parquet shard's read units
+        sh["row_groups"] = fmt.units(entry) if fmt.unit_kind else None  # the read units
         sh["split"] = entry.split or "train"
         sh["fill_rate"] = total_stats(n, entry.num_packs, entry.num_tokens)["fill_rate"]
         path = Path(directory) / entry.path
@@ -64,8 +64,9 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         except Exception as e:  # any damage: a warning here, verify says exactly what
             warnings.append(f"{entry.path}: metadata unreadable ({str(e).splitlines()[0]})")
         else:
+            recorded_fields = entry.to_dict()  # the common fields and the format's own
             for key, value in own.items():
-                recorded = {"run_id": m.run_id, "shard": i}.get(key, getattr(entry, key, value))
+                recorded = {"run_id": m.run_id, "shard": i}.get(key, recorded_fields.get(key, value))
                 if value != recorded:
                     warnings.append(f"{entry.path}: {key} {value} in the file, {recorded} in the manifest")
         shards.append(sh)

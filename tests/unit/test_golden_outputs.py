@@ -158,3 +158,17 @@ def test_a_newer_major_version_is_refused_in_one_line(current_outputs, tmp_path)
     assert (
         f"format_version {FORMAT_VERSION + 1}.2" in message and f"({FORMAT_VERSION}.{FORMAT_MINOR}" in message
     )
+
+
+def test_a_format_s_own_entry_field_is_still_checked(tmp_path):
+    """``row_groups`` is Parquet's field of a shard entry (``ParquetFields``): inspect and verify still
+    compare it with the file."""
+    output = shutil.copytree(GOLDEN / "v4" / "text-parquet", tmp_path / "out")
+    m = json.loads((output / "manifest.json").read_text())
+    real = m["shards"][0]["row_groups"]
+    m["shards"][0]["row_groups"] = [real[0] + 1, *real[1:-1], real[-1] - 1]
+    (output / "manifest.json").write_text(json.dumps(m))
+    warnings = inspect_report(output)["warnings"]
+    want = f"packs-000000.parquet: row_groups {real} in the file"
+    assert any(w.startswith(want) for w in warnings), warnings
+    assert not verify_output(output).ok
