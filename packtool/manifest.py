@@ -52,7 +52,7 @@ FORMAT_MINOR = 0  # minor: fields a newer minor adds are ignored by readers of a
 # what the shard files' own metadata records as format_version (Parquet key-value metadata; the run_id's
 # basis): their layout has not changed since format 4
 SHARD_FORMAT_VERSION = 4
-MINIMAL_TAR_RECORD_VERSION = 4  # minimal tar outputs older than this are read, but verify cannot check them
+MINIMAL_TAR_RECORD_VERSION = 4  # minimal tar outputs older than this hold one member per column
 # shard file names by split: the training packs, and those held out by val_fraction
 SHARD_PREFIXES = {"train": "packs-", "val": "val-"}
 SPLITS = tuple(SHARD_PREFIXES)

@@ -1,14 +1,15 @@
 """Regenerate tests/golden/: small outputs written by the packtool commits of every earlier format version.
 
-    python scripts/make_golden.py            # every version below (a few minutes on 2 cores)
-    python scripts/make_golden.py --only 2   # one version
+    python scripts/make_golden.py            # every folder below (about a minute on 2 cores)
+    python scripts/make_golden.py --only v2  # one folder
 
-For each format version in ``VERSIONS`` this checks out the commit that wrote it (a temporary
-``git worktree``), runs that checkout's own ``packtool pack`` (``PYTHONPATH`` on the checkout, the current
-virtual environment) on small inputs made here from data/demo/, into ``tests/golden/v<N>/<run>/``, then
-reads every output with that checkout's own ``read_packs`` and records what it gave in
-``tests/golden/v<N>/<run>.expected.json``: the commit, the command, the number of packs and one sha256 per
-pack (``pack_digest``: every array's name, dtype, shape and bytes). The tests
+For each folder of ``SETS`` (a format version and a commit that wrote it) this checks out the commit (a
+temporary ``git worktree``), runs that checkout's own ``packtool pack`` (``PYTHONPATH`` on the checkout,
+the current virtual environment) on small inputs made here from data/demo/, into
+``tests/golden/<folder>/<run>/``, then reads every output with that checkout's own ``read_packs`` and
+records what it gave in ``tests/golden/<folder>/<run>.expected.json``: the commit, the command, the
+number of packs and one sha256 per pack (``pack_digest``: every array's name, dtype, shape and bytes). The
+tests
 (tests/unit/test_golden_outputs.py) read every golden output with the current code and compare.
 
 The inputs are written to a fixed scratch directory (``SCRATCH``), so the absolute paths the manifests
@@ -33,9 +34,15 @@ ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
 SCRATCH = Path(tempfile.gettempdir()) / "packtool-golden-inputs"
 
-# format_version -> the last commit that wrote it (git log -G"FORMAT_VERSION = [0-9]" -- packtool/):
-# 2 from 681af19 on (8080027: before the sample-fate stats of f5c97c8), 3 from 1e69f18, 4 from d85fa4c
-VERSIONS = {2: "8080027", 3: "fe08b65", 4: "51bca6e"}
+# folder -> (format_version, a commit that wrote it, the runs made: None for every run that version has).
+# git log -G"FORMAT_VERSION = [0-9]" -- packtool/: 2 from 681af19 on, 3 from 1e69f18, 4 from d85fa4c; format
+# 2 had two accountings of the stats (packtool.stats): 8080027 before the sample fates, f5c97c8 with them
+SETS: dict[str, tuple[int, str, tuple[str, ...] | None]] = {
+    "v2": (2, "8080027", None),
+    "v2-fates": (2, "f5c97c8", ("pretok-split-parquet", "text-tar")),
+    "v3": (3, "fe08b65", None),
+    "v4": (4, "51bca6e", None),
+}
 
 # packed_sequence_size is small (64, 128) so that a few dozen packs hold the inputs and tar outputs stay small
 _TEXT = ["text.jsonl", "--tokenizer", "data/demo/tokenizer.json", "--add-eos", "--long-samples", "truncate"]
@@ -133,20 +140,20 @@ print(json.dumps([pack_digest(p) for p in read_packs(sys.argv[2], with_sample_in
 """
 
 
-def generate(version: int, commit: str) -> None:
-    """Write tests/golden/v<version>/ with the commit's own packtool."""
-    checkout = Path(tempfile.mkdtemp(prefix=f"packtool-gold-v{version}-"))
+def generate(folder: str, version: int, commit: str, runs: tuple[str, ...] | None) -> None:
+    """Write tests/golden/<folder>/ with the commit's own packtool."""
+    checkout = Path(tempfile.mkdtemp(prefix=f"packtool-gold-{folder}-"))
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(checkout), commit], check=True)
     try:
         full = subprocess.run(
             ["git", "-C", str(checkout), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
         ).stdout.strip()
-        out = GOLDEN / f"v{version}"
+        out = GOLDEN / folder
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         env = {**os.environ, "PYTHONPATH": str(checkout)}
         for name, (since, args) in RUNS.items():
-            if version < since:
+            if version < since or (runs is not None and name not in runs):
                 continue
             target = out / name
             if "webdataset" in args and version >= NO_ENERGON_INDEX_SINCE:
@@ -165,22 +172,22 @@ def generate(version: int, commit: str) -> None:
                 "pack_digests": digests,
             }
             (out / f"{name}.expected.json").write_text(json.dumps(record, indent=1) + "\n")
-            print(f"v{version} {name}: {len(digests)} packs", file=sys.stderr)
+            print(f"{folder} {name}: {len(digests)} packs", file=sys.stderr)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(checkout)], check=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", type=int, nargs="*", help="format versions to regenerate (default: all)")
+    ap.add_argument("--only", nargs="*", choices=list(SETS), help="folders to regenerate (default: all)")
     args = ap.parse_args()
     shutil.rmtree(SCRATCH, ignore_errors=True)
     SCRATCH.mkdir(parents=True)
     try:
         make_inputs(SCRATCH)
-        for version, commit in VERSIONS.items():
-            if not args.only or version in args.only:
-                generate(version, commit)
+        for folder, (version, commit, runs) in SETS.items():
+            if not args.only or folder in args.only:
+                generate(folder, version, commit, runs)
     finally:
         shutil.rmtree(SCRATCH, ignore_errors=True)
 
