@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -172,3 +173,10 @@ def test_a_format_s_own_entry_field_is_still_checked(tmp_path):
     want = f"packs-000000.parquet: row_groups {real} in the file"
     assert any(w.startswith(want) for w in warnings), warnings
     assert not verify_output(output).ok
+
+
+def test_the_manifest_depends_on_no_writer_option():
+    """The reading contract is the manifest's own: reading one imports nothing of the writer's options."""
+    code = "import sys, packtool.manifest; print('packtool.config' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
