@@ -19,7 +19,8 @@ from packtool.formats.energon_index import INDEX_UUID, SQLITE_INDEX, write_sqlit
 from packtool.formats.tar import INDEX_SUFFIX, pack_members, tar_index_name
 from packtool.manifest import MANIFEST, MINIMAL_TAR_RECORD_VERSION, Manifest
 
-WIDS_INDEX = "wids.json"
+WIDS_INDEX = "wids.json"  # the training shards only: a wids reader of it never sees held-out packs
+WIDS_VAL_INDEX = "wids-val.json"  # the --val-fraction shards, written when there are any
 ENERGON_DIR = ".nv-meta"
 ENERGON_SAMPLE_TYPE = {"__module__": "packtool.energon", "__class__": "PackSample"}
 ENERGON_DATASET_COMMENT = (
@@ -34,16 +35,29 @@ ENERGON_CRUDE_COMMENT = (
 )
 
 
-def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
-    """What the dataset-level index files hold, from the manifest: ``{relative file name: content}``."""
-    shards = manifest.shards
+def _wids_index(manifest: Manifest, split: str) -> dict:
+    """A wids shard index of the shards of ``split`` (one descriptor per split, as wids reads one
+    dataset per file)."""
+    shards = [s for _, s in manifest.split_shards(split)]
     return {
-        WIDS_INDEX: {
-            "__kind__": "wids-shard-index-v1",
-            "wids_version": 1,
-            "name": f"packtool-{manifest.run_id}",
-            "shardlist": [{"url": s.path, "nsamples": s.num_packs, "filesize": s.bytes} for s in shards],
-        },
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "name": f"packtool-{manifest.run_id}" + ("" if split == "train" else f"-{split}"),
+        "shardlist": [{"url": s.path, "nsamples": s.num_packs, "filesize": s.bytes} for s in shards],
+    }
+
+
+def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
+    """What the dataset-level index files hold, from the manifest: ``{relative file name: content}``.
+
+    ``wids.json`` lists the training shards, ``wids-val.json`` (only when the run held packs out with
+    ``--val-fraction``) the validation shards; Energon's ``split.yaml`` names both splits."""
+    shards = manifest.shards
+    wids = {WIDS_INDEX: _wids_index(manifest, "train")}
+    if manifest.split_shards("val"):
+        wids[WIDS_VAL_INDEX] = _wids_index(manifest, "val")
+    return {
+        **wids,
         f"{ENERGON_DIR}/.info.json": {"shard_counts": {s.path: s.num_packs for s in shards}},
         # as energon prepare writes it: every split named (get_val_dataset, energon lint), test empty
         f"{ENERGON_DIR}/split.yaml": {

@@ -221,6 +221,16 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
             "padding): give attention seq_lens or cu_seqlens, not position_ids alone (transformers' "
             "position-id packing would join samples); --position-ids restart makes them safe for it",
         )
+        if config.split_across_pack:  # said even under --quiet: it changes what training sees
+            print(
+                "packtool: warning: --split-across-pack with --position-ids nemo: the positions of a piece "
+                "that continues a sample in the next pack wrap around at the pack size instead of going on "
+                "(e.g. 1223..2999 then 0..1222), and every attention mask trains on them; keep nemo for "
+                "parity with NeMo AutoModel, else pass --position-ids restart (each piece from 0) or train "
+                "with batch.flattened()",
+                file=sys.stderr,
+                flush=True,
+            )
     spec = start_run(config, sample_format)
     identity = worker(spec).encoder.identity()
     vocab = identity.get("vocab_size")

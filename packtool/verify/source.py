@@ -37,6 +37,7 @@ class SourceCheck:
     lengths: np.ndarray  # (num_samples,) tokens per source sample
     seen: np.ndarray  # (num_samples,) tokens found in the packs so far
     tmp: tempfile.TemporaryDirectory
+    empty_loss_samples: int = 0  # samples with tokens but nothing to learn, as the source gives them
 
     @classmethod
     def start(
@@ -50,8 +51,12 @@ class SourceCheck:
             )
         # the run's inputs where it found them (absolute paths: verify may run from another directory)
         recorded_inputs = [i.path if i.path and Path(i.path).exists() else i.source for i in manifest.inputs]
-        recorded = config_from_provenance(manifest.provenance)
-        config = dataclasses.replace(recorded, inputs=list(inputs) or recorded_inputs or recorded.inputs)
+        options = config_from_provenance(manifest.provenance)
+        config = dataclasses.replace(
+            options,
+            inputs=list(inputs) or recorded_inputs or options.inputs,
+            tokenizer=_recorded_tokenizer(manifest),
+        )
         # bad records are left out as the run left them (its on_error), fields it did not read ignored
         sink = ErrorSink(config.on_error)
         used = fields_read(config, manifest.sample_format)
@@ -91,7 +96,11 @@ class SourceCheck:
             )
         store = ChunkStore(Path(tmp.name), metas)
         lengths = store.lengths().astype(np.int64)
-        return cls(manifest, report, store, lengths, np.zeros(len(lengths), dtype=np.int64), tmp)
+        # under empty_loss=drop a sample with nothing to learn reaches the packs as an empty one, and the
+        # run counts it as dropped for its loss, not as empty (pipeline.summary)
+        empty_loss = sum(m.get("empty_loss_samples", 0) for m in metas)
+        zeros = np.zeros(len(lengths), dtype=np.int64)
+        return cls(manifest, report, store, lengths, zeros, tmp, empty_loss)
 
     def where(self, sample: int) -> str:
         """``file, line L`` of source sample ``sample``."""
@@ -186,7 +195,9 @@ class SourceCheck:
         counted = {
             "num_samples": len(lengths),
             "packed_samples": int((seen > 0).sum()),
-            "empty_samples": int((lengths == 0).sum()),
+            "empty_samples": int((lengths == 0).sum())
+            - (self.empty_loss_samples if cfg.empty_loss == "drop" else 0),
+            "empty_loss_samples": self.empty_loss_samples,
             # the long_samples policy applies to every long sample, before max_packs cuts any of them; a
             # truncated sample that max_packs cut too counts as cut by max_packs (one fate each)
             "dropped_samples": int(long.sum()) if policy == "drop" else 0,
@@ -220,3 +231,14 @@ class SourceCheck:
                     field=key,
                 )
         self.report.checked["source samples"] = len(lengths)
+
+
+def _recorded_tokenizer(manifest: Manifest) -> str | None:
+    """The run's tokenizer path as verify can open it: as given to ``pack`` (relative to where it ran),
+    else the absolute path the manifest recorded (``verify`` may run from another directory; the sha256
+    is compared after loading). A ``module:callable`` encoder is left as given."""
+    given = manifest.option("tokenizer")
+    recorded = manifest.tokenizer.details.get("path")
+    if not given or Path(given).exists() or not isinstance(recorded, str) or not Path(recorded).exists():
+        return given
+    return recorded

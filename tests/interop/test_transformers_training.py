@@ -142,8 +142,8 @@ def test_packed_loss_and_gradient_equal_each_sample_alone(outputs, data, attn, m
             ).logits  # fmt: skip
             loss = _token_loss(logits, batch.labels)
         else:
-            labels = batch.labels.reshape(1, -1)  # already shifted: the model must not shift them again
-            out = model(**batch.flattened(), labels=labels, shift_labels=labels, use_cache=False)
+            out = model(**batch.flattened())  # labels and shift_labels (never shifted twice), use_cache=False
+            labels = batch.labels.reshape(1, -1)
             loss = _token_loss(out.logits, labels).view(batch.labels.shape)
             assert abs(out.loss.item() - loss.sum().item() / int((labels != -100).sum())) < 1e-6
         loss.sum().backward()
