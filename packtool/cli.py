@@ -207,7 +207,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
             err=True,
         )
     # lost data is said even with --quiet: quiet is about progress, not about what the packs miss
-    losses = s.losses(manifest.config)
+    losses = s.losses(manifest.packed_sequence_size, manifest.option("max_packs"))
     for line in manifest.warnings:
         click.echo(f"packtool: warning: {line}", err=True)
     for line in losses:

@@ -149,7 +149,7 @@ def input_ids_alone_bytes(out: Path, scratch: Path) -> int:
             col = pf.read_row_group(rg, columns=["input_ids"]).column("input_ids").combine_chunks()
             blocks.append(PackArrays(input_ids=col.values.to_numpy().reshape(-1, N)))
         path = scratch / entry.path
-        write_parquet_shard(path, blocks, row_group_size=m.config["row_group_size"], metadata={"run_id": "x"})
+        write_parquet_shard(path, blocks, row_group_size=m.option("row_group_size"), metadata={"run_id": "x"})
         total += path.stat().st_size
         path.unlink()
     return total

@@ -3,7 +3,8 @@
 A shard holds a run of consecutive packs. A format says how to
 
 * **write** one (``shard_ranges`` cuts the plan into shards, ``write`` writes one shard from ``PackArrays``
-  blocks and returns its format-specific ``ShardEntry`` fields);
+  blocks and returns the fields of its ``ShardEntry`` that the format owns, ``ShardEntry.fields``: the
+  format's module alone parses them, leniently, e.g. ``parquet.ParquetFields``, ``tar.TarFields``);
 * **read** one: a shard is read in *units* (``units``: packs per unit, e.g. Parquet row groups; the loader
   decodes one unit at a time), ``open_reader`` gives a reader of units, ``read_pack`` one pack alone; a
   format reads the columns its shards store, and the base class turns them into the packs readers give
@@ -155,7 +156,7 @@ class ShardFormat(ABC):
         self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, options: OutputOptions
     ) -> dict:
         """Write the packs of ``blocks`` (consecutive) as shard ``path``, atomically; return the
-        format-specific ``ShardEntry`` fields (e.g. ``{"row_groups": [...]}``)."""
+        ``ShardEntry`` fields the format owns (``ShardEntry.fields``, e.g. ``{"row_groups": [...]}``)."""
 
     def block_packs(self, options: OutputOptions, packed_sequence_size: int) -> int | None:
         """Packs per block of ``packed_sequence_size`` tokens handed to ``write`` (None: the whole shard in
@@ -191,7 +192,8 @@ class ShardFormat(ABC):
 
     @abstractmethod
     def summary(self, path: Path) -> dict[str, Any]:
-        """Figures from the shard's own metadata: ``run_id``, ``shard`` and any ``ShardEntry`` field."""
+        """Figures from the shard's own metadata: ``run_id``, ``shard`` and any ``ShardEntry`` field (the
+        common ones or the format's own)."""
 
     @abstractmethod
     def check(

@@ -35,7 +35,7 @@ import numpy as np
 from packtool.arrays import concat_ragged
 from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.formats import tar
-from packtool.formats.base import ProblemSink, ShardFormat, ShardMeta, ShardMismatch, UnitReader
+from packtool.formats.base import UNIT_ERRORS, ProblemSink, ShardFormat, ShardMeta, ShardMismatch, UnitReader
 from packtool.formats.options import OutputOptions
 from packtool.formats.tar import (
     BLOCK,
@@ -145,7 +145,8 @@ def write_tar_shard(
     path: str | Path, packs: PackArrays, *, first_pack: int, run_id: str, shard: int, layout: str
 ) -> dict:
     """Write ``packs`` (the columns ``layout`` stores) as the tar shard ``path`` and its ``path.idx`` (both
-    through ``.tmp`` names and a rename); return the shard entry's ``{"index": "packs-NNNNNN.tar.idx"}``."""
+    through ``.tmp`` names and a rename); return the shard entry's own fields
+    (``tar.TarFields``: ``{"index": "packs-NNNNNN.tar.idx"}``)."""
     path = Path(path)
     groups = pack_members(packs.present(), layout)
     k, n = packs.input_ids.shape
@@ -388,8 +389,8 @@ class WebDatasetFormat(ShardFormat):
     def check(
         self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int
     ) -> Iterator[tuple[int, PackArrays]]:
-        if old_minimal_layout(manifest):  # said once by check_dataset_index
-            return iter(())
+        if old_minimal_layout(manifest):  # one member per column (format 3): read as readers read it
+            return _check_by_reading(self, path, manifest, report, index)
         return check_tar_shard(path, entry, manifest, report, index, base)
 
     def index_files(self, entry: ShardEntry) -> list[str]:
@@ -415,3 +416,20 @@ def _pack_meta(path: Path, buf, start: int, end: int) -> dict:
             f"{path}: no pack metadata ({META}, {SMALL_COLUMNS}) between bytes {start} and {end}"
         )
     return meta
+
+
+def _check_by_reading(
+    fmt: WebDatasetFormat, path: Path, manifest: Manifest, report: ProblemSink, index: int
+) -> Iterator[tuple[int, PackArrays]]:
+    """A shard of format 3's ``minimal`` layout (one member per column), checked as ``read_packs`` reads
+    it (run_id, pack count, the CRC-32, each member's dtype and shape); its packs are yielded for the
+    per-pack checks."""
+    reader = fmt.open_reader(path.parent, manifest)
+    try:
+        packs = reader.read_stored(index, 0, list(manifest.columns))
+    except UNIT_ERRORS as e:
+        report.add("unreadable", f"cannot be read ({e})", shard=path.name)
+        return
+    finally:
+        reader.close()
+    yield 0, packs

@@ -129,19 +129,9 @@ def old_minimal_layout(manifest: Manifest) -> bool:
 
 def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink) -> None:
     """``wids.json`` and ``.nv-meta/`` must say what the manifest says; no stray ``.tar.idx``. An output
-    older than format_version 2 is said once here: its tar shards carry no run_id (the other checks run);
-    so is a minimal output of the one-member-per-column layout (``old_minimal_layout``: nothing else is
-    checked, ``WebDatasetFormat.check`` skips its shards)."""
-    if old_minimal_layout(manifest):
-        report.add(
-            "format_version",
-            f"written by an older packtool (format_version {manifest.format_version}), whose --columns "
-            "minimal tar packs hold one member per column and a .json; this one checks only the one-record "
-            "layout of format_version 4: pack it again to verify it (read_packs and the loader read it)",
-            shard=MANIFEST,
-            field="format_version",
-        )
-        return
+    older than format_version 2 is said once here: its tar shards carry no run_id (the other checks run).
+    A minimal output of format 3's one-member-per-column layout (``old_minimal_layout``) is checked as
+    readers read it (``WebDatasetFormat.check``)."""
     if manifest.format_version < 2:
         report.add(
             "format_version",

@@ -68,7 +68,7 @@ def _rows(
     """``{k: (row_kind, row)}`` for the ``k``-th samples of the input at ``path`` (0-based)."""
     if skipped is None:
         return {}
-    options = PackOptions.from_provenance(manifest.config)  # the run's, as it recorded them
+    options = PackOptions.from_provenance(manifest.provenance)  # the run's, as it recorded them
     sink = ErrorSink("skip")  # records the run skipped are skipped here too, never raised
     found: dict[int, tuple[str, int]] = {}
     seen, todo = 0, sorted(wanted)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from packtool.errors import InputError
-from packtool.manifest import FORMAT_VERSION
+from packtool.manifest import SHARD_FORMAT_VERSION
 from packtool.options import PackOptions
 from packtool.readers import expand_inputs
 
@@ -68,5 +68,5 @@ def check_inputs_unchanged(inputs: list[str], stamps: list[list]) -> None:
 def make_run_id(options: PackOptions, tokenizer: dict, fingerprint: list[dict]) -> str:
     """16 hex digits from the config (less its runtime keys), the tokenizer's identity, the inputs'
     fingerprint and the format version: two runs with the same ``run_id`` write the same bytes."""
-    basis = [options.to_dict(include_runtime=False), tokenizer, fingerprint, FORMAT_VERSION]
+    basis = [options.to_dict(include_runtime=False), tokenizer, fingerprint, SHARD_FORMAT_VERSION]
     return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()[:16]

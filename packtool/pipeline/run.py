@@ -312,12 +312,14 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         if plan.num_packs == 0:  # an empty output would look like a finished dataset
             raise InputError(
                 f"nothing to pack: all {stats.input_samples:,} samples were left out ("
-                + "; ".join(stats.losses(options.to_dict()))
+                + "; ".join(stats.losses(options.packing.packed_sequence_size, options.packing.max_packs))
                 + ")",
                 source=", ".join(options.reading.inputs),
                 code="empty_input",
             )
-        if options.running.strict and (losses := stats.losses(options.to_dict())):
+        if options.running.strict and (
+            losses := stats.losses(options.packing.packed_sequence_size, options.packing.max_packs)
+        ):
             raise DataLossError(
                 "--strict: not every sample would be packed whole, so no shard was written: "
                 + "; ".join(losses)

@@ -91,7 +91,7 @@ def build_manifest(
         columns=columns,
         tokenizer=TokenizerIdentity.from_dict(tokenizer),
         inputs=[InputEntry(**i) for i in inputs],
-        config=options.to_dict(include_runtime=False),
+        provenance=options.to_dict(include_runtime=False),  # a plain record: readers never parse it
         stats=stats,
         histograms={
             "sample_lengths": Histogram.lengths(lengths, n),
@@ -99,4 +99,5 @@ def build_manifest(
             "samples_per_pack": Histogram.per_pack(np.diff(plan.pack_offsets)),
         },
         shards=shards,
+        layout=options.output.columns,
     )

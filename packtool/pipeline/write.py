@@ -148,7 +148,7 @@ def write_shard(
         sha256=sha256,
         crc32=crc32,
         split=None if split == "train" else split,
-        **info,
+        fields=info,
     )
     write_json_atomic(_record(work_dir, meta.shard), entry.to_dict())  # done: a resumed run skips it
     return entry

@@ -46,14 +46,14 @@ class SourceCheck:
             raise ConfigError(
                 f"--source cannot check this output: its {manifest.stats.policy_packs:,} packs hold what the "
                 f"custom strategy's pack_selected_samples returned "
-                f"({manifest.config.get('strategy')}), not the "
+                f"({manifest.option('strategy')}), not the "
                 "source samples' tokens; run verify without --source"
             )
         # the run's inputs where it found them (absolute paths: verify may run from another directory)
         recorded_inputs = [i.path if i.path and Path(i.path).exists() else i.source for i in manifest.inputs]
         options = PackOptions.from_provenance(
-            {**manifest.config, "tokenizer": _recorded_tokenizer(manifest)},
-            inputs=list(inputs) or recorded_inputs or manifest.config.get("inputs", []),
+            {**manifest.provenance, "tokenizer": _recorded_tokenizer(manifest)},
+            inputs=list(inputs) or recorded_inputs or manifest.option("inputs") or [],
         )
         # bad records are left out as the run left them (its on_error), fields it did not read ignored
         sink = ErrorSink(options.running.on_error)
@@ -189,7 +189,8 @@ class SourceCheck:
 
     def finish(self) -> None:
         """Account for every sample: whole, truncated, cut at max_packs, or left out for a counted reason."""
-        cfg, stats, n = self.manifest.config, self.manifest.stats, self.manifest.packed_sequence_size
+        cfg, stats = self.manifest.provenance, self.manifest.stats
+        n = self.manifest.packed_sequence_size
         lengths, seen = self.lengths, self.seen
         long = lengths > n
         policy = None if cfg.get("split_across_pack") else cfg.get("long_samples")
@@ -238,7 +239,7 @@ def _recorded_tokenizer(manifest: Manifest) -> str | None:
     """The run's tokenizer path as verify can open it: as given to ``pack`` (relative to where it ran),
     else the absolute path the manifest recorded (``verify`` may run from another directory; the sha256
     is compared after loading). A ``module:callable`` encoder is left as given."""
-    given = manifest.config.get("tokenizer")
+    given = manifest.option("tokenizer")
     recorded = manifest.tokenizer.details.get("path")
     if not given or Path(given).exists() or not isinstance(recorded, str) or not Path(recorded).exists():
         return given

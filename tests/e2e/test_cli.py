@@ -18,8 +18,8 @@ def test_config_file_with_flags_overriding(tmp_path):
     )
     run_cli("pack", "--config", cfg, "--packed-sequence-size", 1024, "--max-packs", 5, "-q")
     m = manifest_json(tmp_path / "out")
-    assert m["packed_sequence_size"] == 1024 and m["config"]["long_samples"] == "truncate"
-    assert m["stats"]["num_packs"] == 5 and m["config"]["max_packs"] == 5
+    assert m["packed_sequence_size"] == 1024 and m["provenance"]["long_samples"] == "truncate"
+    assert m["stats"]["num_packs"] == 5 and m["provenance"]["max_packs"] == 5
 
 
 def test_inspect_json_has_the_documented_keys(tmp_path):

@@ -212,6 +212,7 @@ DRIVER_READS = {
         "output.shard_size",
         "packing.packed_sequence_size",
         "packing.pad_token_id",
+        "packing.max_packs",  # the losses said when nothing or not all is packed
         "packing.seed",
         "packing.split_across_pack",  # the warning of split samples' nemo positions
         "packing.val_fraction",
@@ -221,6 +222,7 @@ DRIVER_READS = {
     "packtool.pipeline.summary": {
         "encoding.fine_tuning",
         "encoding.labels",
+        "output.columns",  # the manifest's layout
         "output.format",
         "packing.packed_sequence_size",
         "packing.pad_token_id",
