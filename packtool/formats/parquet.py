@@ -12,7 +12,6 @@ A read unit is a row group: the loader decodes one at a time with Arrow.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 from collections import OrderedDict
@@ -26,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.arrays import arrow_array, list_parts
+from packtool.fileio import written_whole
 from packtool.formats.base import (
     ProblemSink,
     ShardFormat,
@@ -145,39 +145,36 @@ def prefetch(items: Iterable[T], depth: int = 1) -> Iterator[T]:
 def write_parquet_shard(
     path: str | Path, packs: PackArrays | Iterable[PackArrays], *, row_group_size: int, metadata: dict
 ) -> dict:
-    """Write ``packs`` to ``path`` atomically (``NAME.tmp-PID``, renamed); return its row groups.
+    """Write ``packs`` to ``path``, whole or not at all (``written_whole``); return its row groups.
 
     ``packs`` is one ``PackArrays`` or an iterable of them (e.g. a few row groups each, built lazily so that
     a whole shard is never held in memory).
     """
     path = Path(path)
     blocks = [packs] if isinstance(packs, PackArrays) else packs
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    writer = None
-    try:
-        # the next block's tokens are gathered (NumPy, mostly holding the GIL) while Arrow encodes and
-        # compresses this one (C++, without it)
-        for table in prefetch(packs_table(block) for block in blocks):
-            table = table.replace_schema_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
-            if writer is None:
-                writer = pq.ParquetWriter(
-                    tmp,
-                    table.schema,
-                    compression="zstd",
-                    use_dictionary=False,
-                    write_statistics=False,
-                    store_schema=True,
-                    write_page_checksum=True,  # CRC-32 per page: readers check what they decode
-                )
-            writer.write_table(table.cast(writer.schema), row_group_size=row_group_size)
-    finally:
-        if writer is not None:
-            writer.close()
-    if writer is None:
-        raise ValueError("write_parquet_shard: no packs to write")
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with written_whole(path) as tmp:
+        writer = None
+        try:
+            # the next block's tokens are gathered (NumPy, mostly holding the GIL) while Arrow encodes and
+            # compresses this one (C++, without it)
+            for table in prefetch(packs_table(block) for block in blocks):
+                table = table.replace_schema_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+                if writer is None:
+                    writer = pq.ParquetWriter(
+                        tmp,
+                        table.schema,
+                        compression="zstd",
+                        use_dictionary=False,
+                        write_statistics=False,
+                        store_schema=True,
+                        write_page_checksum=True,  # CRC-32 per page: readers check what they decode
+                    )
+                writer.write_table(table.cast(writer.schema), row_group_size=row_group_size)
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            raise ValueError("write_parquet_shard: no packs to write")
     md = pq.ParquetFile(path).metadata
     groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
     return ParquetFields(groups, row_group_offsets(md)).to_dict()

@@ -34,6 +34,7 @@ import numpy as np
 
 from packtool.arrays import concat_ragged
 from packtool.errors import ConfigError, InputError, PacktoolError
+from packtool.fileio import written_whole
 from packtool.formats import tar
 from packtool.formats.base import UNIT_ERRORS, ProblemSink, ShardFormat, ShardMeta, ShardMismatch, UnitReader
 from packtool.formats.options import OutputOptions
@@ -157,40 +158,35 @@ def write_tar_shard(
     if packs.cp_padding is not None:  # a piece's context-parallel padding is not its tokens
         num_tokens -= np.add.reduceat(packs.cp_padding, packs.sample_index_offsets[:-1]) if k else 0
     offsets = np.zeros(k + 1, dtype="<u8")
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as archive:
-            for i in range(k):
-                offsets[i] = archive.offset
-                key = pack_key(first_pack + i)
-                meta = {
-                    "pack_index": first_pack + i,
-                    "num_tokens": int(num_tokens[i]),
-                    "num_samples": int(num_samples[i]),
-                    "run_id": run_id,
-                    "shard": shard,
-                }
-                members = {}
-                for ext, names in groups.items():
-                    arrays = {name: packs.row(name, i) for name in names}
-                    if ext == META:
-                        members[ext] = pack_json(**meta)
-                        assert len(members[ext]) < BLOCK, meta  # pack_tar_bytes counts one block for it
-                    elif ext == SMALL_COLUMNS:
-                        members[ext] = npy_bytes(record(arrays, meta))
-                    else:
-                        members[ext] = npy_bytes(arrays[names[0]])
-                for ext in sorted(members):  # webdataset.TarWriter's order
-                    data = members[ext]
-                    archive.addfile(tar.tarinfo(f"{key}.{ext}", len(data)), io.BytesIO(data))
-            offsets[k] = archive.offset
-        f.flush()
-        os.fsync(f.fileno())
     index = path.with_name(path.name + INDEX_SUFFIX)
-    index_tmp = index.with_name(index.name + ".tmp")
-    index_tmp.write_bytes(offsets.tobytes())
-    os.replace(tmp, path)
-    os.replace(index_tmp, index)
+    with written_whole(path) as tmp, written_whole(index) as index_tmp:
+        with open(tmp, "wb") as f:
+            with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+                for i in range(k):
+                    offsets[i] = archive.offset
+                    key = pack_key(first_pack + i)
+                    meta = {
+                        "pack_index": first_pack + i,
+                        "num_tokens": int(num_tokens[i]),
+                        "num_samples": int(num_samples[i]),
+                        "run_id": run_id,
+                        "shard": shard,
+                    }
+                    members = {}
+                    for ext, names in groups.items():
+                        arrays = {name: packs.row(name, i) for name in names}
+                        if ext == META:
+                            members[ext] = pack_json(**meta)
+                            assert len(members[ext]) < BLOCK, meta  # pack_tar_bytes counts one block for it
+                        elif ext == SMALL_COLUMNS:
+                            members[ext] = npy_bytes(record(arrays, meta))
+                        else:
+                            members[ext] = npy_bytes(arrays[names[0]])
+                    for ext in sorted(members):  # webdataset.TarWriter's order
+                        data = members[ext]
+                        archive.addfile(tar.tarinfo(f"{key}.{ext}", len(data)), io.BytesIO(data))
+                offsets[k] = archive.offset
+        index_tmp.write_bytes(offsets.tobytes())
     return {"index": index.name}
 
 

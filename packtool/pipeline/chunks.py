@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - Windows
 from packtool.arrays import groups, list_parts
 from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
+from packtool.fileio import written_whole
 from packtool.layout import labels_follow_rule
 from packtool.options import PackOptions
 from packtool.readers.base import SourceBatch
@@ -177,9 +178,8 @@ CHUNK_LIST = "chunks.json"  # the metas of a run's chunks, in order, once all ar
 
 
 def write_chunk_list(work_dir: str | Path, metas: list[dict]) -> None:
-    tmp = Path(work_dir) / f"{CHUNK_LIST}.tmp"
-    tmp.write_text(json.dumps(metas))
-    os.replace(tmp, Path(work_dir) / CHUNK_LIST)
+    with written_whole(Path(work_dir) / CHUNK_LIST, fsync=False) as tmp:
+        tmp.write_text(json.dumps(metas))
 
 
 def read_chunk_list(work_dir: str | Path) -> list[dict]:
