@@ -59,6 +59,7 @@ from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
+from packtool.pipeline.interrupt import stop_on_interrupt
 from packtool.pipeline.memory import encode_in_memory, use_memory_store
 from packtool.pipeline.output import OutputDir
 from packtool.pipeline.summary import build_manifest, run_stats
@@ -81,8 +82,9 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
     show = (not config.quiet) if progress is None else progress
     out = OutputDir(config.output, overwrite=config.overwrite).open()
     try:
-        manifest = _run(config, out, show)
-        out.commit(manifest)
+        with stop_on_interrupt():  # Ctrl-C: "stopping" at once, a second one stops at once
+            manifest = _run(config, out, show)
+            out.commit(manifest)
         return manifest
     except WorkerDied as e:  # killed from outside (out of memory): keep the work for a resume
         out.abort(keep=True)

@@ -10,6 +10,8 @@ workers each tokenizer runs on one thread
 tokenizer's own threads on top of them would oversubscribe the cores. A worker exits as soon as the
 driver does, however it ends (``_exit_with``), so a killed job leaves no worker behind that could still
 write into the output directory while the job is resumed; the forkserver then exits with its last worker.
+Workers ignore SIGINT; when the run fails or is interrupted the engine kills them instead of waiting for
+their tasks (``close(now=True)``; ``pipeline.interrupt``).
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ class LocalEngine:
     def __enter__(self) -> LocalEngine:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(now=exc_type is not None)
 
     def map(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
         """Apply ``fn`` to every task; results come back in task order."""
@@ -83,8 +85,15 @@ class LocalEngine:
         how = ", ".join(f"pid {p.pid} {_exit_reason(p.exitcode)}" for p in dead) or "a worker exited"
         return WorkerDied(f"a worker process died while {TASK_NAMES.get(fn.__name__, fn.__name__)} ({how})")
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
+        """Shut the pool down once its tasks are done or, with ``now`` (the run is failing or was
+        interrupted), at once: the workers are killed rather than left to finish the chunks they hold
+        (a chunk or shard is whole on disk or absent, so a resume is not harmed), and the driver stops
+        within a moment instead of after the slowest running task."""
         if self._pool is not None:
+            if now:
+                for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+                    process.kill()
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
             _stop_forkserver()
@@ -198,7 +207,9 @@ def keep_freed_memory() -> bool:
 
 def _start_worker(job: int) -> None:
     """Worker start-up: exit when the driver ``job`` (its pid) is gone; one tokenizer thread per worker;
-    freed memory kept for reuse (``keep_freed_memory``)."""
+    freed memory kept for reuse (``keep_freed_memory``); SIGINT ignored, as a Ctrl-C in a terminal
+    reaches every process of the job and the driver alone ends it (``pipeline.interrupt``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _DRIVER[:] = [job]
     keep_freed_memory()
     _exit_with(job)
