@@ -134,19 +134,13 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     if config.engine == "local" and may_need_workers(config):  # its imports then run beside ours
         start_forkserver(config.num_proc)
     # imported after the forkserver started: the two processes then import numpy and pyarrow side by side
-    from packtool.pipeline.run import run_pack
+    from packtool.pipeline.run import run_pack, summary_line
 
     keep_freed_memory()  # the writers reuse their arrays (the CLI only: run_pack leaves its caller be)
     manifest = run_pack(config)
     s = manifest.stats
     if not config.quiet:
-        split = f"; {s.split_samples:,} split across packs" if s.split_samples else ""
-        click.echo(
-            f"packed {s.whole_samples + s.split_samples:,} of {s.input_samples:,} samples whole into "
-            f"{s.num_packs:,} packs of {manifest.packed_sequence_size} tokens (fill rate {s.fill_rate:.2%}, "
-            f"lower bound {s.lower_bound_packs:,} packs{split}) -> {config.output}",
-            err=True,
-        )
+        click.echo(summary_line(manifest, config.output), err=True)
     # lost data is said even with --quiet: quiet is about progress, not about what the packs miss
     losses = s.losses(config)
     for line in manifest.warnings:

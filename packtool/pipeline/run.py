@@ -105,6 +105,23 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
         raise
 
 
+def summary_line(manifest: Manifest, output: str) -> str:
+    """The line ``pack`` ends with: the samples packed whole (in one pack), those split across packs
+    apart from them, the packs, fill rate and lower bound. What was lost is said by the warnings after it.
+
+    >>> summary_line(manifest, "out")  # doctest: +SKIP
+    'packed 20,741 of 23,129 samples whole and 2,388 split across packs into 8,016 packs of 2048 tokens
+    (fill rate 99.41%, lower bound 7,969 packs) -> out'
+    """
+    s = manifest.stats
+    split = f" and {s.split_samples:,} split across packs" if s.split_samples else ""
+    return (
+        f"packed {s.whole_samples:,} of {s.input_samples:,} samples whole{split} into {s.num_packs:,} packs "
+        f"of {manifest.packed_sequence_size} tokens (fill rate {s.fill_rate:.2%}, lower bound "
+        f"{s.lower_bound_packs:,} packs) -> {output}"
+    )
+
+
 def unread_token_fields(schema: pa.Schema) -> list[str]:
     """A warning naming the list fields of pretokenized input that are not packed (per-token columns beside
     ``input_ids`` such as ``token_type_ids``); empty when there are none."""
