@@ -106,7 +106,7 @@ class PromptCompletionEncoder:
                     f"missing field (record has: {', '.join(names)}); for Alpaca-style records set "
                     "prompt_template: alpaca and completion_field: output",
                 )
-            return text_column(batch, self.prompt_field)
+            return text_column(batch, self.prompt_field, "--prompt-field")
         if self.prompt_template == "alpaca":
             instructions = text_column(batch, "instruction")
             inputs = optional_text_column(batch, "input")
@@ -114,7 +114,7 @@ class PromptCompletionEncoder:
                 ALPACA.format(instruction=ins, input=inp) if inp else ALPACA_NO_INPUT.format(instruction=ins)
                 for ins, inp in zip(instructions, inputs, strict=True)
             ]
-        columns = {name: text_column(batch, name) for name in self.fields}
+        columns = {name: text_column(batch, name, "--prompt-template") for name in self.fields}
         return [
             self.prompt_template.format(**{name: col[i] for name, col in columns.items()})
             for i in range(batch.num_rows)
@@ -122,7 +122,7 @@ class PromptCompletionEncoder:
 
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         prompts = self.prompts(batch)
-        completions = text_column(batch, self.completion_field)
+        completions = text_column(batch, self.completion_field, "--completion-field")
         prompt_ids = self.tokenizer.encode_batch_tokens(prompts)
         completion_ids = self.tokenizer.encode_batch_tokens(completions)
         ids, part = concat_lists([prompt_ids, completion_ids])

@@ -272,16 +272,25 @@ class TextEncoder:
         return ident
 
 
-def text_column(batch: SourceBatch, field: str) -> list[str]:
-    """The ``field`` column as a list of strings; raises ``InputError`` naming a missing/null/non-text row."""
+def text_column(batch: SourceBatch, field: str, flag: str = "--text-field") -> list[str]:
+    """The ``field`` column as a list of strings; raises ``InputError`` naming a missing/null/non-text row.
+
+    A field that no record of the batch has is most likely the wrong name, not bad records: the error
+    then names the records' fields and ``flag``, the option that chooses it, rather than --on-error skip
+    (which would skip every record)."""
     rb = batch.batch
     if field not in rb.schema.names:
-        raise batch.error(
+        err = batch.error(
             0,
             field,
             f"missing field (record has: {', '.join(rb.schema.names) or 'nothing'})",
             "missing_field",
         )
+        text = (pa.types.is_string, pa.types.is_large_string)
+        strings = [f.name for f in rb.schema if any(is_text(f.type) for is_text in text)]
+        example = f", e.g. {flag} {strings[0]}" if strings else ""
+        err.hint = f"choose the field with {flag}{example}"
+        raise err
     col = rb.column(field)
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         if pa.types.is_null(col.type):

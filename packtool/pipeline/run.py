@@ -35,6 +35,7 @@ import signal
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
@@ -55,7 +56,7 @@ from packtool.formats.card import write_dataset_card
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
 from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
-from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
+from packtool.pipeline.encode import RunSpec, encode_checked, encode_to_chunks, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
@@ -83,7 +84,10 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
     out = OutputDir(config.output, overwrite=config.overwrite).open()
     try:
         with stop_on_interrupt():  # Ctrl-C: "stopping" at once, a second one stops at once
-            manifest = _run(config, out, show)
+            try:
+                manifest = _run(config, out, show)
+            except InputError as e:
+                raise first_bad_record(config, e) from None
             out.commit(manifest)
         return manifest
     except WorkerDied as e:  # killed from outside (out of memory): keep the work for a resume
@@ -103,6 +107,56 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
     except BaseException:  # KeyboardInterrupt: keep the finished work for a resume
         out.abort(keep=True)
         raise
+
+
+# what the readers find wrong with a record while they read it, before the encoder sees the records ahead
+READ_ERRORS = frozenset({"malformed_json", "not_object", "too_deep", "not_utf8"})
+
+
+def first_bad_record(config: PackConfig, err: InputError) -> InputError:
+    """Under ``on_error=fail``, the error of the first bad record: ``err`` or one before it in its file.
+
+    A record the reader rejects (malformed JSON at line 52) is met while its lines are read, ahead of the
+    encoder, which has not yet seen a bad record before it (a text that is not a string at line 51). On
+    such an error the file is read again up to it, skipping, and its records encoded: the first bad one
+    found is the error (the same ``errors.jsonl`` lists first under ``--on-error skip``).
+    """
+    if config.on_error != "fail" or err.code not in READ_ERRORS or err.row is None or err.source is None:
+        return err
+    probe = ErrorSink("skip")
+    batches = [
+        b
+        for b in itertools.takewhile(
+            lambda b: b.rows[0] < err.row,
+            read_inputs([err.source], split=config.split, text_field=config.text_field, sink=probe),
+        )
+    ]
+    if not batches:
+        return err
+    try:
+        encoder = worker(start_run(config, resolve_sample_format(config, batches[0].schema.names))).encoder
+        for b in batches:
+            encode_checked(encoder, b.take(np.flatnonzero(b.rows < err.row)), probe)
+    except PacktoolError:  # the encoder cannot be built here, or no record alone is bad: err stands
+        return err
+    earlier = [e for e in probe.entries if e["row"] is not None and e["row"] < err.row]
+    if not earlier:
+        return err
+    first = min(earlier, key=lambda e: e["row"])
+    try:
+        ErrorSink("fail").bad(
+            InputError(
+                first["message"],
+                source=first["source"],
+                row=first["row"],
+                field=first["field"],
+                row_kind=first["row_kind"],
+                code=first["reason"],
+            )
+        )
+    except InputError as e:  # the same error, with the same hint, as a run that met it first
+        return e
+    return err
 
 
 def summary_line(manifest: Manifest, output: str) -> str:
