@@ -145,6 +145,7 @@ def make_plan(
             locate or _plain_locate,
             position_ids,
             config.packing_buffer_size,
+            config.seed,
         )
     elif cut_only_long:
         piece_sample, piece_start, piece_length = cut_long(lengths[samples], samples, n)
