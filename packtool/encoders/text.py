@@ -25,6 +25,9 @@ from packtool.readers.base import SourceBatch
 
 _EOS_GUESSES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]", "<|im_end|>")
 _BOS_GUESSES = ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")
+# names found by the guess above that are something else first (BERT's separator and classifier token, a
+# chat turn's end): used, but the run warns that they were a guess
+WEAK_GUESSES = frozenset({"[SEP]", "[CLS]", "<|im_end|>"})
 
 
 # Texts per call into the Rust tokenizer: its Encoding objects of one call are all alive at once, so calls
@@ -173,12 +176,21 @@ class HFTokenizer:
             return self._hf.decode(ids)
         return self._fast.decode(ids, skip_special_tokens=False)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The token's text, e.g. ``'</s>'`` (None outside the vocabulary)."""
+        if self._fast is not None:
+            return self._fast.id_to_token(token_id)
+        return self._hf.convert_ids_to_tokens(token_id)
+
+    def declared_token(self, kind: str) -> str | None:
+        """The ``bos``/``eos`` token the tokenizer's configuration declares (None: it declares none, as a
+        bare ``tokenizer.json`` never does)."""
+        return (getattr(self._hf, f"{kind}_token", None) or None) if self._hf is not None else None
+
     def special_token(self, kind: str) -> str | None:
         """The tokenizer's own ``bos``/``eos`` token if it declares one, else a well-known name it has."""
-        if self._hf is not None:
-            tok = getattr(self._hf, f"{kind}_token", None)
-            if tok:
-                return tok
+        if tok := self.declared_token(kind):
+            return tok
         for guess in _EOS_GUESSES if kind == "eos" else _BOS_GUESSES:
             if self.token_to_id(guess) is not None:
                 return guess
