@@ -125,12 +125,14 @@ def check_lengths(
     ``packed_sequence_size`` (the planner would stop there too, but only once the whole input is encoded)."""
     n = config.packed_sequence_size
     field = {"text": config.text_field, "pretokenized": "input_ids"}.get(sample_format, "input_ids")
-    for batch, enc in zip(kept, encoded, strict=True):
-        lengths = np.diff(np_view(enc.column("input_ids").offsets))
+    per_batch = [np.diff(np_view(enc.column("input_ids").offsets)) for enc in encoded]
+    for batch, lengths in zip(kept, per_batch, strict=True):
         long = np.flatnonzero(lengths > n)
         if len(long):
             i = int(long[0])
-            raise batch.error(i, field, too_long_message(int(lengths[i]), n), "too_long")
+            # the chunk's samples say how common such samples are: the first error tells it
+            message = too_long_message(int(lengths[i]), n, np.concatenate(per_batch), "this chunk's")
+            raise batch.error(i, field, message, "too_long")
 
 
 def encode_checked(

@@ -354,6 +354,8 @@ def test_long_sample_under_error_policy_names_line_and_field(tmp_path, on_error)
         tmp_path,
     )
     assert f"{src}, line 2, field 'text'" in line and "more than packed_sequence_size 64" in line
+    # how common such samples are, so that --long-samples is chosen knowingly
+    assert "(1 of this chunk's 3 samples are longer: 33.3%;" in line and "tokens lie beyond N)" in line
 
 
 def test_long_sample_dropped_is_counted(tmp_path):
