@@ -56,13 +56,14 @@ def too_long_message(length: int, n: int, lengths: np.ndarray | None = None, amo
     longer than ``n`` and by how many tokens, so that the option is chosen knowing what it costs.
 
     >>> too_long_message(3000, 2048, np.array([3000, 10, 2100, 5]), "all")  # doctest: +ELLIPSIS
-    'sample has 3000 tokens, more than ... (2 of all 4 samples are longer: 50.0%; 1,004 of the 5,115 tokens...'
+    'sample has 3000 tokens, more than ... (2 of all 4 samples are longer: 50.0%; 1,004 of the 5,115 ...'
     """
     counts = ""
     if lengths is not None and len(lengths):
         long = lengths[lengths > n]
         counts = (
-            f" ({len(long):,} of {among} {len(lengths):,} samples are longer: {len(long) / len(lengths):.1%}; "
+            f" ({len(long):,} of {among} {len(lengths):,} samples are longer: "
+            f"{len(long) / len(lengths):.1%}; "
             f"{int(long.sum()) - n * len(long):,} of the {int(lengths.sum()):,} tokens lie beyond N)"
         )
     return (
