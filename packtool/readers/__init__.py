@@ -6,6 +6,8 @@ input, and yields batches in a deterministic order: inputs in the order given, g
 Supported inputs:
 
 * ``*.jsonl`` / ``*.json``: JSON Lines, or one JSON array of objects;
+* those and ``*.txt`` compressed (``.gz``, ``.bz2``, ``.zst``, ``.lz4``; ``readers.compressed``), read by
+  the driver;
 * ``*.parquet``;
 * ``*.txt``: one sample per non-blank line; a directory of ``.txt`` files: one sample per file (files of
   no known format in it, e.g. a README, are ignored, as in any directory);
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, UsedFields
+from packtool.readers.compressed import input_format
 from packtool.readers.jsonl import read_jsonl
 from packtool.readers.parquet import read_parquet
 from packtool.readers.text import read_text_dir, read_text_lines
@@ -78,23 +81,33 @@ def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
         if _is_hf_disk(path):
             return [("hf_disk", str(path), [])]
         files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
-        known = [p for p in files if p.suffix in _FILE_READERS]
+        known = [p for p in files if _reader_of(p)]
         if known and all(p.suffix == ".txt" for p in known):  # other files (README, notes) are ignored
             return [("text_dir", str(path), [str(p) for p in known])]
         if not known:
             raise InputError(
                 "directory holds no file of a known format (.jsonl .json .parquet .txt)", source=str(path)
             )
-        return [(_FILE_READERS[p.suffix], str(p), []) for p in known]
-    if path.suffix not in _FILE_READERS:
+        return [(_reader_of(p), str(p), []) for p in known]
+    if not _reader_of(path):
+        suffix, codec = input_format(path)
         raise InputError(
-            f"unknown input format '{path.suffix}' (known: .jsonl .json .parquet .txt, "
-            "a save_to_disk directory, hf:NAME)",
+            f"unknown input format '{path.suffix if codec is None else suffix + path.suffix}' (known: .jsonl "
+            ".json .parquet .txt, compressed .jsonl .json .txt (.gz .bz2 .zst .lz4), a save_to_disk "
+            "directory, hf:NAME)",
             source=str(path),
         )
     if not os.access(path, os.R_OK):
         raise InputError("file is not readable (permission denied)", source=str(path))
-    return [(_FILE_READERS[path.suffix], str(path), [])]
+    return [(_reader_of(path), str(path), [])]
+
+
+def _reader_of(path: Path) -> str | None:
+    """The reader of a file by its suffixes, None if none: a compressed file's inner suffix decides
+    (Parquet compresses its own pages: a compressed Parquet file is not read)."""
+    suffix, codec = input_format(path)
+    kind = _FILE_READERS.get(suffix)
+    return None if codec is not None and kind == "parquet" else kind
 
 
 def read_inputs(
