@@ -23,6 +23,7 @@ Example: with ``labels: shifted``, prompt tokens ``[p1, p2]``, completion ``[c1]
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 
@@ -46,6 +47,21 @@ ALPACA_NO_INPUT = (
     "### Instruction:\n{instruction}\n\n### Response:\n"
 )
 BUILTIN_TEMPLATES = ("alpaca",)
+
+
+ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape_template(template: str) -> str:
+    r"""``\n``, ``\t`` and ``\\`` typed in a template become a newline, a tab and a backslash.
+
+    A shell passes ``--prompt-template 'Q: {q}\nA: '`` as a backslash and an ``n``, which a prompt never
+    means (the model would read two characters); a YAML ``"Q: {q}\nA: "`` is a newline already and stays.
+
+    >>> unescape_template("Q: {q}\\nA: ") == "Q: {q}\nA: "
+    True
+    """
+    return re.sub(r"\\([nt\\])", lambda m: ESCAPES[m.group(1)], template)
 
 
 def template_fields(template: str) -> list[str]:
@@ -85,6 +101,8 @@ class PromptCompletionEncoder:
     ) -> None:
         self.tokenizer = tokenizer
         self.prompt_field, self.completion_field = prompt_field, completion_field
+        if prompt_template is not None and prompt_template not in BUILTIN_TEMPLATES:
+            prompt_template = unescape_template(prompt_template)
         self.prompt_template, self.train_on_prompt = prompt_template, train_on_prompt
         self.labels, self.empty_loss = labels, empty_loss
         if prompt_template is not None and prompt_template not in BUILTIN_TEMPLATES:
