@@ -214,10 +214,12 @@ def summary_line(manifest: Manifest, output: str) -> str:
     """
     s = manifest.stats
     split = f" and {s.split_samples:,} split across packs" if s.split_samples else ""
+    val = sum(e.num_packs for _, e in manifest.split_shards("val"))
+    held = f"; {val:,} of them held out as validation in val-* shards" if val else ""
     return (
         f"packed {s.whole_samples:,} of {s.input_samples:,} samples whole{split} into {s.num_packs:,} packs "
         f"of {manifest.packed_sequence_size} tokens (fill rate {s.fill_rate:.2%}, lower bound "
-        f"{s.lower_bound_packs:,} packs) -> {output}"
+        f"{s.lower_bound_packs:,} packs{held}) -> {output}"
     ) + (f"\n{tokens}" if (tokens := special_tokens_line(manifest)) else "")
 
 
@@ -443,6 +445,9 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                 if in_memory
                 else f"resumed: {len(done)} of {len(metas)} chunks and {shards}",
             )
+        first_of = {}
+        for i, (_, _, split) in shard_ranges:
+            first_of.setdefault(split, i)
         (Path(work) / "shards").mkdir(exist_ok=True)
         written = []
         with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
@@ -455,6 +460,7 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                     work,
                     str(out.partial),
                     split,
+                    i - first_of[split],  # numbered within its split: val-000000 is the first val shard
                 )
                 for i, (a, b, split) in shard_ranges
                 if i not in finished
