@@ -1,0 +1,49 @@
+"""``inspect``'s details: pieces decoded whole (WordPiece), sample-length quantiles, loss_on for chat."""
+
+from __future__ import annotations
+
+import numpy as np
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers
+
+from packtool.encoders.text import HFTokenizer
+from packtool.inspect import decode_segments, inspect_report
+from packtool.manifest import Histogram
+from tests.conftest import DEMO, run_cli
+
+VOCAB = ["[PAD]", "[UNK]", "g", "##cloud", "beta", "_", "run", "##s"]
+
+
+def test_wordpiece_piece_is_decoded_whole_and_cut_by_offsets(tmp_path):
+    """``g ##cloud _ beta`` with a trained span starting at ``##cloud``: each part was decoded alone
+    (``g`` + ``##cloud``); now the piece is decoded whole and cut where its prefix's text ends."""
+    tok = tokenizers.Tokenizer(models.WordPiece({t: i for i, t in enumerate(VOCAB)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece()
+    tok.save(str(tmp_path / "wp.json"))
+    wp = HFTokenizer(str(tmp_path / "wp.json"))
+    ids = np.array([2, 3, 5, 4, 6, 7])  # g ##cloud _ beta run ##s
+    whole, parts = decode_segments(wp, ids, [0, 1, 4, 6])
+    assert whole == wp.decode(ids.tolist()) and "##" not in whole
+    assert "".join(parts) == whole and parts[0] == "g" and parts[1].startswith("cloud")
+    assert parts[2].strip() == "runs"
+
+
+def test_sample_length_quantiles_and_log_bins():
+    lengths = np.concatenate([np.full(990, 100), np.full(10, 170_000)])
+    h = Histogram.lengths(lengths, 2048)
+    assert h.quantiles == {"p50": 100, "p90": 100, "p99": 100, "max": 170_000}
+    # the long tail does not swallow the rest: 100 and 170,000 are in bins far apart, not both in bin 0
+    counts = np.array(h.counts)
+    assert counts.sum() == 1000 and sorted(counts[counts > 0].tolist()) == [10, 990]
+    assert np.flatnonzero(counts)[0] > 1
+
+
+def test_chat_run_shows_loss_on(tmp_path):
+    rows = (DEMO / "chat.jsonl").read_text().splitlines()[:20]
+    (tmp_path / "chat.jsonl").write_text("\n".join(rows) + "\n")
+    run_cli("pack", tmp_path / "chat.jsonl", "-o", tmp_path / "out", "--tokenizer", DEMO / "chat-tokenizer",
+            "--packed-sequence-size", 1024, "--long-samples", "truncate", "-q")  # fmt: skip
+    report = inspect_report(tmp_path / "out")
+    assert report["settings"]["loss_on"] == "assistant" and report["settings"]["train_on_prompt"] is None
+    assert "loss_on" in run_cli("inspect", tmp_path / "out").stdout
