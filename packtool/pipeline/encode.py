@@ -34,11 +34,11 @@ import pyarrow.parquet as pq
 
 from packtool.arrays import np_view
 from packtool.config import PackConfig
-from packtool.encoders import Encoder, build_encoder
-from packtool.errors import ErrorSink, InputError
+from packtool.encoders import Encoder, build_encoder, resolve_sample_format
+from packtool.errors import ErrorSink, InputError, PacktoolError
 from packtool.packing import too_long_message
 from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
-from packtool.readers import expand_inputs
+from packtool.readers import expand_inputs, read_inputs
 from packtool.readers.base import SourceBatch
 
 
@@ -236,3 +236,54 @@ def encode_to_chunks(
     assert [m["index"] for m in metas] == list(range(len(metas)))
     write_chunk_list(work, metas)
     return metas
+
+
+# what the readers find wrong with a record while they read it, before the encoder sees the records ahead
+READ_ERRORS = frozenset({"malformed_json", "not_object", "too_deep", "not_utf8"})
+
+
+def first_bad_record(config: PackConfig, err: InputError) -> InputError:
+    """Under ``on_error=fail``, the error of the first bad record: ``err`` or one before it in its file.
+
+    A record the reader rejects (malformed JSON at line 52) is met while its lines are read, ahead of the
+    encoder, which has not yet seen a bad record before it (a text that is not a string at line 51). On
+    such an error the file is read again up to it, skipping, and its records encoded: the first bad one
+    found is the error (the same ``errors.jsonl`` lists first under ``--on-error skip``).
+    """
+    if config.on_error != "fail" or err.code not in READ_ERRORS or err.row is None or err.source is None:
+        return err
+    probe = ErrorSink("skip")
+    batches = [
+        b
+        for b in itertools.takewhile(
+            lambda b: b.rows[0] < err.row,
+            read_inputs([err.source], split=config.split, text_field=config.text_field, sink=probe),
+        )
+    ]
+    if not batches:
+        return err
+    try:
+        sample_format = resolve_sample_format(config, batches[0].schema.names)
+        encoder = worker(RunSpec(json.dumps(config.to_dict()), sample_format, os.urandom(8).hex())).encoder
+        for b in batches:
+            encode_checked(encoder, b.take(np.flatnonzero(b.rows < err.row)), probe)
+    except PacktoolError:  # the encoder cannot be built here, or no record alone is bad: err stands
+        return err
+    earlier = [e for e in probe.entries if e["row"] is not None and e["row"] < err.row]
+    if not earlier:
+        return err
+    first = min(earlier, key=lambda e: e["row"])
+    try:
+        ErrorSink("fail").bad(
+            InputError(
+                first["message"],
+                source=first["source"],
+                row=first["row"],
+                field=first["field"],
+                row_kind=first["row_kind"],
+                code=first["reason"],
+            )
+        )
+    except InputError as e:  # the same error, with the same hint, as a run that met it first
+        return e
+    return err

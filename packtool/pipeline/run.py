@@ -35,14 +35,12 @@ import signal
 import sys
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from packtool.config import PackConfig
 from packtool.encoders import PRETOKENIZED_FIELDS, fields_read, resolve_sample_format
-from packtool.encoders.text import WEAK_GUESSES
 from packtool.errors import (
     MAX_LOGGED,
     ConfigError,
@@ -57,13 +55,15 @@ from packtool.formats.card import write_dataset_card
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
 from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
-from packtool.pipeline.encode import RunSpec, encode_checked, encode_to_chunks, worker
+from packtool.pipeline.encode import RunSpec, encode_to_chunks, first_bad_record, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
 from packtool.pipeline.interrupt import stop_on_interrupt
 from packtool.pipeline.memory import encode_in_memory, use_memory_store
 from packtool.pipeline.output import OutputDir
+from packtool.pipeline.report import name_special_tokens
+from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
 from packtool.pipeline.summary import build_manifest, run_stats
 from packtool.pipeline.write import finished_shard, output_columns, write_shard
 from packtool.readers import expand_inputs, read_inputs
@@ -108,119 +108,6 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
     except BaseException:  # KeyboardInterrupt: keep the finished work for a resume
         out.abort(keep=True)
         raise
-
-
-# what the readers find wrong with a record while they read it, before the encoder sees the records ahead
-READ_ERRORS = frozenset({"malformed_json", "not_object", "too_deep", "not_utf8"})
-
-
-def first_bad_record(config: PackConfig, err: InputError) -> InputError:
-    """Under ``on_error=fail``, the error of the first bad record: ``err`` or one before it in its file.
-
-    A record the reader rejects (malformed JSON at line 52) is met while its lines are read, ahead of the
-    encoder, which has not yet seen a bad record before it (a text that is not a string at line 51). On
-    such an error the file is read again up to it, skipping, and its records encoded: the first bad one
-    found is the error (the same ``errors.jsonl`` lists first under ``--on-error skip``).
-    """
-    if config.on_error != "fail" or err.code not in READ_ERRORS or err.row is None or err.source is None:
-        return err
-    probe = ErrorSink("skip")
-    batches = [
-        b
-        for b in itertools.takewhile(
-            lambda b: b.rows[0] < err.row,
-            read_inputs([err.source], split=config.split, text_field=config.text_field, sink=probe),
-        )
-    ]
-    if not batches:
-        return err
-    try:
-        encoder = worker(start_run(config, resolve_sample_format(config, batches[0].schema.names))).encoder
-        for b in batches:
-            encode_checked(encoder, b.take(np.flatnonzero(b.rows < err.row)), probe)
-    except PacktoolError:  # the encoder cannot be built here, or no record alone is bad: err stands
-        return err
-    earlier = [e for e in probe.entries if e["row"] is not None and e["row"] < err.row]
-    if not earlier:
-        return err
-    first = min(earlier, key=lambda e: e["row"])
-    try:
-        ErrorSink("fail").bad(
-            InputError(
-                first["message"],
-                source=first["source"],
-                row=first["row"],
-                field=first["field"],
-                row_kind=first["row_kind"],
-                code=first["reason"],
-            )
-        )
-    except InputError as e:  # the same error, with the same hint, as a run that met it first
-        return e
-    return err
-
-
-def name_special_tokens(identity: dict, encoder, config: PackConfig) -> tuple[dict, list[str]]:
-    """``identity`` with the text of the BOS/EOS tokens the encoder adds and of the pad token
-    (``bos_token``, ``eos_token``, ``pad_token``), and a warning for each BOS/EOS chosen by a name that is
-    something else first (``[SEP]`` as EOS: a BERT tokenizer declares no EOS).
-
-    Encoders without a tokenizer (pretokenized, a plugin) add no token: ``identity`` comes back as it is.
-    """
-    tokenizer = getattr(encoder, "tokenizer", None)
-    if not hasattr(tokenizer, "id_to_token"):
-        return identity, []
-    names, warnings = {}, []
-    for kind in ("bos", "eos"):
-        token_id = identity.get(f"{kind}_token_id")
-        if token_id is None:
-            continue
-        names[f"{kind}_token"] = token = tokenizer.id_to_token(token_id)
-        chosen = getattr(config, f"{kind}_token") or tokenizer.declared_token(kind)
-        if not chosen and token in WEAK_GUESSES:
-            warnings.append(
-                f"--add-{kind}: the tokenizer declares no {kind.upper()} token; {token!r} (id {token_id}) "
-                f"was chosen by its name: if it does not {'end' if kind == 'eos' else 'begin'} a sample for "
-                f"your model, name the right one with --{kind}-token"
-            )
-    pad = tokenizer.id_to_token(config.pad_token_id)
-    if pad is not None:
-        names["pad_token"] = pad
-    return {**identity, **names}, warnings
-
-
-def special_tokens_line(manifest: Manifest) -> str | None:
-    """``tokens: eos '</s>' (id 2) ends every sample; pad '<unk>' (id 0)``: the tokens packtool put in
-    the packs, by name; None when it knows no names (pretokenized input)."""
-    details = manifest.tokenizer.details
-    parts = []
-    for kind, where in (("bos", "begins"), ("eos", "ends")):
-        if details.get(f"{kind}_token") is not None:
-            parts.append(
-                f"{kind} {details[f'{kind}_token']!r} (id {details[f'{kind}_token_id']}) {where} every sample"
-            )
-    if details.get("pad_token") is not None:
-        parts.append(f"pad {details['pad_token']!r} (id {manifest.pad_token_id}) fills the packs")
-    return "tokens: " + "; ".join(parts) if parts else None
-
-
-def summary_line(manifest: Manifest, output: str) -> str:
-    """The line ``pack`` ends with: the samples packed whole (in one pack), those split across packs
-    apart from them, the packs, fill rate and lower bound. What was lost is said by the warnings after it.
-
-    >>> summary_line(manifest, "out")  # doctest: +SKIP
-    'packed 20,741 of 23,129 samples whole and 2,388 split across packs into 8,016 packs of 2048 tokens
-    (fill rate 99.41%, lower bound 7,969 packs) -> out'
-    """
-    s = manifest.stats
-    split = f" and {s.split_samples:,} split across packs" if s.split_samples else ""
-    val = sum(e.num_packs for _, e in manifest.split_shards("val"))
-    held = f"; {val:,} of them held out as validation in val-* shards" if val else ""
-    return (
-        f"packed {s.whole_samples:,} of {s.input_samples:,} samples whole{split} into {s.num_packs:,} packs "
-        f"of {manifest.packed_sequence_size} tokens (fill rate {s.fill_rate:.2%}, lower bound "
-        f"{s.lower_bound_packs:,} packs{held}) -> {output}"
-    ) + (f"\n{tokens}" if (tokens := special_tokens_line(manifest)) else "")
 
 
 def unread_token_fields(schema: pa.Schema) -> list[str]:
