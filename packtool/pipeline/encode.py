@@ -38,7 +38,7 @@ from packtool.encoders import Encoder, build_encoder, resolve_sample_format
 from packtool.errors import ErrorSink, InputError, PacktoolError
 from packtool.packing import too_long_message
 from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
-from packtool.readers import expand_inputs, read_inputs
+from packtool.readers import expand_inputs, piece_bytes, read_inputs
 from packtool.readers.base import SourceBatch
 
 
@@ -213,17 +213,21 @@ def encode_to_chunks(
     """Encode ``batches`` into chunks in ``work`` with ``engine``; returns every chunk's meta in order and
     writes the list (``chunks.json``). ``done`` holds chunks a killed attempt of this run finished: a chunk
     covering the same input rows is not encoded again (its records are still read past). ``on_chunk`` is
-    called with each chunk's meta as it is finished, and whether it was encoded now (progress, test hooks)."""
+    called with each chunk's meta as it is finished (with ``input_bytes``, the bytes of input it covers where
+    known: ``readers.piece_bytes``), and whether it was encoded now (progress, test hooks)."""
     done = done if done is not None else {}
     reused: dict[int, dict] = {}
+
+    handed: dict[int, int] = {}  # chunk -> bytes of input it covers, where known (progress)
 
     def tasks() -> Iterator[tuple[RunSpec, int, list[SourceBatch], str]]:
         for i, chunk in enumerate(chunked(batches, config.chunk_size)):
             meta = done.get(i)
             if meta is not None and meta.get("input_rows") == sum(b.num_rows for b in chunk):
                 reused[i] = meta
-                on_chunk(meta, False)
+                on_chunk({**meta, "input_bytes": sum(piece_bytes(b) for b in chunk)}, False)
                 continue
+            handed[i] = sum(piece_bytes(b) for b in chunk)
             yield (spec, i, chunk, work)
 
     metas = []
@@ -231,7 +235,7 @@ def encode_to_chunks(
     for group_metas in engine.map(encode_chunks, batched(tasks(), group)):
         for meta in group_metas:
             metas.append(meta)
-            on_chunk(meta, True)
+            on_chunk({**meta, "input_bytes": handed.pop(meta["index"], 0)}, True)
     metas = sorted([*metas, *reused.values()], key=lambda m: m["index"])
     assert [m["index"] for m in metas] == list(range(len(metas)))
     write_chunk_list(work, metas)

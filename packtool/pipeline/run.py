@@ -66,7 +66,7 @@ from packtool.pipeline.report import name_special_tokens
 from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
 from packtool.pipeline.summary import build_manifest, run_stats
 from packtool.pipeline.write import finished_shard, output_columns, write_shard
-from packtool.readers import expand_inputs, read_inputs
+from packtool.readers import expand_inputs, input_bytes, read_inputs
 from packtool.version import __version__
 
 
@@ -260,13 +260,25 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         done = {}
         if resumed and not in_memory:
             done = {m["index"]: m for m in _chunk_metas(work)}
-        encoded = 0
-        total = _input_rows(config.inputs) if show else None
-        with _progress(show, desc="encode", unit=" records", total=total) as bar:
+        encoded, records_done = 0, 0
+        # a total from the start, for the percentage and the ETA: the input's bytes for line and file
+        # ranges (known as they are handed out), else Parquet's rows from the footers, else none
+        size = input_bytes(config.inputs) if show else None
+        rows = _input_rows(config.inputs) if show and size is None else None
+        kw = dict(unit="B", unit_scale=True, unit_divisor=1024, total=size) if size else {"total": rows}
+        with _progress(show, desc="encode", **({"unit": " records"} | kw)) as bar:
 
             def on_chunk(meta: dict, new: bool) -> None:
-                nonlocal encoded
-                bar.update(meta.get("input_rows", meta["num_samples"]))
+                nonlocal encoded, records_done
+                records = meta.get("input_rows", meta["num_samples"])
+                if size:
+                    records_done += records
+                    bar.set_postfix_str(f"{records_done:,} records", refresh=False)
+                    # the first records of a file, read by the driver to learn its fields, have no byte
+                    # range: the bar catches up with the end of the file at its last chunk
+                    bar.update(meta.get("input_bytes", 0))
+                else:
+                    bar.update(records)
                 if new:
                     encoded += 1
                     _fault("encode", encoded)
@@ -277,6 +289,8 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
             else:
                 metas = encode_to_chunks(spec, config, records, work, engine, on_chunk, done)
                 store = ChunkStore(Path(work), metas)
+            if size:
+                bar.update(size - bar.n)  # the bytes of pieces the driver read itself
         skipped = _merge_skipped(config, sink, metas)
         if store.num_samples == 0:
             raise InputError(_nothing_left(skipped), source=", ".join(config.inputs), code="empty_input")

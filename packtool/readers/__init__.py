@@ -25,12 +25,12 @@ from pathlib import Path
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, UsedFields
-from packtool.readers.compressed import input_format
+from packtool.readers.compressed import input_format, is_compressed
 from packtool.readers.jsonl import read_jsonl
 from packtool.readers.parquet import read_parquet
 from packtool.readers.text import read_text_dir, read_text_lines
 
-__all__ = ["SourceBatch", "expand_inputs", "read_inputs"]
+__all__ = ["SourceBatch", "expand_inputs", "input_bytes", "piece_bytes", "read_inputs"]
 
 _FILE_READERS = {
     ".jsonl": "jsonl",
@@ -154,3 +154,32 @@ def read_inputs(
                     yield batch
         except OSError as e:  # e.g. a directory named like a file, permission denied, an I/O error
             raise InputError(f"cannot read: {e.strerror or e}", source=e.filename or source) from None
+
+
+def input_bytes(inputs: list[str]) -> int | None:
+    """Bytes of the inputs when each is read as line or file ranges whose bytes are known as they are
+    handed out (plain JSON Lines, ``.txt`` files and directories of them), so a progress bar can show a
+    total and an ETA from the start; ``None`` otherwise (Parquet counts rows from its footers instead;
+    compressed files, JSON arrays and datasets have no such measure)."""
+    total = 0
+    for kind, source, files in expand_inputs(inputs):
+        if kind not in ("jsonl", "text", "text_dir") or (kind != "text_dir" and is_compressed(source)):
+            return None
+        if kind == "jsonl":
+            with open(source, "rb") as f:
+                if f.read(64).lstrip().startswith(b"["):  # a JSON array: read whole, in one piece
+                    return None
+        total += sum(os.path.getsize(f) for f in files) if kind == "text_dir" else os.path.getsize(source)
+    return total
+
+
+def piece_bytes(piece) -> int:
+    """Bytes of input a piece covers: a line range's span, a file range's sizes; 0 for records already
+    read (the first ones of a JSON Lines file, read to learn its fields)."""
+    starts = getattr(piece, "line_starts", None)
+    if starts is not None:
+        return int(starts[-1] - starts[0]) if len(starts) else 0
+    files = getattr(piece, "files", None)
+    if files is not None:
+        return sum(os.path.getsize(f) for f in files)
+    return 0
