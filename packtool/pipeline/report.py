@@ -26,6 +26,7 @@ def name_special_tokens(identity: dict, encoder, config: PackConfig) -> tuple[di
         names[f"{kind}_token"] = token = tokenizer.id_to_token(token_id)
         chosen = getattr(config, f"{kind}_token") or tokenizer.declared_token(kind)
         if not chosen and token in WEAK_GUESSES:
+            names.setdefault("guessed_tokens", []).append(kind)
             warnings.append(
                 f"--add-{kind}: the tokenizer declares no {kind.upper()} token; {token!r} (id {token_id}) "
                 f"was chosen by its name: if it does not {'end' if kind == 'eos' else 'begin'} a sample for "

@@ -240,7 +240,8 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
     run_id = make_run_id(config, identity, fingerprint)
     # the special tokens by name, in the manifest (not the run_id: the ids are in it already)
     identity, guesses = name_special_tokens(identity, worker(spec).encoder, config)
-    run_warnings += guesses
+    for line in guesses:  # said before the work, even with --quiet: not a loss, so not in manifest.warnings
+        print(f"packtool: warning: {line}", file=sys.stderr, flush=True)
 
     stamps = input_stamps(config.inputs)  # the inputs as the run starts reading them
     resume = out.begin({"run_id": run_id, "inputs": stamps, "packtool": __version__})

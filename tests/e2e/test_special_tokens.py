@@ -36,6 +36,8 @@ def test_guessed_eos_is_named_and_warned(tmp_path):
         3,
         "[PAD]",
     )
-    assert any("'[SEP]' (id 3) was chosen by its name" in w for w in m["warnings"])
+    assert m["tokenizer"]["guessed_tokens"] == ["eos"] and not m.get("warnings")  # a guess, not a loss
+    quiet = run_cli(*args, "-q", "-o", tmp_path / "quiet")
+    assert "'[SEP]' (id 3) was chosen by its name" in quiet.stderr  # said even with --quiet
     named = run_cli(*args, "--eos-token", "[SEP]", "-o", tmp_path / "named")
     assert "warning" not in named.stderr  # chosen by the user: not a guess
