@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
+from packtool.config import PackConfig
 from packtool.encoders.text import HFTokenizer
-from packtool.inspect import decode_segments, inspect_report
+from packtool.inspect import decode_segments, settings
 from packtool.manifest import Histogram
-from tests.conftest import DEMO, run_cli
+from packtool.pipeline.run import run_pack
 
 VOCAB = ["[PAD]", "[UNK]", "g", "##cloud", "beta", "_", "run", "##s"]
 
@@ -40,10 +43,14 @@ def test_sample_length_quantiles_and_log_bins():
 
 
 def test_chat_run_shows_loss_on(tmp_path):
-    rows = (DEMO / "chat.jsonl").read_text().splitlines()[:20]
-    (tmp_path / "chat.jsonl").write_text("\n".join(rows) + "\n")
-    run_cli("pack", tmp_path / "chat.jsonl", "-o", tmp_path / "out", "--tokenizer", DEMO / "chat-tokenizer",
-            "--packed-sequence-size", 1024, "--long-samples", "truncate", "-q")  # fmt: skip
-    report = inspect_report(tmp_path / "out")
-    assert report["settings"]["loss_on"] == "assistant" and report["settings"]["train_on_prompt"] is None
-    assert "loss_on" in run_cli("inspect", tmp_path / "out").stdout
+    """``loss_on`` is shown for a chat run, ``train_on_prompt`` for prompt/completion (each only there);
+    the manifest of a small pretokenized run stands in for theirs (a chat run imports transformers)."""
+    (tmp_path / "in.jsonl").write_text('{"input_ids": [1, 2, 3]}\n')
+    config = {"inputs": [str(tmp_path / "in.jsonl")], "output": str(tmp_path / "out"), "quiet": True,
+              "packed_sequence_size": 8}  # fmt: skip
+    manifest = run_pack(PackConfig.from_dict(config))
+    assert settings(manifest)["loss_on"] is None
+    chat = settings(dataclasses.replace(manifest, sample_format="chat"))
+    assert chat["loss_on"] == "assistant" and chat["train_on_prompt"] is None
+    prompt_completion = settings(dataclasses.replace(manifest, sample_format="prompt_completion"))
+    assert prompt_completion["train_on_prompt"] is False and prompt_completion["loss_on"] is None
