@@ -37,6 +37,7 @@ from packtool.config import PackConfig
 from packtool.encoders import Encoder, build_encoder, resolve_sample_format
 from packtool.errors import ErrorSink, InputError, PacktoolError
 from packtool.packing import too_long_message
+from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
 from packtool.readers import expand_inputs, piece_bytes, read_inputs
 from packtool.readers.base import SourceBatch
@@ -110,11 +111,13 @@ def encode_batches(
 ) -> tuple[list[SourceBatch], list[pa.RecordBatch]]:
     """Load ``pieces`` and encode them batch by batch; returns the records kept and their encodings."""
     kept, encoded = [], []
-    for b in (b for piece in pieces for b in piece.load(sink)):
-        good, enc = encode_checked(encoder, b, sink)
-        if good.num_rows:
-            kept.append(good)
-            encoded.append(enc)
+    for piece in pieces:
+        for b in piece.load(sink):
+            good, enc = encode_checked(encoder, b, sink)
+            if good.num_rows:
+                kept.append(good)
+                encoded.append(enc)
+        progress.report(piece_bytes(piece))  # the encode bar moves within a chunk
     return kept, encoded
 
 

@@ -19,12 +19,14 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
 from packtool.errors import EXIT_INTERRUPTED
 
 STOPPING = "packtool: stopping (Ctrl-C again to stop at once); the finished work is kept for a resume\n"
 STOPPED = "packtool: stopped at once; run the same command again to resume\n"
+GRACE = 5.0  # seconds after an interrupted run returns during which a second Ctrl-C still exits at once
 
 
 @contextlib.contextmanager
@@ -32,17 +34,22 @@ def stop_on_interrupt() -> Iterator[None]:
     """Within it, SIGINT behaves as the module says; the previous handler is restored on exit.
 
     Only in the main thread and when SIGINT has Python's default handler: a caller of ``run_pack`` that
-    installed its own handler keeps it.
+    installed its own handler keeps it. After an interrupted run the handler stays for ``GRACE`` seconds,
+    so that a second Ctrl-C while the caller finishes stopping (the CLI prints its message and exits)
+    still exits at once; a Ctrl-C after that is Python's ``KeyboardInterrupt`` again.
     """
     if threading.current_thread() is not threading.main_thread() or (
         signal.getsignal(signal.SIGINT) is not signal.default_int_handler
     ):
         yield
         return
-    interrupted = []
+    interrupted, ended = [], []
 
     def handler(signum, frame) -> None:
         # os.write, not print: a handler may run while the main thread is inside sys.stderr's own write
+        if interrupted and ended and time.monotonic() - ended[0] > GRACE:  # long after: Python's own again
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
         if interrupted:
             _write(STOPPED)
             os._exit(EXIT_INTERRUPTED)
@@ -54,7 +61,10 @@ def stop_on_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if interrupted:  # the caller is still stopping (the CLI's message, the exit): a second Ctrl-C
+            ended.append(time.monotonic())  # then ends it at once, for GRACE seconds
+        else:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _write(text: str) -> None:

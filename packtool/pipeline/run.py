@@ -54,6 +54,7 @@ from packtool.formats import ShardFormat, ShardMeta, get_format
 from packtool.formats.card import write_dataset_card
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
+from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
 from packtool.pipeline.encode import RunSpec, encode_to_chunks, first_bad_record, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
@@ -268,6 +269,15 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         rows = _input_rows(config.inputs) if show and size is None else None
         kw = dict(unit="B", unit_scale=True, unit_divisor=1024, total=size) if size else {"total": rows}
         with _progress(show, desc="encode", **({"unit": " records"} | kw)) as bar:
+            # bytes move the bar as the encoding reads them (pipeline.progress): in this process at
+            # once, from a local pool's workers through their shared counter while the driver waits;
+            # else (Ray) as each chunk is finished
+            counter = getattr(engine, "progress", None) if size else None
+            live = bool(size) and engine.name == "local"
+            if live and counter is None:
+                progress.set_sink(bar.update)
+            elif live:
+                engine.on_wait = lambda: counter.value > bar.n and bar.update(counter.value - bar.n)
 
             def on_chunk(meta: dict, new: bool) -> None:
                 nonlocal encoded, records_done
@@ -277,7 +287,12 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                     bar.set_postfix_str(f"{records_done:,} records", refresh=False)
                     # the first records of a file, read by the driver to learn its fields, have no byte
                     # range: the bar catches up with the end of the file at its last chunk
-                    bar.update(meta.get("input_bytes", 0))
+                    if counter is not None and live and counter.value > bar.n:
+                        bar.update(counter.value - bar.n)
+                    if not live or not new:  # a chunk a resumed run keeps is not read again
+                        bar.update(meta.get("input_bytes", 0))
+                        if counter is not None and not new:
+                            counter.value += meta.get("input_bytes", 0)
                 else:
                     bar.update(records)
                 if new:
@@ -285,11 +300,15 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                     _fault("encode", encoded)
 
             records = itertools.chain([first], batches)
-            if in_memory:
-                store, metas = encode_in_memory(spec, config, records, work, on_chunk)
-            else:
-                metas = encode_to_chunks(spec, config, records, work, engine, on_chunk, done)
-                store = ChunkStore(Path(work), metas)
+            try:
+                if in_memory:
+                    store, metas = encode_in_memory(spec, config, records, work, on_chunk)
+                else:
+                    metas = encode_to_chunks(spec, config, records, work, engine, on_chunk, done)
+                    store = ChunkStore(Path(work), metas)
+            finally:
+                progress.set_sink(None)
+                engine.on_wait = None
             if size:
                 bar.update(size - bar.n)  # the bytes of pieces the driver read itself
         skipped = _merge_skipped(config, sink, metas)

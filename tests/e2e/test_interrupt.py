@@ -60,7 +60,9 @@ def test_ctrl_c_stops_within_seconds_and_resumes(tmp_path: Path, presses: int):
     for _ in range(presses):
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(0.2)
-    assert proc.wait(timeout=10) == 130
+    # 130, or killed by the second SIGINT itself once Python, exiting, has put back its default action
+    # (a shell shows both as 130)
+    assert proc.wait(timeout=10) in (130, -signal.SIGINT)
     assert time.monotonic() - pressed < 5, "Ctrl-C took more than a few seconds"
     stderr = proc.stderr.read()
     assert "packtool: stopping" in stderr

@@ -38,3 +38,16 @@ def test_encode_bar_has_a_total_from_the_start(tmp_path):
     size = f"{(DEMO / 'train.jsonl').stat().st_size / 1024:.0f}k"
     assert bars[0].startswith("encode:   0%") and all(size in b for b in bars), bars
     assert "100%" in bars[-1] and "1,000 records" in bars[-1]
+
+
+def test_encode_bar_moves_within_a_chunk(tmp_path):
+    """12,000 lines in 2 chunks of 8,192 records are read in pieces of 2,048 lines: the bar moves at each
+    piece the encoding reads (pipeline.progress), in this process and from a pool's workers."""
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"w{i % 7} " * (i % 40 + 1)}) + "\n" for i in range(12_000)))
+    for procs in (1, 2):
+        proc = run_cli("pack", src, "-o", tmp_path / f"out{procs}", "--tokenizer", DEMO_TOKENIZER,
+                       "--packed-sequence-size", 512, "--chunk-size", 8192, "--num-proc", procs)  # fmt: skip
+        bars = [b for b in proc.stderr.replace("\r", "\n").splitlines() if b.startswith("encode:")]
+        positions = {b.split("|")[2].split("[")[0].strip() for b in bars}
+        assert len(positions) > 2 + 1, bars  # more than once per chunk, besides 0
