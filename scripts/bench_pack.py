@@ -640,7 +640,7 @@ def text_rows(
         )
     kind, env, _ = ceilings[best_label]
     ratios, quiet, ceiling_speeds, base_ratios, base_quiet = [], [], [], [], []
-    own, base_own = [], []  # packtool's wall less the encoder's, s per million tokens
+    own_cost, base_cost = [], []  # packtool's wall less the encoder's, s per million tokens
     for i in range(1, pairs + 1):
         busy, own = machine_cpu(), time.process_time()
         tok = tokenizer_alone(kind, env, texts)
@@ -673,9 +673,9 @@ def text_rows(
             )
         ratios.append(ours["input_tokens"] / ours["wall"] / speed(tok))
         ceiling_speeds.append(speed(tok))
-        own.append((ours["wall"] - tok["seconds"]) / ours["input_tokens"] * 1e6)
+        own_cost.append((ours["wall"] - tok["seconds"]) / ours["input_tokens"] * 1e6)
         if base is not None:
-            base_own.append((base["wall"] - tok["seconds"]) / base["input_tokens"] * 1e6)
+            base_cost.append((base["wall"] - tok["seconds"]) / base["input_tokens"] * 1e6)
         seconds = f"{tok['seconds']:.2f} / {ours['wall']:.2f}"
         label = f"pair {i}: ceiling / packtool np2" + (f", others {max(others, 0):.1f} s" if busy else "")
         line(label, ours["input_tokens"], seconds, ratios[-1])
@@ -693,7 +693,7 @@ def text_rows(
         line("baseline np2 / ceiling: median of the pairs", "", "", statistics.median(base_ratios))
     if base_quiet:
         line(f"  median of the {len(base_quiet)} quiet pairs", "", "", statistics.median(base_quiet))
-    for name, values in (("packtool", own), ("baseline", base_own)):
+    for name, values in (("packtool", own_cost), ("baseline", base_cost)):
         if values:  # what the job adds to the encoder: reading, plugin boundary, chunks, planning, writing
             each = ", ".join(f"{v:.3f}" for v in values)
             median = statistics.median(values)
