@@ -166,6 +166,8 @@ def render_report(report: dict) -> None:
             console.print(f"[bold yellow]warning:[/bold yellow] {w}")
         else:  # the files disagree with the manifest
             console.print(f"[bold red]warning:[/bold red] {w} (run packtool verify)")
+    for note in report.get("notes", []):  # what this version read by its rules, not a problem
+        console.print(f"note: {note}")
 
 
 def render_pack(report: dict) -> None:

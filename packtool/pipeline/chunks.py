@@ -37,10 +37,10 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from packtool.arrays import groups, list_parts
-from packtool.config import PackConfig
 from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
 from packtool.layout import labels_follow_rule
+from packtool.options import PackOptions
 from packtool.readers.base import SourceBatch
 
 
@@ -191,10 +191,10 @@ def read_chunk_meta(work_dir: str | Path, index: int) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def labels_rule(config: PackConfig) -> str | None:
+def labels_rule(options: PackOptions) -> str | None:
     """The ``labels`` convention whose rule a run checks its encoded labels against (``--columns minimal``
     stores labels only where they do not follow it: ``packtool.layout``); ``None`` for ``full``."""
-    return config.labels if config.columns == "minimal" else None
+    return options.encoding.labels if options.output.columns == "minimal" else None
 
 
 def policy_chunk(

@@ -3,7 +3,7 @@
 The driver groups the input stream into chunks of exactly ``chunk_size`` records (``chunked``), in input
 order; each chunk is one task. A worker loads its chunk (the row, line and file ranges the readers hand
 out lazily are read here, by the process that encodes them), encodes it batch by batch and writes it to
-the scratch directory (``chunks.write_chunk``). Chunk boundaries depend only on the config, so the output
+the scratch directory (``chunks.write_chunk``). Chunk boundaries depend only on the options, so the output
 does not depend on the number of workers or the engine.
 
 A worker's state (the config and the encoder) is built once per process and run, by ``worker(spec)``:
@@ -33,9 +33,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.arrays import np_view
-from packtool.config import PackConfig
 from packtool.encoders import Encoder, build_encoder, resolve_sample_format
 from packtool.errors import ErrorSink, InputError, PacktoolError
+from packtool.options import PackOptions
 from packtool.packing import too_long_message
 from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
@@ -55,9 +55,9 @@ class RunSpec:
 
 @dataclass
 class Worker:
-    """One process's state for one run: the config, the encoder, the chunk stores it reads."""
+    """One process's state for one run: the options, the encoder, the chunk stores it reads."""
 
-    config: PackConfig
+    options: PackOptions
     encoder: Encoder
     stores: dict[str, ChunkStore] = field(default_factory=dict)
 
@@ -71,8 +71,8 @@ class Worker:
 def worker(spec: RunSpec) -> Worker:
     """This process's state for ``spec``'s run, built on first use (the driver builds it first, so a bad
     tokenizer fails there, before any worker starts)."""
-    config = PackConfig.from_dict(json.loads(spec.config))
-    return Worker(config, build_encoder(config, spec.sample_format))
+    options = PackOptions.from_dict(json.loads(spec.config), given=set())  # checked by the driver
+    return Worker(options, build_encoder(options.encoding, spec.sample_format))
 
 
 def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir: str) -> dict:
@@ -80,7 +80,7 @@ def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir:
     if os.environ.get("PACKTOOL_TEST_KILL_WORKER") == f"encode:{index}" and mp.parent_process():
         os.kill(os.getpid(), signal.SIGKILL)  # test hook: a worker killed from outside (out of memory)
     kept, encoded, extra = encode_records(spec, pieces)
-    return write_chunk(work_dir, index, kept, encoded, extra, labels_rule=labels_rule(worker(spec).config))
+    return write_chunk(work_dir, index, kept, encoded, extra, labels_rule=labels_rule(worker(spec).options))
 
 
 def encode_records(
@@ -90,10 +90,10 @@ def encode_records(
     meta adds about them (``skipped``, ``input_rows``). Bad records go by the run's ``on_error``; under
     ``long_samples=error`` the first sample too long fails here."""
     w = worker(spec)
-    sink = ErrorSink(w.config.on_error)
+    sink = ErrorSink(w.options.running.on_error)
     kept, encoded = encode_batches(w.encoder, pieces, sink)
-    if w.config.long_samples == "error" and not w.config.split_across_pack:
-        check_lengths(kept, encoded, w.config, spec.sample_format)  # fail at once, not after the input
+    if w.options.packing.long_samples == "error" and not w.options.packing.split_across_pack:
+        check_lengths(kept, encoded, w.options, spec.sample_format)  # fail at once, not after the input
     # in meta.json: a resumed run counts the chunk's skipped records, and compares input_rows (rows or
     # lines of input the chunk covers, bad and blank ones included) with the chunk it would make
     extra = {"skipped": sink.to_dict(), "input_rows": sum(p.num_rows for p in pieces)}
@@ -122,12 +122,12 @@ def encode_batches(
 
 
 def check_lengths(
-    kept: list[SourceBatch], encoded: list[pa.RecordBatch], config: PackConfig, sample_format: str
+    kept: list[SourceBatch], encoded: list[pa.RecordBatch], options: PackOptions, sample_format: str
 ) -> None:
     """Under ``long_samples=error``: ``InputError`` naming the first sample of the chunk longer than
     ``packed_sequence_size`` (the planner would stop there too, but only once the whole input is encoded)."""
-    n = config.packed_sequence_size
-    field = {"text": config.text_field, "pretokenized": "input_ids"}.get(sample_format, "input_ids")
+    n = options.packing.packed_sequence_size
+    field = {"text": options.encoding.text_field, "pretokenized": "input_ids"}.get(sample_format, "input_ids")
     per_batch = [np.diff(np_view(enc.column("input_ids").offsets)) for enc in encoded]
     for batch, lengths in zip(kept, per_batch, strict=True):
         long = np.flatnonzero(lengths > n)
@@ -188,7 +188,7 @@ def batched(items: Iterator, n: int) -> Iterator[list]:
         yield batch
 
 
-def chunks_per_task(config: PackConfig, workers: int) -> int:
+def chunks_per_task(options: PackOptions, workers: int) -> int:
     """Chunks per encode task: 1 unless every input is Parquet (whose rows the workers read), where a
     worker given consecutive chunks reads them as one stream; then about 4 tasks per worker (input rows
     known from the footers), at most 8 chunks each. Only how work is handed out depends on ``workers``,
@@ -196,17 +196,17 @@ def chunks_per_task(config: PackConfig, workers: int) -> int:
     if workers <= 1:
         return 1
     rows = 0
-    for kind, source, _ in expand_inputs(config.inputs):
+    for kind, source, _ in expand_inputs(options.reading.inputs):
         if kind != "parquet":
             return 1
         rows += pq.ParquetFile(source).metadata.num_rows
-    chunks = -(-rows // config.chunk_size)
+    chunks = -(-rows // options.running.chunk_size)
     return max(1, min(8, -(-chunks // (4 * workers))))
 
 
 def encode_to_chunks(
     spec: RunSpec,
-    config: PackConfig,
+    options: PackOptions,
     batches: Iterator[SourceBatch],
     work: str,
     engine: Any,
@@ -224,7 +224,7 @@ def encode_to_chunks(
     handed: dict[int, int] = {}  # chunk -> bytes of input it covers, where known (progress)
 
     def tasks() -> Iterator[tuple[RunSpec, int, list[SourceBatch], str]]:
-        for i, chunk in enumerate(chunked(batches, config.chunk_size)):
+        for i, chunk in enumerate(chunked(batches, options.running.chunk_size)):
             meta = done.get(i)
             if meta is not None and meta.get("input_rows") == sum(b.num_rows for b in chunk):
                 reused[i] = meta
@@ -234,7 +234,7 @@ def encode_to_chunks(
             yield (spec, i, chunk, work)
 
     metas = []
-    group = chunks_per_task(config, engine.workers)
+    group = chunks_per_task(options, engine.workers)
     for group_metas in engine.map(encode_chunks, batched(tasks(), group)):
         for meta in group_metas:
             metas.append(meta)
@@ -249,7 +249,7 @@ def encode_to_chunks(
 READ_ERRORS = frozenset({"malformed_json", "not_object", "too_deep", "not_utf8"})
 
 
-def first_bad_record(config: PackConfig, err: InputError) -> InputError:
+def first_bad_record(options: PackOptions, err: InputError) -> InputError:
     """Under ``on_error=fail``, the error of the first bad record: ``err`` or one before it in its file.
 
     A record the reader rejects (malformed JSON at line 52) is met while its lines are read, ahead of the
@@ -257,21 +257,25 @@ def first_bad_record(config: PackConfig, err: InputError) -> InputError:
     such an error the file is read again up to it, skipping, and its records encoded: the first bad one
     found is the error (the same ``errors.jsonl`` lists first under ``--on-error skip``).
     """
-    if config.on_error != "fail" or err.code not in READ_ERRORS or err.row is None or err.source is None:
+    if options.running.on_error != "fail" or err.code not in READ_ERRORS:
+        return err
+    if err.row is None or err.source is None:
         return err
     probe = ErrorSink("skip")
     batches = [
         b
         for b in itertools.takewhile(
             lambda b: b.rows[0] < err.row,
-            read_inputs([err.source], split=config.split, text_field=config.text_field, sink=probe),
+            read_inputs(
+                [err.source], split=options.reading.split, text_field=options.encoding.text_field, sink=probe
+            ),
         )
     ]
     if not batches:
         return err
     try:
-        sample_format = resolve_sample_format(config, batches[0].schema.names)
-        encoder = worker(RunSpec(json.dumps(config.to_dict()), sample_format, os.urandom(8).hex())).encoder
+        sample_format = resolve_sample_format(options.encoding, batches[0].schema.names)
+        encoder = build_encoder(options.encoding, sample_format)
         for b in batches:
             encode_checked(encoder, b.take(np.flatnonzero(b.rows < err.row)), probe)
     except PacktoolError:  # the encoder cannot be built here, or no record alone is bad: err stands

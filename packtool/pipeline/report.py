@@ -3,15 +3,18 @@ tokens it put in the packs by name, and a warning for a token it had to guess.""
 
 from __future__ import annotations
 
-from packtool.config import PackConfig
 from packtool.encoders.text import WEAK_GUESSES
 from packtool.manifest import Manifest
 
 
-def name_special_tokens(identity: dict, encoder, config: PackConfig) -> tuple[dict, list[str]]:
+def name_special_tokens(
+    identity: dict, encoder, named: dict[str, str | None], pad_token_id: int
+) -> tuple[dict, list[str]]:
     """``identity`` with the text of the BOS/EOS tokens the encoder adds and of the pad token
-    (``bos_token``, ``eos_token``, ``pad_token``), and a warning for each BOS/EOS chosen by a name that is
-    something else first (``[SEP]`` as EOS: a BERT tokenizer declares no EOS).
+    ``pad_token_id`` (``bos_token``, ``eos_token``, ``pad_token``), and a warning for each BOS/EOS chosen
+    by a name that is something else first (``[SEP]`` as EOS: a BERT tokenizer declares no EOS).
+    ``named``: the BOS/EOS the user named (``{"bos": None, "eos": "</s>"}``: ``--bos-token``,
+    ``--eos-token``); a token named there or declared by the tokenizer is no guess.
 
     Encoders without a tokenizer (pretokenized, a plugin) add no token: ``identity`` comes back as it is.
     """
@@ -24,7 +27,7 @@ def name_special_tokens(identity: dict, encoder, config: PackConfig) -> tuple[di
         if token_id is None:
             continue
         names[f"{kind}_token"] = token = tokenizer.id_to_token(token_id)
-        chosen = getattr(config, f"{kind}_token") or tokenizer.declared_token(kind)
+        chosen = named.get(kind) or tokenizer.declared_token(kind)
         if not chosen and token in WEAK_GUESSES:
             names.setdefault("guessed_tokens", []).append(kind)
             warnings.append(
@@ -32,7 +35,7 @@ def name_special_tokens(identity: dict, encoder, config: PackConfig) -> tuple[di
                 f"was chosen by its name: if it does not {'end' if kind == 'eos' else 'begin'} a sample for "
                 f"your model, name the right one with --{kind}-token"
             )
-    pad = tokenizer.id_to_token(config.pad_token_id)
+    pad = tokenizer.id_to_token(pad_token_id)
     if pad is not None:
         names["pad_token"] = pad
     return {**identity, **names}, warnings

@@ -8,10 +8,10 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
-from packtool.config import PackConfig
 from packtool.encoders.text import HFTokenizer
 from packtool.inspect import decode_segments, settings
 from packtool.manifest import Histogram
+from packtool.options import PackOptions
 from packtool.pipeline.run import run_pack
 
 VOCAB = ["[PAD]", "[UNK]", "g", "##cloud", "beta", "_", "run", "##s"]
@@ -48,7 +48,7 @@ def test_chat_run_shows_loss_on(tmp_path):
     (tmp_path / "in.jsonl").write_text('{"input_ids": [1, 2, 3]}\n')
     config = {"inputs": [str(tmp_path / "in.jsonl")], "output": str(tmp_path / "out"), "quiet": True,
               "packed_sequence_size": 8}  # fmt: skip
-    manifest = run_pack(PackConfig.from_dict(config))
+    manifest = run_pack(PackOptions.from_dict(config))
     assert settings(manifest)["loss_on"] is None
     chat = settings(dataclasses.replace(manifest, sample_format="chat"))
     assert chat["loss_on"] == "assistant" and chat["train_on_prompt"] is None
