@@ -190,7 +190,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
         start_forkserver(num_proc)
     # imported after the forkserver started: the two processes then import numpy and pyarrow side by side
     from packtool.options import PackOptions
-    from packtool.pipeline.run import run_pack
+    from packtool.pipeline.run import run_pack, summary_line
 
     options = PackOptions.from_dict(values, origin=config_file or "options", given=given & set(values))
     options = options.replace(num_proc=num_proc)
@@ -199,13 +199,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     manifest = run_pack(options)
     s = manifest.stats
     if not options.running.quiet:
-        split = f"; {s.split_samples:,} split across packs" if s.split_samples else ""
-        click.echo(
-            f"packed {s.whole_samples + s.split_samples:,} of {s.input_samples:,} samples whole into "
-            f"{s.num_packs:,} packs of {manifest.packed_sequence_size} tokens (fill rate {s.fill_rate:.2%}, "
-            f"lower bound {s.lower_bound_packs:,} packs{split}) -> {options.output.output}",
-            err=True,
-        )
+        click.echo(summary_line(manifest, options.output.output), err=True)
     # lost data is said even with --quiet: quiet is about progress, not about what the packs miss
     losses = s.losses(manifest.packed_sequence_size, manifest.option("max_packs"))
     for line in manifest.warnings:

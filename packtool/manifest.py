@@ -397,7 +397,7 @@ class Manifest:
             "layout": self.layout,
             "tokenizer": self.tokenizer.to_dict(),
             "stats": self.stats.to_dict(),
-            "histograms": {k: dataclasses.asdict(h) for k, h in self.histograms.items()},
+            "histograms": {k: h.to_dict() for k, h in self.histograms.items()},
             "shards": [s.to_dict() for s in self.shards],
             "inputs": [dataclasses.asdict(i) for i in self.inputs],
             "provenance": dict(self.provenance),

@@ -248,15 +248,34 @@ class Stats:
 
 @dataclass
 class Histogram:
-    """Counts per bin: ``counts[i]`` values in ``[edges[i], edges[i + 1])`` (the last bin closed)."""
+    """Counts per bin: ``counts[i]`` values in ``[edges[i], edges[i + 1])`` (the last bin closed);
+    ``quantiles`` (sample lengths only): ``{"p50", "p90", "p99", "max"}`` of the values (None: not
+    recorded, as in the manifests of packtool before the sample lengths' geometric bins).
+
+    >>> Histogram.from_dict({"edges": [0, 4, 8], "counts": [1, 2]}).to_dict()
+    {'edges': [0, 4, 8], 'counts': [1, 2]}
+    """
 
     edges: list[int]
     counts: list[int]
+    quantiles: dict[str, int] | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> Histogram:
         """Fields this version does not know are ignored."""
-        return cls(list(d.get("edges", [])), list(d.get("counts", [])))
+        quantiles = d.get("quantiles")
+        return cls(
+            list(d.get("edges", [])),
+            list(d.get("counts", [])),
+            dict(quantiles) if isinstance(quantiles, dict) else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest's record (``quantiles`` only where there are some)."""
+        out: dict[str, Any] = {"edges": list(self.edges), "counts": list(self.counts)}
+        if self.quantiles is not None:
+            out["quantiles"] = dict(self.quantiles)
+        return out
 
     @classmethod
     def of(cls, values: np.ndarray, edges: np.ndarray) -> Histogram:
@@ -266,9 +285,23 @@ class Histogram:
     # the manifest's histograms (``pack`` writes them, ``inspect --full`` recomputes them)
     @classmethod
     def lengths(cls, lengths: np.ndarray, at_least: int) -> Histogram:
-        """Lengths in 32 bins from 0 to the longest (``at_least`` at least)."""
+        """Lengths in about 32 bins growing geometrically from 1 to the longest (``at_least`` at least),
+        so that a long tail (a few samples 100 times the median) does not put nearly every sample into
+        the first bin; with the quantiles p50/p90/p99/max.
+
+        >>> Histogram.lengths(np.array([3, 5, 8, 1000]), 16).quantiles
+        {'p50': 5, 'p90': 8, 'p99': 8, 'max': 1000}
+        """
         top = max(int(lengths.max()) if len(lengths) else 1, at_least)
-        return cls.of(lengths, np.unique(np.linspace(0, top, 33).astype(int)))
+        edges = np.unique(np.concatenate([[0, 1], np.ceil(np.geomspace(1, top, 32))]).astype(np.int64))
+        hist = cls.of(lengths, edges)
+        if len(lengths):
+            q = np.percentile(lengths, [50, 90, 99], method="lower")  # lengths a sample has
+            hist.quantiles = {
+                **{k: int(round(float(v))) for k, v in zip(("p50", "p90", "p99"), q, strict=True)},
+                "max": int(lengths.max()),
+            }
+        return hist
 
     @classmethod
     def pack_fill(cls, pack_tokens: np.ndarray, n: int) -> Histogram:

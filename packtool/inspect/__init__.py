@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -131,6 +132,9 @@ def settings(m: Manifest) -> dict:
         "eos_token_id": tok.eos_token_id,
         "pad_token_id": m.pad_token_id,
         "empty_loss": c("empty_loss") if m.sample_format in ("prompt_completion", "chat") else None,
+        # which tokens are trained, for the formats that choose (chat: loss_on; prompt_completion: the prompt)
+        "loss_on": c("loss_on") if m.sample_format == "chat" else None,
+        "train_on_prompt": c("train_on_prompt") if m.sample_format == "prompt_completion" else None,
         "on_error": c("on_error"),
         "shard_format": m.shard_format,
         "columns": m.layout,
@@ -285,13 +289,31 @@ def pack_report(
         trained = trained_tokens(pack["labels"], pack["seq_lens"], m.labels)
         for p in pieces:
             a, b = p["offset"], p["offset"] + p["length"]
-            p["text"] = tok.decode([int(t) for t in ids[a:b]])
             cuts = [a, *(a + 1 + np.flatnonzero(np.diff(trained[a:b].astype(np.int8)))).tolist(), b]
+            p["text"], texts = decode_segments(tok, ids, cuts)
             p["segments"] = [
-                {"trained": bool(trained[x]), "text": tok.decode([int(t) for t in ids[x:y]])}
-                for x, y in zip(cuts[:-1], cuts[1:], strict=True)
+                {"trained": bool(trained[x]), "text": text} for x, text in zip(cuts[:-1], texts, strict=True)
             ]
     return out
+
+
+def decode_segments(tok: HFTokenizer, ids: np.ndarray, cuts: list[int]) -> tuple[str, list[str]]:
+    """The text of ``ids[cuts[0]:cuts[-1]]`` decoded whole, and its parts between the ``cuts``.
+
+    Each part is cut from the whole text at the length of the text its tokens so far decode to, not
+    decoded alone: a WordPiece continuation (``##cloud``) or a byte-level piece of a character decodes
+    to something else on its own (``g ##cloud`` read ``g##cloud``). Where a prefix does not decode to
+    the start of the whole text (a character split between parts), the cut falls where they agree.
+    """
+    a, b = cuts[0], cuts[-1]
+    whole = tok.decode([int(t) for t in ids[a:b]])
+    at = [0]
+    for c in cuts[1:-1]:
+        prefix = tok.decode([int(t) for t in ids[a:c]])
+        same = len(os.path.commonprefix([prefix, whole]))
+        at.append(max(same, at[-1]))
+    at.append(len(whole))
+    return whole, [whole[x:y] for x, y in zip(at[:-1], at[1:], strict=True)]
 
 
 def trained_tokens(labels: np.ndarray, seq_lens: np.ndarray, convention: str) -> np.ndarray:

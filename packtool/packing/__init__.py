@@ -52,10 +52,24 @@ STRATEGIES: dict[str, Callable[..., PackPlan]] = {"bfd": _bfd, "sequential": _se
 assert tuple(STRATEGIES) == STRATEGY_NAMES  # options validates the names, this dispatches on them
 
 
-def too_long_message(length: int, n: int) -> str:
-    """What ``long_samples=error`` says of a sample of ``length`` tokens."""
+def too_long_message(length: int, n: int, lengths: np.ndarray | None = None, among: str = "") -> str:
+    """What ``long_samples=error`` says of a sample of ``length`` tokens; with ``lengths`` (the samples
+    known so far, ``among`` says which: ``"all"``, ``"the first chunk's"``), also how many of them are
+    longer than ``n`` and by how many tokens, so that the option is chosen knowing what it costs.
+
+    >>> too_long_message(3000, 2048, np.array([3000, 10, 2100, 5]), "all")  # doctest: +ELLIPSIS
+    'sample has 3000 tokens, more than ... (2 of all 4 samples are longer: 50.0%; 1,004 of the 5,115 ...'
+    """
+    counts = ""
+    if lengths is not None and len(lengths):
+        long = lengths[lengths > n]
+        counts = (
+            f" ({len(long):,} of {among} {len(lengths):,} samples are longer: "
+            f"{len(long) / len(lengths):.1%}; "
+            f"{int(long.sum()) - n * len(long):,} of the {int(lengths.sum()):,} tokens lie beyond N)"
+        )
     return (
-        f"sample has {length} tokens, more than packed_sequence_size {n}; use "
+        f"sample has {length} tokens, more than packed_sequence_size {n}{counts}; use "
         "--split-across-pack, --long-samples drop|truncate|split, or a larger --packed-sequence-size"
     )
 
@@ -121,7 +135,7 @@ def make_plan(
     if long.any() and not options.split_across_pack:
         if options.long_samples == "error":
             i = int(np.flatnonzero(long)[0])
-            message = too_long_message(int(lengths[i]), n)
+            message = too_long_message(int(lengths[i]), n, lengths, "all")
             if locate is not None:
                 raise locate(i, "input_ids", message)
             raise InputError(f"sample {i}: {message}")
@@ -147,6 +161,7 @@ def make_plan(
             locate or _plain_locate,
             position_ids,
             options.buffer.packing_buffer_size,
+            options.seed,
         )
     elif cut_only_long:
         piece_sample, piece_start, piece_length = cut_long(lengths[samples], samples, n)

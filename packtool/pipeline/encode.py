@@ -33,12 +33,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.arrays import np_view
-from packtool.encoders import Encoder, build_encoder
-from packtool.errors import ErrorSink, InputError
+from packtool.encoders import Encoder, build_encoder, resolve_sample_format
+from packtool.errors import ErrorSink, InputError, PacktoolError
 from packtool.options import PackOptions
 from packtool.packing import too_long_message
+from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
-from packtool.readers import expand_inputs
+from packtool.readers import expand_inputs, piece_bytes, read_inputs
 from packtool.readers.base import SourceBatch
 
 
@@ -110,11 +111,13 @@ def encode_batches(
 ) -> tuple[list[SourceBatch], list[pa.RecordBatch]]:
     """Load ``pieces`` and encode them batch by batch; returns the records kept and their encodings."""
     kept, encoded = [], []
-    for b in (b for piece in pieces for b in piece.load(sink)):
-        good, enc = encode_checked(encoder, b, sink)
-        if good.num_rows:
-            kept.append(good)
-            encoded.append(enc)
+    for piece in pieces:
+        for b in piece.load(sink):
+            good, enc = encode_checked(encoder, b, sink)
+            if good.num_rows:
+                kept.append(good)
+                encoded.append(enc)
+        progress.report(piece_bytes(piece))  # the encode bar moves within a chunk
     return kept, encoded
 
 
@@ -125,12 +128,14 @@ def check_lengths(
     ``packed_sequence_size`` (the planner would stop there too, but only once the whole input is encoded)."""
     n = options.packing.packed_sequence_size
     field = {"text": options.encoding.text_field, "pretokenized": "input_ids"}.get(sample_format, "input_ids")
-    for batch, enc in zip(kept, encoded, strict=True):
-        lengths = np.diff(np_view(enc.column("input_ids").offsets))
+    per_batch = [np.diff(np_view(enc.column("input_ids").offsets)) for enc in encoded]
+    for batch, lengths in zip(kept, per_batch, strict=True):
         long = np.flatnonzero(lengths > n)
         if len(long):
             i = int(long[0])
-            raise batch.error(i, field, too_long_message(int(lengths[i]), n), "too_long")
+            # the chunk's samples say how common such samples are: the first error tells it
+            message = too_long_message(int(lengths[i]), n, np.concatenate(per_batch), "this chunk's")
+            raise batch.error(i, field, message, "too_long")
 
 
 def encode_checked(
@@ -211,17 +216,21 @@ def encode_to_chunks(
     """Encode ``batches`` into chunks in ``work`` with ``engine``; returns every chunk's meta in order and
     writes the list (``chunks.json``). ``done`` holds chunks a killed attempt of this run finished: a chunk
     covering the same input rows is not encoded again (its records are still read past). ``on_chunk`` is
-    called with each chunk's meta as it is finished, and whether it was encoded now (progress, test hooks)."""
+    called with each chunk's meta as it is finished (with ``input_bytes``, the bytes of input it covers where
+    known: ``readers.piece_bytes``), and whether it was encoded now (progress, test hooks)."""
     done = done if done is not None else {}
     reused: dict[int, dict] = {}
+
+    handed: dict[int, int] = {}  # chunk -> bytes of input it covers, where known (progress)
 
     def tasks() -> Iterator[tuple[RunSpec, int, list[SourceBatch], str]]:
         for i, chunk in enumerate(chunked(batches, options.running.chunk_size)):
             meta = done.get(i)
             if meta is not None and meta.get("input_rows") == sum(b.num_rows for b in chunk):
                 reused[i] = meta
-                on_chunk(meta, False)
+                on_chunk({**meta, "input_bytes": sum(piece_bytes(b) for b in chunk)}, False)
                 continue
+            handed[i] = sum(piece_bytes(b) for b in chunk)
             yield (spec, i, chunk, work)
 
     metas = []
@@ -229,8 +238,63 @@ def encode_to_chunks(
     for group_metas in engine.map(encode_chunks, batched(tasks(), group)):
         for meta in group_metas:
             metas.append(meta)
-            on_chunk(meta, True)
+            on_chunk({**meta, "input_bytes": handed.pop(meta["index"], 0)}, True)
     metas = sorted([*metas, *reused.values()], key=lambda m: m["index"])
     assert [m["index"] for m in metas] == list(range(len(metas)))
     write_chunk_list(work, metas)
     return metas
+
+
+# what the readers find wrong with a record while they read it, before the encoder sees the records ahead
+READ_ERRORS = frozenset({"malformed_json", "not_object", "too_deep", "not_utf8"})
+
+
+def first_bad_record(options: PackOptions, err: InputError) -> InputError:
+    """Under ``on_error=fail``, the error of the first bad record: ``err`` or one before it in its file.
+
+    A record the reader rejects (malformed JSON at line 52) is met while its lines are read, ahead of the
+    encoder, which has not yet seen a bad record before it (a text that is not a string at line 51). On
+    such an error the file is read again up to it, skipping, and its records encoded: the first bad one
+    found is the error (the same ``errors.jsonl`` lists first under ``--on-error skip``).
+    """
+    if options.running.on_error != "fail" or err.code not in READ_ERRORS:
+        return err
+    if err.row is None or err.source is None:
+        return err
+    probe = ErrorSink("skip")
+    batches = [
+        b
+        for b in itertools.takewhile(
+            lambda b: b.rows[0] < err.row,
+            read_inputs(
+                [err.source], split=options.reading.split, text_field=options.encoding.text_field, sink=probe
+            ),
+        )
+    ]
+    if not batches:
+        return err
+    try:
+        sample_format = resolve_sample_format(options.encoding, batches[0].schema.names)
+        encoder = build_encoder(options.encoding, sample_format)
+        for b in batches:
+            encode_checked(encoder, b.take(np.flatnonzero(b.rows < err.row)), probe)
+    except PacktoolError:  # the encoder cannot be built here, or no record alone is bad: err stands
+        return err
+    earlier = [e for e in probe.entries if e["row"] is not None and e["row"] < err.row]
+    if not earlier:
+        return err
+    first = min(earlier, key=lambda e: e["row"])
+    try:
+        ErrorSink("fail").bad(
+            InputError(
+                first["message"],
+                source=first["source"],
+                row=first["row"],
+                field=first["field"],
+                row_kind=first["row_kind"],
+                code=first["reason"],
+            )
+        )
+    except InputError as e:  # the same error, with the same hint, as a run that met it first
+        return e
+    return err

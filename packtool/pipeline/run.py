@@ -53,16 +53,20 @@ from packtool.formats.card import write_dataset_card
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.options import PackOptions
 from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
+from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
-from packtool.pipeline.encode import RunSpec, encode_to_chunks, worker
+from packtool.pipeline.encode import RunSpec, encode_to_chunks, first_bad_record, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
+from packtool.pipeline.interrupt import stop_on_interrupt
 from packtool.pipeline.memory import encode_in_memory, use_memory_store
 from packtool.pipeline.output import OutputDir
+from packtool.pipeline.report import name_special_tokens
+from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
 from packtool.pipeline.summary import build_manifest, run_stats
 from packtool.pipeline.write import finished_shard, output_columns, write_shard
-from packtool.readers import expand_inputs, read_inputs
+from packtool.readers import expand_inputs, input_bytes, read_inputs
 from packtool.version import __version__
 
 
@@ -80,8 +84,12 @@ def run_pack(options: PackOptions, *, progress: bool | None = None) -> Manifest:
     show = (not options.running.quiet) if progress is None else progress
     out = OutputDir(options.output.output, overwrite=options.running.overwrite).open()
     try:
-        manifest = _run(options, out, show)
-        out.commit(manifest)
+        with stop_on_interrupt():  # Ctrl-C: "stopping" at once, a second one stops at once
+            try:
+                manifest = _run(options, out, show)
+            except InputError as e:
+                raise first_bad_record(options, e) from None
+            out.commit(manifest)
         return manifest
     except WorkerDied as e:  # killed from outside (out of memory): keep the work for a resume
         out.abort(keep=True)
@@ -248,6 +256,16 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
     work = str(out.work)
     fingerprint = input_fingerprint(options.reading.inputs)
     run_id = make_run_id(options, identity, fingerprint)
+    # the special tokens by name, in the manifest (not the run_id: the ids are in it already)
+    tokens = options.encoding.tokens
+    identity, guesses = name_special_tokens(
+        identity,
+        worker(spec).encoder,
+        {"bos": tokens.bos_token, "eos": tokens.eos_token},
+        options.packing.pad_token_id,
+    )
+    for line in guesses:  # said before the work, even with --quiet: not a loss, so not in manifest.warnings
+        print(f"packtool: warning: {line}", file=sys.stderr, flush=True)
 
     stamps = input_stamps(options.reading.inputs)  # the inputs as the run starts reading them
     resume = out.begin({"run_id": run_id, "inputs": stamps, "packtool": __version__})
@@ -267,23 +285,55 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         done = {}
         if resumed and not in_memory:
             done = {m["index"]: m for m in _chunk_metas(work)}
-        encoded = 0
-        total = _input_rows(options.reading.inputs) if show else None
-        with _progress(show, desc="encode", unit=" records", total=total) as bar:
+        encoded, records_done = 0, 0
+        # a total from the start, for the percentage and the ETA: the input's bytes for line and file
+        # ranges (known as they are handed out), else Parquet's rows from the footers, else none
+        size = input_bytes(options.reading.inputs) if show else None
+        rows = _input_rows(options.reading.inputs) if show and size is None else None
+        kw = dict(unit="B", unit_scale=True, unit_divisor=1024, total=size) if size else {"total": rows}
+        with _progress(show, desc="encode", **({"unit": " records"} | kw)) as bar:
+            # bytes move the bar as the encoding reads them (pipeline.progress): in this process at
+            # once, from a local pool's workers through their shared counter while the driver waits;
+            # else (Ray) as each chunk is finished
+            counter = getattr(engine, "progress", None) if size else None
+            live = bool(size) and engine.name == "local"
+            if live and counter is None:
+                progress.set_sink(bar.update)
+            elif live:
+                engine.on_wait = lambda: counter.value > bar.n and bar.update(counter.value - bar.n)
 
             def on_chunk(meta: dict, new: bool) -> None:
-                nonlocal encoded
-                bar.update(meta.get("input_rows", meta["num_samples"]))
+                nonlocal encoded, records_done
+                records = meta.get("input_rows", meta["num_samples"])
+                if size:
+                    records_done += records
+                    bar.set_postfix_str(f"{records_done:,} records", refresh=False)
+                    # the first records of a file, read by the driver to learn its fields, have no byte
+                    # range: the bar catches up with the end of the file at its last chunk
+                    if counter is not None and live and counter.value > bar.n:
+                        bar.update(counter.value - bar.n)
+                    if not live or not new:  # a chunk a resumed run keeps is not read again
+                        bar.update(meta.get("input_bytes", 0))
+                        if counter is not None and not new:
+                            counter.value += meta.get("input_bytes", 0)
+                else:
+                    bar.update(records)
                 if new:
                     encoded += 1
                     _fault("encode", encoded)
 
             records = itertools.chain([first], batches)
-            if in_memory:
-                store, metas = encode_in_memory(spec, options, records, work, on_chunk)
-            else:
-                metas = encode_to_chunks(spec, options, records, work, engine, on_chunk, done)
-                store = ChunkStore(Path(work), metas)
+            try:
+                if in_memory:
+                    store, metas = encode_in_memory(spec, options, records, work, on_chunk)
+                else:
+                    metas = encode_to_chunks(spec, options, records, work, engine, on_chunk, done)
+                    store = ChunkStore(Path(work), metas)
+            finally:
+                progress.set_sink(None)
+                engine.on_wait = None
+            if size:
+                bar.update(size - bar.n)  # the bytes of pieces the driver read itself
         skipped = _merge_skipped(options, sink, metas)
         if store.num_samples == 0:
             raise InputError(
@@ -343,6 +393,9 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
                 if in_memory
                 else f"resumed: {len(done)} of {len(metas)} chunks and {shards}",
             )
+        first_of = {}
+        for i, (_, _, split) in shard_ranges:
+            first_of.setdefault(split, i)
         (Path(work) / "shards").mkdir(exist_ok=True)
         written = []
         with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
@@ -355,6 +408,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
                     work,
                     str(out.partial),
                     split,
+                    i - first_of[split],  # numbered within its split: val-000000 is the first val shard
                 )
                 for i, (a, b, split) in shard_ranges
                 if i not in finished

@@ -118,11 +118,13 @@ def write_shard(
     work_dir: str,
     out_dir: str,
     split: str = "train",
+    number: int | None = None,
     store: ChunkStore | None = None,
 ) -> ShardEntry:
     """Write shard ``meta.shard`` (the packs of ``plan``, of ``split``) into ``out_dir``; returns its
     manifest entry. The tokens come from ``store`` (a ``MemoryStore`` the caller holds), else from the
-    chunks in ``work_dir``."""
+    chunks in ``work_dir``. ``number``: the shard's number among those of its split, in its file name
+    (``val-000000`` is the first validation shard); default ``meta.shard``."""
     w = worker(spec)
     options = w.options
     store = store if store is not None else w.store(work_dir)
@@ -135,7 +137,7 @@ def write_shard(
         )
         for a in range(0, plan.num_packs, step)
     )
-    name = fmt.shard_name(meta.shard, split)
+    name = fmt.shard_name(meta.shard if number is None else number, split)
     path = Path(out_dir) / name
     info = fmt.write(path, blocks, meta, options.output)
     sha256, crc32 = file_digests(path)

@@ -201,11 +201,13 @@ DRIVER_READS = {
         "packing.packed_sequence_size",
         "packing.split_across_pack",
         "reading.inputs",
+        "reading.split",  # first_bad_record reads a file again up to its bad record
     },
     "packtool.pipeline.engines": {"encoding.tokenizer", "reading.inputs"},
     "packtool.pipeline.memory": {"encoding.tokenizer", "reading.inputs"},
     "packtool.pipeline.run": {
         "encoding.text_field",
+        "encoding.tokens",  # the BOS/EOS the user named: one the tokenizer had to guess is warned of
         "output.columns",
         "output.format",
         "output.output",

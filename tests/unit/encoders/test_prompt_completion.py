@@ -108,3 +108,13 @@ def test_empty_completion_follows_the_policy():
         encode_rows(encoder(empty_loss="error"), rows)
     # with EOS the model still learns to stop: not empty
     assert encode_rows(encoder(add_eos=True), rows)[1]["labels"] == [X, EOS, X]
+
+
+def test_backslash_n_typed_in_a_template_is_a_newline():
+    """``--prompt-template 'Q: {q}\\nA:'`` from a shell holds a backslash and an n: it is packed as the
+    newline a YAML ``"Q: {q}\\nA:"`` gives, the hand-checked prompt above."""
+    rows = [{"q": "What is packing?", "completion": " It fills rows."}]
+    typed, yaml = (encoder(prompt_template=t) for t in ("Q: {q}\\nA:", "Q: {q}\nA:"))
+    (out,) = encode_rows(typed, rows)
+    assert out["input_ids"] == PROMPT + COMPLETION
+    assert encode_rows(yaml, rows) == [out]
