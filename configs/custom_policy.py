@@ -5,26 +5,25 @@ Use: ``packtool pack --strategy configs/custom_policy.py:select_samples_to_pack`
 The Megatron-Energon contract: ``select_samples_to_pack(samples) -> list of groups`` receives a buffer of
 ``--packing-buffer-size`` encoded samples (dicts with ``index``, ``length``, ``input_ids``, ``labels`` and
 ``loss_mask`` when present; see ``packtool/packing/custom.py``) and returns groups of them, one group per
-pack. Every sample of the buffer must be in exactly one group, and no group may hold more than
-``PACKED_SEQUENCE_SIZE`` tokens: packtool stops with an error naming the file and row otherwise.
+pack. Every sample of the buffer must be in exactly one group, and no group may hold more than N tokens:
+packtool stops with an error naming the file and row otherwise. packtool also passes the run's N
+(``packed_sequence_size``, from ``--packed-sequence-size``) and ``seed`` (``--seed``) to a policy that
+takes them as keyword arguments, as this one does; Energon's one-argument policies work unchanged.
 
-This one is first-fit in input order over a fixed N read from the environment (default 1024), so that
-samples stay near their neighbours (e.g. documents of one source). ``pack_selected_samples`` is optional;
-``pack_with_separator`` below shows one (rename it to ``pack_selected_samples`` to use it): it puts the
-group's samples end to end as one sequence, so attention is not cut between them.
+This one is first-fit in input order over the run's N, so that samples stay near their neighbours (e.g.
+documents of one source). ``pack_selected_samples`` is optional; ``pack_with_separator`` below shows one
+(rename it to ``pack_selected_samples`` to use it): it puts the group's samples end to end as one
+sequence, so attention is not cut between them.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-PACKED_SEQUENCE_SIZE = int(os.environ.get("PACKED_SEQUENCE_SIZE", "1024"))
 
-
-def select_samples_to_pack(samples: list[dict]) -> list[list[dict]]:
-    """First-fit in input order: each sample goes into the first open group it fits in."""
+def select_samples_to_pack(samples: list[dict], packed_sequence_size: int, seed: int = 0) -> list[list[dict]]:
+    """First-fit in input order: each sample goes into the first open group of ``packed_sequence_size``
+    tokens it fits in (``seed`` is unused: first-fit has no randomness)."""
     groups: list[list[dict]] = []
     room: list[int] = []
     for sample in samples:
@@ -35,7 +34,7 @@ def select_samples_to_pack(samples: list[dict]) -> list[list[dict]]:
                 break
         else:
             groups.append([sample])
-            room.append(PACKED_SEQUENCE_SIZE - sample["length"])
+            room.append(packed_sequence_size - sample["length"])
     return groups
 
 

@@ -5,10 +5,12 @@
     python examples/train_tiny_llama.py out/demo --steps 5 --attn sdpa
 
 Each transformers attention implementation gets the mask it takes (docs/loader.md, "transformers
-models"): eager the additive float mask, sdpa the bool mask, flex_attention the BlockMask; "flat" feeds
-the batch as one flattened row (``batch.flattened()``), whose boundaries sdpa finds from position_ids.
-packtool's labels are already shifted, so they go in as ``shift_labels`` too (the model must not shift
-them again). Resume with ``loader.state_dict()`` / ``load_state_dict()``.
+models"): eager the additive float mask, sdpa the bool mask, flex_attention the BlockMask (offered only
+where a GPU is: flex_attention has no backward on CPU); "flat" feeds the batch as one flattened row
+(``batch.flattened()``), whose boundaries sdpa finds from position_ids. ``model(**batch)`` gives the model
+the batch's keyword arguments (``PackedBatch.model_inputs``): the mask, and packtool's labels as
+``shift_labels`` too (the model must not shift them again). Resume with ``loader.state_dict()`` /
+``load_state_dict()``.
 """
 
 from __future__ import annotations
@@ -24,12 +26,18 @@ from packtool.loader import PackedDataset, get_loader
 MASK = {"eager": "additive", "sdpa": "dense", "flex_attention": "flex", "flat": "varlen"}
 
 
+def attn_choices(device: str) -> list[str]:
+    """The ``--attn`` choices that train on ``device``: flex_attention has no backward on CPU."""
+    return sorted(a for a in MASK if a != "flex_attention" or device != "cpu")
+
+
 def main(argv: list[str] | None = None) -> list[float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", help="a packtool output directory")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--attn", choices=sorted(MASK), default="sdpa")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    parser.add_argument("--attn", choices=attn_choices(device), default="sdpa")
     args = parser.parse_args(argv)
 
     manifest = load_manifest(args.output)
@@ -42,7 +50,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     )  # fmt: skip
     torch.manual_seed(0)
     attn = "sdpa" if args.attn == "flat" else args.attn
-    model = LlamaForCausalLM._from_config(config, attn_implementation=attn)
+    model = LlamaForCausalLM._from_config(config, attn_implementation=attn).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     ds = PackedDataset(
@@ -51,16 +59,8 @@ def main(argv: list[str] | None = None) -> list[float]:
     loader = get_loader(ds, num_workers=0)
     losses = []
     for step, batch in zip(range(args.steps), loader, strict=False):
-        batch = batch.to("cpu")  # .to("cuda") on a GPU: the mask is built there
-        if args.attn == "flat":
-            labels = batch.labels.reshape(1, -1)
-            out = model(**batch.flattened(), labels=labels, shift_labels=labels, use_cache=False)
-        else:
-            mask = batch.block_mask if args.attn == "flex_attention" else batch.attention_mask
-            out = model(
-                input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=mask,
-                labels=batch.labels, shift_labels=batch.labels, use_cache=False,
-            )  # fmt: skip
+        batch = batch.to(device)  # int64 tokens, and the mask built there
+        out = model(**batch)  # the batch's model_inputs(): the mask, position_ids, labels, shift_labels
         out.loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -6,8 +6,9 @@ Python API::
     for pack in read_packs("out/"):
         pack["input_ids"], pack["labels"], pack["position_ids"], pack["seq_lens"]
 
-``run_pack(PackConfig(...))`` packs (what ``packtool pack`` runs), ``load_manifest(DIR)`` reads an
-output's typed manifest; the loader is ``packtool.loader``, the masks ``packtool.masks``.
+``run_pack(PackOptions.from_dict({...}))`` packs (what ``packtool pack`` runs; ``packtool.options``),
+``load_manifest(DIR)`` reads an output's typed manifest; the loader is ``packtool.loader``, the masks
+``packtool.masks``.
 """
 
 from __future__ import annotations

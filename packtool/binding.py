@@ -28,8 +28,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from packtool.config import LABELS, POSITION_IDS
+from packtool.errors import InputError
+from packtool.formats import get_format
 from packtool.layout import columns_problem
+from packtool.manifest import LABELS, POSITION_IDS
 
 
 def content_run_key(identity_key: str, chunk_digests: Sequence[str]) -> str:
@@ -115,7 +117,7 @@ def type_problem(record: Any, where: str = "") -> str | None:
     manifest is untrusted: a reader must not meet a string where it adds numbers."""
     for f in dataclasses.fields(record):
         value = getattr(record, f.name)
-        if f.name in ("config", "tokenizer", "histograms", "inputs"):  # parsed by their own classes
+        if f.name in ("provenance", "tokenizer", "histograms", "inputs", "notes"):  # read by their own rules
             continue
         if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
             for i, item in enumerate(value):
@@ -138,6 +140,14 @@ def fields_problem(manifest: Any) -> str | None:
     readable is ``manifest_problem``'s, and verify checks on past it."""
     if (problem := type_problem(manifest)) is not None:
         return problem
+    try:
+        fmt = get_format(manifest.shard_format)
+    except InputError:  # named where the format is needed
+        fmt = None
+    for i, entry in enumerate(manifest.shards if fmt is not None else []):  # the format's own fields
+        own = fmt.entry_fields(entry)
+        if own is not None and (problem := type_problem(own, f"shards[{i}].fields.")) is not None:
+            return problem
     vocab = manifest.tokenizer.vocab_size
     if not _fits(vocab, "int | None"):
         return f"field 'tokenizer.vocab_size': {vocab!r} is not a number"

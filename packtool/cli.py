@@ -7,17 +7,14 @@ of its kind (``packtool.errors``: 1 problems found, 2 usage, 3 bad input, 4 fail
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 import click
 
-from packtool.config import PackConfig, load_config_file
 from packtool.errors import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -26,8 +23,9 @@ from packtool.errors import (
     ConfigError,
     PacktoolError,
 )
-from packtool.pipeline.engines import may_need_workers, resolve_num_proc
-from packtool.pipeline.engines.local import keep_freed_memory, start_forkserver
+
+# where a value set by the user comes from: the command line or the config file (click's default_map)
+_SET = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.DEFAULT_MAP)
 
 
 def _one_line(e: BaseException) -> str:
@@ -77,42 +75,91 @@ def main() -> None:
     """Pack LLM training samples offline into fixed-length sequences, and inspect the result."""
 
 
-def config_options(fn: Callable) -> Callable:
-    """Add one click option per ``PackConfig`` key that has a flag, from the key's own declaration (its
-    name, type, default, choices and help), so that the flag, the config key and the manifest field are
-    one name with one meaning."""
-    for f in reversed(dataclasses.fields(PackConfig)):
-        meta = f.metadata
-        if not meta["flag"]:
+PACK_EXAMPLES = """\
+  packtool pack data/*.jsonl --tokenizer tokenizer.json --packed-sequence-size 4096 -o packed/
+  packtool pack --config configs/demo.yaml --format webdataset --overwrite
+"""
+
+
+def option_params() -> list[click.Parameter]:
+    """One click option per option that has a flag, from its stage's declaration (name, type, default,
+    choices, help), so that the flag, the config key and the manifest key are one name."""
+    from packtool.options import SPECS  # imported when pack runs or shows its help: the stages' groups
+
+    params: list[click.Parameter] = []
+    for spec in SPECS.values():
+        if not spec.flag:
             continue
-        name = "--" + f.name.replace("_", "-")
-        names = [name] + ([f"-{meta['short']}"] if meta["short"] else [])
-        kind = str(f.type).split(" |")[0]
-        kwargs: dict[str, Any] = {"help": meta["help"], "show_default": f.default is not None}
-        if f.default is not dataclasses.MISSING:
-            kwargs["default"] = f.default
-        if kind == "bool":
-            if f.name == "quiet":
+        name = "--" + spec.name.replace("_", "-")
+        names = [name] + ([f"-{spec.short}"] if spec.short else [])
+        help = spec.help + (" [required]" if spec.required else "")
+        if spec.applies:
+            help += " For " + ", ".join(a.describe() for a in spec.applies) + "."
+        kwargs: dict[str, Any] = {"help": help, "show_default": spec.default is not None}
+        kwargs["default"] = spec.default
+        if spec.kind is bool:
+            if spec.short:
                 kwargs["is_flag"] = True
             else:
                 names = [f"{name}/--no-{name[2:]}"]
-        elif meta["choices"]:
-            kwargs["type"] = click.Choice(meta["choices"])
-        elif kind in ("int", "float"):
-            kwargs["type"] = {"int": int, "float": float}[kind]
-        fn = click.option(*names, f.name, **kwargs)(fn)
-    return fn
+        elif spec.choices:
+            kwargs["type"] = click.Choice(spec.choices)
+        elif spec.kind in (int, float):
+            kwargs["type"] = spec.kind
+        option = click.Option([*names, spec.name], **kwargs)
+        option.section = spec.section  # type: ignore[attr-defined]
+        params.append(option)
+    return params
+
+
+class PackCommand(click.Command):
+    """``pack``: its options are built from the stages' declarations when first needed (``packtool
+    --help`` and the other commands do not import the stages), and its ``--help`` lists them by stage."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if not getattr(self, "_options_added", False):
+            self._options_added = True
+            self.params.extend(option_params())
+        return super().get_params(ctx)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from packtool.options import SECTIONS, SPECS  # the stages' groups: see get_params
+
+        sections: dict[str, list[tuple[str, str]]] = {s: [] for s in (*SECTIONS, "other")}
+        sections["input"].append(("INPUTS...", f"{SPECS['inputs'].help} [required]"))
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Argument):  # INPUTS: listed first, under Input
+                continue
+            record = param.get_help_record(ctx)
+            if record:
+                sections[getattr(param, "section", "other")].append(record)
+        for name, rows in sections.items():
+            if rows:
+                with formatter.section(f"{name.capitalize()} options"):
+                    formatter.write_dl(rows)
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Examples"):
+            for line in PACK_EXAMPLES.splitlines():
+                formatter.write(f"{'':>{formatter.current_indent}}{line}\n")
 
 
 def _read_config_file(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
     """``--config FILE``: the file's keys become the options' defaults (click's ``default_map``), so a
     flag given on the command line overrides the file and the file overrides the built-in default."""
     if path:
+        from packtool.config_file import load_config_file  # see PackCommand: the stages' groups
+
         ctx.default_map = {**(ctx.default_map or {}), **load_config_file(path)}
     return path
 
 
-@main.command()
+def _positive(value: Any) -> bool:
+    """``value`` is unset or a positive integer (a bad ``--num-proc`` is named once the options are built)."""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+
+
+@main.command(cls=PackCommand)
 @click.argument("inputs", nargs=-1)
 @click.option(
     "--config",
@@ -120,35 +167,41 @@ def _read_config_file(ctx: click.Context, param: click.Parameter, path: str | No
     type=click.Path(dir_okay=False),
     is_eager=True,
     callback=_read_config_file,
-    help="YAML file of config keys (the flags' names with underscores); flags override it.",
+    help="YAML file of option keys (the flags' names with underscores); flags override it.",
 )
-@config_options
 @click.pass_context
 def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, **values: Any) -> None:
-    """Tokenize INPUTS (JSONL/JSON, Parquet, text, save_to_disk dirs, hf:NAME) and pack them into shards."""
+    """Tokenize INPUTS (JSONL/JSON, Parquet, text, save_to_disk dirs, hf:NAME) and pack them into shards.
+
+    INPUTS, --output and --packed-sequence-size are required (on the command line or in --config)."""
+    # imported once the options are parsed (--help stays quick); os alone decides the workers' forkserver
+    from packtool.pipeline.engines import may_need_workers, resolve_num_proc
+    from packtool.pipeline.engines.local import keep_freed_memory, start_forkserver
+
     # keys without a flag (encoder_kwargs) come from the config file alone
-    file_only = {k: v for k, v in (ctx.default_map or {}).items() if k not in ctx.params}
-    values = {**file_only, **values, "inputs": list(inputs)}
-    config = PackConfig.from_dict(values, origin=config_file or "options")
-    config.num_proc = resolve_num_proc(config)
-    if config.engine == "local" and may_need_workers(config):  # its imports then run beside ours
-        start_forkserver(config.num_proc)
+    defaults = ctx.default_map or {}
+    file_only = {k: v for k, v in defaults.items() if k not in ctx.params}
+    values = {**file_only, **values, "inputs": list(inputs) or defaults.get("inputs", [])}
+    given = {k for k in ctx.params if ctx.get_parameter_source(k) in _SET} | set(file_only)
+    if inputs or "inputs" in defaults:
+        given.add("inputs")
+    num_proc = resolve_num_proc(values) if _positive(values.get("num_proc")) else 1  # (checked below)
+    if values.get("engine") == "local" and may_need_workers(values):  # its imports then run beside ours
+        start_forkserver(num_proc)
     # imported after the forkserver started: the two processes then import numpy and pyarrow side by side
-    from packtool.pipeline.run import run_pack
+    from packtool.options import PackOptions
+    from packtool.pipeline.run import run_pack, summary_line
+
+    options = PackOptions.from_dict(values, origin=config_file or "options", given=given & set(values))
+    options = options.replace(num_proc=num_proc)
 
     keep_freed_memory()  # the writers reuse their arrays (the CLI only: run_pack leaves its caller be)
-    manifest = run_pack(config)
+    manifest = run_pack(options)
     s = manifest.stats
-    if not config.quiet:
-        split = f"; {s.split_samples:,} split across packs" if s.split_samples else ""
-        click.echo(
-            f"packed {s.whole_samples + s.split_samples:,} of {s.input_samples:,} samples whole into "
-            f"{s.num_packs:,} packs of {manifest.packed_sequence_size} tokens (fill rate {s.fill_rate:.2%}, "
-            f"lower bound {s.lower_bound_packs:,} packs{split}) -> {config.output}",
-            err=True,
-        )
+    if not options.running.quiet:
+        click.echo(summary_line(manifest, options.output.output), err=True)
     # lost data is said even with --quiet: quiet is about progress, not about what the packs miss
-    losses = s.losses(config)
+    losses = s.losses(manifest.packed_sequence_size, manifest.option("max_packs"))
     for line in manifest.warnings:
         click.echo(f"packtool: warning: {line}", err=True)
     for line in losses:

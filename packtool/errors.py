@@ -71,6 +71,8 @@ class InputError(PacktoolError):
     ) -> None:
         self.source, self.row, self.field, self.row_kind = source, row, field, row_kind
         self.code = code  # short reason key, e.g. malformed_json (counted under on_error=skip)
+        # the way past it that --on-error fail names, when skipping the record is not it (a wrong field)
+        self.hint: str | None = None
         where = []
         if source is not None:
             where.append(str(source))
@@ -116,8 +118,9 @@ class ErrorSink:
 
     def bad(self, err: InputError) -> None:
         if self.on_error != "skip":  # say the way past it, which the error alone does not
+            hint = err.hint or "--on-error skip leaves bad records out and counts them"
             raise InputError(
-                f"{err.reason} (--on-error skip leaves bad records out and counts them)",
+                f"{err.reason} ({hint})",
                 source=err.source,
                 row=err.row,
                 field=err.field,

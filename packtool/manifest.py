@@ -1,10 +1,16 @@
 """The manifest of an output directory, its shard entries, and the pack columns, each defined once here.
 
 ``manifest.json`` is written last by ``packtool pack``: a directory without one is not a finished output.
-It says what the packs hold (``packed_sequence_size``, the ``columns``, the ``labels`` and
-``position_ids`` conventions, the tokenizer), how they were made (``config``, ``inputs``), what happened
-to every input sample (``stats``) and where the packs are (``shards``). Everything else in packtool reads
-it through ``Manifest`` (``Manifest.load(directory)``), never by string keys.
+It says what the packs hold (``packed_sequence_size``, the ``columns`` and their ``layout``, the
+``labels`` and ``position_ids`` conventions, the pad id, the tokenizer), what happened to every input
+sample (``stats``) and where the packs are (``shards``): what a reader needs. How they were made
+(``provenance``: the options of the run, ``inputs``) is a record for people and for ``verify --source``,
+which readers never parse strictly. Everything else in packtool reads it through ``Manifest``
+(``Manifest.load(directory)``), never by string keys.
+
+The reading contract (docs/formats.md#compatibility): a reader reads every manifest of its major
+``format_version`` and of every earlier one, ignores the fields it does not know, wherever they are, and
+refuses only a greater major version, in one line naming both.
 
 Example::
 
@@ -23,20 +29,33 @@ from typing import Any
 
 import numpy as np
 
-from packtool.config import PackConfig
-from packtool.errors import ConfigError, InputError
+from packtool.errors import InputError
 from packtool.fileio import write_json_atomic
+from packtool.stats import Histogram as Histogram  # the manifest's sections, importable from here too
+from packtool.stats import SamplesPerPack as SamplesPerPack
+from packtool.stats import Stats as Stats
+from packtool.stats import total_stats as total_stats
 from packtool.version import __version__
 
 MANIFEST = "manifest.json"
+# the conventions a manifest may name (the reading contract; the writer's options offer the same values)
+LABELS = ("shifted", "unshifted")  # how labels[i] relates to input_ids
+POSITION_IDS = ("nemo", "restart")  # how positions run on in a pack
 ERRORS_LOG = "errors.jsonl"  # the first skipped records (on_error=skip), one JSON object a line
 FORMAT = "packtool"
 # 2: every pack's .json member in a tar shard carries the run_id and shard number (verify matches them)
 # 3: shard entries carry the file's crc32 and Parquet pages their CRC checksums (checked at read time)
 # 4: a --columns minimal tar pack is input_ids.npy (+ labels.npy) and one small_columns.npy record that
 #    holds the other columns and the .json's keys (3: one member per column and a .json)
-FORMAT_VERSION = 4
-MINIMAL_TAR_RECORD_VERSION = 4  # minimal tar outputs older than this are read, but verify cannot check them
+# 5.0: the reading contract (docs/formats.md#compatibility): format_version is the major version and
+#    format_minor the minor one; the options that made the output are a plain ``provenance`` record
+#    (before: ``config``, parsed as this version's options), the layout is the field ``layout``
+FORMAT_VERSION = 5  # major: a reader refuses a manifest of a greater one
+FORMAT_MINOR = 0  # minor: fields a newer minor adds are ignored by readers of an older one
+# what the shard files' own metadata records as format_version (Parquet key-value metadata; the run_id's
+# basis): their layout has not changed since format 4
+SHARD_FORMAT_VERSION = 4
+MINIMAL_TAR_RECORD_VERSION = 4  # minimal tar outputs older than this hold one member per column
 # shard file names by split: the training packs, and those held out by val_fraction
 SHARD_PREFIXES = {"train": "packs-", "val": "val-"}
 SPLITS = tuple(SHARD_PREFIXES)
@@ -136,218 +155,6 @@ def column_names(
     return [c.name for c in PACK_COLUMNS if c.name in names]
 
 
-# --- statistics ----------------------------------------------------------------------------------------
-def total_stats(n: int, num_packs: int, num_tokens: int) -> dict[str, int | float]:
-    """The stats that follow from ``num_packs`` packs of ``n`` tokens holding ``num_tokens`` real tokens
-    (``pack`` writes them, ``verify`` and ``inspect --full`` check them).
-
-    >>> total_stats(4, 3, 10)["fill_rate"], total_stats(4, 3, 10)["packs_over_lower_bound"]
-    (0.833333, 0)
-    """
-    lower_bound = -(-num_tokens // n)
-    return {
-        "num_packs": num_packs,
-        "num_tokens": num_tokens,
-        "padding_tokens": num_packs * n - num_tokens,
-        "fill_rate": round(num_tokens / (num_packs * n), 6) if num_packs else 0.0,
-        "lower_bound_packs": lower_bound,
-        "packs_over_lower_bound": num_packs - lower_bound,
-    }
-
-
-@dataclass
-class SamplesPerPack:
-    """Pieces (``sample_index`` entries) per pack."""
-
-    mean: float = 0.0
-    min: int = 0
-    max: int = 0
-
-    @classmethod
-    def of(cls, num_packs: int, num_pieces: int, fewest: int, most: int) -> SamplesPerPack:
-        """``num_packs`` packs holding ``num_pieces`` pieces, ``fewest`` to ``most`` in one pack."""
-        if not num_packs:
-            return cls()
-        return cls(round(num_pieces / num_packs, 4), fewest, most)
-
-
-@dataclass
-class Stats:
-    """What happened to every input sample and token, and what the packs hold.
-
-    Every input sample has one fate (``sample_fates``), and they add up to ``input_samples``; the tokens
-    add up the same way (``token_fates``). Any fate but packed whole or split across packs is a loss, and
-    ``losses()`` says each one in a line (the pack summary, ``inspect`` and its ``warnings`` show them).
-    """
-
-    num_samples: int = 0  # records encoded (bad records skipped under on_error=skip are not among them)
-    packed_samples: int = 0  # samples with tokens in the packs (whole, split, truncated or partial)
-    num_packs: int = 0
-    num_tokens: int = 0  # real tokens in the packs
-    input_tokens: int = 0  # tokens of every encoded sample
-    padding_tokens: int = 0
-    cp_padding_tokens: int = 0  # of the padding, what ends pieces for context parallelism (cp_size)
-    fill_rate: float = 0.0
-    lower_bound_packs: int = 0
-    packs_over_lower_bound: int = 0
-    samples_per_pack: SamplesPerPack = field(default_factory=SamplesPerPack)
-    # the fates of the samples (one each)
-    whole_samples: int = 0  # packed whole, in one pack
-    split_samples: int = 0  # packed whole, spread over more than one pack
-    truncated_samples: int = 0  # packed cut to N (long_samples=truncate)
-    truncated_tokens: int = 0
-    partial_samples: int = 0  # packed, partly cut off by max_packs
-    samples_over_max_packs: int = 0  # left out wholly by max_packs
-    tokens_over_max_packs: int = 0
-    dropped_samples: int = 0  # longer than N, left out (long_samples=drop)
-    dropped_tokens: int = 0
-    empty_samples: int = 0  # encoded to no tokens: left out
-    empty_loss_samples: int = 0  # tokens but nothing to learn (the empty_loss policy says what happened)
-    empty_loss_dropped: int = 0  # ... of them left out (empty_loss=drop)
-    empty_loss_tokens: int = 0  # tokens of those left out
-    skipped_samples: int = 0  # bad records left out under on_error=skip, by reason below
-    skipped_by_reason: dict[str, int] = field(default_factory=dict)
-    policy_token_delta: int = 0  # tokens a custom pack_selected_samples added (+) or removed (-)
-    policy_packs: int = 0  # packs a custom pack_selected_samples made: their tokens are the policy's
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Stats:
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in d.items() if k in known}
-        values["samples_per_pack"] = SamplesPerPack(**d.get("samples_per_pack", {}))
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @property
-    def input_samples(self) -> int:
-        """Records read: encoded ones and bad ones skipped."""
-        return self.num_samples + self.skipped_samples
-
-    def sample_fates(self) -> dict[str, int]:
-        """Input samples by fate, one fate each: the values add up to ``input_samples``.
-
-        >>> Stats(num_samples=5, whole_samples=3, empty_samples=1, skipped_samples=1,
-        ...       dropped_samples=1).sample_fates()["packed whole"]
-        3
-        """
-        return {
-            "packed whole": self.whole_samples,
-            "split across packs": self.split_samples,
-            "truncated": self.truncated_samples,
-            "partly cut by max_packs": self.partial_samples,
-            "left out by max_packs": self.samples_over_max_packs,
-            "too long, dropped": self.dropped_samples,
-            "empty, left out": self.empty_samples,
-            "nothing to learn, left out": self.empty_loss_dropped,
-            "bad record, skipped": self.skipped_samples,
-        }
-
-    def token_fates(self) -> dict[str, int]:
-        """Input tokens by fate: the values add up to ``input_tokens`` (+ ``policy_token_delta``)."""
-        return {
-            "packed": self.num_tokens,
-            "cut by truncation": self.truncated_tokens,
-            "cut by max_packs": self.tokens_over_max_packs,
-            "in dropped samples": self.dropped_tokens,
-            "in samples with nothing to learn": self.empty_loss_tokens,
-        }
-
-    def check(self) -> list[str]:
-        """What does not add up (a damaged manifest, or a packtool bug); empty when all is well."""
-        wrong = []
-        fates = sum(self.sample_fates().values())
-        if fates != self.input_samples:
-            wrong.append(f"sample fates add up to {fates:,}, not the {self.input_samples:,} input samples")
-        tokens = sum(self.token_fates().values())
-        if tokens != self.input_tokens + self.policy_token_delta:
-            wrong.append(
-                f"token fates add up to {tokens:,}, not the {self.input_tokens + self.policy_token_delta:,} "
-                "input tokens"
-            )
-        packed = self.whole_samples + self.split_samples + self.truncated_samples + self.partial_samples
-        if packed != self.packed_samples:
-            wrong.append(f"packed_samples is {self.packed_samples:,}, its fates add up to {packed:,}")
-        return wrong
-
-    def losses(self, config: PackConfig) -> list[str]:
-        """One line per kind of loss (every sample not packed whole, with its tokens), in input terms.
-
-        >>> Stats(num_samples=10, dropped_samples=2, dropped_tokens=900).losses(PackConfig(
-        ...     packed_sequence_size=256))
-        ['2 of 10 samples longer than 256 tokens were dropped (900 tokens; long_samples=drop)']
-        """
-        n, total = config.packed_sequence_size, self.input_samples
-        out = []
-        if self.truncated_samples:
-            out.append(
-                f"{self.truncated_samples:,} of {total:,} samples were truncated to {n} tokens "
-                f"({self.truncated_tokens:,} tokens cut; long_samples=truncate)"
-            )
-        if self.dropped_samples:
-            out.append(
-                f"{self.dropped_samples:,} of {total:,} samples longer than {n} tokens were dropped "
-                f"({self.dropped_tokens:,} tokens; long_samples=drop)"
-            )
-        if self.samples_over_max_packs or self.partial_samples:
-            part = f", {self.partial_samples:,} more cut short" if self.partial_samples else ""
-            out.append(
-                f"{self.samples_over_max_packs:,} of {total:,} samples were left out by max_packs "
-                f"{config.max_packs}{part} ({self.tokens_over_max_packs:,} tokens)"
-            )
-        if self.empty_samples:
-            out.append(f"{self.empty_samples:,} of {total:,} samples were empty (no tokens) and left out")
-        if self.empty_loss_dropped:
-            out.append(
-                f"{self.empty_loss_dropped:,} of {total:,} samples had nothing to learn (every label -100) "
-                f"and were left out ({self.empty_loss_tokens:,} tokens; empty_loss=drop)"
-            )
-        if self.skipped_samples:
-            reasons = ", ".join(f"{k} {v:,}" for k, v in self.skipped_by_reason.items())
-            out.append(
-                f"{self.skipped_samples:,} of {total:,} records were bad and skipped ({reasons}; "
-                "on_error=skip, first ones in errors.jsonl)"
-            )
-        return out
-
-    def lost_totals(self) -> tuple[int, int]:
-        """(samples not packed whole, input tokens not in the packs)."""
-        kept = self.whole_samples + self.split_samples
-        lost_tokens = sum(v for k, v in self.token_fates().items() if k != "packed")
-        return self.input_samples - kept, lost_tokens
-
-
-@dataclass
-class Histogram:
-    """Counts per bin: ``counts[i]`` values in ``[edges[i], edges[i + 1])`` (the last bin closed)."""
-
-    edges: list[int]
-    counts: list[int]
-
-    @classmethod
-    def of(cls, values: np.ndarray, edges: np.ndarray) -> Histogram:
-        counts, edges = np.histogram(values, bins=edges)
-        return cls([int(e) for e in edges], [int(c) for c in counts])
-
-    # the manifest's histograms (``pack`` writes them, ``inspect --full`` recomputes them)
-    @classmethod
-    def lengths(cls, lengths: np.ndarray, at_least: int) -> Histogram:
-        """Lengths in 32 bins from 0 to the longest (``at_least`` at least)."""
-        top = max(int(lengths.max()) if len(lengths) else 1, at_least)
-        return cls.of(lengths, np.unique(np.linspace(0, top, 33).astype(int)))
-
-    @classmethod
-    def pack_fill(cls, pack_tokens: np.ndarray, n: int) -> Histogram:
-        """Real tokens per pack in 20 bins from 0 to N."""
-        return cls.of(pack_tokens, np.linspace(0, n, 21).astype(int))
-
-    @classmethod
-    def per_pack(cls, counts: np.ndarray) -> Histogram:
-        """Pieces per pack, one bin per count."""
-        return cls.of(counts, np.arange(0, (int(counts.max()) if len(counts) else 1) + 2))
-
-
 # --- provenance ----------------------------------------------------------------------------------------
 @dataclass
 class TokenizerIdentity:
@@ -396,17 +203,32 @@ class InputEntry:
     num_samples: int | None = None
     path: str | None = None
 
+    @classmethod
+    def from_dict(cls, d: dict) -> InputEntry:
+        """Fields this version does not know are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
-# --- shards --------------------------------------------------------------------------------------------
+
+# --- shards ---------------------------------------------------------------------------------------------
+SHARD_ENTRY_FIELDS = ("path", "first_pack", "num_packs", "num_tokens", "bytes", "sha256", "crc32", "split")
+
+
 @dataclass
 class ShardEntry:
     """One shard file: ``num_packs`` packs from global pack ``first_pack`` on.
 
-    ``crc32`` is the CRC-32 of the whole file (format 3 on; ``None`` before), which readers that read a
-    whole shard check as they read it. ``split`` is ``val`` for a shard of held-out packs
-    (``val_fraction``), ``None`` for training packs. The last fields belong to one format each (``None``
-    for the others): Parquet's ``row_groups`` (packs per row group, the loader's read units) and
-    ``row_group_offsets`` (byte offset of each, then the end); a tar shard's ``index`` (its ``.tar.idx``).
+    The fields every format has: ``crc32`` is the CRC-32 of the whole file (format 3 on; ``None``
+    before), which readers that read a whole shard check as they read it; ``split`` is ``val`` for a shard
+    of held-out packs (``val_fraction``), ``None`` for training packs. ``fields`` holds the rest, as read
+    or as the format's writer gave them: the fields the shard's format owns (its module parses them:
+    ``formats.parquet.ParquetFields``, ``formats.webdataset.TarFields``) and any a newer packtool wrote,
+    kept and written back as they were.
+
+    >>> e = ShardEntry.from_dict({"path": "p.parquet", "first_pack": 0, "num_packs": 2, "num_tokens": 9,
+    ...                           "bytes": 10, "sha256": "ab", "row_groups": [2], "new": 1})
+    >>> e.fields
+    {'row_groups': [2], 'new': 1}
     """
 
     path: str
@@ -417,23 +239,30 @@ class ShardEntry:
     sha256: str
     crc32: int | None = None
     split: str | None = None  # "val" for the packs held out by val_fraction; None: train
-    row_groups: list[int] | None = None
-    row_group_offsets: list[int] | None = None
-    index: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)  # the format's own fields, and unknown ones
 
     @classmethod
     def from_dict(cls, d: dict) -> ShardEntry:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(
+            **{k: d[k] for k in SHARD_ENTRY_FIELDS if k in d},
+            fields={k: v for k, v in d.items() if k not in SHARD_ENTRY_FIELDS},
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        common = {k: getattr(self, k) for k in SHARD_ENTRY_FIELDS}
+        return {k: v for k, v in {**common, **self.fields}.items() if v is not None}
 
 
 # --- the manifest --------------------------------------------------------------------------------------
 @dataclass
 class Manifest:
-    """``manifest.json``, typed. ``load`` / ``from_dict`` validate; ``save`` writes it atomically."""
+    """``manifest.json``, typed. ``load`` / ``from_dict`` read it by the contract of the version that
+    wrote it (``format_version``); ``save`` writes it atomically, in the current version.
+
+    ``provenance`` is the run's options as the writer recorded them (a plain dict: nothing here parses
+    it; a manifest before format 5 calls it ``config``). ``notes`` says what this version read by its
+    rules but could not take in (never written).
+    """
 
     run_id: str
     shard_format: str
@@ -445,16 +274,19 @@ class Manifest:
     columns: list[str]
     tokenizer: TokenizerIdentity
     inputs: list[InputEntry]
-    config: PackConfig
+    provenance: dict[str, Any]
     stats: Stats
     histograms: dict[str, Histogram]
     shards: list[ShardEntry]
+    layout: str = "full"  # full or minimal: how the packs' columns are stored (packtool.layout)
     index_files: list[str] | None = None  # dataset-level index files (webdataset: wids, Energon)
     warnings: list[str] = field(default_factory=list)  # input the packs do not hold, beyond samples
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
+    format_minor: int = FORMAT_MINOR
     packtool_version: str = __version__
     run_key: str | None = None  # what the run_id is made from with the reading fields (packtool.binding)
+    notes: list[str] = field(default_factory=list, compare=False)
 
     # what other packtool tools need, named once -------------------------------------------------------
     @property
@@ -476,13 +308,18 @@ class Manifest:
         return "loss_mask" in self.columns or "loss_mask_bits" in self.columns
 
     @property
-    def layout(self) -> str:
-        """``full`` or ``minimal``: the ``columns`` key of the run (``columns`` lists what is stored)."""
-        return self.config.columns
-
-    @property
     def vocab_size(self) -> int | None:
         return self.tokenizer.vocab_size
+
+    @property
+    def version(self) -> str:
+        """``format_version.format_minor``, e.g. ``5.0`` (``4.0`` for a manifest of format 4)."""
+        return f"{self.format_version}.{self.format_minor}"
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """The run's option ``name`` as the provenance records it (``default`` when it records none):
+        for display and for ``verify --source``, never for reading packs."""
+        return self.provenance.get(name, default)
 
     # reading and writing ----------------------------------------------------------------------------
     @classmethod
@@ -502,14 +339,24 @@ class Manifest:
     def from_dict(cls, d: Any, origin: str = MANIFEST) -> Manifest:
         if not isinstance(d, dict) or d.get("format", FORMAT) != FORMAT:
             raise InputError(f"{origin}: not a packtool manifest")
-        for key in ("run_id", "packed_sequence_size", "shards", "stats", "config"):
+        major, minor = read_version(d, origin)
+        for key in ("run_id", "packed_sequence_size", "shards", "stats"):
             if key not in d:
                 raise InputError(f"{origin}, field '{key}': missing (not a complete packtool manifest)")
         if not isinstance(d["packed_sequence_size"], int) or d["packed_sequence_size"] <= 0:
             raise InputError(f"{origin}, field 'packed_sequence_size': not a positive integer")
+        # before format 5 the options were ``config``, and the layout one of them (``columns``)
+        provenance = d.get("provenance" if major >= 5 else "config") or {}
+        if not isinstance(provenance, dict):
+            provenance = {}
+        layout = d.get("layout", "full") if major >= 5 else provenance.get("columns", "full")
+        notes = []
+        if major == FORMAT_VERSION and minor > FORMAT_MINOR:
+            notes.append(
+                f"written by a newer packtool (format_version {major}.{minor}; this one reads {major}."
+                f"{FORMAT_MINOR}): what that version added is not read"
+            )
         try:
-            shards = [ShardEntry.from_dict(s) for s in d["shards"]]
-            config = PackConfig.from_dict(d["config"], origin=f"{origin}, field 'config'")
             return cls(
                 run_id=d["run_id"],
                 shard_format=d.get("shard_format", "parquet"),
@@ -520,25 +367,29 @@ class Manifest:
                 pad_token_id=d.get("pad_token_id", 0),
                 columns=list(d.get("columns") or column_names(False)[:4]),
                 tokenizer=TokenizerIdentity.from_dict(d.get("tokenizer") or {}),
-                inputs=[InputEntry(**i) for i in d.get("inputs", [])],
-                config=config,
+                inputs=[InputEntry.from_dict(i) for i in d.get("inputs", [])],
+                provenance=provenance,
                 stats=Stats.from_dict(d["stats"]),
-                histograms={k: Histogram(**h) for k, h in d.get("histograms", {}).items()},
-                shards=shards,
+                histograms={k: Histogram.from_dict(h) for k, h in d.get("histograms", {}).items()},
+                shards=[ShardEntry.from_dict(s) for s in d["shards"]],
+                layout=layout,
                 index_files=d.get("index_files"),
                 warnings=list(d.get("warnings", [])),
                 format=d.get("format", FORMAT),
-                format_version=d.get("format_version", 1),
+                format_version=major,
+                format_minor=minor,
                 packtool_version=d.get("packtool_version", "unknown"),
                 run_key=d.get("run_key"),
+                notes=notes,
             )
-        except (TypeError, KeyError, AttributeError, ConfigError) as e:
+        except (TypeError, KeyError, AttributeError, ValueError) as e:
             raise InputError(f"{origin}: not a valid packtool manifest ({e})") from None
 
     def to_dict(self) -> dict[str, Any]:
         out = {
             "format": self.format,
             "format_version": self.format_version,
+            "format_minor": self.format_minor,
             "packtool_version": self.packtool_version,
             "run_id": self.run_id,
             "shard_format": self.shard_format,
@@ -548,12 +399,13 @@ class Manifest:
             "position_ids": self.position_ids,
             "pad_token_id": self.pad_token_id,
             "columns": list(self.columns),
+            "layout": self.layout,
             "tokenizer": self.tokenizer.to_dict(),
-            "inputs": [dataclasses.asdict(i) for i in self.inputs],
-            "config": self.config.to_dict(include_runtime=False),
             "stats": self.stats.to_dict(),
-            "histograms": {k: dataclasses.asdict(h) for k, h in self.histograms.items()},
+            "histograms": {k: h.to_dict() for k, h in self.histograms.items()},
             "shards": [s.to_dict() for s in self.shards],
+            "inputs": [dataclasses.asdict(i) for i in self.inputs],
+            "provenance": dict(self.provenance),
         }
         if self.index_files is not None:
             out["index_files"] = list(self.index_files)
@@ -567,3 +419,28 @@ class Manifest:
         path = Path(directory) / MANIFEST
         write_json_atomic(path, self.to_dict())
         return path
+
+
+def read_version(d: dict, origin: str = MANIFEST) -> tuple[int, int]:
+    """``(major, minor)`` of a manifest: ``format_version`` (an int; ``"M.m"`` is taken too) and
+    ``format_minor`` (0 when absent: every manifest before format 5). ``InputError`` in one line naming
+    both versions when the major one is newer than this packtool reads.
+
+    >>> read_version({"format_version": 3}), read_version({"format_version": 5, "format_minor": 2})
+    ((3, 0), (5, 2))
+    """
+    raw = d.get("format_version", 1)
+    try:
+        if isinstance(raw, str):
+            major_text, _, minor_text = raw.partition(".")
+            major, minor = int(major_text), int(minor_text or 0)
+        else:
+            major, minor = int(raw), int(d.get("format_minor", 0))
+    except (TypeError, ValueError):
+        raise InputError(f"{origin}, field 'format_version': {raw!r} is not a version number") from None
+    if major > FORMAT_VERSION:
+        raise InputError(
+            f"{origin}: format_version {major}.{minor} is newer than this packtool reads "
+            f"({FORMAT_VERSION}.{FORMAT_MINOR} and older; packtool {__version__}): upgrade packtool"
+        )
+    return major, minor

@@ -42,11 +42,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from bench_pack import lognormal_lengths, make_tokens, write_lists  # noqa: E402
 
-from packtool.config import PackConfig  # noqa: E402
 from packtool.formats import ShardMeta, get_format  # noqa: E402
 from packtool.formats.parquet import write_parquet_shard  # noqa: E402
 from packtool.formats.tar import BLOCK, RECORD, member_size, npy_size  # noqa: E402
 from packtool.loader import PackedDataset, get_loader  # noqa: E402
+from packtool.options import PackOptions  # noqa: E402
 from packtool.packing import make_plan  # noqa: E402
 from packtool.packs import PackArrays  # noqa: E402
 from packtool.pipeline.chunks import ChunkStore  # noqa: E402
@@ -90,8 +90,8 @@ def pack_cli(data: Path, out: Path, layout: str, fmt: str = "parquet") -> float:
     return time.perf_counter() - t
 
 
-def config_for(data: Path, out: Path, layout: str) -> PackConfig:
-    return PackConfig(
+def config_for(data: Path, out: Path, layout: str) -> PackOptions:
+    return PackOptions.of(
         inputs=[str(data)],
         output=str(out),
         packed_sequence_size=N,
@@ -99,7 +99,7 @@ def config_for(data: Path, out: Path, layout: str) -> PackConfig:
         columns=layout,
         num_proc=1,
         quiet=True,
-    ).validate()
+    )
 
 
 def write_step(data: Path, work: Path, pairs: int) -> tuple[list[float], dict]:
@@ -108,23 +108,25 @@ def write_step(data: Path, work: Path, pairs: int) -> tuple[list[float], dict]:
     (work / "chunks" / "shards").mkdir(parents=True)
     config = config_for(data, work / "out", "minimal")  # minimal: the chunks record whether labels follow
     spec = start_run(config, "pretokenized")
-    batches = read_inputs(config.inputs, split=config.split, text_field=config.text_field)
-    with make_engine(config) as engine:
+    batches = read_inputs(
+        config.reading.inputs, split=config.reading.split, text_field=config.encoding.text_field
+    )
+    with make_engine(config.running, 1) as engine:
         metas = encode_to_chunks(spec, config, batches, str(work / "chunks"), engine)
     store = ChunkStore(work / "chunks", metas)
-    plan = make_plan(store.lengths(), config)
+    plan = make_plan(store.lengths(), config.packing)
     times: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
     for i in range(pairs):
         for layout in pair_order(i):
             cfg = config_for(data, work / layout, layout)
             spec = start_run(cfg, "pretokenized")
             columns = output_columns(cfg, ChunkStore(work / "chunks", metas))
-            fmt = get_format(cfg.format)
+            fmt = get_format(cfg.output.format)
             out = work / layout
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
             t = time.perf_counter()
-            for s, (a, b) in enumerate(fmt.shard_ranges(plan, cfg, columns)):
+            for s, (a, b) in enumerate(fmt.shard_ranges(plan, cfg.output, columns)):
                 meta = ShardMeta("bench", s, a, N)
                 write_shard(spec, meta, plan.slice(a, b), str(work / "chunks"), str(out))
             times[layout].append(time.perf_counter() - t)
@@ -147,7 +149,7 @@ def input_ids_alone_bytes(out: Path, scratch: Path) -> int:
             col = pf.read_row_group(rg, columns=["input_ids"]).column("input_ids").combine_chunks()
             blocks.append(PackArrays(input_ids=col.values.to_numpy().reshape(-1, N)))
         path = scratch / entry.path
-        write_parquet_shard(path, blocks, row_group_size=m.config.row_group_size, metadata={"run_id": "x"})
+        write_parquet_shard(path, blocks, row_group_size=m.option("row_group_size"), metadata={"run_id": "x"})
         total += path.stat().st_size
         path.unlink()
     return total

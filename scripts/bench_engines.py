@@ -95,15 +95,15 @@ def ray_data_row(data: Path) -> dict:
 
     ray.data.DataContext.get_current().enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
-    from packtool.config import PackConfig
     from packtool.encoders import resolve_sample_format
+    from packtool.options import PackOptions
     from packtool.readers.base import SourceBatch
 
     text = data.suffix == ".jsonl"
-    cfg = PackConfig.from_dict(
+    cfg = PackOptions.from_dict(
         {"packed_sequence_size": N, "tokenizer": str(TOKENIZER) if text else None, "add_eos": text}
     )
-    fmt = resolve_sample_format(cfg, ["text"] if text else ["input_ids", "labels"])
+    fmt = resolve_sample_format(cfg.encoding, ["text"] if text else ["input_ids", "labels"])
 
     config = cfg.to_dict()
 
@@ -144,16 +144,16 @@ def print_engine_table(title: str, rows: list[dict]) -> None:
 # --- the driver-side plan --------------------------------------------------------------------------------
 def plan_child(strategy: str, samples: int) -> None:
     """Child: plan ``samples`` lognormal lengths with ``strategy``; print one JSON line."""
-    from packtool.config import PackConfig
+    from packtool.options import PackOptions
     from packtool.packing import make_plan
 
     lengths = lognormal_lengths(samples, 300, seed=0)
-    cfg = PackConfig.from_dict(
+    cfg = PackOptions.from_dict(
         {"packed_sequence_size": N, "strategy": strategy, "long_samples": "truncate"}, origin="bench"
     )
     base = _hwm()
     t0 = time.perf_counter()
-    plan = make_plan(lengths, cfg)
+    plan = make_plan(lengths, cfg.packing)
     seconds = time.perf_counter() - t0
     peak = _hwm()
     plan_bytes = sum(a.nbytes for a in (plan.pack_offsets, plan.sample, plan.start, plan.length))

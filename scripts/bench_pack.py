@@ -46,6 +46,9 @@ Run by ``make bench`` (``python scripts/bench_pack.py [--samples K]``). In one r
   machine each pair also says how many CPU seconds other processes took during it (``/proc/stat``'s busy
   time less the pair's own CPU), and the median is given again over the quiet pairs alone, those where
   that was under ``QUIET_SHARE`` (5%) of packtool's wall time.
+* the same end to end on ``--long-texts`` (default 20,000) long documents (``LONG_WORDS`` words on
+  average), with the tokenizer.json encoder; every raw-text table ends with packtool's own cost, its
+  wall time less the encoder alone's, in seconds per million tokens (median of the pairs);
 * the same end to end with a ``module:callable`` encoder that calls the tokenizer once per text
   (``.bench/enc_one_text.py:encode``, written by this script; ``--text-encoders plugin``): its ceiling is
   the same function alone on the same texts, in 2 processes taking batches of 512 texts in turn from a
@@ -77,6 +80,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / ".bench"
 N = 4096
 TRL_SPEC = "trl==1.16.0"
+# words per long document on average (--long-texts): about 1,150 tokens with the demo tokenizer, as the
+# man pages and Perl PODs of issue 30 (26.4M cl100k tokens in 23,129 documents)
+LONG_WORDS = 1_050
 # texts per encode_batch_fast call for the tokenizer-alone ceiling (0: all in one call); the best one counts
 TOKENIZER_BATCHES = (0, 2048, 512)
 # a pair is quiet when other work took less CPU during it than this share of packtool's wall time
@@ -542,9 +548,17 @@ def tokenizer_alone(kind: str, env: dict, texts: Path) -> dict | None:
 
 
 def text_rows(
-    count: int, pairs: int = 3, encoder: str = "tokenizer", fmt: str = "jsonl", baseline: Path | None = None
+    count: int,
+    pairs: int = 3,
+    encoder: str = "tokenizer",
+    fmt: str = "jsonl",
+    baseline: Path | None = None,
+    mean_words: int = 230,
 ) -> list[dict]:
-    """End to end from raw text on ``count`` texts; prints their table.
+    """End to end from raw text on ``count`` texts of ``mean_words`` words on average; prints their table.
+
+    Each pair also gives packtool's own cost: its wall time less the encoder alone's, in seconds per
+    million tokens (the same tokens, cores and layout), and the median of the pairs.
 
     ``encoder``: ``tokenizer`` (``--tokenizer tokenizer.json``, batch calls) or ``plugin`` (``--tokenizer
     .bench/enc_one_text.py:encode``, a module:callable calling the tokenizer once per text). First the
@@ -558,10 +572,11 @@ def text_rows(
     this one in turn, for a before/after comparison against the same ceilings.
     """
     rows: list[dict] = []
-    texts = BENCH / f"texts-{count}.jsonl"
+    long = mean_words != 230
+    texts = BENCH / (f"texts-{count}.jsonl" if not long else f"texts-{count}-words{mean_words}.jsonl")
     if not texts.exists():
         print(f"building {texts.name} ...", file=sys.stderr)
-        make_texts(texts, count)
+        make_texts(texts, count, mean_words)
     source = texts
     if fmt == "txt":  # the same texts as plain text, a sample per line (none holds a newline)
         source = texts.with_suffix(".txt")
@@ -597,7 +612,8 @@ def text_rows(
             *flags, "--num-proc", str(procs), "--split-across-pack", root=root,
         )  # fmt: skip
 
-    print(f"\nend to end from raw text, {count:,} texts read from {fmt}, {title}, 2 cores\n")
+    size = f"{count:,} texts" + (f" of {mean_words:,} words on average" if long else "")
+    print(f"\nend to end from raw text, {size} read from {fmt}, {title}, 2 cores\n")
     if not ceilings:
         return rows
 
@@ -624,6 +640,7 @@ def text_rows(
         )
     kind, env, _ = ceilings[best_label]
     ratios, quiet, ceiling_speeds, base_ratios, base_quiet = [], [], [], [], []
+    own_cost, base_cost = [], []  # packtool's wall less the encoder's, s per million tokens
     for i in range(1, pairs + 1):
         busy, own = machine_cpu(), time.process_time()
         tok = tokenizer_alone(kind, env, texts)
@@ -656,6 +673,9 @@ def text_rows(
             )
         ratios.append(ours["input_tokens"] / ours["wall"] / speed(tok))
         ceiling_speeds.append(speed(tok))
+        own_cost.append((ours["wall"] - tok["seconds"]) / ours["input_tokens"] * 1e6)
+        if base is not None:
+            base_cost.append((base["wall"] - tok["seconds"]) / base["input_tokens"] * 1e6)
         seconds = f"{tok['seconds']:.2f} / {ours['wall']:.2f}"
         label = f"pair {i}: ceiling / packtool np2" + (f", others {max(others, 0):.1f} s" if busy else "")
         line(label, ours["input_tokens"], seconds, ratios[-1])
@@ -673,6 +693,11 @@ def text_rows(
         line("baseline np2 / ceiling: median of the pairs", "", "", statistics.median(base_ratios))
     if base_quiet:
         line(f"  median of the {len(base_quiet)} quiet pairs", "", "", statistics.median(base_quiet))
+    for name, values in (("packtool", own_cost), ("baseline", base_cost)):
+        if values:  # what the job adds to the encoder: reading, plugin boundary, chunks, planning, writing
+            each = ", ".join(f"{v:.3f}" for v in values)
+            median = statistics.median(values)
+            print(f"{name} np2's own cost: {median:.3f} s per million tokens (pairs: {each})")
     ours = pack(1)
     if "error" in ours:
         print(f"{ours['name']:50} {ours['error']}")
@@ -747,6 +772,13 @@ def main() -> None:
         help="texts for the end-to-end rows, comma-separated sizes (default 20000,100000; '' for none)",
     )
     ap.add_argument(
+        "--long-texts",
+        type=lambda v: [int(x) for x in v.split(",") if x],
+        default=[20_000],
+        help=f"long documents ({LONG_WORDS:,} words on average) for end-to-end rows with the tokenizer.json "
+        "encoder, comma-separated sizes (default 20000; '' for none)",
+    )
+    ap.add_argument(
         "--pairs", type=int, default=3, help="ceiling / packtool np2 pairs per text size (default 3)"
     )
     ap.add_argument(
@@ -803,6 +835,9 @@ def main() -> None:
     for encoder, count in itertools.product(args.text_encoders, args.text_samples):
         if not args.only_floor:
             rows += text_rows(count, args.pairs, encoder, args.text_input, args.baseline)
+    for count in args.long_texts:  # long documents (man pages, papers) through the fast encoder
+        if not args.only_floor:
+            rows += text_rows(count, args.pairs, "tokenizer", args.text_input, args.baseline, LONG_WORDS)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from measure import tree_rss  # noqa: E402  (scripts/measure.py: the process tree's RSS)
 
-from packtool.config import PackConfig  # noqa: E402
+from packtool.options import PackOptions  # noqa: E402
 from packtool.packing import make_plan  # noqa: E402
 
 N = 4096
@@ -123,10 +123,10 @@ def pack(src: Path, out: Path, num_proc: int) -> dict:
 
 
 def plan_cost(lengths: np.ndarray) -> dict:
-    cfg = PackConfig(inputs=["x"], output="o", packed_sequence_size=N, split_across_pack=True)
+    cfg = PackOptions.of(inputs=["x"], output="o", packed_sequence_size=N, split_across_pack=True)
     tracemalloc.start()
     t0 = time.perf_counter()
-    plan = make_plan(lengths, cfg)
+    plan = make_plan(lengths, cfg.packing)
     wall = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()

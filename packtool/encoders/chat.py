@@ -38,6 +38,7 @@ messages that spells a special token (``<|im_end|>``) is tokenized as that speci
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -74,12 +75,21 @@ def _drop_nulls(value: Any) -> Any:
 
 
 def load_chat_template(tokenizer: HFTokenizer, chat_template: str | None) -> tuple[str, str]:
-    """The template text and where it came from (the file, or the tokenizer)."""
+    """The template text and where it came from (the file, or the tokenizer). A ``.json`` file holds it
+    under ``chat_template``, as a processor directory's ``chat_template.json`` does."""
     if chat_template:
         path = Path(chat_template)
         if not path.is_file():
             raise ConfigError(f"chat_template {chat_template}: no such file (expected a Jinja template file)")
-        return path.read_text(encoding="utf-8"), str(path)
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json":
+            try:
+                text = json.loads(text)["chat_template"]
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(
+                    f"chat_template {chat_template}: a JSON file needs a 'chat_template' string"
+                ) from None
+        return text, str(path)
     template = tokenizer.chat_template
     if not template:
         raise ConfigError(

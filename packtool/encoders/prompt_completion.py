@@ -23,6 +23,7 @@ Example: with ``labels: shifted``, prompt tokens ``[p1, p2]``, completion ``[c1]
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 
@@ -46,6 +47,21 @@ ALPACA_NO_INPUT = (
     "### Instruction:\n{instruction}\n\n### Response:\n"
 )
 BUILTIN_TEMPLATES = ("alpaca",)
+
+
+ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape_template(template: str) -> str:
+    r"""``\n``, ``\t`` and ``\\`` typed in a template become a newline, a tab and a backslash.
+
+    A shell passes ``--prompt-template 'Q: {q}\nA: '`` as a backslash and an ``n``, which a prompt never
+    means (the model would read two characters); a YAML ``"Q: {q}\nA: "`` is a newline already and stays.
+
+    >>> unescape_template("Q: {q}\\nA: ") == "Q: {q}\nA: "
+    True
+    """
+    return re.sub(r"\\([nt\\])", lambda m: ESCAPES[m.group(1)], template)
 
 
 def template_fields(template: str) -> list[str]:
@@ -85,6 +101,8 @@ class PromptCompletionEncoder:
     ) -> None:
         self.tokenizer = tokenizer
         self.prompt_field, self.completion_field = prompt_field, completion_field
+        if prompt_template is not None and prompt_template not in BUILTIN_TEMPLATES:
+            prompt_template = unescape_template(prompt_template)
         self.prompt_template, self.train_on_prompt = prompt_template, train_on_prompt
         self.labels, self.empty_loss = labels, empty_loss
         if prompt_template is not None and prompt_template not in BUILTIN_TEMPLATES:
@@ -106,7 +124,7 @@ class PromptCompletionEncoder:
                     f"missing field (record has: {', '.join(names)}); for Alpaca-style records set "
                     "prompt_template: alpaca and completion_field: output",
                 )
-            return text_column(batch, self.prompt_field)
+            return text_column(batch, self.prompt_field, "--prompt-field")
         if self.prompt_template == "alpaca":
             instructions = text_column(batch, "instruction")
             inputs = optional_text_column(batch, "input")
@@ -114,7 +132,7 @@ class PromptCompletionEncoder:
                 ALPACA.format(instruction=ins, input=inp) if inp else ALPACA_NO_INPUT.format(instruction=ins)
                 for ins, inp in zip(instructions, inputs, strict=True)
             ]
-        columns = {name: text_column(batch, name) for name in self.fields}
+        columns = {name: text_column(batch, name, "--prompt-template") for name in self.fields}
         return [
             self.prompt_template.format(**{name: col[i] for name, col in columns.items()})
             for i in range(batch.num_rows)
@@ -122,7 +140,7 @@ class PromptCompletionEncoder:
 
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         prompts = self.prompts(batch)
-        completions = text_column(batch, self.completion_field)
+        completions = text_column(batch, self.completion_field, "--completion-field")
         prompt_ids = self.tokenizer.encode_batch_tokens(prompts)
         completion_ids = self.tokenizer.encode_batch_tokens(completions)
         ids, part = concat_lists([prompt_ids, completion_ids])

@@ -25,6 +25,9 @@ from packtool.readers.base import SourceBatch
 
 _EOS_GUESSES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]", "<|im_end|>")
 _BOS_GUESSES = ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")
+# names found by the guess above that are something else first (BERT's separator and classifier token, a
+# chat turn's end): used, but the run warns that they were a guess
+WEAK_GUESSES = frozenset({"[SEP]", "[CLS]", "<|im_end|>"})
 
 
 # Texts per call into the Rust tokenizer: its Encoding objects of one call are all alive at once, so calls
@@ -173,12 +176,21 @@ class HFTokenizer:
             return self._hf.decode(ids)
         return self._fast.decode(ids, skip_special_tokens=False)
 
+    def id_to_token(self, token_id: int) -> str | None:
+        """The token's text, e.g. ``'</s>'`` (None outside the vocabulary)."""
+        if self._fast is not None:
+            return self._fast.id_to_token(token_id)
+        return self._hf.convert_ids_to_tokens(token_id)
+
+    def declared_token(self, kind: str) -> str | None:
+        """The ``bos``/``eos`` token the tokenizer's configuration declares (None: it declares none, as a
+        bare ``tokenizer.json`` never does)."""
+        return (getattr(self._hf, f"{kind}_token", None) or None) if self._hf is not None else None
+
     def special_token(self, kind: str) -> str | None:
         """The tokenizer's own ``bos``/``eos`` token if it declares one, else a well-known name it has."""
-        if self._hf is not None:
-            tok = getattr(self._hf, f"{kind}_token", None)
-            if tok:
-                return tok
+        if tok := self.declared_token(kind):
+            return tok
         for guess in _EOS_GUESSES if kind == "eos" else _BOS_GUESSES:
             if self.token_to_id(guess) is not None:
                 return guess
@@ -272,16 +284,25 @@ class TextEncoder:
         return ident
 
 
-def text_column(batch: SourceBatch, field: str) -> list[str]:
-    """The ``field`` column as a list of strings; raises ``InputError`` naming a missing/null/non-text row."""
+def text_column(batch: SourceBatch, field: str, flag: str = "--text-field") -> list[str]:
+    """The ``field`` column as a list of strings; raises ``InputError`` naming a missing/null/non-text row.
+
+    A field that no record of the batch has is most likely the wrong name, not bad records: the error
+    then names the records' fields and ``flag``, the option that chooses it, rather than --on-error skip
+    (which would skip every record)."""
     rb = batch.batch
     if field not in rb.schema.names:
-        raise batch.error(
+        err = batch.error(
             0,
             field,
             f"missing field (record has: {', '.join(rb.schema.names) or 'nothing'})",
             "missing_field",
         )
+        text = (pa.types.is_string, pa.types.is_large_string)
+        strings = [f.name for f in rb.schema if any(is_text(f.type) for is_text in text)]
+        example = f", e.g. {flag} {strings[0]}" if strings else ""
+        err.hint = f"choose the field with {flag}{example}"
+        raise err
     col = rb.column(field)
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         if pa.types.is_null(col.type):

@@ -3,7 +3,8 @@
 A shard holds a run of consecutive packs. A format says how to
 
 * **write** one (``shard_ranges`` cuts the plan into shards, ``write`` writes one shard from ``PackArrays``
-  blocks and returns its format-specific ``ShardEntry`` fields);
+  blocks and returns the fields of its ``ShardEntry`` that the format owns, ``ShardEntry.fields``: the
+  format's module alone parses them, leniently, e.g. ``parquet.ParquetFields``, ``tar.TarFields``);
 * **read** one: a shard is read in *units* (``units``: packs per unit, e.g. Parquet row groups; the loader
   decodes one unit at a time), ``open_reader`` gives a reader of units, ``read_pack`` one pack alone; a
   format reads the columns its shards store, and the base class turns them into the packs readers give
@@ -27,8 +28,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from packtool.config import PackConfig
 from packtool.errors import PacktoolError
+from packtool.formats.options import OutputOptions
 from packtool.layout import rebuild, stored_columns
 from packtool.manifest import SHARD_PREFIXES, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
@@ -142,19 +143,24 @@ class ShardFormat(ABC):
         number in the manifest)."""
         return f"{SHARD_PREFIXES[split]}{index:06d}{self.suffix}"
 
-    def shard_ranges(self, plan: PackPlan, config: PackConfig, columns: list[str]) -> list[tuple[int, int]]:
+    def shard_ranges(
+        self, plan: PackPlan, options: OutputOptions, columns: list[str]
+    ) -> list[tuple[int, int]]:
         """Pack ranges ``[(first, end), ...]`` of the shards (storing ``columns``): ``shard_size`` packs
         each by default."""
-        k, size = plan.num_packs, config.shard_size
+        k, size = plan.num_packs, options.shard_size
         return [(a, min(a + size, k)) for a in range(0, k, size)]
 
     @abstractmethod
-    def write(self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, config: PackConfig) -> dict:
+    def write(
+        self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, options: OutputOptions
+    ) -> dict:
         """Write the packs of ``blocks`` (consecutive) as shard ``path``, atomically; return the
-        format-specific ``ShardEntry`` fields (e.g. ``{"row_groups": [...]}``)."""
+        ``ShardEntry`` fields the format owns (``ShardEntry.fields``, e.g. ``{"row_groups": [...]}``)."""
 
-    def block_packs(self, config: PackConfig) -> int | None:
-        """Packs per block handed to ``write`` (None: the whole shard in one block)."""
+    def block_packs(self, options: OutputOptions, packed_sequence_size: int) -> int | None:
+        """Packs per block of ``packed_sequence_size`` tokens handed to ``write`` (None: the whole shard in
+        one block)."""
         return None
 
     @abstractmethod
@@ -186,7 +192,8 @@ class ShardFormat(ABC):
 
     @abstractmethod
     def summary(self, path: Path) -> dict[str, Any]:
-        """Figures from the shard's own metadata: ``run_id``, ``shard`` and any ``ShardEntry`` field."""
+        """Figures from the shard's own metadata: ``run_id``, ``shard`` and any ``ShardEntry`` field (the
+        common ones or the format's own)."""
 
     @abstractmethod
     def check(
@@ -201,7 +208,15 @@ class ShardFormat(ABC):
         """Files beside the shard that belong to it (e.g. a tar's ``.tar.idx``)."""
         return []
 
-    def write_dataset_index(self, directory: Path, manifest: Manifest) -> list[str] | None:
+    def entry_fields(self, entry: ShardEntry) -> Any:
+        """The format's own fields of ``entry`` (``ShardEntry.fields``) as its typed record (a dataclass
+        whose field types ``binding.type_problem`` checks: a manifest is untrusted), or None if it has
+        none."""
+        return None
+
+    def write_dataset_index(
+        self, directory: Path, manifest: Manifest, options: OutputOptions
+    ) -> list[str] | None:
         """Write the dataset-level index files, if the format has any; return their names."""
         return None
 

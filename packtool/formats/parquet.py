@@ -12,11 +12,11 @@ A read unit is a row group: the loader decodes one at a time with Arrow.
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packtool.arrays import arrow_array, list_parts
-from packtool.config import PackConfig
+from packtool.fileio import written_whole
 from packtool.formats.base import (
     ProblemSink,
     ShardFormat,
@@ -34,13 +34,35 @@ from packtool.formats.base import (
     UnitReader,
     shard_meta_problems,
 )
-from packtool.manifest import COLUMNS, FORMAT_VERSION, Manifest, ShardEntry
+from packtool.formats.options import OutputOptions
+from packtool.manifest import COLUMNS, SHARD_FORMAT_VERSION, Manifest, ShardEntry
 from packtool.packs import PackArrays
 
 METADATA_KEY = b"packtool"
 # tokens gathered into packs at once when writing (whole row groups): fewer, larger gathers visit each
 # chunk fewer times, while a block's arrays stay small (docs/performance.md has the measurements)
 GATHER_TOKENS = 1 << 20
+
+
+@dataclass(frozen=True)
+class ParquetFields:
+    """A Parquet shard entry's own fields (``ShardEntry.fields``): ``row_groups``, the packs of each row
+    group (the loader's read units), and ``row_group_offsets``, the byte offset of each, then the end.
+    Either may be absent (``None``); any other field there is not this format's and is left alone.
+
+    >>> ParquetFields.of(ShardEntry("p", 0, 3, 9, 10, "ab", fields={"row_groups": [2, 1], "x": 1}))
+    ParquetFields(row_groups=[2, 1], row_group_offsets=None)
+    """
+
+    row_groups: list[int] | None = None
+    row_group_offsets: list[int] | None = None
+
+    @classmethod
+    def of(cls, entry: ShardEntry) -> ParquetFields:
+        return cls(entry.fields.get("row_groups"), entry.fields.get("row_group_offsets"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"row_groups": self.row_groups, "row_group_offsets": self.row_group_offsets}
 
 
 # --- writing -------------------------------------------------------------------------------------------
@@ -123,44 +145,39 @@ def prefetch(items: Iterable[T], depth: int = 1) -> Iterator[T]:
 def write_parquet_shard(
     path: str | Path, packs: PackArrays | Iterable[PackArrays], *, row_group_size: int, metadata: dict
 ) -> dict:
-    """Write ``packs`` to ``path`` atomically (``NAME.tmp-PID``, renamed); return its row groups.
+    """Write ``packs`` to ``path``, whole or not at all (``written_whole``); return its row groups.
 
     ``packs`` is one ``PackArrays`` or an iterable of them (e.g. a few row groups each, built lazily so that
     a whole shard is never held in memory).
     """
     path = Path(path)
     blocks = [packs] if isinstance(packs, PackArrays) else packs
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    writer = None
-    try:
-        # the next block's tokens are gathered (NumPy, mostly holding the GIL) while Arrow encodes and
-        # compresses this one (C++, without it)
-        for table in prefetch(packs_table(block) for block in blocks):
-            table = table.replace_schema_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
-            if writer is None:
-                writer = pq.ParquetWriter(
-                    tmp,
-                    table.schema,
-                    compression="zstd",
-                    use_dictionary=False,
-                    write_statistics=False,
-                    store_schema=True,
-                    write_page_checksum=True,  # CRC-32 per page: readers check what they decode
-                )
-            writer.write_table(table.cast(writer.schema), row_group_size=row_group_size)
-    finally:
-        if writer is not None:
-            writer.close()
-    if writer is None:
-        raise ValueError("write_parquet_shard: no packs to write")
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with written_whole(path) as tmp:
+        writer = None
+        try:
+            # the next block's tokens are gathered (NumPy, mostly holding the GIL) while Arrow encodes and
+            # compresses this one (C++, without it)
+            for table in prefetch(packs_table(block) for block in blocks):
+                table = table.replace_schema_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+                if writer is None:
+                    writer = pq.ParquetWriter(
+                        tmp,
+                        table.schema,
+                        compression="zstd",
+                        use_dictionary=False,
+                        write_statistics=False,
+                        store_schema=True,
+                        write_page_checksum=True,  # CRC-32 per page: readers check what they decode
+                    )
+                writer.write_table(table.cast(writer.schema), row_group_size=row_group_size)
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            raise ValueError("write_parquet_shard: no packs to write")
     md = pq.ParquetFile(path).metadata
-    return {
-        "row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)],
-        "row_group_offsets": row_group_offsets(md),
-    }
+    groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+    return ParquetFields(groups, row_group_offsets(md)).to_dict()
 
 
 def row_group_offsets(md: pq.FileMetaData) -> list[int]:
@@ -248,7 +265,7 @@ class ParquetReader(UnitReader):
         entry = self.manifest.shards[shard]
         want = [c for c in self.manifest.columns if c in columns]
         table = self._file(shard).read_row_group(part, columns=want, use_threads=False)
-        expected = (entry.row_groups or [entry.num_packs])[part]
+        expected = (ParquetFields.of(entry).row_groups or [entry.num_packs])[part]
         if table.num_rows != expected:
             raise ShardMismatch(f"{table.num_rows} packs, the manifest says {expected}")
         return table_packs(table, self.manifest.packed_sequence_size)
@@ -270,8 +287,9 @@ def footer_problem(md: pq.FileMetaData, entry: ShardEntry, n: int, exact: bool =
     groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
     if sum(groups) > entry.num_packs or (exact and sum(groups) != entry.num_packs):
         return f"its footer declares {sum(groups):,} packs, the manifest {entry.num_packs:,}"
-    if exact and entry.row_groups is not None and groups != list(entry.row_groups):
-        return f"its footer declares row groups {groups}, the manifest {entry.row_groups}"
+    recorded = ParquetFields.of(entry).row_groups
+    if exact and recorded is not None and groups != list(recorded):
+        return f"its footer declares row groups {groups}, the manifest {recorded}"
     for i, rows in enumerate(groups):
         rg = md.row_group(i)
         most = rows * (n + 1)
@@ -304,22 +322,29 @@ class ParquetFormat(ShardFormat):
     suffix = ".parquet"
     unit_kind = "row group"
 
-    def block_packs(self, config: PackConfig) -> int:
-        rg = config.row_group_size
-        return max(rg, GATHER_TOKENS // config.packed_sequence_size // rg * rg)
+    def block_packs(self, options: OutputOptions, packed_sequence_size: int) -> int:
+        rg = options.parquet.row_group_size
+        return max(rg, GATHER_TOKENS // packed_sequence_size // rg * rg)
 
-    def write(self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, config: PackConfig) -> dict:
+    def write(
+        self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, options: OutputOptions
+    ) -> dict:
         metadata = {
             "run_id": meta.run_id,
             "packed_sequence_size": meta.packed_sequence_size,
-            "format_version": FORMAT_VERSION,
+            "format_version": SHARD_FORMAT_VERSION,
             "first_pack": meta.first_pack,
             "shard": meta.shard,
         }
-        return write_parquet_shard(path, blocks, row_group_size=config.row_group_size, metadata=metadata)
+        return write_parquet_shard(
+            path, blocks, row_group_size=options.parquet.row_group_size, metadata=metadata
+        )
 
     def units(self, entry: ShardEntry) -> list[int]:
-        return list(entry.row_groups or [entry.num_packs])
+        return list(ParquetFields.of(entry).row_groups or [entry.num_packs])
+
+    def entry_fields(self, entry: ShardEntry) -> ParquetFields:
+        return ParquetFields.of(entry)
 
     def open_reader(
         self, directory: Path, manifest: Manifest, verify_checksums: bool = True
@@ -329,9 +354,10 @@ class ParquetFormat(ShardFormat):
     def read_stored_pack(
         self, path: Path, entry: ShardEntry, row: int, manifest: Manifest
     ) -> PackArrays | None:
-        if not entry.row_groups:
+        row_groups = ParquetFields.of(entry).row_groups
+        if not row_groups:
             return None
-        bounds = np.cumsum([0, *entry.row_groups])
+        bounds = np.cumsum([0, *row_groups])
         rg = int(np.searchsorted(bounds, row, side="right") - 1)
         try:
             pf = pq.ParquetFile(path, page_checksum_verification=True)
@@ -375,10 +401,11 @@ class ParquetFormat(ShardFormat):
                 field="num_packs",
             )
         groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-        if entry.row_groups is not None and groups != entry.row_groups:
+        recorded = ParquetFields.of(entry).row_groups
+        if recorded is not None and groups != recorded:
             report.add(
                 "index",
-                f"row groups {groups} differ from the manifest's index {entry.row_groups} (stale index)",
+                f"row groups {groups} differ from the manifest's index {recorded} (stale index)",
                 shard=name,
                 field="row_groups",
             )

@@ -19,6 +19,7 @@ import io
 import math
 import tarfile
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -269,6 +270,28 @@ def read_index(tar_path: str | Path) -> np.ndarray:
     return np.fromfile(str(tar_path) + INDEX_SUFFIX, dtype="<u8")
 
 
+@dataclass(frozen=True)
+class TarFields:
+    """A tar shard entry's own field (``ShardEntry.fields``): ``index``, the name of its ``.tar.idx``
+    (older manifests have none: the shard's name and ``.idx``). Any other field there is not this
+    format's and is left alone.
+
+    >>> TarFields.of(ShardEntry("packs-000000.tar", 0, 1, 9, 10, "ab", fields={"new": 1})).index_name
+    'packs-000000.tar.idx'
+    """
+
+    path: str
+    index: str | None = None
+
+    @classmethod
+    def of(cls, entry: ShardEntry) -> TarFields:
+        return cls(entry.path, entry.fields.get("index"))
+
+    @property
+    def index_name(self) -> str:
+        return self.index or self.path + INDEX_SUFFIX
+
+
 def tar_index_name(entry: ShardEntry) -> str:
-    """The ``.tar.idx`` file of a shard entry (its ``index``; older manifests have none)."""
-    return entry.index or entry.path + INDEX_SUFFIX
+    """The ``.tar.idx`` file of a shard entry."""
+    return TarFields.of(entry).index_name

@@ -33,10 +33,11 @@ from typing import Any
 import numpy as np
 
 from packtool.arrays import concat_ragged
-from packtool.config import PackConfig
 from packtool.errors import ConfigError, InputError, PacktoolError
+from packtool.fileio import written_whole
 from packtool.formats import tar
-from packtool.formats.base import ProblemSink, ShardFormat, ShardMeta, ShardMismatch, UnitReader
+from packtool.formats.base import UNIT_ERRORS, ProblemSink, ShardFormat, ShardMeta, ShardMismatch, UnitReader
+from packtool.formats.options import OutputOptions
 from packtool.formats.tar import (
     BLOCK,
     INDEX_SUFFIX,
@@ -145,7 +146,8 @@ def write_tar_shard(
     path: str | Path, packs: PackArrays, *, first_pack: int, run_id: str, shard: int, layout: str
 ) -> dict:
     """Write ``packs`` (the columns ``layout`` stores) as the tar shard ``path`` and its ``path.idx`` (both
-    through ``.tmp`` names and a rename); return the shard entry's ``{"index": "packs-NNNNNN.tar.idx"}``."""
+    through ``.tmp`` names and a rename); return the shard entry's own fields
+    (``tar.TarFields``: ``{"index": "packs-NNNNNN.tar.idx"}``)."""
     path = Path(path)
     groups = pack_members(packs.present(), layout)
     k, n = packs.input_ids.shape
@@ -156,40 +158,35 @@ def write_tar_shard(
     if packs.cp_padding is not None:  # a piece's context-parallel padding is not its tokens
         num_tokens -= np.add.reduceat(packs.cp_padding, packs.sample_index_offsets[:-1]) if k else 0
     offsets = np.zeros(k + 1, dtype="<u8")
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as archive:
-            for i in range(k):
-                offsets[i] = archive.offset
-                key = pack_key(first_pack + i)
-                meta = {
-                    "pack_index": first_pack + i,
-                    "num_tokens": int(num_tokens[i]),
-                    "num_samples": int(num_samples[i]),
-                    "run_id": run_id,
-                    "shard": shard,
-                }
-                members = {}
-                for ext, names in groups.items():
-                    arrays = {name: packs.row(name, i) for name in names}
-                    if ext == META:
-                        members[ext] = pack_json(**meta)
-                        assert len(members[ext]) < BLOCK, meta  # pack_tar_bytes counts one block for it
-                    elif ext == SMALL_COLUMNS:
-                        members[ext] = npy_bytes(record(arrays, meta))
-                    else:
-                        members[ext] = npy_bytes(arrays[names[0]])
-                for ext in sorted(members):  # webdataset.TarWriter's order
-                    data = members[ext]
-                    archive.addfile(tar.tarinfo(f"{key}.{ext}", len(data)), io.BytesIO(data))
-            offsets[k] = archive.offset
-        f.flush()
-        os.fsync(f.fileno())
     index = path.with_name(path.name + INDEX_SUFFIX)
-    index_tmp = index.with_name(index.name + ".tmp")
-    index_tmp.write_bytes(offsets.tobytes())
-    os.replace(tmp, path)
-    os.replace(index_tmp, index)
+    with written_whole(path) as tmp, written_whole(index) as index_tmp:
+        with open(tmp, "wb") as f:
+            with tarfile.open(fileobj=f, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+                for i in range(k):
+                    offsets[i] = archive.offset
+                    key = pack_key(first_pack + i)
+                    meta = {
+                        "pack_index": first_pack + i,
+                        "num_tokens": int(num_tokens[i]),
+                        "num_samples": int(num_samples[i]),
+                        "run_id": run_id,
+                        "shard": shard,
+                    }
+                    members = {}
+                    for ext, names in groups.items():
+                        arrays = {name: packs.row(name, i) for name in names}
+                        if ext == META:
+                            members[ext] = pack_json(**meta)
+                            assert len(members[ext]) < BLOCK, meta  # pack_tar_bytes counts one block for it
+                        elif ext == SMALL_COLUMNS:
+                            members[ext] = npy_bytes(record(arrays, meta))
+                        else:
+                            members[ext] = npy_bytes(arrays[names[0]])
+                    for ext in sorted(members):  # webdataset.TarWriter's order
+                        data = members[ext]
+                        archive.addfile(tar.tarinfo(f"{key}.{ext}", len(data)), io.BytesIO(data))
+                offsets[k] = archive.offset
+        index_tmp.write_bytes(offsets.tobytes())
     return {"index": index.name}
 
 
@@ -333,10 +330,16 @@ class WebDatasetFormat(ShardFormat):
     name = "webdataset"
     suffix = ".tar"
 
-    def shard_ranges(self, plan: PackPlan, config: PackConfig, columns: list[str]) -> list[tuple[int, int]]:
-        return shard_bounds(plan, config.shard_size, config.shard_max_bytes, columns, config.columns)
+    def shard_ranges(
+        self, plan: PackPlan, options: OutputOptions, columns: list[str]
+    ) -> list[tuple[int, int]]:
+        return shard_bounds(
+            plan, options.shard_size, options.webdataset.shard_max_bytes, columns, options.columns
+        )
 
-    def write(self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, config: PackConfig) -> dict:
+    def write(
+        self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, options: OutputOptions
+    ) -> dict:
         (packs,) = list(blocks)  # block_packs is None: the whole shard in one block
         return write_tar_shard(
             path,
@@ -344,7 +347,7 @@ class WebDatasetFormat(ShardFormat):
             first_pack=meta.first_pack,
             run_id=meta.run_id,
             shard=meta.shard,
-            layout=config.columns,
+            layout=options.columns,
         )
 
     def units(self, entry: ShardEntry) -> list[int]:
@@ -407,15 +410,18 @@ class WebDatasetFormat(ShardFormat):
     def check(
         self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int
     ) -> Iterator[tuple[int, PackArrays]]:
-        if old_minimal_layout(manifest):  # said once by check_dataset_index
-            return iter(())
+        if old_minimal_layout(manifest):  # one member per column (format 3): read as readers read it
+            return _check_by_reading(self, path, manifest, report, index)
         return check_tar_shard(path, entry, manifest, report, index, base)
 
     def index_files(self, entry: ShardEntry) -> list[str]:
         return [tar_index_name(entry)]
 
-    def write_dataset_index(self, directory: Path, manifest: Manifest) -> list[str]:
-        return write_dataset_index(directory, manifest)
+    def entry_fields(self, entry: ShardEntry) -> tar.TarFields:
+        return tar.TarFields.of(entry)
+
+    def write_dataset_index(self, directory: Path, manifest: Manifest, options: OutputOptions) -> list[str]:
+        return write_dataset_index(directory, manifest, energon=options.webdataset.energon_index)
 
     def check_dataset_index(self, directory: Path, manifest: Manifest, report: ProblemSink) -> None:
         check_dataset_index(directory, manifest, report)
@@ -434,3 +440,20 @@ def _pack_meta(path: Path, buf, start: int, end: int) -> dict:
             f"{path}: no pack metadata ({META}, {SMALL_COLUMNS}) between bytes {start} and {end}"
         )
     return meta
+
+
+def _check_by_reading(
+    fmt: WebDatasetFormat, path: Path, manifest: Manifest, report: ProblemSink, index: int
+) -> Iterator[tuple[int, PackArrays]]:
+    """A shard of format 3's ``minimal`` layout (one member per column), checked as ``read_packs`` reads
+    it (run_id, pack count, the CRC-32, each member's dtype and shape); its packs are yielded for the
+    per-pack checks."""
+    reader = fmt.open_reader(path.parent, manifest)
+    try:
+        packs = reader.read_stored(index, 0, list(manifest.columns))
+    except UNIT_ERRORS as e:
+        report.add("unreadable", f"cannot be read ({e})", shard=path.name)
+        return
+    finally:
+        reader.close()
+    yield 0, packs

@@ -19,7 +19,8 @@ from packtool.formats.energon_index import INDEX_UUID, SQLITE_INDEX, write_sqlit
 from packtool.formats.tar import INDEX_SUFFIX, pack_members, tar_index_name
 from packtool.manifest import MANIFEST, MINIMAL_TAR_RECORD_VERSION, Manifest
 
-WIDS_INDEX = "wids.json"
+WIDS_INDEX = "wids.json"  # the training shards only: a wids reader of it never sees held-out packs
+WIDS_VAL_INDEX = "wids-val.json"  # the --val-fraction shards, written when there are any
 ENERGON_DIR = ".nv-meta"
 ENERGON_SAMPLE_TYPE = {"__module__": "packtool.energon", "__class__": "PackSample"}
 ENERGON_DATASET_COMMENT = (
@@ -34,16 +35,29 @@ ENERGON_CRUDE_COMMENT = (
 )
 
 
-def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
-    """What the dataset-level index files hold, from the manifest: ``{relative file name: content}``."""
-    shards = manifest.shards
+def _wids_index(manifest: Manifest, split: str) -> dict:
+    """A wids shard index of the shards of ``split`` (one descriptor per split, as wids reads one
+    dataset per file)."""
+    shards = [s for _, s in manifest.split_shards(split)]
     return {
-        WIDS_INDEX: {
-            "__kind__": "wids-shard-index-v1",
-            "wids_version": 1,
-            "name": f"packtool-{manifest.run_id}",
-            "shardlist": [{"url": s.path, "nsamples": s.num_packs, "filesize": s.bytes} for s in shards],
-        },
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "name": f"packtool-{manifest.run_id}" + ("" if split == "train" else f"-{split}"),
+        "shardlist": [{"url": s.path, "nsamples": s.num_packs, "filesize": s.bytes} for s in shards],
+    }
+
+
+def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
+    """What the dataset-level index files hold, from the manifest: ``{relative file name: content}``.
+
+    ``wids.json`` lists the training shards, ``wids-val.json`` (only when the run held packs out with
+    ``--val-fraction``) the validation shards; Energon's ``split.yaml`` names both splits."""
+    shards = manifest.shards
+    wids = {WIDS_INDEX: _wids_index(manifest, "train")}
+    if manifest.split_shards("val"):
+        wids[WIDS_VAL_INDEX] = _wids_index(manifest, "val")
+    return {
+        **wids,
         f"{ENERGON_DIR}/.info.json": {"shard_counts": {s.path: s.num_packs for s in shards}},
         # as energon prepare writes it: every split named (get_val_dataset, energon lint), test empty
         f"{ENERGON_DIR}/split.yaml": {
@@ -72,9 +86,9 @@ def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
     }
 
 
-def write_dataset_index(directory: str | Path, manifest: Manifest) -> list[str]:
+def write_dataset_index(directory: str | Path, manifest: Manifest, *, energon: bool = True) -> list[str]:
     """Write the dataset-level index files into ``directory``; return their relative names (Energon's
-    ``index.sqlite`` and ``index.uuid`` among them when megatron-energon is installed)."""
+    ``index.sqlite`` and ``index.uuid`` among them when ``energon`` and megatron-energon is installed)."""
     directory = Path(directory)
     (directory / ENERGON_DIR).mkdir(exist_ok=True)
     contents = dataset_index_contents(manifest)
@@ -86,7 +100,7 @@ def write_dataset_index(directory: str | Path, manifest: Manifest) -> list[str]:
             text = comments.get(Path(name).name, "") + yaml.safe_dump(content, sort_keys=False)
         (directory / name).write_text(text)
     names = list(contents)
-    if manifest.config.energon_index:
+    if energon:
         names += write_sqlite_index(directory, [s.path for s in manifest.shards], manifest.run_id)
     return names
 
@@ -115,19 +129,9 @@ def old_minimal_layout(manifest: Manifest) -> bool:
 
 def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink) -> None:
     """``wids.json`` and ``.nv-meta/`` must say what the manifest says; no stray ``.tar.idx``. An output
-    older than format_version 2 is said once here: its tar shards carry no run_id (the other checks run);
-    so is a minimal output of the one-member-per-column layout (``old_minimal_layout``: nothing else is
-    checked, ``WebDatasetFormat.check`` skips its shards)."""
-    if old_minimal_layout(manifest):
-        report.add(
-            "format_version",
-            f"written by an older packtool (format_version {manifest.format_version}), whose --columns "
-            "minimal tar packs hold one member per column and a .json; this one checks only the one-record "
-            "layout of format_version 4: pack it again to verify it (read_packs and the loader read it)",
-            shard=MANIFEST,
-            field="format_version",
-        )
-        return
+    older than format_version 2 is said once here: its tar shards carry no run_id (the other checks run).
+    A minimal output of format 3's one-member-per-column layout (``old_minimal_layout``) is checked as
+    readers read it (``WebDatasetFormat.check``)."""
     if manifest.format_version < 2:
         report.add(
             "format_version",

@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
 
     Top-level keys are the manifest's ``stats`` (``num_samples``, ``num_packs``, ``num_tokens``,
     ``fill_rate``, ``padding_tokens``, ``lower_bound_packs``, ``dropped_samples``, ...) plus
-    ``packed_sequence_size``, ``strategy``, ``config``, ``tokenizer``, ``shards`` (each with
+    ``packed_sequence_size``, ``strategy``, ``provenance``, ``tokenizer``, ``shards`` (each with
     ``fill_rate`` and what its own metadata says) and ``histograms``. ``warnings`` lists every
     disagreement between the manifest and the files; ``full`` adds ``recomputed`` (from the data).
     """
@@ -49,7 +50,8 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
     warnings: list[str] = []
     shards = []
     for i, entry in enumerate(m.shards):
-        sh = {k: getattr(entry, k) for k in ("path", "num_packs", "num_tokens", "bytes", "row_groups")}
+        sh = {k: getattr(entry, k) for k in ("path", "num_packs", "num_tokens", "bytes")}
+        sh["row_groups"] = fmt.units(entry) if fmt.unit_kind else None  # the read units
         sh["split"] = entry.split or "train"
         sh["fill_rate"] = total_stats(n, entry.num_packs, entry.num_tokens)["fill_rate"]
         path = Path(directory) / entry.path
@@ -64,28 +66,29 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         except Exception as e:  # any damage: a warning here, verify says exactly what
             warnings.append(f"{entry.path}: metadata unreadable ({str(e).splitlines()[0]})")
         else:
+            recorded_fields = entry.to_dict()  # the common fields and the format's own
             for key, value in own.items():
-                recorded = {"run_id": m.run_id, "shard": i}.get(key, getattr(entry, key, value))
+                recorded = {"run_id": m.run_id, "shard": i}.get(key, recorded_fields.get(key, value))
                 if value != recorded:
                     warnings.append(f"{entry.path}: {key} {value} in the file, {recorded} in the manifest")
         shards.append(sh)
     stats = m.stats.to_dict()
-    losses = m.stats.losses(m.config)
+    losses = m.stats.losses(m.packed_sequence_size, m.option("max_packs"))
     lost = [f"lost: {line}" for line in [*m.warnings, *losses]]
     warnings[:0] = lost + [f"manifest: {w}" for w in m.stats.check()]
     report = {
         "directory": str(directory),
         "run_id": m.run_id,
         "packed_sequence_size": n,
-        "strategy": m.config.strategy,
+        "strategy": m.option("strategy"),
         "shard_format": m.shard_format,
         "sample_format": m.sample_format,
         "labels": m.labels,
-        "empty_loss": m.config.empty_loss,
+        "empty_loss": m.option("empty_loss"),
         "position_ids": m.position_ids,
         "tokenizer": m.tokenizer.to_dict(),
         "inputs": [dataclasses.asdict(i) for i in m.inputs],
-        "config": m.config.to_dict(include_runtime=False),
+        "provenance": m.provenance,
         "settings": settings(m),
         **stats,
         "val_packs": sum(e.num_packs for _, e in m.split_shards("val")),  # held out (val_fraction)
@@ -93,6 +96,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         "sample_fates": m.stats.sample_fates(),
         "token_fates": m.stats.token_fates(),
         "losses": losses,
+        "notes": m.notes,
         "shards": shards,
         "histograms": {k: dataclasses.asdict(h) for k, h in m.histograms.items()},
         "warnings": warnings,
@@ -106,32 +110,37 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
 
 
 def settings(m: Manifest) -> dict:
-    """The settings in effect for the run, defaults resolved (what ``inspect`` shows as settings)."""
-    c, tok = m.config, m.tokenizer
+    """The settings of the run as its provenance records them (what ``inspect`` shows as settings; None
+    where it records none: an option the writing version did not have, or one that does not apply)."""
+    c, tok = m.option, m.tokenizer
+    bfd = c("strategy") == "bfd"
     return {
         "packed_sequence_size": m.packed_sequence_size,
         "sample_format": m.sample_format,
-        "strategy": c.strategy,
-        "seed": c.seed if c.strategy == "bfd" and c.shuffle_packs else None,
-        "shuffle_packs": c.shuffle_packs if c.strategy == "bfd" else None,
-        "split_across_pack": c.split_across_pack,
-        "long_samples": None if c.split_across_pack else c.long_samples,
-        "max_packs": c.max_packs,
-        "cp_size": c.cp_size,
-        "val_fraction": c.val_fraction,
+        "strategy": c("strategy"),
+        "seed": c("seed") if bfd and c("shuffle_packs") else None,
+        "shuffle_packs": c("shuffle_packs") if bfd else None,
+        "split_across_pack": c("split_across_pack"),
+        "long_samples": None if c("split_across_pack") else c("long_samples"),
+        "max_packs": c("max_packs"),
+        "cp_size": c("cp_size"),
+        "val_fraction": c("val_fraction"),
         "position_ids": m.position_ids,
         "labels": m.labels,
-        "add_bos": c.add_bos,
-        "add_eos": c.add_eos,
+        "add_bos": c("add_bos"),
+        "add_eos": c("add_eos"),
         "bos_token_id": tok.bos_token_id,
         "eos_token_id": tok.eos_token_id,
         "pad_token_id": m.pad_token_id,
-        "empty_loss": c.empty_loss if m.sample_format in ("prompt_completion", "chat") else None,
-        "on_error": c.on_error,
+        "empty_loss": c("empty_loss") if m.sample_format in ("prompt_completion", "chat") else None,
+        # which tokens are trained, for the formats that choose (chat: loss_on; prompt_completion: the prompt)
+        "loss_on": c("loss_on") if m.sample_format == "chat" else None,
+        "train_on_prompt": c("train_on_prompt") if m.sample_format == "prompt_completion" else None,
+        "on_error": c("on_error"),
         "shard_format": m.shard_format,
         "columns": m.layout,
-        "shard_size": c.shard_size,
-        "row_group_size": c.row_group_size if get_format(m.shard_format).unit_kind else None,
+        "shard_size": c("shard_size"),
+        "row_group_size": c("row_group_size") if get_format(m.shard_format).unit_kind else None,
     }
 
 
@@ -163,7 +172,7 @@ def recompute_stats(directory: str | Path, manifest: Manifest, warnings: list[st
     kept = kept[kept > 0].astype(np.int64)
     # samples spread over several packs; not with max_packs, whose manifest counts the samples split before
     # the cut (one cut at the boundary may have kept a single piece of them): the packs cannot tell
-    split = {} if manifest.config.max_packs else {"split_samples": int((packs_of_sample > 1).sum())}
+    split = {} if manifest.option("max_packs") else {"split_samples": int((packs_of_sample > 1).sum())}
     spp = SamplesPerPack.of(
         num_packs,
         len(sample),
@@ -281,13 +290,31 @@ def pack_report(
         trained = trained_tokens(pack["labels"], pack["seq_lens"], m.labels)
         for p in pieces:
             a, b = p["offset"], p["offset"] + p["length"]
-            p["text"] = tok.decode([int(t) for t in ids[a:b]])
             cuts = [a, *(a + 1 + np.flatnonzero(np.diff(trained[a:b].astype(np.int8)))).tolist(), b]
+            p["text"], texts = decode_segments(tok, ids, cuts)
             p["segments"] = [
-                {"trained": bool(trained[x]), "text": tok.decode([int(t) for t in ids[x:y]])}
-                for x, y in zip(cuts[:-1], cuts[1:], strict=True)
+                {"trained": bool(trained[x]), "text": text} for x, text in zip(cuts[:-1], texts, strict=True)
             ]
     return out
+
+
+def decode_segments(tok: HFTokenizer, ids: np.ndarray, cuts: list[int]) -> tuple[str, list[str]]:
+    """The text of ``ids[cuts[0]:cuts[-1]]`` decoded whole, and its parts between the ``cuts``.
+
+    Each part is cut from the whole text at the length of the text its tokens so far decode to, not
+    decoded alone: a WordPiece continuation (``##cloud``) or a byte-level piece of a character decodes
+    to something else on its own (``g ##cloud`` read ``g##cloud``). Where a prefix does not decode to
+    the start of the whole text (a character split between parts), the cut falls where they agree.
+    """
+    a, b = cuts[0], cuts[-1]
+    whole = tok.decode([int(t) for t in ids[a:b]])
+    at = [0]
+    for c in cuts[1:-1]:
+        prefix = tok.decode([int(t) for t in ids[a:c]])
+        same = len(os.path.commonprefix([prefix, whole]))
+        at.append(max(same, at[-1]))
+    at.append(len(whole))
+    return whole, [whole[x:y] for x, y in zip(at[:-1], at[1:], strict=True)]
 
 
 def trained_tokens(labels: np.ndarray, seq_lens: np.ndarray, convention: str) -> np.ndarray:

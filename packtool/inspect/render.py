@@ -38,6 +38,14 @@ def _bins(hist: dict, max_rows: int = 16) -> list[tuple[str, int]]:
     return rows
 
 
+def _quantiles(hist: dict, names: bool = True) -> str:
+    """``p50 180, p90 1,204, p99 9,871, max 170,501`` (or ``180 / 1,204 / 9,871 / 170,501``)."""
+    q = hist["quantiles"]
+    if names:
+        return ", ".join(f"{k} {v:,}" for k, v in q.items())
+    return " / ".join(f"{v:,}" for v in q.values())
+
+
 def render_histogram(title: str, hist: dict, width: int = 40):
     """A rich Table drawing ``hist`` (``{"edges", "counts"}``) as horizontal bars."""
     table = Table(title=title, show_header=False, box=None, padding=(0, 1), title_justify="left")
@@ -81,6 +89,9 @@ def render_report(report: dict) -> None:
     ]
     for k, v in rows:
         overview.add_row(k, v)
+    lengths = report.get("histograms", {}).get("sample_lengths", {})
+    if lengths.get("quantiles"):  # how long the samples are, however long the tail
+        overview.add_row("sample length p50 / p90 / p99 / max", _quantiles(lengths, names=False))
     overview.add_section()
     total = report.get("input_samples", report["num_samples"])
     overview.add_row("input samples", f"{total:,}")
@@ -101,6 +112,8 @@ def render_report(report: dict) -> None:
             continue
         if key in ("bos_token_id", "eos_token_id") and not report["settings"].get(f"add_{key[:3]}"):
             value = f"{value} (not added)" if value is not None else "-"
+        elif key in ("bos_token_id", "eos_token_id", "pad_token_id") and tok.get(f"{key[:3]}_token"):
+            value = f"{value} ({tok[f'{key[:3]}_token']})"  # the token's text, as the run recorded it
         overview.add_row(key, "-" if value is None else str(value))
     overview.add_section()
     overview.add_row("tokenizer", str(tok.get("name")))
@@ -126,6 +139,8 @@ def render_report(report: dict) -> None:
     console.print(shards)
     for key, hist in report.get("histograms", {}).items():
         console.print(render_histogram(HISTOGRAM_TITLES.get(key, key), hist))
+        if hist.get("quantiles"):
+            console.print(f"  {_quantiles(hist)}")
         console.print()
     rec = report.get("recomputed")
     if rec:
@@ -151,6 +166,8 @@ def render_report(report: dict) -> None:
             console.print(f"[bold yellow]warning:[/bold yellow] {w}")
         else:  # the files disagree with the manifest
             console.print(f"[bold red]warning:[/bold red] {w} (run packtool verify)")
+    for note in report.get("notes", []):  # what this version read by its rules, not a problem
+        console.print(f"note: {note}")
 
 
 def render_pack(report: dict) -> None:
@@ -222,6 +239,11 @@ def plot_report(report: dict, path: str | Path) -> None:
         ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", edgecolor="white", color="#3b7dd8")
         ax.set_title(HISTOGRAM_TITLES.get(key, key), fontsize=10)
         ax.set_ylabel("count")
+        if hist.get("quantiles"):  # bins grow geometrically: a log axis, the quantiles marked
+            ax.set_xscale("symlog", linthresh=1)
+            for (name, value), style in zip(hist["quantiles"].items(), ("-", "--", ":", "-."), strict=True):
+                ax.axvline(value, color="#d83b3b", linestyle=style, linewidth=1, label=f"{name} {value:,}")
+            ax.legend(fontsize=8)
     fig.suptitle(
         f"{report['directory']}: {report['num_packs']:,} packs of {report['packed_sequence_size']:,}, "
         f"fill {report['fill_rate']:.2%}",

@@ -16,6 +16,7 @@ from pathlib import Path
 from packtool.encoders import fields_read
 from packtool.errors import MAX_LOGGED, ErrorSink, PacktoolError
 from packtool.manifest import ERRORS_LOG, Manifest
+from packtool.options import PackOptions
 from packtool.readers import read_inputs
 from packtool.safepath import output_file_problem
 
@@ -77,12 +78,15 @@ def _rows(
     """``{k: (row_kind, row)}`` for the ``k``-th samples of the input at ``path`` (0-based)."""
     if skipped is None:
         return {}
-    c = manifest.config
+    options = PackOptions.from_provenance(manifest.provenance)  # the run's, as it recorded them
     sink = ErrorSink("skip")  # records the run skipped are skipped here too, never raised
     found: dict[int, tuple[str, int]] = {}
     seen, todo = 0, sorted(wanted)
-    used = fields_read(c, manifest.sample_format)  # the fields the run read, so the same records are bad
-    for batch in read_inputs([path], split=c.split, text_field=c.text_field, sink=sink, used_fields=used):
+    used = fields_read(
+        options.encoding, manifest.sample_format
+    )  # the fields the run read, so the same records are bad
+    split, text_field = options.reading.split, options.encoding.text_field
+    for batch in read_inputs([path], split=split, text_field=text_field, sink=sink, used_fields=used):
         src = os.path.abspath(batch.source)
         rows = [int(r) for r in batch.rows if (src, int(r)) not in skipped]
         while todo and todo[0] < seen + len(rows):

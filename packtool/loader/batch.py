@@ -27,6 +27,7 @@ from packtool.masks import (
 )
 from packtool.packs import PackArrays
 
+LABELS = ("shifted", "unshifted")  # the manifest's ``labels``: how labels[i] relates to input_ids
 # varlen: cu_seqlens only (FlashAttention varlen, TE THD, flattening_kwargs); dense: bool, for SDPA;
 # additive: 0 / -inf floats, for eager attention (it adds the mask to the scores); flex: a BlockMask
 MASKS = ("varlen", "dense", "additive", "flex")
@@ -152,13 +153,24 @@ class PackedBatch:
       ``flattened()`` gives the kwargs of a flattened batch), ``"dense"`` (``attention_mask``, bool
       ``[B, 1, N, N]``, for SDPA), ``"additive"`` (``attention_mask``, float32 ``[B, 1, N, N]``, ``0`` /
       ``-inf``, for eager attention, which adds it to the scores) or ``"flex"`` (``block_mask``, a
-      ``flex_attention.BlockMask``).
+      ``flex_attention.BlockMask``);
+    * ``labels_convention``: the output's ``labels`` (manifest): ``"shifted"`` (``labels[i]`` is the
+      target of ``input_ids[i]``) or ``"unshifted"`` (``labels == input_ids``, -100 where no loss).
+
+    **As a mapping** (what ``transformers.Trainer``, TRL and accelerate expect of a batch): ``keys()``,
+    ``batch[key]``, ``key in batch``, ``dict(batch)`` and ``model(**batch)`` give ``model_inputs()``, the
+    keyword arguments of a transformers ``...ForCausalLM`` forward that train on exactly the packs'
+    targets, each sequence alone, whatever the model's defaults. ``len(batch)`` stays the number of packs
+    ``B``. It is deliberately not registered as a ``collections.abc.Mapping``: trainers rebuild those with
+    ``type(batch)({...})``; they move a ``PackedBatch`` with its own ``to()`` (accelerate's
+    ``send_to_device`` does), which builds the mask on the device.
 
     Example::
 
         >>> batch = next(iter(loader))  # doctest: +SKIP
         >>> batch.input_ids.dtype, batch.to("cuda").input_ids.dtype  # doctest: +SKIP
         (torch.int32, torch.int64)
+        >>> loss = model(**batch.to("cuda")).loss  # doctest: +SKIP
     """
 
     input_ids: torch.Tensor
@@ -175,6 +187,8 @@ class PackedBatch:
     attention_mask: torch.Tensor | None = None
     block_mask: Any = None
     extra: dict = field(default_factory=dict)
+    labels_convention: str = "shifted"
+    _inputs: dict | None = field(default=None, init=False, repr=False, compare=False)  # model_inputs() cache
 
     @property
     def packed_sequence_size(self) -> int:
@@ -226,20 +240,107 @@ class PackedBatch:
             self.block_mask = flex_block_mask(self.seq_lens, n)
         return self
 
+    def shift_labels(self) -> torch.Tensor:
+        """``(B, N)`` int64: the target of each token, ``-100`` where none; what a transformers model takes
+        as ``shift_labels`` (it then scores ``logits[:, i]`` against ``shift_labels[:, i]`` and does not
+        shift). ``"shifted"`` labels are that already; ``"unshifted"`` ones are shifted left inside each
+        sequence, so the last token of a sequence never takes the next sequence's first token as target.
+
+        >>> b = PackedBatch(torch.tensor([[5, 6, 7, 8]]), torch.tensor([[5, 6, 7, 8]]), torch.zeros(1, 4),
+        ...                 torch.tensor([[2, 2]]), torch.tensor([0, 2, 4]), 2, labels_convention="unshifted")
+        >>> b.shift_labels().tolist()
+        [[6, -100, 8, -100]]
+        """
+        labels = self.labels.to(torch.int64)
+        if self.labels_convention == "shifted":
+            return labels
+        if self.labels_convention != "unshifted":
+            raise ValueError(
+                f"labels_convention must be one of {', '.join(LABELS)}, got {self.labels_convention!r}"
+            )
+        out = torch.full_like(labels, -100)
+        out[:, :-1] = labels[:, 1:]
+        lengths = self.seq_lens.to(device=labels.device, dtype=torch.int64)
+        ends = lengths.cumsum(1) - 1  # each sequence's last token
+        rows = torch.arange(len(labels), device=labels.device).view(-1, 1).expand_as(ends)
+        real = lengths > 0
+        out[rows[real], ends[real]] = -100
+        return out
+
     def flattened(self) -> dict[str, Any]:
-        """The batch as one row of ``B * N`` tokens, with what transformers'
-        ``DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)`` returns for the
-        same sequences: ``input_ids`` and ``position_ids`` ``(1, B * N)``, ``cu_seq_lens_q/k``,
-        ``max_length_q/k`` and ``seq_idx`` (``masks.flattening_kwargs``); no labels: packtool's are
-        already shifted, so give them as ``labels=l, shift_labels=l`` with ``l = batch.labels.reshape(1, -1)``
-        (a transformers model then does not shift them again). ``model(**batch.flattened(), ...)`` runs with
-        ``flash_attention_2``, and ``sdpa`` / ``eager`` find the boundaries from the ``position_ids``.
+        """The batch as one row of ``B * N`` tokens: the keyword arguments of a transformers model's
+        forward, complete (``model(**batch.flattened())`` trains on exactly the packs' targets whatever
+        the model's defaults).
+
+        What transformers' ``DataCollatorWithFlattening(return_flash_attn_kwargs=True,
+        return_seq_idx=True)`` returns for the same sequences: ``input_ids`` and ``position_ids``
+        ``(1, B * N)`` int64 (positions restart at each sequence, computed from ``seq_lens``),
+        ``cu_seq_lens_q/k``, ``max_length_q/k`` and ``seq_idx`` (``masks.flattening_kwargs``); with
+        ``labels`` and ``shift_labels`` ``(1, B * N)`` int64 (``shift_labels()``: the model does not shift
+        packtool's labels again, and no target crosses into the next sequence), and ``use_cache=False``:
+        with a cache, transformers builds a causal mask over the whole row instead of detecting the
+        sequences from ``position_ids`` (attention then crosses samples). Runs with ``flash_attention_2``;
+        ``sdpa`` / ``eager`` find the boundaries from the ``position_ids``.
         """
         kwargs = flattening_kwargs(self.seq_lens, self.packed_sequence_size)
         device = self.input_ids.device
-        out = {"input_ids": self.input_ids.reshape(1, -1)}
+        out: dict[str, Any] = {"input_ids": self.input_ids.reshape(1, -1).to(torch.int64)}
         out.update({k: v.to(device) if torch.is_tensor(v) else v for k, v in kwargs.items()})
+        out["labels"] = self.labels.reshape(1, -1).to(torch.int64)
+        out["shift_labels"] = self.shift_labels().reshape(1, -1)
+        out["use_cache"] = False
         return out
+
+    def model_inputs(self) -> dict[str, Any]:
+        """The keyword arguments of a transformers ``...ForCausalLM`` forward for this batch, by its mask:
+
+        * ``"varlen"``: ``flattened()`` (one row of ``B * N`` tokens; ``flash_attention_2``, or ``sdpa`` /
+          ``eager`` from the ``position_ids``);
+        * ``"dense"`` (``sdpa``), ``"additive"`` (``eager``), ``"flex"`` (``flex_attention``, the
+          ``BlockMask`` as ``attention_mask``): ``input_ids``, ``position_ids``, ``attention_mask``,
+          ``labels`` and ``shift_labels`` ``(B, N)`` (int64) and ``use_cache=False``.
+
+        Built once per batch (``batch[key] = value`` overrides an entry, as TRL does with ``use_cache``).
+        """
+        if self._inputs is None:
+            if self.mask == "varlen":
+                self._inputs = self.flattened()
+            else:
+                self.build_mask()
+                self._inputs = {
+                    "input_ids": self.input_ids.to(torch.int64),
+                    "position_ids": self.position_ids.to(torch.int64),
+                    "attention_mask": self.block_mask if self.mask == "flex" else self.attention_mask,
+                    "labels": self.labels.to(torch.int64),
+                    "shift_labels": self.shift_labels(),
+                    "use_cache": False,
+                }
+        return self._inputs
+
+    # the mapping trainers expect (see the class docstring) ------------------------------------------
+    def keys(self):
+        return self.model_inputs().keys()
+
+    def values(self):
+        return self.model_inputs().values()
+
+    def items(self):
+        return self.model_inputs().items()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.model_inputs().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.model_inputs()[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.model_inputs()[key] = value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.model_inputs()
+
+    def __iter__(self):
+        return iter(self.model_inputs())
 
 
 _BATCH_KEYS = {"input_ids", "labels", "position_ids", "seq_lens", "loss_mask", "pack_index", "cp_padding"}
@@ -301,10 +402,10 @@ def host_cu_seqlens(seq_lens: torch.Tensor) -> tuple[torch.Tensor, int]:
     return torch.from_numpy(cu), int(flat.max()) if flat.size else 0
 
 
-def packed_batch(raw: dict, mask: str) -> PackedBatch:
+def packed_batch(raw: dict, mask: str, labels_convention: str = "shifted") -> PackedBatch:
     """A ``PackedBatch`` from a raw batch (``default_batch``'s dict: ``(B, N)`` token tensors, ``(B, S)``
     ``seq_lens`` padded with ``SEQ_LENS_PAD``, ``pack_index`` a list or None); other keys go to
-    ``extra``."""
+    ``extra``; ``labels_convention`` is the output's ``labels`` (manifest)."""
     seq_lens = raw["seq_lens"]
     cu, max_seqlen = host_cu_seqlens(seq_lens)
     pack_index = raw.get("pack_index")
@@ -322,6 +423,7 @@ def packed_batch(raw: dict, mask: str) -> PackedBatch:
         cu_seqlens_unpadded=cu_unpadded,
         mask=mask,
         extra={k: v for k, v in raw.items() if k not in _BATCH_KEYS},
+        labels_convention=labels_convention,
     )
 
 

@@ -9,7 +9,10 @@ and the token columns come back as stored (int32), which ``F.cross_entropy`` ref
 ``input_ids.npy`` from webdataset, ``.input_ids.npy`` from wids; NumPy arrays, tensors or lists; or
 objects with the fields as attributes, e.g. Energon's ``PackSample``) and returns a ``PackedBatch``:
 ``(B, N)`` token tensors, int64 by default, ``seq_lens`` padded with 0, ``cu_seqlens`` / ``max_seqlen``,
-and the mask asked for, built on the host (or by ``batch.to(device)``).
+``cp_padding`` / ``cu_seqlens_unpadded`` for a ``--cp-size`` output, and the mask asked for, built on the
+host (or by ``batch.to(device)``). As a mapping the batch is the model's keyword arguments
+(``PackedBatch.model_inputs``), so it is a ``data_collator`` for ``transformers.Trainer`` (with
+``TrainingArguments(remove_unused_columns=False)``: the Trainer would drop ``seq_lens`` otherwise).
 
 Example::
 
@@ -29,26 +32,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from packtool.loader.batch import MASKS, PackedBatch, packed_batch
+from packtool.loader.batch import LABELS, MASKS, PackedBatch, packed_batch
 from packtool.manifest import TOKEN_COLUMNS
 from packtool.masks import SEQ_LENS_PAD
 
 REQUIRED = ("input_ids", "labels", "position_ids", "seq_lens")
+PACK_FIELDS = (*TOKEN_COLUMNS, "seq_lens", "cp_padding")  # what a pack of any reader may give
 _KEY = re.compile(r"^\.?(?P<name>[A-Za-z_]+)(?:\.npy)?$")
 
 
 def _fields(sample: Any) -> dict[str, Any]:
     """The pack fields of one sample, by their plain names (``.input_ids.npy`` -> ``input_ids``)."""
     if not isinstance(sample, Mapping):
-        return {
-            k: getattr(sample, k)
-            for k in (*TOKEN_COLUMNS, "seq_lens")
-            if getattr(sample, k, None) is not None
-        }
+        return {k: getattr(sample, k) for k in PACK_FIELDS if getattr(sample, k, None) is not None}
     out = {}
     for key, value in sample.items():
         match = _KEY.match(str(key))
-        if match and (match["name"] in TOKEN_COLUMNS or match["name"] == "seq_lens") and value is not None:
+        if match and match["name"] in PACK_FIELDS and value is not None:
             out[match["name"]] = value
     return out
 
@@ -73,7 +73,9 @@ def _array(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def collate_packs(samples: Sequence[Any], *, mask: str = "varlen", int64: bool = True) -> PackedBatch:
+def collate_packs(
+    samples: Sequence[Any], *, mask: str = "varlen", int64: bool = True, labels: str = "shifted"
+) -> PackedBatch:
     """Collate packs, as any reader gives them, into one ``PackedBatch``.
 
     Args:
@@ -84,18 +86,21 @@ def collate_packs(samples: Sequence[Any], *, mask: str = "varlen", int64: bool =
             on the host; ``batch.to(device)`` builds it again there.
         int64: widen ``input_ids``, ``labels``, ``position_ids`` and ``loss_mask`` to int64 (what
             embeddings and ``F.cross_entropy`` take); ``False`` keeps the stored int32 / int8.
+        labels: the output's ``labels`` convention (its manifest's ``labels``: ``shifted``, packtool's
+            default, or ``unshifted``), which the batch's ``shift_labels()`` / ``model_inputs()`` follow.
     """
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {mask!r}")
     if not samples:
         raise ValueError("collate_packs: no packs to collate")
+    if labels not in LABELS:
+        raise ValueError(f"labels must be one of {', '.join(LABELS)}, got {labels!r}")
     fields = [_fields(s) for s in samples]
     missing = [k for k in REQUIRED if any(k not in f for f in fields)]
     if missing:
-        minimal = " (an output of --columns minimal: read it with packtool.read_packs or packtool.loader)"
         raise ValueError(
             f"collate_packs: a pack has no {', '.join(missing)} (fields seen: {', '.join(sorted(fields[0]))})"
-            + (minimal if "input_ids" in fields[0] and "position_ids" not in fields[0] else "")
+            + _why_missing(samples[0], fields[0], missing)
         )
     columns: dict[str, torch.Tensor | None] = {}
     for name in TOKEN_COLUMNS:
@@ -116,5 +121,28 @@ def collate_packs(samples: Sequence[Any], *, mask: str = "varlen", int64: bool =
         seq_lens[j, : len(piece)] = piece
     ids = [_pack_index(s) for s in samples]
     raw = {**columns, "seq_lens": torch.from_numpy(seq_lens), "pack_index": None if None in ids else ids}
-    batch = packed_batch(raw, mask)
+    if all("cp_padding" in f for f in fields):  # --cp-size: one value per piece, the first of seq_lens
+        cp = [_array(f["cp_padding"]).astype(np.int32, copy=False) for f in fields]
+        raw["cp_padding"] = torch.zeros((len(cp), max(1, *(len(c) for c in cp))), dtype=torch.int32)
+        for j, values in enumerate(cp):
+            raw["cp_padding"][j, : len(values)] = torch.from_numpy(values)
+    batch = packed_batch(raw, mask, labels)
     return batch.build_mask()
+
+
+def _why_missing(sample: Any, fields: dict, missing: list[str]) -> str:
+    """What a pack without the required fields most likely went through."""
+    names = set(sample) if isinstance(sample, Mapping) else set()
+    if "seq_lengths" in names:
+        return (
+            " (a row of packtool.loader.trl_dataset: TRL's own collator reads it, with "
+            "SFTConfig(padding_free=True); collate_packs takes the packs as packtool wrote them)"
+        )
+    if "input_ids" in fields and "position_ids" not in fields:
+        return " (an output of --columns minimal: read it with packtool.read_packs or packtool.loader)"
+    if missing == ["seq_lens"] or set(missing) <= {"seq_lens", "position_ids"}:
+        return (
+            " (transformers.Trainer drops the columns its model does not take: pass "
+            "TrainingArguments(remove_unused_columns=False) with data_collator=collate_packs)"
+        )
+    return ""

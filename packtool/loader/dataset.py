@@ -14,9 +14,10 @@ data is read.
 
 **Workers.** The DataLoader takes batch ``k`` of the stream from worker ``k % num_workers``; each worker
 decodes only the units holding its batches' packs and drops a unit once its last pack is used. With
-``num_workers == lanes`` (the default) the workers read disjoint units, every unit once per epoch. A
-worker sends ``PARCEL_BATCHES`` batches per DataLoader item (``_Parcel``), through the DataLoader's own
-transport.
+``num_workers == lanes`` (the default) the workers read disjoint units, every unit once per epoch. Under
+``PackedLoader`` a worker sends ``PARCEL_BATCHES`` batches per DataLoader item (``_Parcel``, through the
+DataLoader's own transport, iterating ``ParcelStream``); iterating the dataset itself, or a plain
+``DataLoader(dataset, batch_size=None)``, yields the batches one by one.
 
 **Faults.** ``on_error="fail"`` (default) raises ``InputError`` naming the shard and unit when a unit
 cannot be read (missing file, corrupt data, wrong pack count, a shard of another run).
@@ -166,7 +167,8 @@ class PackedDataset(IterableDataset):
             and dropped). The shard set (every shard there, with its size; the pack count) is checked
             when the dataset is made, under ``on_error="fail"``.
         split: ``"train"`` (default: every pack, unless the run held some out with ``--val-fraction``),
-            ``"val"`` (the held-out packs) or None (all). ``pack_index`` counts within the split.
+            ``"val"`` (the held-out packs) or None (all). ``pack_index`` is the pack's index in the
+            output directory whatever the split (as the tar key, ``first_pack`` and ``inspect --pack``).
     """
 
     def __init__(
@@ -216,6 +218,13 @@ class PackedDataset(IterableDataset):
         self.unit_sizes = np.array([u.num_packs for u in self.units], dtype=np.int64)
         self.unit_first = np.concatenate([[0], np.cumsum(self.unit_sizes)])
         self.num_packs = int(self.unit_first[-1])
+        # each unit's first pack as an index in the output directory (all splits, shard order): pack_index
+        first_in_shard: dict[int, int] = {}
+        self.unit_pack_base = np.empty(len(self.units), dtype=np.int64)
+        for j, unit in enumerate(self.units):
+            base = first_in_shard.get(unit.shard, self.manifest.shards[unit.shard].first_pack)
+            self.unit_pack_base[j] = base
+            first_in_shard[unit.shard] = base + unit.num_packs
         self.batches_per_epoch = epoch_size(self.num_packs, self.world_size, self.batch_size, self.drop_last)[
             0
         ]
@@ -230,8 +239,7 @@ class PackedDataset(IterableDataset):
         ) + (["cp_padding"] if "cp_padding" in self.manifest.columns else [])
         if self.on_error == "fail":  # before the first batch; under skip, reading the shard counts it
             require_shard_files(self.directory, self.manifest)
-        self._start = (0, 0)  # (epoch, batch) where the next iteration starts; set by the loader
-        self._parcel_batches = 1  # batches per DataLoader item; set by the loader
+        self._epoch = 0  # where plain iteration starts (set_epoch)
 
     # the stream -------------------------------------------------------------------------------------
     def plan(self, epoch: int, lanes: int | None = None) -> np.ndarray:
@@ -256,16 +264,39 @@ class PackedDataset(IterableDataset):
             raise TypeError("an infinite PackedDataset has no len(); batches_per_epoch is one epoch")
         return self.batches_per_epoch
 
-    def __iter__(self) -> Iterator[_Parcel]:
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch that plain iteration (``iter(dataset)``, a plain ``DataLoader``) starts at; trainers
+        call it each epoch (accelerate's and transformers' loaders do), so the order changes per epoch."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        self._epoch = epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        """This rank's batches of one epoch (``set_epoch``; every epoch on with ``infinite=True``), in
+        stream order: ``PackedBatch`` objects (or the task encoder's batches).
+
+        What ``for batch in dataset`` and a plain ``torch.utils.data.DataLoader(dataset, batch_size=None,
+        num_workers=k)`` give (with ``k`` workers, pass ``lanes=k`` to read every unit once); dropped
+        batches are left out. ``get_loader`` adds the exact resume cursor and the counts in
+        ``loader.stats``.
+        """
+        for parcel in self._parcels((self._epoch, 0), 1):
+            for item in parcel.items:
+                if item.batch is not None:
+                    yield item.batch
+
+    def _parcels(self, start: tuple[int, int], per_parcel: int) -> Iterator[_Parcel]:
+        """The stream from ``start`` = ``(epoch, batch)``: this DataLoader worker's batches, ``per_parcel``
+        at a time."""
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        e0, i0 = self._start
+        e0, i0 = start
         nb = self.batches_per_epoch
         reader = _UnitDecoder(self)
         s, done = wid, False
         while not done:
             items = []
-            while len(items) < self._parcel_batches:
+            while len(items) < per_parcel:
                 e, i = e0 + (i0 + s) // nb, (i0 + s) % nb
                 if e != e0 and not self.infinite:
                     done = True
@@ -279,6 +310,19 @@ class PackedDataset(IterableDataset):
             if items:
                 yield _Parcel(wid, items)
         reader.close()
+
+
+class ParcelStream(IterableDataset):
+    """The stream of ``dataset`` from ``start`` as parcels (what ``PackedLoader``'s DataLoader iterates)."""
+
+    def __init__(self, dataset: PackedDataset) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self.start = (0, 0)
+        self.per_parcel = 1
+
+    def __iter__(self) -> Iterator[_Parcel]:
+        return self.dataset._parcels(self.start, self.per_parcel)
 
 
 class _UnitDecoder:
@@ -352,12 +396,13 @@ class _UnitDecoder:
         counts["bad_packs"] = int(len(ids) - good.sum())
         ids, units = ids[good], units[good]
         rows = ids - ds.unit_first[units]
+        pack_index = ds.unit_pack_base[units] + rows  # in the output directory, whatever the split
         raw = None
         if self.fast and len(ids):
-            raw = gather_batch(decoded, units, rows, ids, self.alloc)  # = default_batch, no pack dicts
+            raw = gather_batch(decoded, units, rows, pack_index, self.alloc)  # = default_batch, no pack dicts
         elif len(ids):
             packs = []
-            for pid, u, row in zip(ids.tolist(), units.tolist(), rows.tolist(), strict=True):
+            for pid, u, row in zip(pack_index.tolist(), units.tolist(), rows.tolist(), strict=True):
                 pack = pack_dict(decoded[u], row, pid, tensors=self.encode_sample is not None)
                 if self.encode_sample is not None:
                     try:
@@ -388,4 +433,4 @@ class _UnitDecoder:
         return f"{self.ds.manifest.shards[unit.shard].path}#{unit.part}"
 
     def default_encode_batch(self, raw: dict) -> PackedBatch:
-        return packed_batch(raw, self.ds.mask)
+        return packed_batch(raw, self.ds.mask, self.ds.manifest.labels)

@@ -2,9 +2,12 @@
 
 ``module:callable`` names a function ``select_samples_to_pack(samples) -> list of groups`` (``module`` is a
 dotted module or a ``path/to/file.py``). packtool calls it once per buffer of ``packing_buffer_size``
-encoded samples (the whole input when unset), in input order. The module may also define
-``pack_selected_samples(group) -> pack``; when it does, packtool calls it on every group and writes the
-pack it returns.
+encoded samples (the whole input when unset), in input order. A policy that takes the keyword arguments
+``packed_sequence_size`` (N, the tokens a group may hold) and ``seed`` (the run's ``--seed``), or
+``**kwargs``, is given them: ``select_samples_to_pack(samples, packed_sequence_size=N, seed=S)``, so that
+it packs to the run's N rather than one of its own; a policy of one argument is called as before. The
+module may also define ``pack_selected_samples(group) -> pack``; when it does, packtool calls it on every
+group and writes the pack it returns.
 
 A **sample** is a dict:
 
@@ -47,6 +50,7 @@ Example: ``configs/custom_policy.py`` (``--strategy configs/custom_policy.py:sel
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +80,23 @@ def load_policy(
     except ConfigError:
         pack_fn = None
     return select, pack_fn
+
+
+def run_arguments(select: Callable, n: int, seed: int) -> dict[str, int]:
+    """The keyword arguments of the run that ``select`` takes: ``packed_sequence_size`` and ``seed``
+    (those it names, or both when it takes ``**kwargs``); none for a policy of one argument.
+
+    >>> run_arguments(lambda samples, packed_sequence_size: [], 2048, 0)
+    {'packed_sequence_size': 2048}
+    """
+    try:
+        params = inspect.signature(select).parameters
+    except (TypeError, ValueError):  # a builtin or extension callable: nothing to ask it
+        return {}
+    given = {"packed_sequence_size": n, "seed": seed}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return given
+    return {k: v for k, v in given.items() if k in params}
 
 
 def _index_of(item: Any, spec: str, group: int) -> int:
@@ -191,6 +212,7 @@ def plan_custom(
     locate: Callable,
     position_ids: str = "restart",
     packing_buffer_size: int | None = None,
+    seed: int = 0,
 ) -> PackPlan:
     """Plan packs with the policy ``spec`` over buffers of ``packing_buffer_size`` samples.
 
@@ -200,6 +222,7 @@ def plan_custom(
     pack per group, in group order.
     """
     select, pack_fn = load_policy(spec)
+    kwargs = run_arguments(select, n, seed)
     window = packing_buffer_size or max(len(samples), 1)
     groups: list[np.ndarray] = []
     made: list[dict[str, np.ndarray]] = []
@@ -207,7 +230,7 @@ def plan_custom(
         w, wl = samples[a : a + window], lengths[a : a + window]
         buf = fetch(w, wl)
         try:
-            chosen = select(buf)
+            chosen = select(buf, **kwargs)
         except PacktoolError:
             raise
         except Exception as e:

@@ -37,10 +37,11 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from packtool.arrays import groups, list_parts
-from packtool.config import PackConfig
 from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
+from packtool.fileio import written_whole
 from packtool.layout import labels_follow_rule
+from packtool.options import PackOptions
 from packtool.pipeline.content import DIGESTED, chunk_digest, labels_equal_input_ids
 from packtool.readers.base import SourceBatch
 
@@ -195,9 +196,8 @@ CHUNK_LIST = "chunks.json"  # the metas of a run's chunks, in order, once all ar
 
 
 def write_chunk_list(work_dir: str | Path, metas: list[dict]) -> None:
-    tmp = Path(work_dir) / f"{CHUNK_LIST}.tmp"
-    tmp.write_text(json.dumps(metas))
-    os.replace(tmp, Path(work_dir) / CHUNK_LIST)
+    with written_whole(Path(work_dir) / CHUNK_LIST, fsync=False) as tmp:
+        tmp.write_text(json.dumps(metas))
 
 
 def read_chunk_list(work_dir: str | Path) -> list[dict]:
@@ -209,10 +209,10 @@ def read_chunk_meta(work_dir: str | Path, index: int) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def labels_rule(config: PackConfig) -> str | None:
+def labels_rule(options: PackOptions) -> str | None:
     """The ``labels`` convention whose rule a run checks its encoded labels against (``--columns minimal``
     stores labels only where they do not follow it: ``packtool.layout``); ``None`` for ``full``."""
-    return config.labels if config.columns == "minimal" else None
+    return options.encoding.labels if options.output.columns == "minimal" else None
 
 
 def policy_chunk(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
+from packtool.errors import ConfigError
 from packtool.manifest import IGNORE_INDEX
 
 DIGESTED = ("input_ids", "labels", "loss_mask", "rows")  # with the samples' lengths: a chunk's content
@@ -64,3 +65,31 @@ def labels_equal_input_ids(parts: list[dict]) -> bool:
             return False
         seen = seen or bool(trained.any())
     return seen
+
+
+def labels_as_given(
+    labels: str, strict: bool, sample_format: str, fields: list[str], metas: list[dict]
+) -> list[str]:
+    """Pretokenized input with ``labels`` of its own, equal to its ``input_ids`` in every sample (each
+    chunk's meta says, ``labels_equal_input_ids``), packed as ``labels`` ``shifted``: such labels follow the
+    ``unshifted`` rule, and a trainer that believes the manifest would learn to copy its input. A warning
+    (in the manifest's ``warnings``, which ``pack`` prints), or under ``strict`` a ``ConfigError`` before any
+    shard is written.
+
+    >>> labels_as_given("shifted", False, "pretokenized", ["input_ids", "labels"],
+    ...                 [{"labels_equal_input_ids": True}])[0][:40]
+    'labels: taken as given from the input; t'
+    >>> labels_as_given("unshifted", False, "pretokenized", ["input_ids", "labels"],
+    ...                 [{"labels_equal_input_ids": True}])
+    []
+    """
+    given = sample_format == "pretokenized" and "labels" in fields
+    if not given or labels != "shifted" or not all(m.get("labels_equal_input_ids") for m in metas):
+        return []
+    message = (
+        "the input's own labels equal its input_ids in every sample: they follow the unshifted convention "
+        "(the trainer shifts them), not --labels shifted; pass --labels unshifted so the manifest says so"
+    )
+    if strict:
+        raise ConfigError(f"--strict: {message}")
+    return [f"labels: taken as given from the input; {message}"]

@@ -3,7 +3,7 @@
 The driver groups the input stream into chunks of exactly ``chunk_size`` records (``chunked``), in input
 order; each chunk is one task. A worker loads its chunk (the row, line and file ranges the readers hand
 out lazily are read here, by the process that encodes them), encodes it batch by batch and writes it to
-the scratch directory (``chunks.write_chunk``). Chunk boundaries depend only on the config, so the output
+the scratch directory (``chunks.write_chunk``). Chunk boundaries depend only on the options, so the output
 does not depend on the number of workers or the engine.
 
 A worker's state (the config and the encoder) is built once per process and run, by ``worker(spec)``:
@@ -34,12 +34,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packtool.arrays import np_view
-from packtool.config import PackConfig
-from packtool.encoders import Encoder, build_encoder
-from packtool.errors import ErrorSink, InputError
+from packtool.encoders import Encoder, build_encoder, resolve_sample_format
+from packtool.errors import ErrorSink, InputError, PacktoolError
+from packtool.options import PackOptions
 from packtool.packing import too_long_message
+from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
-from packtool.readers import expand_inputs
+from packtool.readers import expand_inputs, piece_bytes, read_inputs
 from packtool.readers.base import SourceBatch
 
 
@@ -55,9 +56,9 @@ class RunSpec:
 
 @dataclass
 class Worker:
-    """One process's state for one run: the config, the encoder, the chunk stores it reads."""
+    """One process's state for one run: the options, the encoder, the chunk stores it reads."""
 
-    config: PackConfig
+    options: PackOptions
     encoder: Encoder
     stores: dict[str, ChunkStore] = field(default_factory=dict)
 
@@ -71,8 +72,8 @@ class Worker:
 def worker(spec: RunSpec) -> Worker:
     """This process's state for ``spec``'s run, built on first use (the driver builds it first, so a bad
     tokenizer fails there, before any worker starts)."""
-    config = PackConfig.from_dict(json.loads(spec.config))
-    return Worker(config, build_encoder(config, spec.sample_format))
+    options = PackOptions.from_dict(json.loads(spec.config), given=set())  # checked by the driver
+    return Worker(options, build_encoder(options.encoding, spec.sample_format))
 
 
 def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir: str) -> dict:
@@ -80,7 +81,7 @@ def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir:
     if os.environ.get("PACKTOOL_TEST_KILL_WORKER") == f"encode:{index}" and mp.parent_process():
         os.kill(os.getpid(), signal.SIGKILL)  # test hook: a worker killed from outside (out of memory)
     kept, encoded, extra = encode_records(spec, pieces)
-    return write_chunk(work_dir, index, kept, encoded, extra, labels_rule=labels_rule(worker(spec).config))
+    return write_chunk(work_dir, index, kept, encoded, extra, labels_rule=labels_rule(worker(spec).options))
 
 
 def encode_records(
@@ -90,14 +91,14 @@ def encode_records(
     meta adds about them (``skipped``, ``input_rows``). Bad records go by the run's ``on_error``; under
     ``long_samples=error`` the first sample too long fails here."""
     w = worker(spec)
-    sink = ErrorSink(w.config.on_error)
-    limit = precut_limit(w.config, spec.sample_format)
+    sink = ErrorSink(w.options.running.on_error)
+    limit = precut_limit(w.options, spec.sample_format)
     cut = 0
     if limit is not None:  # a text record far longer than the tokens kept is cut before it is tokenized
-        pieces, cut = _precut_pieces(pieces, w.config.text_field, limit, sink)
+        pieces, cut = _precut_pieces(pieces, w.options.encoding.text_field, limit, sink)
     kept, encoded = encode_batches(w.encoder, pieces, sink)
-    if w.config.long_samples == "error" and not w.config.split_across_pack:
-        check_lengths(kept, encoded, w.config, spec.sample_format)  # fail at once, not after the input
+    if w.options.packing.long_samples == "error" and not w.options.packing.split_across_pack:
+        check_lengths(kept, encoded, w.options, spec.sample_format)  # fail at once, not after the input
     # in meta.json: a resumed run counts the chunk's skipped records, and compares input_rows (rows or
     # lines of input the chunk covers, bad and blank ones included) with the chunk it would make
     extra = {"skipped": sink.to_dict(), "input_rows": sum(p.num_rows for p in pieces)}
@@ -113,18 +114,21 @@ PRECUT_CHARS_PER_TOKEN = 64
 PRECUT_FLOOR = 1 << 20
 
 
-def precut_limit(config: PackConfig, sample_format: str) -> int | None:
+def precut_limit(options: PackOptions, sample_format: str) -> int | None:
     """Characters a text sample is cut to before tokenizing under ``--long-samples truncate``: ``max(N *
     PRECUT_CHARS_PER_TOKEN, PRECUT_FLOOR)``, far past where its first N tokens end; None when the whole
     text counts (another ``long_samples``, ``split_across_pack``, a format other than ``text``).
 
-    >>> config = PackConfig(inputs=["x"], tokenizer="t", long_samples="truncate", packed_sequence_size=64)
-    >>> precut_limit(config, "text")
+    >>> options = PackOptions.of(
+    ...     inputs=["x"], tokenizer="t", long_samples="truncate", packed_sequence_size=64
+    ... )
+    >>> precut_limit(options, "text")
     1048576
     """
-    if sample_format != "text" or config.long_samples != "truncate" or config.split_across_pack:
+    packing = options.packing
+    if sample_format != "text" or packing.long_samples != "truncate" or packing.split_across_pack:
         return None
-    return max(config.packed_sequence_size * PRECUT_CHARS_PER_TOKEN, PRECUT_FLOOR)
+    return max(packing.packed_sequence_size * PRECUT_CHARS_PER_TOKEN, PRECUT_FLOOR)
 
 
 def _precut_pieces(
@@ -161,27 +165,31 @@ def encode_batches(
 ) -> tuple[list[SourceBatch], list[pa.RecordBatch]]:
     """Load ``pieces`` and encode them batch by batch; returns the records kept and their encodings."""
     kept, encoded = [], []
-    for b in (b for piece in pieces for b in piece.load(sink)):
-        good, enc = encode_checked(encoder, b, sink)
-        if good.num_rows:
-            kept.append(good)
-            encoded.append(enc)
+    for piece in pieces:
+        for b in piece.load(sink):
+            good, enc = encode_checked(encoder, b, sink)
+            if good.num_rows:
+                kept.append(good)
+                encoded.append(enc)
+        progress.report(piece_bytes(piece))  # the encode bar moves within a chunk
     return kept, encoded
 
 
 def check_lengths(
-    kept: list[SourceBatch], encoded: list[pa.RecordBatch], config: PackConfig, sample_format: str
+    kept: list[SourceBatch], encoded: list[pa.RecordBatch], options: PackOptions, sample_format: str
 ) -> None:
     """Under ``long_samples=error``: ``InputError`` naming the first sample of the chunk longer than
     ``packed_sequence_size`` (the planner would stop there too, but only once the whole input is encoded)."""
-    n = config.packed_sequence_size
-    field = {"text": config.text_field, "pretokenized": "input_ids"}.get(sample_format, "input_ids")
-    for batch, enc in zip(kept, encoded, strict=True):
-        lengths = np.diff(np_view(enc.column("input_ids").offsets))
+    n = options.packing.packed_sequence_size
+    field = {"text": options.encoding.text_field, "pretokenized": "input_ids"}.get(sample_format, "input_ids")
+    per_batch = [np.diff(np_view(enc.column("input_ids").offsets)) for enc in encoded]
+    for batch, lengths in zip(kept, per_batch, strict=True):
         long = np.flatnonzero(lengths > n)
         if len(long):
             i = int(long[0])
-            raise batch.error(i, field, too_long_message(int(lengths[i]), n), "too_long")
+            # the chunk's samples say how common such samples are: the first error tells it
+            message = too_long_message(int(lengths[i]), n, np.concatenate(per_batch), "this chunk's")
+            raise batch.error(i, field, message, "too_long")
 
 
 def encode_checked(
@@ -234,7 +242,7 @@ def batched(items: Iterator, n: int) -> Iterator[list]:
         yield batch
 
 
-def chunks_per_task(config: PackConfig, workers: int) -> int:
+def chunks_per_task(options: PackOptions, workers: int) -> int:
     """Chunks per encode task: 1 unless every input is Parquet (whose rows the workers read), where a
     worker given consecutive chunks reads them as one stream; then about 4 tasks per worker (input rows
     known from the footers), at most 8 chunks each. Only how work is handed out depends on ``workers``,
@@ -242,17 +250,17 @@ def chunks_per_task(config: PackConfig, workers: int) -> int:
     if workers <= 1:
         return 1
     rows = 0
-    for kind, source, _ in expand_inputs(config.inputs):
+    for kind, source, _ in expand_inputs(options.reading.inputs):
         if kind != "parquet":
             return 1
         rows += pq.ParquetFile(source).metadata.num_rows
-    chunks = -(-rows // config.chunk_size)
+    chunks = -(-rows // options.running.chunk_size)
     return max(1, min(8, -(-chunks // (4 * workers))))
 
 
 def encode_to_chunks(
     spec: RunSpec,
-    config: PackConfig,
+    options: PackOptions,
     batches: Iterator[SourceBatch],
     work: str,
     engine: Any,
@@ -262,26 +270,85 @@ def encode_to_chunks(
     """Encode ``batches`` into chunks in ``work`` with ``engine``; returns every chunk's meta in order and
     writes the list (``chunks.json``). ``done`` holds chunks a killed attempt of this run finished: a chunk
     covering the same input rows is not encoded again (its records are still read past). ``on_chunk`` is
-    called with each chunk's meta as it is finished, and whether it was encoded now (progress, test hooks)."""
+    called with each chunk's meta as it is finished (with ``input_bytes``, the bytes of input it covers where
+    known: ``readers.piece_bytes``), and whether it was encoded now (progress, test hooks)."""
     done = done if done is not None else {}
     reused: dict[int, dict] = {}
 
+    handed: dict[int, int] = {}  # chunk -> bytes of input it covers, where known (progress)
+
     def tasks() -> Iterator[tuple[RunSpec, int, list[SourceBatch], str]]:
-        for i, chunk in enumerate(chunked(batches, config.chunk_size)):
+        for i, chunk in enumerate(chunked(batches, options.running.chunk_size)):
             meta = done.get(i)
             if meta is not None and meta.get("input_rows") == sum(b.num_rows for b in chunk):
                 reused[i] = meta
-                on_chunk(meta, False)
+                on_chunk({**meta, "input_bytes": sum(piece_bytes(b) for b in chunk)}, False)
                 continue
+            handed[i] = sum(piece_bytes(b) for b in chunk)
             yield (spec, i, chunk, work)
 
     metas = []
-    group = chunks_per_task(config, engine.workers)
+    group = chunks_per_task(options, engine.workers)
     for group_metas in engine.map(encode_chunks, batched(tasks(), group)):
         for meta in group_metas:
             metas.append(meta)
-            on_chunk(meta, True)
+            on_chunk({**meta, "input_bytes": handed.pop(meta["index"], 0)}, True)
     metas = sorted([*metas, *reused.values()], key=lambda m: m["index"])
     assert [m["index"] for m in metas] == list(range(len(metas)))
     write_chunk_list(work, metas)
     return metas
+
+
+# what the readers find wrong with a record while they read it, before the encoder sees the records ahead
+READ_ERRORS = frozenset({"malformed_json", "not_object", "too_deep", "not_utf8"})
+
+
+def first_bad_record(options: PackOptions, err: InputError) -> InputError:
+    """Under ``on_error=fail``, the error of the first bad record: ``err`` or one before it in its file.
+
+    A record the reader rejects (malformed JSON at line 52) is met while its lines are read, ahead of the
+    encoder, which has not yet seen a bad record before it (a text that is not a string at line 51). On
+    such an error the file is read again up to it, skipping, and its records encoded: the first bad one
+    found is the error (the same ``errors.jsonl`` lists first under ``--on-error skip``).
+    """
+    if options.running.on_error != "fail" or err.code not in READ_ERRORS:
+        return err
+    if err.row is None or err.source is None:
+        return err
+    probe = ErrorSink("skip")
+    batches = [
+        b
+        for b in itertools.takewhile(
+            lambda b: b.rows[0] < err.row,
+            read_inputs(
+                [err.source], split=options.reading.split, text_field=options.encoding.text_field, sink=probe
+            ),
+        )
+    ]
+    if not batches:
+        return err
+    try:
+        sample_format = resolve_sample_format(options.encoding, batches[0].schema.names)
+        encoder = build_encoder(options.encoding, sample_format)
+        for b in batches:
+            encode_checked(encoder, b.take(np.flatnonzero(b.rows < err.row)), probe)
+    except PacktoolError:  # the encoder cannot be built here, or no record alone is bad: err stands
+        return err
+    earlier = [e for e in probe.entries if e["row"] is not None and e["row"] < err.row]
+    if not earlier:
+        return err
+    first = min(earlier, key=lambda e: e["row"])
+    try:
+        ErrorSink("fail").bad(
+            InputError(
+                first["message"],
+                source=first["source"],
+                row=first["row"],
+                field=first["field"],
+                row_kind=first["row_kind"],
+                code=first["reason"],
+            )
+        )
+    except InputError as e:  # the same error, with the same hint, as a run that met it first
+        return e
+    return err

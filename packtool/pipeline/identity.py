@@ -7,9 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from packtool.config import PackConfig
 from packtool.errors import InputError
-from packtool.manifest import FORMAT_VERSION
+from packtool.manifest import SHARD_FORMAT_VERSION
+from packtool.options import PackOptions
 from packtool.readers import expand_inputs
 
 
@@ -67,8 +67,8 @@ def check_inputs_unchanged(inputs: list[str], stamps: list[list]) -> None:
         raise InputError("appeared while the run read its inputs; nothing was written", source=added[0])
 
 
-def make_run_id(config: PackConfig, tokenizer: dict, fingerprint: list[dict]) -> str:
+def make_run_id(options: PackOptions, tokenizer: dict, fingerprint: list[dict]) -> str:
     """16 hex digits from the config (less its runtime keys), the tokenizer's identity, the inputs'
     fingerprint and the format version: two runs with the same ``run_id`` write the same bytes."""
-    basis = [config.to_dict(include_runtime=False), tokenizer, fingerprint, FORMAT_VERSION]
+    basis = [options.to_dict(include_runtime=False), tokenizer, fingerprint, SHARD_FORMAT_VERSION]
     return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()[:16]

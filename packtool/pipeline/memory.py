@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from packtool.config import PackConfig
 from packtool.errors import ConfigError
 from packtool.formats.parquet import prefetch
+from packtool.options import PackOptions
 from packtool.pipeline.chunks import ChunkStore, chunk_parts, labels_rule, policy_chunk
 from packtool.pipeline.encode import RunSpec, chunked, encode_records
 from packtool.plugins import is_plugin_spec
@@ -47,14 +47,18 @@ BYTES_PER_SAMPLE = 20  # offsets (int64), rows (int64) and source_ids (int32)
 TOKEN_FIELDS = ("input_ids", "labels", "loss_mask")
 
 
-def memory_store_bytes(config: PackConfig, sample_format: str) -> int | None:
+def memory_store_bytes(options: PackOptions, sample_format: str) -> int | None:
     """Bytes a ``MemoryStore`` of this run's encoded input would take, from the Parquet footers (tokens
     as the input holds them, before an ``attention_mask`` strips any); ``None`` when the run cannot hold
     it (not pretokenized Parquet on the local engine with packtool's own encoder)."""
-    if config.engine != "local" or sample_format != "pretokenized" or is_plugin_spec(config.tokenizer):
+    if (
+        options.running.engine != "local"
+        or sample_format != "pretokenized"
+        or is_plugin_spec(options.encoding.tokenizer)
+    ):
         return None
     total = 0
-    for kind, source, _ in expand_inputs(config.inputs):
+    for kind, source, _ in expand_inputs(options.reading.inputs):
         if kind != "parquet":
             return None
         try:
@@ -107,9 +111,9 @@ def _available_bytes() -> int | None:
     return None
 
 
-def use_memory_store(config: PackConfig, sample_format: str) -> bool:
+def use_memory_store(options: PackOptions, sample_format: str) -> bool:
     """Whether this run holds its encoded input in memory instead of scratch chunks (module docstring)."""
-    need = memory_store_bytes(config, sample_format)
+    need = memory_store_bytes(options, sample_format)
     return need is not None and need <= memory_limit()
 
 
@@ -159,7 +163,7 @@ class MemoryStore(ChunkStore):
 
 def encode_in_memory(
     spec: RunSpec,
-    config: PackConfig,
+    options: PackOptions,
     batches: Iterator[SourceBatch],
     work: str,
     on_chunk: Callable[[dict, bool], None] = lambda meta, new: None,
@@ -172,11 +176,13 @@ def encode_in_memory(
     unit_metas: list[dict] = []
     metas = []
     # a thread reads the next chunk's rows (Arrow, without the GIL) while this one is encoded
-    loaded = prefetch(((pieces, _load(pieces)) for pieces in chunked(batches, config.chunk_size)), depth=2)
+    loaded = prefetch(
+        ((pieces, _load(pieces)) for pieces in chunked(batches, options.running.chunk_size)), depth=2
+    )
     for index, (pieces, records) in enumerate(loaded):
         kept, encoded, extra = encode_records(spec, records)
         extra["input_rows"] = sum(p.num_rows for p in pieces)
-        parts, meta = chunk_parts(kept, encoded, labels_rule(config))
+        parts, meta = chunk_parts(kept, encoded, labels_rule(options))
         meta = {"index": index, **meta, **extra}
         rule = {k: meta[k] for k in ("labels_rule", "labels_follow_rule") if k in meta}
         for part in parts:

@@ -11,7 +11,7 @@
 * **write** (the engine, parallel by shard; ``pipeline.write``): each shard gathers its packs' tokens from
   the chunks and is written by its format; the manifest is written last and the directory renamed.
 
-Chunk and shard boundaries depend only on the config, never on the number of processes, so the output
+Chunk and shard boundaries depend only on the options, never on the number of processes, so the output
 is byte-identical for every ``num_proc`` and engine.
 
 **Pretokenized Parquet** that fits in memory skips the scratch chunks (``pipeline.memory``): the driver
@@ -27,7 +27,6 @@ record exists, and writes the same bytes as an uninterrupted run.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import os
@@ -41,7 +40,6 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from packtool.binding import bound_run_id, content_run_key, reading_fields
-from packtool.config import PackConfig
 from packtool.encoders import PRETOKENIZED_FIELDS, fields_read, resolve_sample_format
 from packtool.errors import (
     MAX_LOGGED,
@@ -55,36 +53,46 @@ from packtool.errors import (
 from packtool.formats import ShardFormat, ShardMeta, get_format
 from packtool.formats.card import write_dataset_card
 from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
+from packtool.options import PackOptions
 from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
+from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore, chunk_dir, chunk_intact, read_chunk_meta
-from packtool.pipeline.encode import RunSpec, encode_to_chunks, precut_limit, worker
+from packtool.pipeline.content import labels_as_given
+from packtool.pipeline.encode import RunSpec, encode_to_chunks, first_bad_record, precut_limit, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
+from packtool.pipeline.interrupt import stop_on_interrupt
 from packtool.pipeline.memory import encode_in_memory, use_memory_store
 from packtool.pipeline.output import OutputDir
+from packtool.pipeline.report import name_special_tokens
+from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
 from packtool.pipeline.summary import build_manifest, run_stats
 from packtool.pipeline.write import finished_shard, output_columns, write_shard
-from packtool.readers import expand_inputs, read_inputs
+from packtool.readers import expand_inputs, input_bytes, read_inputs
 from packtool.version import __version__
 
 
-def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
-    """Run ``packtool pack`` for ``config``; return the manifest. Raises ``PacktoolError`` subclasses.
+def run_pack(options: PackOptions, *, progress: bool | None = None) -> Manifest:
+    """Run ``packtool pack`` for ``options``; return the manifest. Raises ``PacktoolError`` subclasses.
 
     On every error it reports (bad input or options, disk full, internal error) the partial directory is
     removed: nothing is left behind. When the job is interrupted (Ctrl-C) or killed it is kept, so that the
     same command resumes the run.
     """
-    config.validate()
+    options.check_required()
     # resolved once: the memory check and the engine size themselves by it
-    config = dataclasses.replace(config, num_proc=resolve_num_proc(config))
-    check_memory(config)
-    show = (not config.quiet) if progress is None else progress
-    out = OutputDir(config.output, overwrite=config.overwrite).open()
+    options = options.replace(num_proc=resolve_num_proc(options.to_dict()))
+    check_memory(options)
+    show = (not options.running.quiet) if progress is None else progress
+    out = OutputDir(options.output.output, overwrite=options.running.overwrite).open()
     try:
-        manifest = _run(config, out, show)
-        out.commit(manifest)
+        with stop_on_interrupt():  # Ctrl-C: "stopping" at once, a second one stops at once
+            try:
+                manifest = _run(options, out, show)
+            except InputError as e:
+                raise first_bad_record(options, e) from None
+            out.commit(manifest)
         return manifest
     except WorkerDied as e:  # killed from outside (out of memory): keep the work for a resume
         out.abort(keep=True)
@@ -95,7 +103,8 @@ def run_pack(config: PackConfig, *, progress: bool | None = None) -> Manifest:
         out.abort()
         detail = os.strerror(e.errno) if e.errno else str(e)
         raise PacktoolError(
-            f"{config.output}: cannot write the output ({detail}; is the disk full?); nothing was left behind"
+            f"{options.output.output}: cannot write the output ({detail}; is the disk full?); "
+            "nothing was left behind"
         ) from e
     except Exception:
         out.abort()
@@ -121,8 +130,8 @@ def unread_token_fields(schema: pa.Schema) -> list[str]:
     ]
 
 
-def _note(config: PackConfig, message: str) -> None:
-    if not config.quiet:
+def _note(options: PackOptions, message: str) -> None:
+    if not options.running.quiet:
         print(f"packtool: {message}", file=sys.stderr, flush=True)
 
 
@@ -131,13 +140,18 @@ def _note(config: PackConfig, message: str) -> None:
 WRITE_BYTES_PER_TOKEN = 40
 
 
-def check_memory(config: PackConfig) -> None:
+def check_memory(options: PackOptions) -> None:
     """``ConfigError`` before any work when one writer's block of packs (``packed_sequence_size`` times
     the packs written at once: a row group's worth for Parquet, a shard for tar) would not fit in a
     quarter of this machine's memory, with each of ``num_proc`` writers holding one."""
-    fmt = get_format(config.format)
-    packs = fmt.block_packs(config) or config.shard_size
-    need = packs * config.packed_sequence_size * WRITE_BYTES_PER_TOKEN * resolve_num_proc(config)
+    fmt = get_format(options.output.format)
+    packs = fmt.block_packs(options.output, options.packing.packed_sequence_size) or options.output.shard_size
+    need = (
+        packs
+        * options.packing.packed_sequence_size
+        * WRITE_BYTES_PER_TOKEN
+        * resolve_num_proc(options.to_dict())
+    )
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not known here: nothing to check against
@@ -145,7 +159,8 @@ def check_memory(config: PackConfig) -> None:
     if need > memory // 4:
         fewer = "--row-group-size" if fmt.unit_kind else "--shard-size (or --shard-max-bytes)"
         raise ConfigError(
-            f"--packed-sequence-size {config.packed_sequence_size:,} with {packs:,} packs written at once "
+            f"--packed-sequence-size {options.packing.packed_sequence_size:,} with {packs:,} packs written "
+            "at once "
             f"needs about {need / 2**30:,.1f} GiB, more than a quarter of this machine's "
             f"{memory / 2**30:,.1f} GiB: lower {fewer} or --num-proc"
         )
@@ -180,75 +195,96 @@ class _FieldsRead:
     """``read_inputs``' ``used_fields`` for a run: the sample format is resolved once, from the fields of
     the first batch that needs it (the readers ask only when a field cannot be one column)."""
 
-    def __init__(self, config: PackConfig) -> None:
-        self.config, self.sample_format = config, None
+    def __init__(self, options: PackOptions) -> None:
+        self.options, self.sample_format = options, None
 
     def __call__(self, names: list[str]) -> frozenset[str] | None:
         if self.sample_format is None:
-            self.sample_format = resolve_sample_format(self.config, names)
-        return fields_read(self.config, self.sample_format)
+            self.sample_format = resolve_sample_format(self.options.encoding, names)
+        return fields_read(self.options.encoding, self.sample_format)
 
 
-def start_run(config: PackConfig, sample_format: str) -> RunSpec:
+def start_run(options: PackOptions, sample_format: str) -> RunSpec:
     """The run's ``RunSpec``, with this process's worker state built (a bad tokenizer fails here)."""
-    spec = RunSpec(json.dumps(config.to_dict()), sample_format, os.urandom(8).hex())
+    spec = RunSpec(json.dumps(options.to_dict()), sample_format, os.urandom(8).hex())
     worker(spec)
     return spec
 
 
-def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
-    sink = ErrorSink(config.on_error)  # bad records met while reading
-    fields = _FieldsRead(config)
+def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
+    sink = ErrorSink(options.running.on_error)  # bad records met while reading
+    fields = _FieldsRead(options)
     # workers (local processes or Ray tasks) read their own rows and lines: the driver hands out ranges
     batches = read_inputs(
-        config.inputs,
-        split=config.split,
-        text_field=config.text_field,
+        options.reading.inputs,
+        split=options.reading.split,
+        text_field=options.encoding.text_field,
         sink=sink,
         lazy=True,
         used_fields=fields,
     )
     first = next(batches, None)
     if first is None:
-        raise InputError(_nothing_left(sink), source=", ".join(config.inputs), code="empty_input")
+        raise InputError(_nothing_left(sink), source=", ".join(options.reading.inputs), code="empty_input")
     if fields.sample_format is None:
-        fields.sample_format = resolve_sample_format(config, first.schema.names)
+        fields.sample_format = resolve_sample_format(options.encoding, first.schema.names)
     sample_format = fields.sample_format
-    config.check_conflicts(sample_format)
+    options.check(sample_format)  # the options set for the sample format the input turned out to be
     run_warnings = unread_token_fields(first.schema) if sample_format == "pretokenized" else []
-    if resolve_position_ids(config) == "nemo":
+    if resolve_position_ids(options.packing) == "nemo":
         _note(
-            config,
+            options,
             "note: position_ids follow NeMo's convention (they run on over a split sample and through the "
             "padding): give attention seq_lens or cu_seqlens, not position_ids alone (transformers' "
             "position-id packing would join samples); --position-ids restart makes them safe for it",
         )
-    spec = start_run(config, sample_format)
+        if options.packing.split_across_pack:  # said even under --quiet: it changes what training sees
+            print(
+                "packtool: warning: --split-across-pack with --position-ids nemo: the positions of a piece "
+                "that continues a sample in the next pack wrap around at the pack size instead of going on "
+                "(e.g. 1223..2999 then 0..1222), and every attention mask trains on them; keep nemo for "
+                "parity with NeMo AutoModel, else pass --position-ids restart (each piece from 0) or train "
+                "with batch.flattened()",
+                file=sys.stderr,
+                flush=True,
+            )
+    spec = start_run(options, sample_format)
     identity = worker(spec).encoder.identity()
     vocab = identity.get("vocab_size")
-    if vocab is not None and config.pad_token_id >= vocab:
+    if vocab is not None and options.packing.pad_token_id >= vocab:
         raise ConfigError(
-            f"pad_token_id {config.pad_token_id} is not a token id of the tokenizer (vocabulary of {vocab:,})"
+            f"pad_token_id {options.packing.pad_token_id} is not a token id of the tokenizer "
+            f"(vocabulary of {vocab:,})"
         )
     work = str(out.work)
-    fingerprint = input_fingerprint(config.inputs)
-    identity_key = make_run_id(config, identity, fingerprint)  # the run_id is bound to content below
+    fingerprint = input_fingerprint(options.reading.inputs)
+    identity_key = make_run_id(options, identity, fingerprint)  # the run_id is bound to content below
+    # the special tokens by name, in the manifest (not the run_id: the ids are in it already)
+    tokens = options.encoding.tokens
+    identity, guesses = name_special_tokens(
+        identity,
+        worker(spec).encoder,
+        {"bos": tokens.bos_token, "eos": tokens.eos_token},
+        options.packing.pad_token_id,
+    )
+    for line in guesses:  # said before the work, even with --quiet: not a loss, so not in manifest.warnings
+        print(f"packtool: warning: {line}", file=sys.stderr, flush=True)
 
-    stamps = input_stamps(config.inputs)  # the inputs as the run starts reading them
+    stamps = input_stamps(options.reading.inputs)  # the inputs as the run starts reading them
     resume = out.begin({"run_id": identity_key, "inputs": stamps, "packtool": __version__})
     if resume is not None and not resume["resumed"]:
         _note(
-            config,
-            f"{out.partial} holds an interrupted run of another job (config, inputs or "
+            options,
+            f"{out.partial} holds an interrupted run of another job (options, inputs or "
             "tokenizer differ); starting afresh",
         )
     resumed = bool(resume and resume["resumed"])
     if resumed:
-        _note(config, f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
-    fmt = get_format(config.format)
-    in_memory = use_memory_store(config, sample_format)  # no scratch chunks: pipeline.memory
+        _note(options, f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
+    fmt = get_format(options.output.format)
+    in_memory = use_memory_store(options, sample_format)  # no scratch chunks: pipeline.memory
 
-    with make_engine(config) as engine:
+    with make_engine(options.running, resolve_num_proc(options.to_dict())) as engine:
         done = {}
         if resumed and not in_memory:
             done = {m["index"]: m for m in _chunk_metas(work)}
@@ -258,42 +294,76 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                 shutil.rmtree(chunk_dir(work, i))
             if damaged:
                 _note(
-                    config,
+                    options,
                     f"{len(damaged)} scratch chunk(s) of the interrupted run are damaged "
                     f"(chunk {damaged[0]}: its arrays do not give its digest); encoding them again",
                 )
-        encoded = 0
-        total = _input_rows(config.inputs) if show else None
-        with _progress(show, desc="encode", unit=" records", total=total) as bar:
+        encoded, records_done = 0, 0
+        # a total from the start, for the percentage and the ETA: the input's bytes for line and file
+        # ranges (known as they are handed out), else Parquet's rows from the footers, else none
+        size = input_bytes(options.reading.inputs) if show else None
+        rows = _input_rows(options.reading.inputs) if show and size is None else None
+        kw = dict(unit="B", unit_scale=True, unit_divisor=1024, total=size) if size else {"total": rows}
+        with _progress(show, desc="encode", **({"unit": " records"} | kw)) as bar:
+            # bytes move the bar as the encoding reads them (pipeline.progress): in this process at
+            # once, from a local pool's workers through their shared counter while the driver waits;
+            # else (Ray) as each chunk is finished
+            counter = getattr(engine, "progress", None) if size else None
+            live = bool(size) and engine.name == "local"
+            if live and counter is None:
+                progress.set_sink(bar.update)
+            elif live:
+                engine.on_wait = lambda: counter.value > bar.n and bar.update(counter.value - bar.n)
 
             def on_chunk(meta: dict, new: bool) -> None:
-                nonlocal encoded
-                bar.update(meta.get("input_rows", meta["num_samples"]))
+                nonlocal encoded, records_done
+                records = meta.get("input_rows", meta["num_samples"])
+                if size:
+                    records_done += records
+                    bar.set_postfix_str(f"{records_done:,} records", refresh=False)
+                    # the first records of a file, read by the driver to learn its fields, have no byte
+                    # range: the bar catches up with the end of the file at its last chunk
+                    if counter is not None and live and counter.value > bar.n:
+                        bar.update(counter.value - bar.n)
+                    if not live or not new:  # a chunk a resumed run keeps is not read again
+                        bar.update(meta.get("input_bytes", 0))
+                        if counter is not None and not new:
+                            counter.value += meta.get("input_bytes", 0)
+                else:
+                    bar.update(records)
                 if new:
                     encoded += 1
                     _fault("encode", encoded)
 
             records = itertools.chain([first], batches)
-            if in_memory:
-                store, metas = encode_in_memory(spec, config, records, work, on_chunk)
-            else:
-                metas = encode_to_chunks(spec, config, records, work, engine, on_chunk, done)
-                store = ChunkStore(Path(work), metas)
-        skipped = _merge_skipped(config, sink, metas)
+            try:
+                if in_memory:
+                    store, metas = encode_in_memory(spec, options, records, work, on_chunk)
+                else:
+                    metas = encode_to_chunks(spec, options, records, work, engine, on_chunk, done)
+                    store = ChunkStore(Path(work), metas)
+            finally:
+                progress.set_sink(None)
+                engine.on_wait = None
+            if size:
+                bar.update(size - bar.n)  # the bytes of pieces the driver read itself
+        skipped = _merge_skipped(options, sink, metas)
         if store.num_samples == 0:
-            raise InputError(_nothing_left(skipped), source=", ".join(config.inputs), code="empty_input")
+            raise InputError(
+                _nothing_left(skipped), source=", ".join(options.reading.inputs), code="empty_input"
+            )
         lengths = store.lengths()
         # a too-long sample is named by the field it was read from
-        field = {"text": config.text_field, "pretokenized": "input_ids"}.get(sample_format)
+        field = {"text": options.encoding.text_field, "pretokenized": "input_ids"}.get(sample_format)
         plan = make_plan(
             lengths,
-            config,
+            options.packing,
             lambda i, f, m: store.locate(i, field or f, m),
             fetch=store.samples,
             store_packs=store.append_packs,
         )
         stats = run_stats(
-            config,
+            options,
             plan,
             lengths,
             empty_loss=(
@@ -305,37 +375,41 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         if plan.num_packs == 0:  # an empty output would look like a finished dataset
             raise InputError(
                 f"nothing to pack: all {stats.input_samples:,} samples were left out ("
-                + "; ".join(stats.losses(config))
+                + "; ".join(stats.losses(options.packing.packed_sequence_size, options.packing.max_packs))
                 + ")",
-                source=", ".join(config.inputs),
+                source=", ".join(options.reading.inputs),
                 code="empty_input",
             )
-        if config.strict and (losses := stats.losses(config)):
+        if options.running.strict and (
+            losses := stats.losses(options.packing.packed_sequence_size, options.packing.max_packs)
+        ):
             raise DataLossError(
                 "--strict: not every sample would be packed whole, so no shard was written: "
                 + "; ".join(losses)
             )
-        run_warnings += _labels_as_given(config, sample_format, first.schema.names, metas)
-        columns = output_columns(config, store)
-        if config.columns == "minimal" and "labels" in columns:
+        run_warnings += labels_as_given(
+            options.encoding.labels, options.running.strict, sample_format, first.schema.names, metas
+        )
+        columns = output_columns(options, store)
+        if options.output.columns == "minimal" and "labels" in columns:
             _note(
-                config,
+                options,
                 "note: --columns minimal stores labels: the input's own labels are not the ones packtool "
                 "rebuilds (input_ids shifted, -100 where no loss is taken), so they carry information",
             )
-        plan, num_train = hold_out(plan, config.val_fraction, config.seed)
-        shard_ranges = list(enumerate(split_shard_ranges(fmt, plan, num_train, config, columns)))
+        plan, num_train = hold_out(plan, options.packing.val_fraction, options.packing.seed)
+        shard_ranges = list(enumerate(split_shard_ranges(fmt, plan, num_train, options, columns)))
         # the run's identity: what it is made from, what it encoded, and what readers rely on
         run_key = content_run_key(identity_key, [m["digest"] for m in metas])
         fields = reading_fields(
-            packed_sequence_size=config.packed_sequence_size,
-            shard_format=config.format,
+            packed_sequence_size=options.packing.packed_sequence_size,
+            shard_format=options.output.format,
             sample_format=sample_format,
-            labels=config.labels,
+            labels=options.encoding.labels,
             position_ids=plan.position_ids,
-            pad_token_id=config.pad_token_id,
+            pad_token_id=options.packing.pad_token_id,
             columns=columns,
-            layout=config.columns,
+            layout=options.output.columns,
             shards=[(fmt.shard_name(i, split), b - a, split) for i, (a, b, split) in shard_ranges],
         )
         run_id = bound_run_id(run_key, fields)
@@ -344,11 +418,14 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
             finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
             shards = f"{len(finished)} of {len(shard_ranges)} shards were already done"
             _note(
-                config,
+                options,
                 f"resumed: {shards} (the input was read into memory again)"
                 if in_memory
                 else f"resumed: {len(done)} of {len(metas)} chunks and {shards}",
             )
+        first_of = {}
+        for i, (_, _, split) in shard_ranges:
+            first_of.setdefault(split, i)
         (Path(work) / "shards").mkdir(exist_ok=True)
         written = []
         with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
@@ -356,17 +433,20 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
             tasks = (
                 (
                     spec,
-                    ShardMeta(run_id, i, a, config.packed_sequence_size),
+                    ShardMeta(run_id, i, a, options.packing.packed_sequence_size),
                     plan.slice(a, b),
                     work,
                     str(out.partial),
                     split,
+                    i - first_of[split],  # numbered within its split: val-000000 is the first val shard
                 )
                 for i, (a, b, split) in shard_ranges
                 if i not in finished
             )
             if in_memory:  # the driver's threads write from the store it holds
-                entries = thread_map(lambda task: write_shard(*task, store=store), tasks, config.num_proc)
+                entries = thread_map(
+                    lambda task: write_shard(*task, store=store), tasks, options.running.num_proc
+                )
             else:
                 entries = engine.map(_write_shard_task, tasks)
             for entry in entries:
@@ -374,12 +454,12 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
                 bar.update(entry.num_packs)
                 _fault("write", len(written))
         shards = sorted([*written, *finished.values()], key=lambda e: e.path)
-    check_inputs_unchanged(config.inputs, stamps)  # nothing is committed from an input that changed
+    check_inputs_unchanged(options.reading.inputs, stamps)  # nothing is committed from an input that changed
     if skipped.total:
         with open(out.partial / ERRORS_LOG, "w") as f:
             f.writelines(json.dumps(e) + "\n" for e in skipped.entries)
     manifest = build_manifest(
-        config,
+        options,
         plan,
         lengths,
         stats,
@@ -391,10 +471,10 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
         columns=columns,
     )
     manifest.run_key = run_key
-    manifest.index_files = fmt.write_dataset_index(out.partial, manifest)
+    manifest.index_files = fmt.write_dataset_index(out.partial, manifest, options.output)
     precut = sum(m.get("precut_samples", 0) for m in metas)
     if precut:  # recorded: what of the input was never tokenized
-        limit = precut_limit(config, sample_format)
+        limit = precut_limit(options, sample_format)
         run_warnings = [
             *run_warnings,
             f"{precut:,} text sample(s) longer than {limit:,} characters were cut to that length before "
@@ -403,25 +483,6 @@ def _run(config: PackConfig, out: OutputDir, show: bool) -> Manifest:
     manifest.warnings = run_warnings
     write_dataset_card(out.partial, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
     return manifest
-
-
-def _labels_as_given(
-    config: PackConfig, sample_format: str, fields: list[str], metas: list[dict]
-) -> list[str]:
-    """Pretokenized input with ``labels`` of its own, equal to its ``input_ids`` in every sample, packed as
-    ``shifted``: such labels follow the ``unshifted`` rule, and a trainer that believes the manifest would
-    learn to copy its input. A warning (in the manifest's ``warnings``, which ``pack`` prints), or under
-    ``--strict`` a ``ConfigError`` before any shard is written."""
-    given = sample_format == "pretokenized" and "labels" in fields
-    if not given or config.labels != "shifted" or not all(m.get("labels_equal_input_ids") for m in metas):
-        return []
-    message = (
-        "the input's own labels equal its input_ids in every sample: they follow the unshifted convention "
-        "(the trainer shifts them), not --labels shifted; pass --labels unshifted so the manifest says so"
-    )
-    if config.strict:
-        raise ConfigError(f"--strict: {message}")
-    return [f"labels: taken as given from the input; {message}"]
 
 
 def _with_counts(fingerprint: list[dict], counts: dict[str, int]) -> list[dict]:
@@ -449,14 +510,14 @@ def _with_path(identity: dict) -> dict:
 
 
 def split_shard_ranges(
-    fmt: ShardFormat, plan: PackPlan, num_train: int, config: PackConfig, columns: list[str]
+    fmt: ShardFormat, plan: PackPlan, num_train: int, options: PackOptions, columns: list[str]
 ) -> list[tuple[int, int, str]]:
     """``(first, end, split)`` of every shard: the training packs ``0..num_train-1``, then the held-out
     validation packs, each split cut into shards by the format on its own (no shard mixes them)."""
     out = []
     for split, a, b in (("train", 0, num_train), ("val", num_train, plan.num_packs)):
         if b > a:
-            ranges = fmt.shard_ranges(plan.slice(a, b), config, columns)
+            ranges = fmt.shard_ranges(plan.slice(a, b), options.output, columns)
             out += [(a + x, a + y, split) for x, y in ranges]
     return out
 
@@ -475,17 +536,17 @@ def _chunk_metas(work: str) -> list[dict]:
     return metas
 
 
-def _merge_skipped(config: PackConfig, sink: ErrorSink, metas: list[dict]) -> ErrorSink:
+def _merge_skipped(options: PackOptions, sink: ErrorSink, metas: list[dict]) -> ErrorSink:
     """One sink for the run: the readers' and every chunk's counts; the first entries in input order."""
-    encoding = ErrorSink(config.on_error)
+    encoding = ErrorSink(options.running.on_error)
     for meta in metas:
         encoding.merge(meta.get("skipped", {}))
-    total = ErrorSink(config.on_error)
+    total = ErrorSink(options.running.on_error)
     for part in (sink, encoding):
         for code, n in part.counts.items():
             total.counts[code] = total.counts.get(code, 0) + n
     # each part's entries are its first MAX_LOGGED in input order, so together they hold the first overall
-    order = {src: i for i, (_, src, _) in enumerate(expand_inputs(config.inputs))}
+    order = {src: i for i, (_, src, _) in enumerate(expand_inputs(options.reading.inputs))}
     entries = sorted(
         sink.entries + encoding.entries,
         key=lambda e: (order.get(e["source"], len(order)), str(e["source"]), e["row"] or 0),

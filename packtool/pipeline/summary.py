@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from packtool.config import PackConfig
 from packtool.errors import ErrorSink
 from packtool.manifest import (
     Histogram,
@@ -16,11 +15,12 @@ from packtool.manifest import (
     TokenizerIdentity,
     total_stats,
 )
+from packtool.options import PackOptions
 from packtool.packing.plan import PackPlan
 
 
 def run_stats(
-    config: PackConfig,
+    options: PackOptions,
     plan: PackPlan,
     lengths: np.ndarray,
     empty_loss: tuple[int, int] = (0, 0),
@@ -32,14 +32,14 @@ def run_stats(
     (under ``empty_loss=drop`` they reach the planner as empty samples); ``skipped``: the bad records.
     Raises ``AssertionError`` when the fates do not add up (a packtool bug).
     """
-    n = config.packed_sequence_size
+    n = options.packing.packed_sequence_size
     pack_tokens = plan.pack_tokens()
     per_pack = np.diff(plan.pack_offsets)
     num_packs = plan.num_packs
     planned = plan.stats.to_dict()
     planned.pop("num_samples")
     empty_loss_samples, empty_loss_tokens = (int(v) for v in empty_loss)
-    dropping = config.empty_loss == "drop"
+    dropping = options.encoding.fine_tuning.empty_loss == "drop"
     if dropping:  # the planner saw them as empty: count them once, as what they are
         planned["empty_samples"] -= empty_loss_samples
     stats = Stats(
@@ -67,7 +67,7 @@ def run_stats(
 
 
 def build_manifest(
-    config: PackConfig,
+    options: PackOptions,
     plan: PackPlan,
     lengths: np.ndarray,
     stats: Stats,
@@ -79,19 +79,19 @@ def build_manifest(
     columns: list[str],
 ) -> Manifest:
     """The manifest of a finished run (``index_files`` are added by the format, if it writes any)."""
-    n = config.packed_sequence_size
+    n = options.packing.packed_sequence_size
     return Manifest(
         run_id=run_id,
-        shard_format=config.format,
+        shard_format=options.output.format,
         packed_sequence_size=n,
         sample_format=sample_format,
-        labels=config.labels,
+        labels=options.encoding.labels,
         position_ids=plan.position_ids,
-        pad_token_id=config.pad_token_id,
+        pad_token_id=options.packing.pad_token_id,
         columns=columns,
         tokenizer=TokenizerIdentity.from_dict(tokenizer),
         inputs=[InputEntry(**i) for i in inputs],
-        config=config,
+        provenance=options.to_dict(include_runtime=False),  # a plain record: readers never parse it
         stats=stats,
         histograms={
             "sample_lengths": Histogram.lengths(lengths, n),
@@ -99,4 +99,5 @@ def build_manifest(
             "samples_per_pack": Histogram.per_pack(np.diff(plan.pack_offsets)),
         },
         shards=shards,
+        layout=options.output.columns,
     )

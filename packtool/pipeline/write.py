@@ -13,26 +13,26 @@ from pathlib import Path
 
 import numpy as np
 
-from packtool.config import PackConfig
 from packtool.fileio import file_digests, write_json_atomic
 from packtool.formats import ShardMeta, get_format
 from packtool.layout import to_stored
 from packtool.manifest import IGNORE_INDEX, ShardEntry, column_names
+from packtool.options import PackOptions
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays, pack_position_ids
 from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.encode import RunSpec, worker
 
 
-def output_columns(config: PackConfig, store: ChunkStore) -> list[str]:
+def output_columns(options: PackOptions, store: ChunkStore) -> list[str]:
     """The columns the run's shards store: its layout (``columns``) for what the chunks hold (a loss mask;
     labels that follow the rule ``minimal`` rebuilds them by, as each chunk recorded when encoded)."""
     return column_names(
         store.has_loss_mask,
-        config.columns,
+        options.output.columns,
         labels_rebuilt=store.labels_follow_rule,
-        shifted=config.labels == "shifted",
-        has_cp_padding=config.cp_size > 1,
+        shifted=options.encoding.labels == "shifted",
+        has_cp_padding=options.packing.cp_size > 1,
     )
 
 
@@ -118,24 +118,28 @@ def write_shard(
     work_dir: str,
     out_dir: str,
     split: str = "train",
+    number: int | None = None,
     store: ChunkStore | None = None,
 ) -> ShardEntry:
     """Write shard ``meta.shard`` (the packs of ``plan``, of ``split``) into ``out_dir``; returns its
     manifest entry. The tokens come from ``store`` (a ``MemoryStore`` the caller holds), else from the
-    chunks in ``work_dir``."""
+    chunks in ``work_dir``. ``number``: the shard's number among those of its split, in its file name
+    (``val-000000`` is the first validation shard); default ``meta.shard``."""
     w = worker(spec)
-    cfg = w.config
+    options = w.options
     store = store if store is not None else w.store(work_dir)
-    fmt = get_format(cfg.format)
-    step = fmt.block_packs(cfg) or max(plan.num_packs, 1)
-    columns = output_columns(cfg, store)
+    fmt = get_format(options.output.format)
+    step = fmt.block_packs(options.output, options.packing.packed_sequence_size) or max(plan.num_packs, 1)
+    columns = output_columns(options, store)
     blocks = (
-        build_pack_arrays(plan.slice(a, min(a + step, plan.num_packs)), store, cfg.pad_token_id, columns)
+        build_pack_arrays(
+            plan.slice(a, min(a + step, plan.num_packs)), store, options.packing.pad_token_id, columns
+        )
         for a in range(0, plan.num_packs, step)
     )
-    name = fmt.shard_name(meta.shard, split)
+    name = fmt.shard_name(meta.shard if number is None else number, split)
     path = Path(out_dir) / name
-    info = fmt.write(path, blocks, meta, cfg)
+    info = fmt.write(path, blocks, meta, options.output)
     sha256, crc32 = file_digests(path)
     entry = ShardEntry(
         path=name,
@@ -146,7 +150,7 @@ def write_shard(
         sha256=sha256,
         crc32=crc32,
         split=None if split == "train" else split,
-        **info,
+        fields=info,
     )
     write_json_atomic(_record(work_dir, meta.shard), entry.to_dict())  # done: a resumed run skips it
     return entry

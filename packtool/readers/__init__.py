@@ -6,6 +6,8 @@ input, and yields batches in a deterministic order: inputs in the order given, g
 Supported inputs:
 
 * ``*.jsonl`` / ``*.json``: JSON Lines, or one JSON array of objects;
+* those and ``*.txt`` compressed (``.gz``, ``.bz2``, ``.zst``, ``.lz4``; ``readers.compressed``), read by
+  the driver;
 * ``*.parquet``;
 * ``*.txt``: one sample per non-blank line; a directory of ``.txt`` files: one sample per file (files of
   no known format in it, e.g. a README, are ignored, as in any directory);
@@ -24,12 +26,13 @@ from pathlib import Path
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, UsedFields
+from packtool.readers.compressed import input_format, is_compressed
 from packtool.readers.jsonl import read_jsonl
 from packtool.readers.parquet import read_parquet
 from packtool.readers.text import read_text_dir, read_text_lines
 from packtool.safepath import file_kind
 
-__all__ = ["SourceBatch", "expand_inputs", "read_inputs"]
+__all__ = ["SourceBatch", "expand_inputs", "input_bytes", "piece_bytes", "read_inputs"]
 
 _FILE_READERS = {
     ".jsonl": "jsonl",
@@ -91,23 +94,25 @@ def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
             return [("hf_disk", str(path), [])]
         entries = sorted(p for p in path.iterdir() if not p.name.startswith("."))
         for p in entries:  # a broken link among the inputs is named as one (not skipped, not an OSError)
-            if p.suffix in _FILE_READERS and p.is_symlink() and not p.exists():
+            if _reader_of(p) and p.is_symlink() and not p.exists():
                 _expand_path(p)
         files = [p for p in entries if p.is_file()]
         for p in files:
             _plain_name(p)
-        known = [p for p in files if p.suffix in _FILE_READERS]
+        known = [p for p in files if _reader_of(p)]
         if known and all(p.suffix == ".txt" for p in known):  # other files (README, notes) are ignored
             return [("text_dir", str(path), [str(p) for p in known])]
         if not known:
             raise InputError(
                 "directory holds no file of a known format (.jsonl .json .parquet .txt)", source=str(path)
             )
-        return [(_FILE_READERS[p.suffix], str(p), []) for p in known]
-    if path.suffix not in _FILE_READERS:
+        return [(_reader_of(p), str(p), []) for p in known]
+    if not _reader_of(path):
+        suffix, codec = input_format(path)
         raise InputError(
-            f"unknown input format '{path.suffix}' (known: .jsonl .json .parquet .txt, "
-            "a save_to_disk directory, hf:NAME)",
+            f"unknown input format '{path.suffix if codec is None else suffix + path.suffix}' (known: .jsonl "
+            ".json .parquet .txt, compressed .jsonl .json .txt (.gz .bz2 .zst .lz4), a save_to_disk "
+            "directory, hf:NAME)",
             source=str(path),
         )
     mode = path.stat().st_mode
@@ -117,7 +122,15 @@ def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
         )
     if not os.access(path, os.R_OK):
         raise InputError("file is not readable (permission denied)", source=str(path))
-    return [(_FILE_READERS[path.suffix], str(path), [])]
+    return [(_reader_of(path), str(path), [])]
+
+
+def _reader_of(path: Path) -> str | None:
+    """The reader of a file by its suffixes, None if none: a compressed file's inner suffix decides
+    (Parquet compresses its own pages: a compressed Parquet file is not read)."""
+    suffix, codec = input_format(path)
+    kind = _FILE_READERS.get(suffix)
+    return None if codec is not None and kind == "parquet" else kind
 
 
 def read_inputs(
@@ -164,3 +177,32 @@ def read_inputs(
                     yield batch
         except OSError as e:  # e.g. a directory named like a file, permission denied, an I/O error
             raise InputError(f"cannot read: {e.strerror or e}", source=e.filename or source) from None
+
+
+def input_bytes(inputs: list[str]) -> int | None:
+    """Bytes of the inputs when each is read as line or file ranges whose bytes are known as they are
+    handed out (plain JSON Lines, ``.txt`` files and directories of them), so a progress bar can show a
+    total and an ETA from the start; ``None`` otherwise (Parquet counts rows from its footers instead;
+    compressed files, JSON arrays and datasets have no such measure)."""
+    total = 0
+    for kind, source, files in expand_inputs(inputs):
+        if kind not in ("jsonl", "text", "text_dir") or (kind != "text_dir" and is_compressed(source)):
+            return None
+        if kind == "jsonl":
+            with open(source, "rb") as f:
+                if f.read(64).lstrip().startswith(b"["):  # a JSON array: read whole, in one piece
+                    return None
+        total += sum(os.path.getsize(f) for f in files) if kind == "text_dir" else os.path.getsize(source)
+    return total
+
+
+def piece_bytes(piece) -> int:
+    """Bytes of input a piece covers: a line range's span, a file range's sizes; 0 for records already
+    read (the first ones of a JSON Lines file, read to learn its fields)."""
+    starts = getattr(piece, "line_starts", None)
+    if starts is not None:
+        return int(starts[-1] - starts[0]) if len(starts) else 0
+    files = getattr(piece, "files", None)
+    if files is not None:
+        return sum(os.path.getsize(f) for f in files)
+    return 0

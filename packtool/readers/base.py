@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -223,8 +223,3 @@ def _first_unstorable(values: list) -> int:
         else:
             lo = mid
     return hi - 1
-
-
-def iter_slices(batch: pa.RecordBatch, max_rows: int) -> Iterator[pa.RecordBatch]:
-    for start in range(0, batch.num_rows, max_rows):
-        yield batch.slice(start, max_rows)

@@ -35,6 +35,7 @@ import pyarrow.json as pj
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, UsedFields, batch_from_pylist, resolve_used
+from packtool.readers.compressed import is_compressed, open_input
 from packtool.readers.lines import SCAN_BLOCK, line_ranges, read_span, split_lines
 
 
@@ -57,10 +58,13 @@ def read_jsonl(
     from the first record's fields.
     """
     sink = sink or ErrorSink()
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         head = f.read(64).lstrip()
     if head.startswith(b"["):
         yield from _read_json_array(path, batch_rows, sink, text_field, used_fields)
+        return
+    if is_compressed(path):  # no byte ranges in a compressed stream: read here, line by line
+        yield from _read_lines(path, batch_rows, sink, text_field, used_fields=used_fields)
         return
     if lazy:
         names = None
@@ -93,7 +97,7 @@ def _read_lines(
     used_fields: UsedFields = None,
 ) -> Iterator[SourceBatch]:
     """The line-by-line path, from line ``skip + 1`` on."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         numbered = ((n, raw) for n, raw in enumerate(f, start=1) if n > skip)
         yield from _parse_lines(path, numbered, batch_rows, sink, text_field, used_fields)
 
@@ -370,8 +374,8 @@ def _read_json_array(
     path: str, batch_rows: int, sink: ErrorSink, text_field: str, used_fields: UsedFields = None
 ) -> Iterator[SourceBatch]:
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        with open_input(path) as f:
+            data = json.loads(f.read().decode("utf-8"))
     except UnicodeDecodeError as e:
         raise InputError(f"not valid UTF-8 (byte {e.start})", source=path, code="not_utf8") from None
     except json.JSONDecodeError as e:

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
+from packtool.readers.compressed import is_compressed, open_input
 from packtool.readers.lines import line_ranges, read_span, split_lines
 
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: not part of the text
@@ -35,11 +36,11 @@ def read_text_lines(
     """One sample per non-blank line; line numbers are 1-based. A line that is not UTF-8 goes to ``sink``.
 
     With ``lazy``, ranges of ``batch_rows`` lines (``TextLines``) from one scan for newlines, read later."""
-    if lazy:
+    if lazy and not is_compressed(path):  # a compressed file has no byte ranges: read here
         for first_line, starts in line_ranges(path, batch_rows):
             yield TextLines(path, first_line, starts, text_field)
         return
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         yield from _parse_lines(path, enumerate(f, start=1), batch_rows, text_field, sink or ErrorSink())
 
 

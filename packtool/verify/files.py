@@ -1,5 +1,5 @@
-"""Checks of an output as a whole: the version, the files the manifest names (present, size, sha256, no
-stray shard) and the manifest's totals against its shard entries."""
+"""Checks of an output as a whole: the version's notes, the files the manifest names (present, size,
+sha256, no stray shard) and the manifest's totals against its shard entries."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from packtool.binding import manifest_problem
 from packtool.fileio import file_sha256
 from packtool.formats import FORMATS, ShardFormat
-from packtool.manifest import FORMAT_VERSION, MANIFEST, Manifest, SamplesPerPack, total_stats
+from packtool.manifest import MANIFEST, Manifest, SamplesPerPack, total_stats
 from packtool.safepath import output_file_problem
 from packtool.verify.report import VerifyReport
 
@@ -63,16 +63,9 @@ def check_binding(manifest: Manifest, report: VerifyReport) -> None:
 
 
 def check_version(manifest: Manifest, report: VerifyReport) -> None:
-    """An output of a newer packtool cannot be judged (what an older one lacks, its format says)."""
-    version = manifest.format_version
-    if version > FORMAT_VERSION:
-        report.add(
-            "format_version",
-            f"written by a newer packtool (format_version {version}, this one reads up to "
-            f"{FORMAT_VERSION}): upgrade packtool to verify it",
-            shard=MANIFEST,
-            field="format_version",
-        )
+    """What this version read by its rules but could not take in (a newer minor version's additions) is a
+    note, never a problem; a newer major version is refused as the manifest is read (``Manifest.load``)."""
+    report.notes.extend(manifest.notes)
 
 
 def check_stats(manifest: Manifest, report: VerifyReport, per_pack: SamplesPerPack | None) -> None:

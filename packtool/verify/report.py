@@ -46,6 +46,7 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)  # problems per kind, listed or not
     checked: dict = field(default_factory=dict)  # figures of what was checked (packs, tokens, ...)
+    notes: list[str] = field(default_factory=list)  # what was read by an older version's rules: no problem
 
     @property
     def ok(self) -> bool:
@@ -84,7 +85,7 @@ class VerifyReport:
 
     def lines(self) -> list[str]:
         """The human report: one line per listed problem, then what was left unlisted, then a verdict."""
-        out = [f"problem: {p}" for p in self.problems]
+        out = [f"note: {n}" for n in self.notes] + [f"problem: {p}" for p in self.problems]
         for kind, n in self.counts.items():
             if n > MAX_LISTED:
                 out.append(f"... and {n - MAX_LISTED} more problem(s) of kind '{kind}'")
@@ -104,4 +105,5 @@ class VerifyReport:
             "problem_counts": dict(self.counts),
             "problems": [p.to_dict() for p in self.problems],
             "checked": self.checked,
+            "notes": self.notes,
         }

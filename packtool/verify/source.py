@@ -3,7 +3,6 @@ packs compared token by token with its source sample; every sample accounted for
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import sys
 import tempfile
@@ -17,10 +16,11 @@ from packtool.arrays import ranges
 from packtool.encoders import fields_read
 from packtool.errors import ConfigError, ErrorSink, InputError
 from packtool.manifest import MANIFEST, Manifest
+from packtool.options import PackOptions
 from packtool.packs import PackArrays
 from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.encode import encode_to_chunks, worker
-from packtool.pipeline.engines import make_engine
+from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.run import start_run
 from packtool.plugins import is_plugin_spec
 from packtool.readers import read_inputs
@@ -37,6 +37,7 @@ class SourceCheck:
     lengths: np.ndarray  # (num_samples,) tokens per source sample
     seen: np.ndarray  # (num_samples,) tokens found in the packs so far
     tmp: tempfile.TemporaryDirectory
+    empty_loss_samples: int = 0  # samples with tokens but nothing to learn, as the source gives them
 
     @classmethod
     def start(
@@ -54,31 +55,36 @@ class SourceCheck:
         if manifest.stats.policy_packs:
             raise ConfigError(
                 f"--source cannot check this output: its {manifest.stats.policy_packs:,} packs hold what the "
-                f"custom strategy's pack_selected_samples returned ({manifest.config.strategy}), not the "
+                f"custom strategy's pack_selected_samples returned "
+                f"({manifest.option('strategy')}), not the "
                 "source samples' tokens; run verify without --source"
             )
         # the run's inputs where it found them (absolute paths: verify may run from another directory)
         recorded_inputs = [i.path if i.path and Path(i.path).exists() else i.source for i in manifest.inputs]
-        config = dataclasses.replace(
-            manifest.config,
-            inputs=list(inputs) or recorded_inputs or manifest.config.inputs,
-            tokenizer=tokenizer or manifest.config.tokenizer,
-        )
-        if tokenizer is None and is_plugin_spec(manifest.config.tokenizer):
+        recorded_tokenizer = _recorded_tokenizer(manifest)
+        if tokenizer is None and isinstance(recorded_tokenizer, str) and is_plugin_spec(recorded_tokenizer):
             raise ConfigError(
-                f"--source: the run's tokenizer is code ({manifest.config.tokenizer}), and verify runs only "
+                f"--source: the run's tokenizer is code ({recorded_tokenizer}), and verify runs only "
                 "code named on its command line: pass --tokenizer SPEC (that plugin, if you trust it)"
             )
+        options = PackOptions.from_provenance(
+            {**manifest.provenance, "tokenizer": tokenizer or recorded_tokenizer},
+            inputs=list(inputs) or recorded_inputs or manifest.option("inputs") or [],
+        )
         # bad records are left out as the run left them (its on_error), fields it did not read ignored
-        sink = ErrorSink(config.on_error)
-        used = fields_read(config, manifest.sample_format)
+        sink = ErrorSink(options.running.on_error)
+        used = fields_read(options.encoding, manifest.sample_format)
         batches = read_inputs(
-            config.inputs, split=config.split, text_field=config.text_field, sink=sink, used_fields=used
+            options.reading.inputs,
+            split=options.reading.split,
+            text_field=options.encoding.text_field,
+            sink=sink,
+            used_fields=used,
         )
         first = next(batches, None)
         if first is None:
-            raise InputError("input holds no records", source=", ".join(config.inputs))
-        spec = start_run(config, manifest.sample_format)
+            raise InputError("input holds no records", source=", ".join(options.reading.inputs))
+        spec = start_run(options, manifest.sample_format)
         ident, recorded = worker(spec).encoder.identity(), manifest.tokenizer
         if ident.get("sha256") != recorded.sha256:
             report.add(
@@ -90,11 +96,11 @@ class SourceCheck:
             )
         tmp = tempfile.TemporaryDirectory(prefix="packtool-verify-")
         with (
-            make_engine(config) as engine,
+            make_engine(options.running, resolve_num_proc(options.to_dict())) as engine,
             tqdm(disable=not progress, file=sys.stderr, desc="encode source", unit=" samples") as bar,
         ):
             metas = encode_to_chunks(
-                spec, config, itertools.chain([first], batches), tmp.name, engine,
+                spec, options, itertools.chain([first], batches), tmp.name, engine,
                 lambda meta, new: bar.update(meta["num_samples"]),
             )  # fmt: skip
         skipped = sink.total + sum(sum(m.get("skipped", {}).get("counts", {}).values()) for m in metas)
@@ -108,7 +114,11 @@ class SourceCheck:
             )
         store = ChunkStore(Path(tmp.name), metas)
         lengths = store.lengths().astype(np.int64)
-        return cls(manifest, report, store, lengths, np.zeros(len(lengths), dtype=np.int64), tmp)
+        # under empty_loss=drop a sample with nothing to learn reaches the packs as an empty one, and the
+        # run counts it as dropped for its loss, not as empty (pipeline.summary)
+        empty_loss = sum(m.get("empty_loss_samples", 0) for m in metas)
+        zeros = np.zeros(len(lengths), dtype=np.int64)
+        return cls(manifest, report, store, lengths, zeros, tmp, empty_loss)
 
     def where(self, sample: int) -> str:
         """``file, line L`` of source sample ``sample``."""
@@ -195,14 +205,17 @@ class SourceCheck:
 
     def finish(self) -> None:
         """Account for every sample: whole, truncated, cut at max_packs, or left out for a counted reason."""
-        cfg, stats, n = self.manifest.config, self.manifest.stats, self.manifest.packed_sequence_size
+        cfg, stats = self.manifest.provenance, self.manifest.stats
+        n = self.manifest.packed_sequence_size
         lengths, seen = self.lengths, self.seen
         long = lengths > n
-        policy = None if cfg.split_across_pack else cfg.long_samples
+        policy = None if cfg.get("split_across_pack") else cfg.get("long_samples")
         counted = {
             "num_samples": len(lengths),
             "packed_samples": int((seen > 0).sum()),
-            "empty_samples": int((lengths == 0).sum()),
+            "empty_samples": int((lengths == 0).sum())
+            - (self.empty_loss_samples if cfg.get("empty_loss", "drop") == "drop" else 0),
+            "empty_loss_samples": self.empty_loss_samples,
             # the long_samples policy applies to every long sample, before max_packs cuts any of them; a
             # truncated sample that max_packs cut too counts as cut by max_packs (one fate each)
             "dropped_samples": int(long.sum()) if policy == "drop" else 0,
@@ -213,7 +226,7 @@ class SourceCheck:
         if policy == "truncate":
             explained |= long & (seen == n)
         over_max = short & ~explained
-        if cfg.max_packs:  # left out whole, or partly kept (also counted as packed)
+        if cfg.get("max_packs"):  # left out whole, or partly kept (also counted as packed)
             counted["samples_over_max_packs"] = int((over_max & (seen == 0)).sum())
             counted["partial_samples"] = int((over_max & (seen > 0)).sum())
         else:
@@ -236,3 +249,14 @@ class SourceCheck:
                     field=key,
                 )
         self.report.checked["source samples"] = len(lengths)
+
+
+def _recorded_tokenizer(manifest: Manifest) -> str | None:
+    """The run's tokenizer path as verify can open it: as given to ``pack`` (relative to where it ran),
+    else the absolute path the manifest recorded (``verify`` may run from another directory; the sha256
+    is compared after loading). A ``module:callable`` encoder is left as given."""
+    given = manifest.option("tokenizer")
+    recorded = manifest.tokenizer.details.get("path")
+    if not given or Path(given).exists() or not isinstance(recorded, str) or not Path(recorded).exists():
+        return given
+    return recorded

@@ -79,7 +79,7 @@ def check_packs(out: Path, lengths: np.ndarray, kept: np.ndarray) -> None:
 def test_bfd_is_the_default_and_keeps_every_token(dataset, tmp_path):
     inp, lengths = dataset
     m = pack(inp, tmp_path / "o", "--long-samples", "drop")
-    assert m["config"]["strategy"] == "bfd" and m["position_ids"] == "restart"
+    assert m["provenance"]["strategy"] == "bfd" and m["position_ids"] == "restart"
     kept = np.flatnonzero(lengths <= N)
     check_packs(tmp_path / "o", lengths, kept)
     s = m["stats"]
@@ -104,7 +104,7 @@ def test_truncate_keeps_the_head_of_long_samples(dataset, tmp_path):
     s = m["stats"]
     assert s["truncated_samples"] == 3 and s["truncated_tokens"] == 1 + (2 * N + 17) + N
     assert s["num_tokens"] == int(np.minimum(lengths, N).sum())
-    assert m["config"]["packing_buffer_size"] == 1000
+    assert m["provenance"]["packing_buffer_size"] == 1000
 
 
 def test_long_sample_error_names_file_and_row(dataset, tmp_path):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from packtool import run_pack
-from packtool.config import PackConfig
 from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.text import HFTokenizer
+from packtool.options import PackOptions
 from tests.conftest import DEMO, run_cli, write_jsonl
 from tests.sft_checks import check_boundary_property, encode_rows, label_runs, packed_samples
 
@@ -100,7 +100,7 @@ def test_empty_loss_policies(tmp_path, cli):
     assert "nothing to learn, left out" in cli("inspect", tmp_path / "drop").stdout
 
     # keep: in process (the same pipeline as the CLI, without paying for another interpreter start)
-    config = PackConfig(inputs=[str(data)], output=str(tmp_path / "keep"), tokenizer=str(CHAT_TOKENIZER),
+    config = PackOptions.of(inputs=[str(data)], output=str(tmp_path / "keep"), tokenizer=str(CHAT_TOKENIZER),
                         packed_sequence_size=128, empty_loss="keep", quiet=True)  # fmt: skip
     run_pack(config)
     report = inspect(tmp_path / "keep")

@@ -18,8 +18,8 @@ def test_config_file_with_flags_overriding(tmp_path):
     )
     run_cli("pack", "--config", cfg, "--packed-sequence-size", 1024, "--max-packs", 5, "-q")
     m = manifest_json(tmp_path / "out")
-    assert m["packed_sequence_size"] == 1024 and m["config"]["long_samples"] == "truncate"
-    assert m["stats"]["num_packs"] == 5 and m["config"]["max_packs"] == 5
+    assert m["packed_sequence_size"] == 1024 and m["provenance"]["long_samples"] == "truncate"
+    assert m["stats"]["num_packs"] == 5 and m["provenance"]["max_packs"] == 5
 
 
 def test_inspect_json_has_the_documented_keys(tmp_path):
@@ -63,8 +63,14 @@ def test_progress_goes_to_stderr_and_quiet_silences_it(tmp_path):
 def test_config_errors_are_one_line_with_exit_code_2(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": [1]}])
     cases = [
-        (["--packed-sequence-size", "0"], "packed_sequence_size must be a positive integer, got 0"),
-        (["--packed-sequence-size", "-3"], "packed_sequence_size must be a positive integer, got -3"),
+        (
+            ["--packed-sequence-size", "0"],
+            "packed_sequence_size must be a positive integer at most 16777216, got 0",
+        ),
+        (
+            ["--packed-sequence-size", "-3"],
+            "packed_sequence_size must be a positive integer at most 16777216, got -3",
+        ),
         ([], "packed_sequence_size is required"),
         (["--packed-sequence-size", "8", "--strategy", "nope"], "strategy must be one of"),
     ]
@@ -75,8 +81,68 @@ def test_config_errors_are_one_line_with_exit_code_2(tmp_path):
         assert len(errors) == 1 and errors[0] == proc.stderr.strip().splitlines()[-1]
     (tmp_path / "bad.yaml").write_text("packed_sequence_size: 8\ncolour: blue\n")
     proc = run_cli("pack", src, "-o", tmp_path / "out", "--config", tmp_path / "bad.yaml", check=False)
-    assert proc.returncode == 2 and "unknown key(s) colour" in proc.stderr
+    assert proc.returncode == 2 and "unknown key 'colour'; did you mean 'columns'?" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_bad_options_and_config_files_are_usage_errors_not_internal_ones(tmp_path):
+    """Issue 27 item 8/9, issue 30 item 8: each of these was exit 4 or 3, or said too little."""
+    src = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": [1, 2]}])
+    files = {
+        "random.yaml": bytes(range(256)) * 8,  # a config file of random bytes
+        "inputs5.yaml": b"packed_sequence_size: 8\ninputs: 5\n",
+        "nested.yaml": b"packed_sequence_size: 8\ninputs: [[in.jsonl]]\n",
+        "indent.yaml": b"packed_sequence_size: 8\n  strategy: bfd\n",
+        # nested aliases: 1 KB that a YAML loader expands to 9^9 nodes (it ran for minutes)
+        "bomb.yaml": b"a: &a [x, x, x, x, x, x, x, x, x]\n"
+        + b"".join(
+            f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n".encode()
+            for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+        )
+        + b"inputs: *i\n",
+        "typo.yaml": b"packed-sequence-sise: 8\n",
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    # fmt: off
+    cases = [
+        (["--packed-sequence-size", "8", "--seed", "-1"], "seed must be at least 0, got -1"),
+        (["--packed-sequence-size", "8", "--pad-token-id", "2147483648"],
+         "pad_token_id must be at least 0 and at most 2147483647"),
+        (["--config", "random.yaml"], "random.yaml: not a YAML config file (not UTF-8 text at byte 128)"),
+        (["--config", "inputs5.yaml"], "inputs5.yaml: inputs must be a list, got 5"),
+        (["--config", "nested.yaml"],
+         "nested.yaml: inputs must be a string (item 0 of the list), got [['in.jsonl']]"),
+        (["--config", "indent.yaml"], "indent.yaml:2: not valid YAML: mapping values are not allowed here"),
+        (["--config", "bomb.yaml"], "bomb.yaml:2: not valid YAML: YAML aliases (*name) are not allowed"),
+        (["--config", "typo.yaml"],
+         "typo.yaml: unknown key 'packed_sequence_sise'; did you mean 'packed_sequence_size'?"),
+        (["--packed-sequence-size", "8", "--row-group-size", "64", "--format", "webdataset"],
+         "--row-group-size does not apply to --format webdataset: it is for --format parquet; drop it"),
+        (["--packed-sequence-size", "8", "--add-eos"],  # the input is pretokenized: nothing adds tokens
+         "--add-eos does not apply to --sample-format pretokenized"),
+    ]
+    # fmt: on
+    for args, message in cases:
+        proc = run_cli("pack", src, "-o", tmp_path / "out", *args, check=False, cwd=tmp_path)
+        assert proc.returncode == EXIT_USAGE and message in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_pack_help_is_grouped_by_stage_marks_the_required_and_ends_with_examples():
+    out = run_cli("pack", "--help").stdout
+    sections = [line for line in out.splitlines() if line.endswith("options:") or line == "Examples:"]
+    assert sections == [
+        "Input options:",
+        "Encoding options:",
+        "Packing options:",
+        "Output options:",
+        "Running options:",
+        "Other options:",
+        "Examples:",
+    ]
+    assert "Tokens per pack (N). [required]" in out and "Output directory (written atomically)." in out
+    assert out.rstrip().splitlines()[-1].strip().startswith("packtool pack --config")
 
 
 def test_demo_config_runs_from_the_repository_root(tmp_path):

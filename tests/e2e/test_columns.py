@@ -182,7 +182,7 @@ def test_inspect_decodes_the_same_trained_text(tmp_path, fmt):
 def test_manifest_and_card_say_what_is_stored(tmp_path):
     full, minimal = _pack(tmp_path, "ids-mask", False, "parquet")
     doc = manifest_json(minimal)
-    assert doc["config"]["columns"] == "minimal" and manifest_json(full)["config"]["columns"] == "full"
+    assert doc["layout"] == "minimal" and manifest_json(full)["layout"] == "full"
     assert doc["columns"] == [
         "input_ids",
         "seq_lens",

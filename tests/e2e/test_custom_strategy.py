@@ -38,7 +38,7 @@ def policy(tmp_path: Path, body: str) -> str:
 def pack(inp: Path, out: Path, strategy: str, *flags: str, check: bool = True):
     return run_cli(
         "pack", inp, "-o", out, "--packed-sequence-size", N, "--strategy", strategy, "-q", "--overwrite",
-        *flags, check=check, env={"PACKED_SEQUENCE_SIZE": str(N)},
+        *flags, check=check,
     )  # fmt: skip
 
 
@@ -72,6 +72,37 @@ def test_example_policy_packs_its_groups_in_order(dataset, tmp_path):
         assert p["seq_lens"].sum() == N
     m = manifest_json(tmp_path / "o")
     assert m["stats"]["num_tokens"] == int(lengths.sum())
+
+
+def test_policy_is_given_the_runs_n_and_seed(dataset, tmp_path):
+    """The example policy packs to --packed-sequence-size (it read N from the environment before: 1024
+    by default, whatever the run's N); a policy naming seed gets --seed; one of one argument still runs."""
+    inp, lengths = dataset
+    run_cli("pack", inp, "-o", tmp_path / "o", "--packed-sequence-size", 2 * N, "-q",
+            "--strategy", f"{EXAMPLE}:select_samples_to_pack")  # fmt: skip
+    got = [p["sample_index"].tolist() for p in read_packs(tmp_path / "o", with_sample_index=True)]
+    groups, room = [], []
+    for i, length in enumerate(lengths.tolist()):  # first-fit at 2N
+        g = next((g for g, r in enumerate(room) if length <= r), None)
+        if g is None:
+            groups.append([i])
+            room.append(2 * N - length)
+        else:
+            groups[g].append(i)
+            room[g] -= length
+    assert got == groups
+    spec = policy(
+        tmp_path,
+        """
+        def select_samples_to_pack(samples, seed):
+            rng = np.random.default_rng(seed)
+            assert seed == 7
+            return [[s] for s in rng.permutation(samples)]
+        """,
+    )
+    pack(inp, tmp_path / "s", spec, "--seed", "7")
+    one = policy(tmp_path, "def select_samples_to_pack(samples):\n    return [[s] for s in samples]\n")
+    pack(inp, tmp_path / "one", one)
 
 
 def test_sample_left_out_is_an_error_naming_it(dataset, tmp_path):

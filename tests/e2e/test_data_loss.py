@@ -183,8 +183,23 @@ def test_summary_line_counts_whole_and_split(tmp_path):
     src = write_jsonl(tmp_path / "s.jsonl", [{"input_ids": list(range(1, 11))} for _ in range(4)])
     proc = run_cli("pack", src, "-o", tmp_path / "out", "--packed-sequence-size", 16, "--split-across-pack")
     (summary,) = [line for line in proc.stderr.splitlines() if line.startswith("packed ")]
-    assert summary.startswith("packed 4 of 4 samples whole into 3 packs of 16 tokens")
     r = json.loads(run_cli("inspect", tmp_path / "out", "--json").stdout)
-    assert f"{r['sample_fates']['split across packs']} split across packs" in summary
-    assert r["sample_fates"]["split across packs"] >= 1
+    whole, split = r["sample_fates"]["packed whole"], r["sample_fates"]["split across packs"]
+    assert split >= 1 and whole + split == 4
+    # a split sample is not counted as packed whole (inspect's "packed whole" and the summary agree)
+    expected = f"packed {whole} of 4 samples whole and {split} split across packs into 3 packs"
+    assert summary.startswith(expected)
     assert "warning" not in proc.stderr
+
+
+def test_summary_line_under_max_packs(tmp_path):
+    """--max-packs with --split-across-pack: the summary counts only the samples in one pack as whole;
+    the ones cut short or left out are said by the warnings."""
+    src = write_jsonl(tmp_path / "s.jsonl", [{"input_ids": list(range(1, 11))} for _ in range(8)])
+    proc = run_cli("pack", src, "-o", tmp_path / "out", "--packed-sequence-size", 16, "--split-across-pack",
+                   "--max-packs", 3)  # fmt: skip
+    (summary,) = [line for line in proc.stderr.splitlines() if line.startswith("packed ")]
+    r = json.loads(run_cli("inspect", tmp_path / "out", "--json").stdout)
+    whole, split = r["sample_fates"]["packed whole"], r["sample_fates"]["split across packs"]
+    assert whole + split < 8 and summary.startswith(f"packed {whole} of 8 samples whole and {split} split")
+    assert "left out by max_packs" in proc.stderr

@@ -11,9 +11,9 @@ import pytest
 import tokenizers
 
 from packtool import read_packs
-from packtool.config import PackConfig
 from packtool.encoders import build_encoder
 from packtool.errors import InputError
+from packtool.options import PackOptions
 from packtool.readers import read_inputs
 from tests.conftest import DEMO_TOKENIZER, manifest_json, run_cli, write_jsonl
 
@@ -22,9 +22,9 @@ TEXTS = ["The quick brown fox.", "Attention is all you need!", "pack padding"]
 
 def _encode(tmp_path, rows, **cfg):
     src = write_jsonl(tmp_path / "in.jsonl", rows)
-    config = PackConfig.from_dict({"inputs": [str(src)], "output": "o", "packed_sequence_size": 64, **cfg})
+    config = PackOptions.from_dict({"inputs": [str(src)], "output": "o", "packed_sequence_size": 64, **cfg})
     batch = next(read_inputs([str(src)]))
-    return build_encoder(config, cfg.get("sample_format", "text"))(batch)
+    return build_encoder(config.encoding, cfg.get("sample_format", "text"))(batch)
 
 
 PLUGIN = '''
@@ -208,4 +208,4 @@ def test_mask_labels_writes_ignore_index_where_loss_mask_is_0(tmp_path):
     text = write_jsonl(tmp_path / "t.jsonl", [{"text": "a b"}])
     args = ["--tokenizer", DEMO_TOKENIZER, "--packed-sequence-size", 8, "--mask-labels"]
     proc = run_cli("pack", text, "-o", tmp_path / "t", *args, check=False)
-    assert proc.returncode == 2 and "--mask-labels on and --sample-format text conflict" in proc.stderr
+    assert proc.returncode == 2 and "--mask-labels does not apply to --sample-format text" in proc.stderr

@@ -36,7 +36,7 @@ def test_json_has_the_figures_of_the_manifest(out: Path):
     assert r["lower_bound_packs"] == -(-r["num_tokens"] // 512)
     assert r["split_samples"] > 0  # split_across_pack on long demo samples
     assert r["tokenizer"]["vocab_size"] == 1300 and r["tokenizer"]["eos_token_id"] == 1
-    assert r["config"]["split_across_pack"] is True and r["strategy"] == "sequential"
+    assert r["provenance"]["split_across_pack"] is True and r["strategy"] == "sequential"
     assert [sh["path"] for sh in r["shards"]] == ["packs-000000.parquet", "packs-000001.parquet",
                                                   "packs-000002.parquet"]  # fmt: skip
     assert sum(sh["num_packs"] for sh in r["shards"]) == r["num_packs"]

@@ -100,6 +100,28 @@ def test_bad_text_record_fails_with_its_line_and_field(tmp_path, case):
         assert f"field '{field}'" in line
 
 
+@pytest.mark.parametrize("chunk_size", [4096, 20])
+def test_fail_names_the_first_bad_record(tmp_path, chunk_size):
+    """A text that is not a string at line 51 comes before malformed JSON at line 52: --on-error fail
+    names line 51, the first line errors.jsonl lists under --on-error skip, wherever the chunks begin."""
+    lines = [jl({"text": f"record {i}"}) for i in range(100)]
+    lines[50], lines[51] = jl({"text": 5}), b"{not json"
+    src = write_lines(tmp_path / "in.jsonl", lines)
+    extra = ("--tokenizer", DEMO_TOKENIZER, "--chunk-size", str(chunk_size))
+    line = assert_clean_failure(pack(tmp_path, src, *extra), tmp_path)
+    assert f"{src}, line 51, field 'text'" in line
+    pack(tmp_path, src, *extra, "--on-error", "skip", check=True)
+    first = json.loads((tmp_path / "out" / "errors.jsonl").read_text().splitlines()[0])
+    assert first["row"] == 51
+
+
+def test_wrong_text_field_names_the_fields_and_the_option(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "body": f"record {i}"} for i in range(5)])
+    line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", DEMO_TOKENIZER), tmp_path)
+    assert "record has: id, body" in line and "--text-field body" in line
+    assert "--on-error skip" not in line  # skipping would leave every record out
+
+
 @pytest.mark.parametrize("case", sorted(BAD_RECORD_CASES))
 def test_bad_text_record_is_skipped_counted_and_logged(tmp_path, case):
     bad, extra, field, reason, _ = BAD_RECORD_CASES[case]
@@ -332,6 +354,8 @@ def test_long_sample_under_error_policy_names_line_and_field(tmp_path, on_error)
         tmp_path,
     )
     assert f"{src}, line 2, field 'text'" in line and "more than packed_sequence_size 64" in line
+    # how common such samples are, so that --long-samples is chosen knowingly
+    assert "(1 of this chunk's 3 samples are longer: 33.3%;" in line and "tokens lie beyond N)" in line
 
 
 def test_long_sample_dropped_is_counted(tmp_path):

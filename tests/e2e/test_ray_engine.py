@@ -6,7 +6,6 @@ it with ``--ray-address``, as jobs join a cluster. One test lets the CLI start i
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
@@ -102,7 +101,7 @@ def test_ray_equals_local_text_files_directories_and_hf_datasets(tmp_path, ray_a
     the same bytes on Ray as on the local engine (2 processes), and the driver (this process: ``run_pack``
     on the module's Ray) makes no ``SourceBatch``, the records' only form: it hands out line, file and row
     ranges, and the workers read them. (The two-node test below runs the same inputs through the CLI.)"""
-    from packtool.config import PackConfig
+    from packtool.options import PackOptions
     from packtool.pipeline.run import run_pack
     from packtool.readers.base import SourceBatch
 
@@ -118,12 +117,12 @@ def test_ray_equals_local_text_files_directories_and_hf_datasets(tmp_path, ray_a
 
     monkeypatch.setattr(SourceBatch, "__init__", noted)
     out = tmp_path / "out"
-    config = PackConfig(inputs=inputs, output=str(out), tokenizer=str(DEMO_TOKENIZER), add_eos=True,
+    config = PackOptions.of(inputs=inputs, output=str(out), tokenizer=str(DEMO_TOKENIZER), add_eos=True,
                         packed_sequence_size=512, long_samples="truncate", chunk_size=150, shard_size=25,
                         row_group_size=10, num_proc=2, quiet=True)  # fmt: skip
     written = {}
     for engine in ("local", "ray"):
-        manifest = run_pack(dataclasses.replace(config, engine=engine))
+        manifest = run_pack(config.replace(engine=engine))
         assert made == [], (engine, made[:3])
         assert [i.num_samples for i in manifest.inputs] == [
             len(DEMO_TEXTS),

@@ -4,7 +4,7 @@
   in a scratch copy of ``data/`` and ``configs/``, with a ``packtool`` on PATH that runs this checkout's
   code, and exits 0. The examples are small (the shipped demo data): the whole run is bounded by
   ``EXAMPLES_BUDGET_S``.
-* The README's flag table and pack-column table are the ones generated from the code (``PackConfig``'s
+* The README's flag table and pack-column table are the ones generated from the code (the stages' option
   keys, ``manifest.PACK_COLUMNS``). ``python tests/e2e/test_readme.py`` prints them; ``--write`` puts
   them into the README.
 * Relative links and ``#anchors`` in the README and ``docs/*.md`` resolve.
@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -48,24 +47,26 @@ def _default(value: object) -> str:
 
 
 def flags_table() -> str:
-    """The ``packtool pack`` flag table, from ``PackConfig``'s key declarations (default, help, choices);
-    the flag spellings are the click options that ``cli.config_options`` made of them."""
-    from packtool.cli import pack
-    from packtool.config import PackConfig
+    """The ``packtool pack`` flag table, from the stages' option declarations (``packtool.options.SPECS``:
+    default, help, choices, the choice it applies to), in ``--help``'s order; the flag spellings are the
+    click options ``cli.option_params`` makes of them."""
+    from packtool.cli import option_params
+    from packtool.options import SPECS
 
-    options = {p.name: p for p in pack.params}
+    options = {p.name: p for p in option_params()}
     rows = ["| flag | default | meaning |", "|---|---|---|"]
-    for f in dataclasses.fields(PackConfig):
-        if not f.metadata["flag"]:
+    for spec in SPECS.values():
+        if not spec.flag:
             continue
-        option = options[f.name]
+        option = options[spec.name]
         names = sorted(option.opts, key=len) + option.secondary_opts
         flag = " / ".join(f"`{n}`" for n in names)
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        meaning = f.metadata["help"]
-        if f.metadata["choices"]:
-            meaning += " One of " + ", ".join(f"`{c}`" for c in f.metadata["choices"]) + "."
-        rows.append(f"| {flag} | {_default(default)} | {_cell(meaning)} |")
+        meaning = f"{spec.section.capitalize()}: {spec.help}"
+        if spec.choices:
+            meaning += " One of " + ", ".join(f"`{c}`" for c in spec.choices) + "."
+        if spec.applies:
+            meaning += " Only with " + ", ".join(a.describe() for a in spec.applies) + "."
+        rows.append(f"| {flag} | {_default(spec.default)} | {_cell(meaning)} |")
     return "\n".join(rows)
 
 
@@ -208,7 +209,7 @@ def test_readme_examples_run(tmp_path):
 
 def test_readme_flag_table_is_the_code():
     assert generated(README.read_text(), FLAGS) == flags_table(), (
-        "the README's flag table differs from PackConfig: run python tests/e2e/test_readme.py --write"
+        "the README's flag table differs from PackOptions: run python tests/e2e/test_readme.py --write"
     )
 
 

@@ -35,8 +35,10 @@ def held(request, tmp_path_factory) -> tuple[Path, Path]:
     """The demo packed twice in one format: with a tenth of the packs held out, and without."""
     base = tmp_path_factory.mktemp(f"val-{request.param}")
     fmt = ["--format", request.param, "--shard-size", "40"]
-    pack(base / "held", *fmt, "--val-fraction", "0.1")
+    summary = run_cli("pack", TRAIN, "-o", base / "held", *ARGS[:-1], *fmt, "--val-fraction", "0.1").stderr
     pack(base / "all", *fmt)
+    val = sum(1 for _ in read_packs(base / "held", split="val"))
+    assert f"; {val:,} of them held out as validation in val-* shards)" in summary
     return base / "held", base / "all"
 
 
@@ -48,6 +50,9 @@ def test_the_held_out_packs_are_a_tenth_of_the_same_packs_in_their_own_shards(he
     assert len(list(read_packs(out))) == len(train)  # readers take the train split by default
     names = sorted(p.name for p in out.iterdir() if p.suffix in (".parquet", ".tar"))
     assert any(n.startswith("val-") for n in names) and any(n.startswith("packs-") for n in names)
+    for prefix in ("packs-", "val-"):  # each split's shards numbered from 000000
+        numbers = sorted(int(n[len(prefix) :].split(".")[0]) for n in names if n.startswith(prefix))
+        assert numbers == list(range(len(numbers))), names
     code = run_cli("verify", out, "--source", TRAIN, check=False)
     assert code.returncode == 0, code.stdout + code.stderr
     assert "held out as validation" in run_cli("inspect", out).stdout

@@ -673,24 +673,22 @@ def test_tar_output_of_an_older_or_newer_format_version(tar_out: Path):
     m["format_version"] = 99
     (tar_out / "manifest.json").write_text(json.dumps(m))
     code, text = verify(tar_out)
-    assert code == 1 and "written by a newer packtool (format_version 99" in text
+    assert code == 1 and "format_version 99.0 is newer than this packtool reads (5.0 and older" in text
 
 
-def test_minimal_tar_output_of_format_version_3_is_said_once(tmp_path: Path):
-    """Format 3's minimal tar packs held one member per column and a .json: verify checks only format 4's
-    one-record layout, so it says so once instead of naming every pack's missing record."""
-    out = tmp_path / "min"
-    run_cli("pack", TRAIN, "-o", out, "--tokenizer", DEMO_TOKENIZER, "-q", "--long-samples", "truncate",
-            "--packed-sequence-size", "256", "--format", "webdataset", "--columns", "minimal")  # fmt: skip
-    m = manifest(out)
-    m["format_version"] = 3
-    (out / "manifest.json").write_text(json.dumps(m))
+def test_minimal_tar_output_of_format_version_3_is_checked_as_readers_read_it(tmp_path: Path):
+    """Format 3's minimal tar packs held one member per column and a .json (tests/golden/v3): verify reads
+    them as read_packs does, finds a sound one OK and names a damaged shard once."""
+    out = shutil.copytree(Path(__file__).parents[1] / "golden" / "v3" / "chat-minimal-tar", tmp_path / "min")
     code, text = verify(out)
-    assert code == 1 and "1 problem(s)" in text
-    assert text.splitlines()[0].startswith(
-        "problem: manifest.json, field 'format_version': written by an older packtool (format_version 3), "
-        "whose --columns minimal tar packs hold one member per column"
-    )
+    assert code == 0 and "packs: 6" in text, text
+    shard = out / "packs-000000.tar"
+    data = bytearray(shard.read_bytes())
+    data[1100] ^= 0xFF  # inside the first pack's first member
+    shard.write_bytes(bytes(data))
+    code, text = verify(out)
+    assert code == 1
+    assert "problem: packs-000000.tar: cannot be read (" in text
 
 
 def test_tar_source_ok_for_bfd_with_split_samples(tmp_path):

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from packtool import read_packs, run_pack
-from packtool.config import PackConfig
 from packtool.loader import PackedDataset, get_loader
+from packtool.options import PackOptions
 from tests.conftest import DEMO, write_jsonl
 
 N = 64
@@ -37,7 +37,7 @@ TOL = {"sdpa": 1e-9, "eager": 1e-6}
 def _pack(tmp: Path, rows: list[dict], name: str, n: int = N, **config) -> Path:
     out = tmp / name
     inputs = [str(write_jsonl(tmp / f"{name}.jsonl", rows))]
-    run_pack(PackConfig(inputs=inputs, output=str(out), packed_sequence_size=n, quiet=True, **config))
+    run_pack(PackOptions.of(inputs=inputs, output=str(out), packed_sequence_size=n, quiet=True, **config))
     return out
 
 
@@ -142,8 +142,8 @@ def test_packed_loss_and_gradient_equal_each_sample_alone(outputs, data, attn, m
             ).logits  # fmt: skip
             loss = _token_loss(logits, batch.labels)
         else:
-            labels = batch.labels.reshape(1, -1)  # already shifted: the model must not shift them again
-            out = model(**batch.flattened(), labels=labels, shift_labels=labels, use_cache=False)
+            out = model(**batch.flattened())  # labels and shift_labels (never shifted twice), use_cache=False
+            labels = batch.labels.reshape(1, -1)
             loss = _token_loss(out.logits, labels).view(batch.labels.shape)
             assert abs(out.loss.item() - loss.sum().item() / int((labels != -100).sum())) < 1e-6
         loss.sum().backward()

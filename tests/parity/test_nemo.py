@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool import read_packs, run_pack
-from packtool.config import PackConfig
+from packtool.options import PackOptions
 from tests.conftest import run_cli, write_jsonl
 from tests.nemo_reference import load_packed_sequence_module
 
@@ -78,7 +78,7 @@ def test_sequential_equals_packed_sequence(tmp_path, nemo, n, split, max_packs, 
         pq.write_table(table, src, row_group_size=30)
     else:
         src = write_jsonl(tmp_path / "in.jsonl", rows)
-    cfg = PackConfig.from_dict(
+    cfg = PackOptions.from_dict(
         {
             "inputs": [str(src)],
             "output": str(tmp_path / "out"),

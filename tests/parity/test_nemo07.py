@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from packtool import read_packs, run_pack
-from packtool.config import PackConfig
 from packtool.nemo import nemo_thd_sample
+from packtool.options import PackOptions
 from packtool.verify import verify_output
 from tests.conftest import write_jsonl
 from tests.nemo_reference import find_wheel_07, load_nemo07
@@ -39,7 +39,7 @@ def test_sequential_packs_in_nemo_07_layout_equal_pack_dataset(tmp_path, n, max_
     nemo = load_nemo07()
     rows = _rows(n, 60, max_len)
     src = write_jsonl(tmp_path / "in.jsonl", rows)
-    config = PackConfig(
+    config = PackOptions.of(
         inputs=[str(src)], output=str(tmp_path / "out"), packed_sequence_size=n, strategy="sequential",
         long_samples="drop", quiet=True,
     )  # fmt: skip
@@ -85,7 +85,7 @@ def test_cp_size_equals_pack_dataset_cp_size(tmp_path, n, max_len, cp_size, fmt)
     rows = _rows(n + cp_size, 80, max_len)
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     out = tmp_path / "out"
-    config = PackConfig(
+    config = PackOptions.of(
         inputs=[str(src)], output=str(out), packed_sequence_size=n, strategy="sequential",
         long_samples="drop", cp_size=cp_size, format=fmt, quiet=True,
     )  # fmt: skip

@@ -1,4 +1,5 @@
-"""PackConfig: conflicting options are a usage error naming both; config file paths are the file's."""
+"""PackOptions: an option that does not apply, a bad value or a conflict is a usage error naming it; a
+config file's errors name the file and line, and its paths are the file's."""
 
 from __future__ import annotations
 
@@ -9,80 +10,152 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from packtool.config import PackConfig, load_config_file
+from packtool.config_file import load_config_file
 from packtool.errors import ConfigError
+from packtool.options import PackOptions
 from packtool.plugins import load_plugin
 from tests.conftest import DEMO_TOKENIZER
 
 
-def _cfg(**kw) -> PackConfig:
-    return PackConfig(**{"inputs": ["x.jsonl"], "output": "out", "packed_sequence_size": 64, **kw})
+def _cfg(**kw) -> PackOptions:
+    return PackOptions.of(**{"inputs": ["x.jsonl"], "output": "out", "packed_sequence_size": 64, **kw})
 
 
+# an option whose group does not apply to the choice in effect: a usage error naming it (structure)
 @pytest.mark.parametrize(
     ("options", "sample_format", "message"),
     [
-        ({"split_across_pack": True, "long_samples": "truncate"}, "auto",
-         "--long-samples truncate and --split-across-pack on conflict"),
-        ({"split_across_pack": True, "long_samples": "drop"}, "auto",
-         "--long-samples drop and --split-across-pack on conflict"),
-        ({"shard_max_bytes": 1000}, "auto", "--shard-max-bytes 1000 and --format parquet conflict"),
-        ({"format": "webdataset", "row_group_size": 16}, "auto",
-         "--row-group-size 16 and --format webdataset conflict"),
-        ({"energon_index": False}, "auto", "--energon-index off and --format parquet conflict"),
-        ({"ray_address": "auto"}, "auto", "--ray-address auto and --engine local conflict"),
-        ({"strategy": "sequential", "packing_buffer_size": 100}, "auto",
-         "--packing-buffer-size 100 and --strategy sequential conflict"),
-        ({"strategy": "sequential", "seed": 3}, "auto", "--seed 3 and --strategy sequential conflict"),
-        ({"strategy": "my_policy:select", "split_across_pack": True}, "auto",
-         "--split-across-pack on and --strategy my_policy:select conflict"),
-        ({"eos_token": "</s>"}, "auto", "--eos-token </s> and --add-eos off conflict"),
-        ({"bos_token": "<s>"}, "auto", "--bos-token <s> and --add-bos off conflict"),
-        ({"chat_template": "t.jinja"}, "text", "--chat-template t.jinja and --sample-format text conflict"),
-        ({"loss_on": "last"}, "prompt_completion", "--loss-on last and --sample-format prompt-completion"),
-        ({"train_on_prompt": True}, "chat", "--train-on-prompt on and --sample-format chat conflict"),
-        ({"prompt_template": "alpaca"}, "pretokenized", "--prompt-template alpaca and --sample-format"),
-        ({"empty_loss": "keep"}, "text", "--empty-loss keep and --sample-format text conflict"),
-        ({"cp_size": 2, "split_across_pack": True}, "auto",
-         "--cp-size 2 and --split-across-pack on conflict"),
-        ({"cp_size": 2, "strategy": "my_policy:select"}, "auto",
-         "--cp-size 2 and --strategy my_policy:select conflict"),
+        ({"shard_max_bytes": 1000}, None,
+         "--shard-max-bytes does not apply to --format parquet: it is for --format webdataset"),
+        ({"format": "webdataset",
+         "row_group_size": 16}, None, "--row-group-size does not apply to --format webdataset"),
+        ({"energon_index": False}, None, "--energon-index does not apply to --format parquet"),
+        ({"ray_address": "auto"}, None,
+         "--ray-address does not apply to --engine local: it is for --engine ray"),
+        ({"strategy": "sequential", "packing_buffer_size": 100}, None,
+         "--packing-buffer-size does not apply to --strategy sequential: it is for --strategy bfd or custom"),
+        ({"strategy": "sequential",
+         "shuffle_packs": False}, None, "--shuffle-packs does not apply to --strategy sequential"),
+        ({"chat_template": "t.jinja"},
+         "text", "--chat-template does not apply to --sample-format text: it is for --sample-format chat"),
+        ({"loss_on": "last"},
+         "prompt_completion", "--loss-on does not apply to --sample-format prompt-completion"),
+        ({"train_on_prompt": True}, "chat", "--train-on-prompt does not apply to --sample-format chat"),
+        ({"prompt_template": "alpaca"},
+         "pretokenized", "--prompt-template does not apply to --sample-format pretokenized"),
+        ({"empty_loss": "keep"}, "text", "--empty-loss does not apply to --sample-format text"),
+        ({"mask_labels": True}, "text", "--mask-labels does not apply to --sample-format text"),
+        ({"add_eos": True}, "chat", "--add-eos does not apply to --sample-format chat"),
+        ({"add_eos": True,
+         "sample_format": "pretokenized"}, None, "--add-eos does not apply to --sample-format pretokenized"),
     ],
 )  # fmt: skip
-def test_conflicting_options_name_both(options, sample_format, message):
-    with pytest.raises(ConfigError, match="^" + message.replace("$", r"\$")):
-        _cfg(**options).check_conflicts(sample_format)
+def test_an_option_that_does_not_apply_is_a_usage_error_naming_it(options, sample_format, message):
+    with pytest.raises(ConfigError, match="^" + message):
+        _cfg(**options).check(sample_format)
+
+
+# what structure cannot say (two options' values): each remaining conflict names both
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"split_across_pack": True,
+         "long_samples": "truncate"}, "--long-samples truncate and --split-across-pack on conflict"),
+        ({"strategy": "sequential", "seed": 3}, "--seed 3 and --strategy sequential conflict"),
+        ({"shuffle_packs": False, "seed": 3}, "--seed 3 and --shuffle-packs off conflict"),
+        ({"strategy": "my_policy:select",
+         "split_across_pack": True}, "--split-across-pack on and --strategy my_policy:select conflict"),
+        ({"strategy": "my_policy:select",
+         "long_samples": "split"}, "--long-samples split and --strategy my_policy:select conflict"),
+        ({"eos_token": "</s>"}, "--eos-token </s> and --add-eos off conflict"),
+        ({"bos_token": "<s>"}, "--bos-token <s> and --add-bos off conflict"),
+        ({"cp_size": 2, "split_across_pack": True}, "--cp-size 2 and --split-across-pack on conflict"),
+        ({"cp_size": 2,
+         "strategy": "my_policy:select"}, "--cp-size 2 and --strategy my_policy:select conflict"),
+    ],
+)  # fmt: skip
+def test_conflicts_structure_cannot_express_name_both(options, message):
+    with pytest.raises(ConfigError, match="^" + message):
+        _cfg(**options)
 
 
 def test_options_that_go_together_pass():
-    _cfg(split_across_pack=True).validate()
-    _cfg(long_samples="truncate").validate()
-    _cfg(format="webdataset", shard_max_bytes=10**6).validate()
-    _cfg(add_eos=True, eos_token="</s>").validate()
-    _cfg(strategy="bfd", seed=3, packing_buffer_size=100).validate()
-    _cfg(empty_loss="keep", loss_on="last").check_conflicts("chat")
-    _cfg(chat_template="t.jinja").check_conflicts("auto")  # the input decides the format later
+    _cfg(split_across_pack=True)
+    _cfg(long_samples="truncate")
+    _cfg(format="webdataset", shard_max_bytes=10**6)
+    _cfg(add_eos=True, eos_token="</s>")
+    _cfg(strategy="bfd", seed=3, packing_buffer_size=100)
+    _cfg(strategy="my_policy:select", seed=3, packing_buffer_size=100)  # a policy is handed the seed
+    _cfg(empty_loss="keep", loss_on="last").check("chat")
+    _cfg(chat_template="t.jinja").check("auto")  # the input decides the format later
+    # a default is never a conflict: only what the user set is checked
+    PackOptions.from_dict({"format": "webdataset", "row_group_size": 128}, given={"format"})
+
+
+def test_unknown_keys_and_bad_values_name_the_key():
+    with pytest.raises(
+        ConfigError, match="unknown key 'packed_sequence_sise'; did you mean 'packed_sequence_size'"
+    ):
+        _cfg(packed_sequence_sise=4)
+    for key, value, message in [
+        ("seed", -1, "seed must be at least 0, got -1"),
+        ("pad_token_id", 2**31, "pad_token_id must be at least 0 and at most 2147483647, got 2147483648"),
+        ("packed_sequence_size", 2**25, "packed_sequence_size must be a positive integer at most 16777216"),
+        ("inputs", 5, "inputs must be a list, got 5"),
+        ("inputs", [["in.jsonl"]], r"inputs must be a string \(item 0 of the list\)"),
+        ("strategy", 3, "strategy must be a string, got 3"),
+        ("long_samples", "cut", "long_samples must be one of error, drop, truncate, split, got 'cut'"),
+        ("shard_size", True, "shard_size must be a positive integer, got True"),
+    ]:
+        with pytest.raises(ConfigError, match="^" + message):
+            _cfg(**{key: value})
 
 
 def test_cp_size_needs_packs_a_multiple_of_twice_it():
-    _cfg(cp_size=4, long_samples="split").validate()  # 64 = 8 x 8
+    _cfg(cp_size=4, long_samples="split")  # 64 = 8 x 8
     with pytest.raises(ConfigError, match="^packed_sequence_size 64 is not a multiple of 2 x cp_size "):
-        _cfg(cp_size=3).validate()
+        _cfg(cp_size=3)
 
 
 def test_val_fraction_takes_a_fraction_and_lets_the_seed_choose():
-    _cfg(val_fraction=0).validate()  # a config file's 0
-    _cfg(strategy="sequential", seed=3, val_fraction=0.05).validate()  # the seed picks the held-out packs
-    for bad in (True, "0.1"):
-        with pytest.raises(ConfigError, match="^val_fraction must be float"):
-            _cfg(val_fraction=bad).validate()
-    with pytest.raises(ConfigError, match="^--seed 3 and --strategy sequential conflict"):
-        _cfg(strategy="sequential", seed=3).validate()
+    _cfg(val_fraction=0)  # a config file's 0
+    _cfg(strategy="sequential", seed=3, val_fraction=0.05)  # the seed picks the held-out packs
+    for bad in (True, "0.1", 1.0):
+        with pytest.raises(ConfigError, match="^val_fraction must be (a number )?at least 0 and below 1"):
+            _cfg(val_fraction=bad)
 
 
-def test_validate_checks_conflicts():
-    with pytest.raises(ConfigError, match="--long-samples drop and --split-across-pack on conflict"):
-        _cfg(split_across_pack=True, long_samples="drop").validate()
+def test_the_provenance_record_rebuilds_the_options_and_ignores_unknown_keys():
+    options = _cfg(format="webdataset", strategy="sequential")
+    record = {**options.to_dict(include_runtime=False), "future_option": 1}
+    again = PackOptions.from_provenance(record)
+    assert again.to_dict(include_runtime=False) == options.to_dict(include_runtime=False)
+
+
+def test_a_config_file_is_checked_against_the_flags_only_once_they_are_in(tmp_path: Path):
+    path = tmp_path / "run.yaml"
+    path.write_text("packed_sequence_size: 64\neos_token: </s>\n")  # --add-eos comes on the command line
+    assert load_config_file(path)["eos_token"] == "</s>"
+
+
+def test_config_file_errors_name_the_file_and_line(tmp_path: Path):
+    cases = {
+        "aliases": (
+            "a: &x [1, 2]\nb: &y [*x, *x]\ninputs: *y\n",
+            "aliases.yaml:2: not valid YAML: YAML aliases",
+        ),
+        "indent": ("packed_sequence_size: 64\n  strategy: bfd\n", "indent.yaml:2: not valid YAML"),
+        "bytes": (bytes(range(256)) * 4, "bytes.yaml: not a YAML config file"),
+        "typo": ("packed-sequence-sise: 64\n", "typo.yaml: unknown key 'packed_sequence_sise'; did you mean"),
+        "inputs": ("inputs: 5\n", "inputs.yaml: inputs must be a list, got 5"),
+        "nested": ("inputs: [[in.jsonl]]\n", r"nested.yaml: inputs must be a string \(item 0"),
+        "list": ("- 1\n", "list.yaml: a config file must be a mapping"),
+    }
+    for name, (content, message) in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        with pytest.raises(ConfigError, match=message):
+            load_config_file(path)
 
 
 def test_config_file_paths_are_relative_to_the_file(tmp_path: Path):
@@ -125,13 +198,15 @@ def test_num_proc_defaults_to_the_cores_for_inputs_worth_it(tmp_path: Path):
     big = tmp_path / "big.jsonl"
     with open(big, "wb") as f:  # sparse: the size is what counts
         f.truncate(SMALL_INPUT_BYTES)
-    assert resolve_num_proc(_cfg(inputs=[str(small)])) == 1
-    assert resolve_num_proc(_cfg(inputs=[str(tmp_path / "*.jsonl")])) == cores
-    assert resolve_num_proc(_cfg(inputs=[str(tmp_path)])) == cores
-    assert resolve_num_proc(_cfg(inputs=["hf:org/set"])) == cores
-    assert resolve_num_proc(_cfg(inputs=[str(big)], num_proc=3)) == 3
+    assert resolve_num_proc(_cfg(inputs=[str(small)]).to_dict()) == 1
+    assert resolve_num_proc(_cfg(inputs=[str(tmp_path / "*.jsonl")]).to_dict()) == cores
+    assert resolve_num_proc(_cfg(inputs=[str(tmp_path)]).to_dict()) == cores
+    assert resolve_num_proc(_cfg(inputs=["hf:org/set"]).to_dict()) == cores
+    assert resolve_num_proc(_cfg(inputs=[str(big)], num_proc=3).to_dict()) == 3
     # pretokenized Parquet is written by the driver's threads: nothing to start, so the cores at any size
     tiny = tmp_path / "tiny.parquet"
     pq.write_table(pa.table({"input_ids": [[1, 2]]}), tiny)
-    assert resolve_num_proc(_cfg(inputs=[str(tiny)])) == cores
-    assert resolve_num_proc(_cfg(inputs=[str(tiny)], tokenizer=DEMO_TOKENIZER)) == 1  # text: workers
+    assert resolve_num_proc(_cfg(inputs=[str(tiny)]).to_dict()) == cores
+    assert (
+        resolve_num_proc(_cfg(inputs=[str(tiny)], tokenizer=str(DEMO_TOKENIZER)).to_dict()) == 1
+    )  # text: workers

@@ -13,11 +13,11 @@ import pyarrow as pa
 import pytest
 
 from packtool.arrays import large_lists
-from packtool.config import PackConfig
 from packtool.encoders.base import encoded_batch, make_labels
 from packtool.encoders.masking import loss_columns
 from packtool.layout import labels_follow_rule, mask_from_bits, rebuild, stored_columns, to_stored
 from packtool.manifest import IGNORE_INDEX, column_names
+from packtool.options import PackOptions
 from packtool.packing import make_plan
 from packtool.pipeline.chunks import ChunkStore, write_chunk
 from packtool.pipeline.write import build_pack_arrays, output_columns
@@ -62,14 +62,14 @@ def store_of(tmp_path, encoded: list[pa.RecordBatch], convention: str) -> ChunkS
     return ChunkStore(tmp_path, metas)
 
 
-def both_layouts(store: ChunkStore, cfg: PackConfig):
+def both_layouts(store: ChunkStore, cfg: PackOptions):
     """``(full packs, minimal packs as stored, the manifest's fields rebuild reads)``, one plan."""
-    plan = make_plan(store.lengths(), cfg)
-    full = build_pack_arrays(plan, store, cfg.pad_token_id, column_names(store.has_loss_mask))
+    plan = make_plan(store.lengths(), cfg.packing)
+    full = build_pack_arrays(plan, store, cfg.packing.pad_token_id, column_names(store.has_loss_mask))
     columns = output_columns(cfg, store)
-    stored = build_pack_arrays(plan, store, cfg.pad_token_id, columns)
+    stored = build_pack_arrays(plan, store, cfg.packing.pad_token_id, columns)
     manifest = SimpleNamespace(
-        columns=columns, packed_sequence_size=N, position_ids=plan.position_ids, labels=cfg.labels
+        columns=columns, packed_sequence_size=N, position_ids=plan.position_ids, labels=cfg.encoding.labels
     )
     return full, stored, manifest
 
@@ -100,7 +100,7 @@ def test_minimal_rebuilds_the_full_packs(tmp_path, mask, convention, split, stra
     encoded = [samples(seed, 60, mask, convention) for seed in range(3)]  # three chunks
     store = store_of(tmp_path, encoded, convention)
     assert store.labels_follow_rule  # what every encoder makes
-    cfg = PackConfig(
+    cfg = PackOptions.of(
         packed_sequence_size=N,
         labels=convention,
         strategy=strategy,
@@ -132,7 +132,7 @@ def test_labels_of_their_own_are_stored(tmp_path, mask):
     position_ids, and packs the mask into bits); the chunk records that its labels do not follow."""
     store = store_of(tmp_path, [samples(0, 60, mask, "shifted", labels="arbitrary")], "shifted")
     assert not store.labels_follow_rule
-    cfg = PackConfig(packed_sequence_size=N, columns="minimal", long_samples="truncate")
+    cfg = PackOptions.of(packed_sequence_size=N, columns="minimal", long_samples="truncate")
     full, stored, manifest = both_layouts(store, cfg)
     assert "labels" in manifest.columns and "next_label" not in manifest.columns
     assert "position_ids" not in manifest.columns
@@ -144,12 +144,12 @@ def test_one_chunk_of_labels_of_their_own_stores_them_all(tmp_path):
     encoded = [samples(0, 30, None, "shifted"), samples(1, 30, None, "shifted", labels="arbitrary")]
     store = store_of(tmp_path, encoded, "shifted")
     assert [m["labels_follow_rule"] for m in store.metas] == [True, False]
-    assert "labels" in output_columns(PackConfig(packed_sequence_size=N, columns="minimal"), store)
+    assert "labels" in output_columns(PackOptions.of(packed_sequence_size=N, columns="minimal"), store)
 
 
 def test_full_stores_what_it_always_stored(tmp_path):
     store = store_of(tmp_path, [samples(0, 30, "runs", "shifted")], None)
-    cfg = PackConfig(packed_sequence_size=N, long_samples="truncate")
+    cfg = PackOptions.of(packed_sequence_size=N, long_samples="truncate")
     assert output_columns(cfg, store) == column_names(True)
     full, stored, manifest = both_layouts(store, cfg)
     assert_same(stored, full)
@@ -187,7 +187,7 @@ def test_rebuild_leaves_broken_packs_out(tmp_path):
     """verify rebuilds a batch in which some packs' layout is broken: those get -100 labels and 0
     positions, the others their own."""
     store = store_of(tmp_path, [samples(0, 60, "runs", "shifted")], "shifted")
-    cfg = PackConfig(packed_sequence_size=N, columns="minimal", long_samples="truncate")
+    cfg = PackOptions.of(packed_sequence_size=N, columns="minimal", long_samples="truncate")
     full, stored, manifest = both_layouts(store, cfg)
     ok = np.ones(stored.num_packs, dtype=bool)
     ok[[0, 2]] = False

@@ -1,7 +1,8 @@
 """Engines decide who runs the pipeline's steps; the steps themselves do not change.
 
-``make_engine(config)`` returns an object with ``map(fn, tasks) -> iterator of results in task order``,
-``workers`` (tasks run at once) and ``close()``: ``LocalEngine`` (``engine: local``, a process pool) or
+``make_engine(running, num_proc)`` returns an object with ``map(fn, tasks) -> iterator of results in
+task order``, ``workers`` (tasks run at once) and ``close()``: ``LocalEngine`` (``engine: local``, a
+process pool) or
 ``RayEngine`` (``engine: ray``, Ray tasks on a local Ray or the cluster at ``ray_address``; needs the
 ``packtool[ray]`` extra). A task carries everything it needs (``pipeline.encode.RunSpec``), so no worker
 is set up in advance.
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Mapping
+from typing import Any
 
-from packtool.config import PackConfig
 from packtool.errors import ConfigError
 from packtool.pipeline.engines.local import LocalEngine
+from packtool.pipeline.options import RunningOptions
 
 __all__ = ["LocalEngine", "make_engine", "may_need_workers", "resolve_num_proc"]
 
@@ -23,19 +26,20 @@ __all__ = ["LocalEngine", "make_engine", "may_need_workers", "resolve_num_proc"]
 SMALL_INPUT_BYTES = 48 << 20
 
 
-def resolve_num_proc(config: PackConfig) -> int:
-    """``config.num_proc``, or when unset the cores this process may use (its CPU affinity), or 1 for
+def resolve_num_proc(values: Mapping[str, Any]) -> int:
+    """``num_proc`` of the flat option ``values`` (``PackOptions.to_dict()``, or the CLI's values before
+    it builds the options), or when unset the cores this process may use (its CPU affinity), or 1 for
     local inputs under ``SMALL_INPUT_BYTES`` in all that need worker processes (``may_need_workers``:
     pretokenized Parquet is written by the driver's threads, which cost nothing to start). (Sized with
     ``os`` alone: the CLI asks before it imports the pipeline, so that the workers' forkserver starts
     first.)"""
-    if config.num_proc is not None:
-        return config.num_proc
+    if values.get("num_proc") is not None:
+        return values["num_proc"]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if not may_need_workers(config):
+    if not may_need_workers(values):
         return cores
     size = 0
-    for spec in config.inputs:
+    for spec in values.get("inputs") or []:
         if spec.startswith("hf:"):
             return cores  # a Hub dataset: its size is not known here
         for path in _paths(spec):
@@ -49,15 +53,15 @@ def resolve_num_proc(config: PackConfig) -> int:
     return 1
 
 
-def may_need_workers(config: PackConfig) -> bool:
+def may_need_workers(values: Mapping[str, Any]) -> bool:
     """False when a local run will most likely not start worker processes: every input is a Parquet
     file and no tokenizer is given, so the input can only be pretokenized, which the driver reads and
     writes itself when it fits in memory (``pipeline.memory``). The CLI then does not start the workers'
     forkserver ahead of time (a run that makes a pool after all starts it then). Decided with ``os`` alone,
     as ``resolve_num_proc`` is; a directory counts as needing workers."""
-    if config.engine != "local" or config.tokenizer:
+    if values.get("engine", "local") != "local" or values.get("tokenizer"):
         return True
-    for spec in config.inputs:
+    for spec in values.get("inputs") or []:
         if spec.startswith("hf:"):
             return True
         paths = _paths(spec)
@@ -71,15 +75,16 @@ def _paths(spec: str) -> list[str]:
     return [spec] if os.path.lexists(spec) else glob.glob(spec)
 
 
-def make_engine(config: PackConfig):
-    if config.engine == "local":
-        return LocalEngine(resolve_num_proc(config))
-    if config.engine == "ray":
+def make_engine(running: RunningOptions, num_proc: int):
+    """The engine ``running.engine`` names, running ``num_proc`` tasks at once."""
+    if running.engine == "local":
+        return LocalEngine(num_proc)
+    if running.engine == "ray":
         try:  # ray is an optional extra (packtool[ray]): imported only by a run that asks for it
             from packtool.pipeline.engines.ray import RayEngine
         except ImportError as e:
             if e.name != "ray":
                 raise
             raise ConfigError("--engine ray needs Ray: pip install 'packtool[ray]'") from None
-        return RayEngine(config.ray_address, resolve_num_proc(config))
-    raise ConfigError(f"engine must be 'local' or 'ray', got {config.engine!r}")
+        return RayEngine(running.ray.ray_address, num_proc)
+    raise ConfigError(f"engine must be 'local' or 'ray', got {running.engine!r}")

@@ -10,6 +10,8 @@ workers each tokenizer runs on one thread
 tokenizer's own threads on top of them would oversubscribe the cores. A worker exits as soon as the
 driver does, however it ends (``_exit_with``), so a killed job leaves no worker behind that could still
 write into the output directory while the job is resumed; the forkserver then exits with its last worker.
+Workers ignore SIGINT; when the run fails or is interrupted the engine kills them instead of waiting for
+their tasks (``close(now=True)``; ``pipeline.interrupt``).
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import forkserver
 from typing import Any
 
 from packtool.errors import WorkerDied
+from packtool.pipeline.progress import set_sink as set_progress_sink
 
+WAIT_TICK = 0.25  # seconds between on_wait calls while the driver waits for a result
 # what each pipeline step is called in a message about a worker that died running it
 TASK_NAMES = {"encode_chunks": "encoding chunks", "_write_shard_task": "writing a shard"}
 
@@ -42,12 +47,18 @@ class LocalEngine:
         self.num_proc = num_proc
         self.workers = max(1, num_proc)  # how many tasks run at once
         self._pool: ProcessPoolExecutor | None = None
+        # bytes of input the workers have read (pipeline.progress), and what the driver calls about every
+        # WAIT_TICK seconds while it waits for a result (the progress bar reads the counter)
+        # (no lock: a worker killed while holding one would leave the driver waiting on it forever; an
+        # increment lost to a race only holds the bar back until the chunk or the step ends)
+        self.progress = _context().RawValue("q", 0) if num_proc > 1 else None
+        self.on_wait: Callable[[], None] | None = None
 
     def __enter__(self) -> LocalEngine:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close(now=exc_type is not None)
 
     def map(self, fn: Callable[[Any], Any], tasks: Iterable[Any]) -> Iterator[Any]:
         """Apply ``fn`` to every task; results come back in task order."""
@@ -60,21 +71,30 @@ class LocalEngine:
                 self.num_proc,
                 mp_context=_context(),
                 initializer=_start_worker,
-                initargs=(os.getpid(),),
+                initargs=(os.getpid(), self.progress),
             )
         in_flight: deque[Future] = deque()
         try:
             for task in tasks:
                 in_flight.append(self._pool.submit(_run_task, fn, task))
                 if len(in_flight) >= 2 * self.num_proc:
-                    yield in_flight.popleft().result()
+                    yield self._wait(in_flight.popleft())
             while in_flight:
-                yield in_flight.popleft().result()
+                yield self._wait(in_flight.popleft())
         except BrokenProcessPool:
             raise self._worker_died(fn) from None
         finally:
             for f in in_flight:
                 f.cancel()
+
+    def _wait(self, future: Future) -> Any:
+        """``future``'s result, calling ``on_wait`` about every ``WAIT_TICK`` seconds until it comes."""
+        while self.on_wait is not None:
+            try:
+                return future.result(timeout=WAIT_TICK)
+            except FutureTimeout:
+                self.on_wait()
+        return future.result()
 
     def _worker_died(self, fn: Callable) -> WorkerDied:
         """Which worker died, how, and during which step (a worker killed by a signal: the out-of-memory
@@ -83,8 +103,15 @@ class LocalEngine:
         how = ", ".join(f"pid {p.pid} {_exit_reason(p.exitcode)}" for p in dead) or "a worker exited"
         return WorkerDied(f"a worker process died while {TASK_NAMES.get(fn.__name__, fn.__name__)} ({how})")
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
+        """Shut the pool down once its tasks are done or, with ``now`` (the run is failing or was
+        interrupted), at once: the workers are killed rather than left to finish the chunks they hold
+        (a chunk or shard is whole on disk or absent, so a resume is not harmed), and the driver stops
+        within a moment instead of after the slowest running task."""
         if self._pool is not None:
+            if now:
+                for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+                    process.kill()
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
             _stop_forkserver()
@@ -196,10 +223,14 @@ def keep_freed_memory() -> bool:
         return False
 
 
-def _start_worker(job: int) -> None:
+def _start_worker(job: int, progress: Any = None) -> None:
     """Worker start-up: exit when the driver ``job`` (its pid) is gone; one tokenizer thread per worker;
-    freed memory kept for reuse (``keep_freed_memory``)."""
+    freed memory kept for reuse (``keep_freed_memory``); SIGINT ignored, as a Ctrl-C in a terminal
+    reaches every process of the job and the driver alone ends it (``pipeline.interrupt``); the bytes of
+    input it reads counted in ``progress`` (``pipeline.progress``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _DRIVER[:] = [job]
+    set_progress_sink(progress)
     keep_freed_memory()
     _exit_with(job)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

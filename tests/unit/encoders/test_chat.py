@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packtool.config import PackConfig
-from packtool.encoders import build_encoder, resolve_sample_format
+from packtool.encoders import resolve_sample_format
 from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
+from packtool.options import PackOptions
 from tests.conftest import DEMO, DEMO_TOKENIZER
 from tests.sft_checks import encode_rows, label_runs
 
@@ -193,13 +193,14 @@ def test_tokenizer_without_template_is_a_config_error():
 
 
 def test_auto_picks_chat_for_messages_and_conversations():
-    cfg = PackConfig()
-    assert resolve_sample_format(cfg, ["messages"]) == "chat"
-    assert resolve_sample_format(cfg, ["id", "conversations"]) == "chat"
-    assert resolve_sample_format(cfg, ["text"]) == "text"
+    cfg = PackOptions.of()
+    assert resolve_sample_format(cfg.encoding, ["messages"]) == "chat"
+    assert resolve_sample_format(cfg.encoding, ["id", "conversations"]) == "chat"
+    assert resolve_sample_format(cfg.encoding, ["text"]) == "text"
 
 
 def test_chat_with_add_eos_is_a_config_error():
-    cfg = PackConfig(tokenizer=str(CHAT_TOKENIZER), add_eos=True)
-    with pytest.raises(ConfigError, match="add_eos does not apply to sample_format chat"):
-        build_encoder(cfg, "chat")
+    """The chat template writes the special tokens: --add-eos does not apply (once auto decided chat)."""
+    cfg = PackOptions.of(tokenizer=str(CHAT_TOKENIZER), add_eos=True)
+    with pytest.raises(ConfigError, match="^--add-eos does not apply to --sample-format chat"):
+        cfg.check("chat")

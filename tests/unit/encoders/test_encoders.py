@@ -11,11 +11,11 @@ import pyarrow as pa
 import pytest
 import tokenizers
 
-from packtool.config import PackConfig
 from packtool.encoders import build_encoder
 from packtool.encoders.base import TOKENS, shifted_labels
 from packtool.encoders.text import add_special
 from packtool.errors import ConfigError, InputError
+from packtool.options import PackOptions
 from packtool.readers import read_inputs
 from tests.conftest import DEMO_TOKENIZER, write_jsonl
 
@@ -24,9 +24,9 @@ TEXTS = ["The quick brown fox.", "Attention is all you need!", "pack padding"]
 
 def _encode(tmp_path, rows, **cfg):
     src = write_jsonl(tmp_path / "in.jsonl", rows)
-    config = PackConfig.from_dict({"inputs": [str(src)], "output": "o", "packed_sequence_size": 64, **cfg})
+    config = PackOptions.from_dict({"inputs": [str(src)], "output": "o", "packed_sequence_size": 64, **cfg})
     batch = next(read_inputs([str(src)]))
-    return build_encoder(config, cfg.get("sample_format", "text"))(batch)
+    return build_encoder(config.encoding, cfg.get("sample_format", "text"))(batch)
 
 
 def test_text_encoder_matches_the_tokenizer(tmp_path):

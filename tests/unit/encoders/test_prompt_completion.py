@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from packtool.config import PackConfig
 from packtool.encoders import build_encoder, resolve_sample_format
 from packtool.encoders.prompt_completion import ALPACA, ALPACA_NO_INPUT, PromptCompletionEncoder
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
+from packtool.options import PackOptions
 from tests.conftest import DEMO_TOKENIZER
 from tests.sft_checks import encode_rows, label_runs
 
@@ -89,13 +89,13 @@ def test_missing_fields_are_named():
 
 
 def test_auto_picks_prompt_completion():
-    assert resolve_sample_format(PackConfig(), ["prompt", "completion"]) == "prompt_completion"
-    assert resolve_sample_format(PackConfig(prompt_template="alpaca"), ["instruction", "output"]) == (
-        "prompt_completion"
-    )
-    cfg = PackConfig(tokenizer=str(DEMO_TOKENIZER), prompt_field="q", completion_field="a")
-    assert resolve_sample_format(cfg, ["q", "a"]) == "prompt_completion"
-    assert isinstance(build_encoder(cfg, "prompt_completion"), PromptCompletionEncoder)
+    assert resolve_sample_format(PackOptions.of().encoding, ["prompt", "completion"]) == "prompt_completion"
+    assert resolve_sample_format(
+        PackOptions.of(prompt_template="alpaca").encoding, ["instruction", "output"]
+    ) == ("prompt_completion")
+    cfg = PackOptions.of(tokenizer=str(DEMO_TOKENIZER), prompt_field="q", completion_field="a")
+    assert resolve_sample_format(cfg.encoding, ["q", "a"]) == "prompt_completion"
+    assert isinstance(build_encoder(cfg.encoding, "prompt_completion"), PromptCompletionEncoder)
 
 
 def test_empty_completion_follows_the_policy():
@@ -108,3 +108,13 @@ def test_empty_completion_follows_the_policy():
         encode_rows(encoder(empty_loss="error"), rows)
     # with EOS the model still learns to stop: not empty
     assert encode_rows(encoder(add_eos=True), rows)[1]["labels"] == [X, EOS, X]
+
+
+def test_backslash_n_typed_in_a_template_is_a_newline():
+    """``--prompt-template 'Q: {q}\\nA:'`` from a shell holds a backslash and an n: it is packed as the
+    newline a YAML ``"Q: {q}\\nA:"`` gives, the hand-checked prompt above."""
+    rows = [{"q": "What is packing?", "completion": " It fills rows."}]
+    typed, yaml = (encoder(prompt_template=t) for t in ("Q: {q}\\nA:", "Q: {q}\nA:"))
+    (out,) = encode_rows(typed, rows)
+    assert out["input_ids"] == PROMPT + COMPLETION
+    assert encode_rows(yaml, rows) == [out]

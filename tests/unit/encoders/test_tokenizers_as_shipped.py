@@ -18,7 +18,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from packtool import read_packs, run_pack
-from packtool.config import PackConfig
+from packtool.options import PackOptions
 from tests.conftest import manifest_json, write_jsonl
 
 LIMIT = 16  # the shipped tokenizers cut and pad to this many tokens
@@ -95,7 +95,7 @@ def _unlimited(path: Path) -> tokenizers.Tokenizer:
 def _pack(tmp_path: Path, records: list[dict], tokenizer: Path, **config) -> tuple[dict, dict[int, list]]:
     src = write_jsonl(tmp_path / "in.jsonl", records)
     out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
-    cfg = PackConfig.from_dict(
+    cfg = PackOptions.from_dict(
         {
             "inputs": [str(src)],
             "output": str(out),

@@ -493,13 +493,13 @@ def test_context_parallel_padding_reaches_the_batch(tmp_path, fmt, columns, per_
     ``seq_lens``) and gives ``cu_seqlens_unpadded``, what Transformer Engine's THD attention takes beside
     ``cu_seqlens`` (its ``_padded`` offsets); the real lengths are ``nemo_thd_sample``'s."""
     from packtool import run_pack
-    from packtool.config import PackConfig
     from packtool.nemo import nemo_thd_sample
+    from packtool.options import PackOptions
     from tests.conftest import DEMO, DEMO_TOKENIZER
 
     out = tmp_path / "out"
     run_pack(
-        PackConfig(
+        PackOptions.of(
             inputs=[str(DEMO / "train.jsonl")], output=str(out), tokenizer=str(DEMO_TOKENIZER),
             packed_sequence_size=128, cp_size=4, long_samples="truncate", format=fmt, columns=columns,
             quiet=True,

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
-from packtool.config import PackConfig
 from packtool.errors import InputError
+from packtool.options import PackOptions
 from packtool.packing import make_plan
+from packtool.packing.options import PackingOptions
 from packtool.packing.sequential import plan_sequential
 
 
-def _cfg(**kw) -> PackConfig:
+def _cfg(**kw) -> PackingOptions:
     base = {"inputs": ["x"], "output": "o", "packed_sequence_size": 5, "strategy": "sequential"}
-    return PackConfig.from_dict({**base, **kw})
+    return PackOptions.from_dict({**base, **kw}).packing
 
 
 def _packs(plan):
@@ -131,12 +130,12 @@ def test_cp_size_pads_every_piece_to_a_multiple_of_twice_it(strategy, long_sampl
     ``pack_dataset(cp_size)``), every pack's spans fit N, and the fates and tokens add up as without it."""
     n, cp = 64, 4
     lengths = np.random.default_rng(7).integers(0, 150, size=300)
-    cfg = PackConfig(packed_sequence_size=n, strategy=strategy, long_samples=long_samples, cp_size=cp)
-    plan = make_plan(lengths, cfg)
+    cfg = PackOptions.of(packed_sequence_size=n, strategy=strategy, long_samples=long_samples, cp_size=cp)
+    plan = make_plan(lengths, cfg.packing)
     assert plan.span is not None and np.all(plan.span % (2 * cp) == 0)
     assert np.all((plan.span >= plan.length) & (plan.span - plan.length < 2 * cp))
     assert np.all(plan.pack_spans() <= n)
-    plain = make_plan(lengths, dataclasses.replace(cfg, cp_size=1))
+    plain = make_plan(lengths, cfg.replace(cp_size=1).packing)
     assert plan.num_tokens == plain.num_tokens  # the padding is not tokens
     assert plan.stats.to_dict() == plain.stats.to_dict()
     assert plan.num_packs >= plain.num_packs

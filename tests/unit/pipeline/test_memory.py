@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from packtool.config import PackConfig
 from packtool.errors import ErrorSink
+from packtool.options import PackOptions
 from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.encode import encode_to_chunks
 from packtool.pipeline.engines.local import LocalEngine
@@ -66,7 +66,7 @@ def write_inputs(tmp: Path, seed: int = 0) -> list[str]:
     return paths
 
 
-def _config(inputs: list[str], tmp: Path, **kw) -> PackConfig:
+def _config(inputs: list[str], tmp: Path, **kw) -> PackOptions:
     values = {
         "inputs": inputs,
         "output": str(tmp / "out"),
@@ -76,16 +76,16 @@ def _config(inputs: list[str], tmp: Path, **kw) -> PackConfig:
         "quiet": True,
         **kw,
     }
-    return PackConfig.from_dict(values).validate()
+    return PackOptions.from_dict(values)
 
 
-def _both(tmp: Path, config: PackConfig) -> tuple[ChunkStore, list[dict], MemoryStore, list[dict]]:
+def _both(tmp: Path, config: PackOptions) -> tuple[ChunkStore, list[dict], MemoryStore, list[dict]]:
     spec = start_run(config, "pretokenized")
     stores = []
     for name in ("disk", "memory"):
         work = tmp / name
         work.mkdir()
-        batches = read_inputs(config.inputs, sink=ErrorSink(config.on_error), lazy=True)
+        batches = read_inputs(config.reading.inputs, sink=ErrorSink(config.running.on_error), lazy=True)
         if name == "disk":
             with LocalEngine(1) as engine:
                 metas = encode_to_chunks(spec, config, batches, str(work), engine)

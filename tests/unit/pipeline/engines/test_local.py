@@ -7,7 +7,7 @@ import os
 import pytest
 
 from packtool import run_pack
-from packtool.config import PackConfig
+from packtool.options import PackOptions
 from packtool.pipeline.engines.local import LocalEngine
 from tests.conftest import DEMO, DEMO_TOKENIZER
 
@@ -49,7 +49,7 @@ def test_a_run_builds_its_encoder_once_in_the_driver(monkeypatch, tmp_path):
     built = []
     real = encode.build_encoder
     monkeypatch.setattr(encode, "build_encoder", lambda *a: built.append(a) or real(*a))
-    config = PackConfig.from_dict(
+    config = PackOptions.from_dict(
         {
             "inputs": [str(DEMO / "train.jsonl")],
             "output": str(tmp_path / "out"),
@@ -120,8 +120,8 @@ def test_workers_are_needed_unless_every_input_is_parquet_without_a_tokenizer(tm
     (tmp_path / "b.parquet").write_bytes(b"")
     (tmp_path / "c.jsonl").write_text("")
 
-    def cfg(*inputs: str, **kw) -> PackConfig:
-        return PackConfig.from_dict({"inputs": [str(tmp_path / i) for i in inputs], **kw})
+    def cfg(*inputs: str, **kw) -> dict:
+        return PackOptions.from_dict({"inputs": [str(tmp_path / i) for i in inputs], **kw}).to_dict()
 
     assert not may_need_workers(cfg("a.parquet", "*.parquet"))
     assert may_need_workers(cfg("a.parquet", tokenizer=str(DEMO_TOKENIZER)))  # text, or ids to check
@@ -129,7 +129,7 @@ def test_workers_are_needed_unless_every_input_is_parquet_without_a_tokenizer(tm
     assert may_need_workers(cfg("*"))
     assert may_need_workers(cfg("."))  # a folder: whatever it holds
     assert may_need_workers(cfg("a.parquet", engine="ray"))
-    assert may_need_workers(PackConfig.from_dict({"inputs": ["hf:org/set"]}))
+    assert may_need_workers({"inputs": ["hf:org/set"]})
 
 
 def test_keep_freed_memory_takes_effect_where_glibc_runs():

@@ -1,0 +1,131 @@
+"""``--config FILE``: a YAML file of option keys, read safely into a flat mapping.
+
+Keys are the options' names (dashes accepted for underscores: ``packed-sequence-size``); relative paths
+in the file are relative to the file's folder (``resolve_paths``). Every problem is a ``ConfigError``
+(exit 2) naming the file, and the line where YAML knows it: a missing or unreadable file, bytes that are
+not UTF-8 text, bad YAML (indentation included), YAML aliases (refused: nested ones expand
+exponentially), a top level that is not a mapping, an unknown key (with the nearest known one), a value of
+the wrong type.
+
+Example::
+
+    >>> import tempfile, pathlib
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "job.yaml"
+    >>> _ = path.write_text("packed-sequence-size: 4096\\nstrategy: bfd\\n")
+    >>> load_config_file(path)
+    {'packed_sequence_size': 4096, 'strategy': 'bfd'}
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from packtool.errors import ConfigError
+from packtool.options import SPECS, PackOptions, closest
+from packtool.packing.options import STRATEGIES
+from packtool.plugins import is_plugin_spec
+
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a few hundred bytes; a larger one is not a config
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """The file's keys and values (checked as ``PackOptions.from_dict`` checks them), paths resolved."""
+    import yaml  # imported when a config file is read: yaml costs ~20 ms of every other start-up
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes: not a packtool config file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a YAML config file (not UTF-8 text at byte {e.start})") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        data = _load_without_aliases(loader, yaml)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    finally:
+        loader.dispose()
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of keys to values")
+    values = {str(k).replace("-", "_"): v for k, v in data.items()}
+    for name in values:
+        if name not in SPECS:
+            raise ConfigError(f"{path}: unknown key {name!r}{closest(name, SPECS)}")
+    # types and ranges, naming the file; options against each other once the flags are in (cli.pack)
+    PackOptions.from_dict(values, origin=str(path), given=set(), check=False)
+    return resolve_paths(values, path.parent)
+
+
+def _load_without_aliases(loader: Any, yaml: Any) -> Any:
+    """The one document of ``loader``; a YAML alias (``*name``) is an error at its line: a config needs
+    none, and nested ones expand to billions of nodes from a few hundred bytes."""
+    compose = loader.compose_node
+
+    def compose_node(parent: Any, index: Any) -> Any:
+        if loader.check_event(yaml.AliasEvent):
+            event = loader.peek_event()
+            raise yaml.MarkedYAMLError(
+                problem="YAML aliases (*name) are not allowed in a packtool config",
+                problem_mark=event.start_mark,
+            )
+        return compose(parent, index)
+
+    loader.compose_node = compose_node
+    return loader.get_single_data()
+
+
+def resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``values`` with the relative paths of a config file made relative to ``base`` (the file's folder),
+    so that a config file means the same files from any working directory.
+
+    Paths are the ``inputs`` (not ``hf:`` names), ``output``, ``chat_template``, and ``tokenizer`` or
+    ``strategy`` when they are a path (a ``.py`` file of a ``file.py:callable`` spec; not a dotted module).
+
+    >>> got = resolve_paths({"inputs": ["../data/a.jsonl", "hf:org/name"], "output": "/abs/out",
+    ...                      "strategy": "bfd", "tokenizer": "enc.py:encode"}, Path("configs"))
+    >>> got["inputs"], got["output"], got["strategy"], got["tokenizer"]
+    (['data/a.jsonl', 'hf:org/name'], '/abs/out', 'bfd', 'configs/enc.py:encode')
+    """
+
+    def rel(p: str) -> str:
+        return p if os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
+
+    def spec_or_path(p: str, named: tuple[str, ...] = ()) -> str:
+        if p in named:
+            return p
+        if is_plugin_spec(p):
+            module, _, name = p.rpartition(":")
+            file_like = module.endswith(".py") or "/" in module or "\\" in module
+            return f"{rel(module)}:{name}" if file_like else p
+        return rel(p)
+
+    out = dict(values)
+    for k, v in values.items():
+        if k == "inputs":
+            items = [v] if isinstance(v, str) else v
+            out[k] = [i if i.startswith("hf:") else rel(i) for i in items]
+        elif not isinstance(v, str):
+            continue
+        elif k in ("output", "chat_template"):
+            out[k] = rel(v)
+        elif k == "tokenizer":
+            out[k] = spec_or_path(v)
+        elif k == "strategy":
+            out[k] = spec_or_path(v, STRATEGIES)
+    return out

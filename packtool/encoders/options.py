@@ -1,0 +1,113 @@
+"""The encoding stage's options: the tokenizer and the labels convention, and each sample format's
+encoder's own options (they apply only to that ``--sample-format``, once ``auto`` is decided)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from packtool.errors import ConfigError
+from packtool.manifest import LABELS
+from packtool.option_types import Applies, OptionGroup, option
+
+SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat")
+LOSS_ON = ("assistant", "last", "all")
+EMPTY_LOSS_POLICIES = ("drop", "keep", "error")
+
+
+class SpecialTokenOptions(OptionGroup):
+    """BOS and EOS around every sample: the text and prompt_completion encoders (a chat template writes
+    its own special tokens; pretokenized samples are taken as they are)."""
+
+    section = "encoding"
+    applies = Applies("sample_format", ("text", "prompt_completion"))
+
+    add_bos: option(bool, "Prepend the BOS token to every sample.") = False
+    add_eos: option(bool, "Append the EOS token to every sample.") = False
+    bos_token: option(str | None, "BOS token text (with --add-bos) [default: the tokenizer's].") = None
+    eos_token: option(str | None, "EOS token text (with --add-eos) [default: the tokenizer's].") = None
+
+
+class PretokenizedOptions(OptionGroup):
+    """``--sample-format pretokenized``'s own options."""
+
+    section = "encoding"
+    applies = Applies("sample_format", ("pretokenized",))
+
+    mask_labels: option(
+        bool,
+        "Where the input gives labels and a loss_mask, write -100 into the labels where loss_mask is 0 "
+        "(as NeMo AutoModel's pack_dataset does).",
+    ) = False
+
+
+class PromptCompletionOptions(OptionGroup):
+    """``--sample-format prompt_completion``'s own options (``packtool.encoders.prompt_completion``)."""
+
+    section = "encoding"
+    applies = Applies("sample_format", ("prompt_completion",))
+
+    prompt_field: option(str, "Field holding the prompt.") = "prompt"
+    completion_field: option(str, "Field holding the completion.") = "completion"
+    prompt_template: option(
+        str | None, "'alpaca' (instruction/input) or a format string over fields ('Q: {question}')."
+    ) = None
+    train_on_prompt: option(bool, "Train on the prompt too.") = False
+
+
+class ChatOptions(OptionGroup):
+    """``--sample-format chat``'s own options (``packtool.encoders.chat``)."""
+
+    section = "encoding"
+    applies = Applies("sample_format", ("chat",))
+
+    chat_template: option(str | None, "Jinja template file [default: the tokenizer directory's own].") = None
+    loss_on: option(Literal[LOSS_ON], "Train on every assistant turn, the last one only, or all tokens.") = (
+        "assistant"
+    )
+
+
+class FineTuningOptions(OptionGroup):
+    """The fine-tuning formats' options (prompt_completion and chat: samples may have nothing to learn)."""
+
+    section = "encoding"
+    applies = Applies("sample_format", ("prompt_completion", "chat"))
+
+    empty_loss: option(
+        Literal[EMPTY_LOSS_POLICIES], "Samples with nothing to learn: drop (counted), keep, or error."
+    ) = "drop"
+
+
+class EncodingOptions(OptionGroup):
+    """How records become input_ids, labels and loss_mask."""
+
+    section = "encoding"
+
+    sample_format: option(Literal[SAMPLE_FORMATS], "How records are encoded.") = "auto"
+    tokenizer: option(
+        str | None, "tokenizer.json, a local model directory, or a module:callable encoder."
+    ) = None
+    text_field: option(str, "Field holding the text (text input; .txt files are read into it).") = "text"
+    labels: option(
+        Literal[LABELS],
+        "shifted: labels[i] is the target of input_ids[i]; unshifted: labels = input_ids (the model shifts).",
+    ) = "shifted"
+    encoder_kwargs: option(
+        dict | None, "Keyword arguments for a module:callable encoder class.", flag=False
+    ) = None
+    tokens: SpecialTokenOptions = msgspec.field(default_factory=SpecialTokenOptions)
+    pretokenized: PretokenizedOptions = msgspec.field(default_factory=PretokenizedOptions)
+    prompt_completion: PromptCompletionOptions = msgspec.field(default_factory=PromptCompletionOptions)
+    chat: ChatOptions = msgspec.field(default_factory=ChatOptions)
+    fine_tuning: FineTuningOptions = msgspec.field(default_factory=FineTuningOptions)
+
+    def check(self) -> None:
+        """``ConfigError`` for a token named for BOS or EOS that nothing adds."""
+        for end in ("bos", "eos"):
+            token = getattr(self.tokens, f"{end}_token")
+            if token is not None and not getattr(self.tokens, f"add_{end}"):
+                raise ConfigError(
+                    f"--{end}-token {token} and --add-{end} off conflict: --{end}-token names the token "
+                    f"--add-{end} adds; drop one"
+                )

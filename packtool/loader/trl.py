@@ -1,0 +1,109 @@
+"""``trl_dataset``: a packtool output as the rows TRL's padding-free ``SFTTrainer`` reads, exactly.
+
+TRL's ``DataCollatorForLanguageModeling(padding_free=True)`` (what ``SFTConfig(padding_free=True)``
+uses) reads a pre-packed row's sequence boundaries from ``seq_lengths`` and its labels *unshifted*: it
+restarts ``position_ids`` at each sequence, sets the label of each sequence's first token to -100 and lets
+the model shift. packtool's rows say ``seq_lens`` and, by default, hold labels already shifted: given as
+they are, TRL sees one sequence per row (attention across samples) and shifts the labels a second time,
+a silently wrong loss. ``trl_dataset`` gives each pack as TRL's row: ``input_ids``, ``labels`` in TRL's
+convention whatever the output's (``shifted`` ones moved one place right inside each sequence) and
+``seq_lengths`` (``seq_lens``, the padding one more sequence, all -100). The loss is then each sequence's
+alone, token for token (tests/interop/test_trainers.py).
+
+What it cannot give exactly it refuses (``ValueError``): shifted labels whose sequence ends on a target
+(a piece of a sample split across packs targets the first token of the next pack's piece; TRL has no
+place for it). Pack with ``--labels unshifted`` for TRL, or train such outputs through ``packtool.loader``.
+
+Example::
+
+    from trl import SFTConfig, SFTTrainer
+    from packtool.loader.trl import trl_dataset  # not in packtool.loader: datasets is slow to import
+
+    train = trl_dataset("out/")
+    args = SFTConfig(output_dir="ckpt", padding_free=True, max_length=None, per_device_train_batch_size=8)
+    SFTTrainer(model, args=args, train_dataset=train).train()
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+
+from packtool.loader.batch import LABELS
+from packtool.loader.loader import shards_digest
+from packtool.manifest import Manifest
+from packtool.reading import read_packs
+
+TRL_COLUMNS = ("input_ids", "labels", "seq_lengths")
+
+
+def trl_labels(labels: np.ndarray, seq_lens: np.ndarray, convention: str) -> tuple[np.ndarray, int]:
+    """One pack's labels as TRL takes them: unshifted (the model shifts), -100 at each sequence's first
+    token (where TRL's collator puts it too), and how many targets were left out: shifted labels on a
+    sequence's last token, which nothing unshifted can say. ``labels`` ``(N,)`` int, ``seq_lens``
+    ``(S,)`` int summing to ``N``; ``convention`` the output's ``labels``.
+
+    >>> out, lost = trl_labels(np.array([6, 7, -100, 9, 4]), np.array([3, 2]), "shifted")
+    >>> out.tolist(), lost
+    ([-100, 6, 7, -100, 9], 1)
+    """
+    if convention not in LABELS:
+        raise ValueError(f"labels convention must be one of {', '.join(LABELS)}, got {convention!r}")
+    ends = np.cumsum(seq_lens[seq_lens > 0])
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    lost = 0
+    if convention == "unshifted":
+        out = labels.astype(np.int64)
+    else:
+        lost = int((labels[ends - 1] != -100).sum())
+        out = np.full(labels.shape, -100, dtype=np.int64)
+        out[1:] = labels[:-1]
+    out[starts] = -100
+    return out, lost
+
+
+def _rows(directory: str, split: str | None, identity: str) -> Iterator[dict[str, Any]]:
+    """The rows of ``trl_dataset`` (``identity`` binds ``datasets``' cache to the run's content)."""
+    convention = Manifest.load(directory).labels
+    left_out = 0
+    for pack in read_packs(directory, split=split):
+        seq_lens = pack["seq_lens"].astype(np.int64)
+        labels, lost = trl_labels(pack["labels"], seq_lens, convention)
+        left_out += lost
+        yield {"input_ids": pack["input_ids"], "labels": labels, "seq_lengths": seq_lens}
+    if left_out:
+        warnings.warn(
+            f"{directory}: {left_out:,} targets on the last token of a sequence (the next token of a "
+            "truncated sample, or of a sample split across packs) are not in TRL's rows: TRL's padding-free "
+            "collator shifts inside each sequence (packtool.loader keeps them)",
+            stacklevel=2,
+        )
+
+
+def trl_dataset(directory: str | Path, split: str | None = "train", cache_dir: str | None = None):
+    """The packs of ``split`` of output ``directory`` as a ``datasets.Dataset`` of TRL's padding-free rows
+    (``input_ids`` int32, ``labels`` int64, ``seq_lengths`` int64; one row per pack, in the output's
+    order); see the module docstring. Written once to ``datasets``' cache (``cache_dir``), keyed on the
+    run's ``run_id`` and its shards' sha256s, so a re-packed output is never served from a stale cache.
+    """
+    directory = str(directory)
+    manifest = Manifest.load(directory)
+    features = datasets.Features(
+        {
+            "input_ids": datasets.Sequence(datasets.Value("int32")),
+            "labels": datasets.Sequence(datasets.Value("int64")),
+            "seq_lengths": datasets.Sequence(datasets.Value("int64")),
+        }
+    )
+    identity = f"{manifest.run_id}:{shards_digest(manifest, split)}"
+    return datasets.Dataset.from_generator(
+        _rows,
+        features=features,
+        gen_kwargs={"directory": directory, "split": split, "identity": identity},
+        cache_dir=cache_dir,
+    )

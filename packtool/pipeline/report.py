@@ -1,0 +1,75 @@
+"""What ``packtool pack`` says of a finished run beside the manifest: the summary line, the special
+tokens it put in the packs by name, and a warning for a token it had to guess."""
+
+from __future__ import annotations
+
+from packtool.encoders.text import WEAK_GUESSES
+from packtool.manifest import Manifest
+
+
+def name_special_tokens(
+    identity: dict, encoder, named: dict[str, str | None], pad_token_id: int
+) -> tuple[dict, list[str]]:
+    """``identity`` with the text of the BOS/EOS tokens the encoder adds and of the pad token
+    ``pad_token_id`` (``bos_token``, ``eos_token``, ``pad_token``), and a warning for each BOS/EOS chosen
+    by a name that is something else first (``[SEP]`` as EOS: a BERT tokenizer declares no EOS).
+    ``named``: the BOS/EOS the user named (``{"bos": None, "eos": "</s>"}``: ``--bos-token``,
+    ``--eos-token``); a token named there or declared by the tokenizer is no guess.
+
+    Encoders without a tokenizer (pretokenized, a plugin) add no token: ``identity`` comes back as it is.
+    """
+    tokenizer = getattr(encoder, "tokenizer", None)
+    if not hasattr(tokenizer, "id_to_token"):
+        return identity, []
+    names, warnings = {}, []
+    for kind in ("bos", "eos"):
+        token_id = identity.get(f"{kind}_token_id")
+        if token_id is None:
+            continue
+        names[f"{kind}_token"] = token = tokenizer.id_to_token(token_id)
+        chosen = named.get(kind) or tokenizer.declared_token(kind)
+        if not chosen and token in WEAK_GUESSES:
+            names.setdefault("guessed_tokens", []).append(kind)
+            warnings.append(
+                f"--add-{kind}: the tokenizer declares no {kind.upper()} token; {token!r} (id {token_id}) "
+                f"was chosen by its name: if it does not {'end' if kind == 'eos' else 'begin'} a sample for "
+                f"your model, name the right one with --{kind}-token"
+            )
+    pad = tokenizer.id_to_token(pad_token_id)
+    if pad is not None:
+        names["pad_token"] = pad
+    return {**identity, **names}, warnings
+
+
+def special_tokens_line(manifest: Manifest) -> str | None:
+    """``tokens: eos '</s>' (id 2) ends every sample; pad '<unk>' (id 0)``: the tokens packtool put in
+    the packs, by name; None when it knows no names (pretokenized input)."""
+    details = manifest.tokenizer.details
+    parts = []
+    for kind, where in (("bos", "begins"), ("eos", "ends")):
+        if details.get(f"{kind}_token") is not None:
+            parts.append(
+                f"{kind} {details[f'{kind}_token']!r} (id {details[f'{kind}_token_id']}) {where} every sample"
+            )
+    if details.get("pad_token") is not None:
+        parts.append(f"pad {details['pad_token']!r} (id {manifest.pad_token_id}) fills the packs")
+    return "tokens: " + "; ".join(parts) if parts else None
+
+
+def summary_line(manifest: Manifest, output: str) -> str:
+    """The line ``pack`` ends with: the samples packed whole (in one pack), those split across packs
+    apart from them, the packs, fill rate and lower bound. What was lost is said by the warnings after it.
+
+    >>> summary_line(manifest, "out")  # doctest: +SKIP
+    'packed 20,741 of 23,129 samples whole and 2,388 split across packs into 8,016 packs of 2048 tokens
+    (fill rate 99.41%, lower bound 7,969 packs) -> out'
+    """
+    s = manifest.stats
+    split = f" and {s.split_samples:,} split across packs" if s.split_samples else ""
+    val = sum(e.num_packs for _, e in manifest.split_shards("val"))
+    held = f"; {val:,} of them held out as validation in val-* shards" if val else ""
+    return (
+        f"packed {s.whole_samples:,} of {s.input_samples:,} samples whole{split} into {s.num_packs:,} packs "
+        f"of {manifest.packed_sequence_size} tokens (fill rate {s.fill_rate:.2%}, lower bound "
+        f"{s.lower_bound_packs:,} packs{held}) -> {output}"
+    ) + (f"\n{tokens}" if (tokens := special_tokens_line(manifest)) else "")
