@@ -399,6 +399,9 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
             )
         plan, num_train = hold_out(plan, options.packing.val_fraction, options.packing.seed)
         shard_ranges = list(enumerate(split_shard_ranges(fmt, plan, num_train, options, columns)))
+        first_of = {}
+        for i, (_, _, split) in shard_ranges:
+            first_of.setdefault(split, i)
         # the run's identity: what it is made from, what it encoded, and what readers rely on
         run_key = content_run_key(identity_key, [m["digest"] for m in metas])
         fields = reading_fields(
@@ -410,7 +413,10 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
             pad_token_id=options.packing.pad_token_id,
             columns=columns,
             layout=options.output.columns,
-            shards=[(fmt.shard_name(i, split), b - a, split) for i, (a, b, split) in shard_ranges],
+            shards=[
+                (fmt.shard_name(i - first_of[split], split), b - a, split)
+                for i, (a, b, split) in shard_ranges
+            ],
         )
         run_id = bound_run_id(run_key, fields)
         finished = {}
@@ -423,9 +429,6 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
                 if in_memory
                 else f"resumed: {len(done)} of {len(metas)} chunks and {shards}",
             )
-        first_of = {}
-        for i, (_, _, split) in shard_ranges:
-            first_of.setdefault(split, i)
         (Path(work) / "shards").mkdir(exist_ok=True)
         written = []
         with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
