@@ -30,7 +30,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -180,14 +179,6 @@ def _progress(show: bool, **kw) -> tqdm:
     return tqdm(disable=not show, file=sys.stderr, dynamic_ncols=True, **kw)
 
 
-def _fault(step: str, done: int) -> None:
-    """Test hook: ``PACKTOOL_TEST_KILL=STEP:N`` SIGKILLs this process once N items of STEP are done
-    (``encode``: chunks, ``write``: shards); it lets the tests kill a job at a chosen point."""
-    spec = os.environ.get("PACKTOOL_TEST_KILL")
-    if spec and spec == f"{step}:{done}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 class _FieldsRead:
     """``read_inputs``' ``used_fields`` for a run: the sample format is resolved once, from the fields of
     the first batch that needs it (the readers ask only when a field cannot be one column)."""
@@ -320,7 +311,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
                     bar.update(records)
                 if new:
                     encoded += 1
-                    _fault("encode", encoded)
+                    progress.step_done("encode", encoded)
 
             records = itertools.chain([first], batches)
             try:
@@ -422,7 +413,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
             for entry in entries:
                 written.append(entry)
                 bar.update(entry.num_packs)
-                _fault("write", len(written))
+                progress.step_done("write", len(written))
         shards = sorted([*written, *finished.values()], key=lambda e: e.path)
     check_inputs_unchanged(options.reading.inputs, stamps)  # nothing is committed from an input that changed
     if skipped.total:
