@@ -16,7 +16,8 @@ is byte-identical for every ``num_proc`` and engine.
 
 **Pretokenized Parquet** that fits in memory skips the scratch chunks (``pipeline.memory``): the driver
 reads and encodes the chunks itself and keeps them in a ``MemoryStore``, and ``num_proc`` threads of the
-driver write the shards from it; the same chunk boundaries and plan give the same bytes.
+driver write the shards from it; the same chunk boundaries and plan give the same bytes. Which store a
+run uses is chosen once (``pipeline.stores.open_store``); the steps below it do not ask.
 
 **Resuming.** The run's identity (``run_id``, plus the input files' sizes and modification times and
 packtool's version) is recorded in ``<output>.partial/_work/run.json``. A run started again with the same
@@ -49,22 +50,20 @@ from packtool.errors import (
 )
 from packtool.formats import ShardFormat, ShardMeta, get_format
 from packtool.formats.card import write_dataset_card
-from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
+from packtool.manifest import ERRORS_LOG, Manifest
 from packtool.options import PackOptions
 from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
 from packtool.pipeline import progress
-from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
-from packtool.pipeline.encode import RunSpec, encode_to_chunks, first_bad_record, worker
+from packtool.pipeline.encode import RunSpec, first_bad_record, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
-from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
 from packtool.pipeline.interrupt import stop_on_interrupt
-from packtool.pipeline.memory import encode_in_memory, use_memory_store
 from packtool.pipeline.output import OutputDir
 from packtool.pipeline.report import name_special_tokens
 from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
+from packtool.pipeline.stores import open_store
 from packtool.pipeline.summary import build_manifest, run_stats
-from packtool.pipeline.write import finished_shard, output_columns, write_shard
+from packtool.pipeline.write import finished_shard, output_columns
 from packtool.readers import expand_inputs, input_bytes, read_inputs
 from packtool.version import __version__
 
@@ -270,12 +269,9 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
     if resumed:
         _note(options, f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
     fmt = get_format(options.output.format)
-    in_memory = use_memory_store(options, sample_format)  # no scratch chunks: pipeline.memory
 
     with make_engine(options.running, resolve_num_proc(options.to_dict())) as engine:
-        done = {}
-        if resumed and not in_memory:
-            done = {m["index"]: m for m in _chunk_metas(work)}
+        encoded_store = open_store(spec, options, sample_format, work, engine, resumed)
         encoded, records_done = 0, 0
         # a total from the start, for the percentage and the ETA: the input's bytes for line and file
         # ranges (known as they are handed out), else Parquet's rows from the footers, else none
@@ -315,16 +311,13 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
 
             records = itertools.chain([first], batches)
             try:
-                if in_memory:
-                    store, metas = encode_in_memory(spec, options, records, work, on_chunk)
-                else:
-                    metas = encode_to_chunks(spec, options, records, work, engine, on_chunk, done)
-                    store = ChunkStore(Path(work), metas)
+                encoded_store.encode(records, on_chunk)
             finally:
                 progress.set_sink(None)
                 engine.on_wait = None
             if size:
                 bar.update(size - bar.n)  # the bytes of pieces the driver read itself
+        store, metas = encoded_store.chunks, encoded_store.metas
         skipped = _merge_skipped(options, sink, metas)
         if store.num_samples == 0:
             raise InputError(
@@ -378,12 +371,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         if resumed:
             finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
             shards = f"{len(finished)} of {len(shard_ranges)} shards were already done"
-            _note(
-                options,
-                f"resumed: {shards} (the input was read into memory again)"
-                if in_memory
-                else f"resumed: {len(done)} of {len(metas)} chunks and {shards}",
-            )
+            _note(options, encoded_store.resumed_note(shards))
         first_of = {}
         for i, (_, _, split) in shard_ranges:
             first_of.setdefault(split, i)
@@ -404,13 +392,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
                 for i, (a, b, split) in shard_ranges
                 if i not in finished
             )
-            if in_memory:  # the driver's threads write from the store it holds
-                entries = thread_map(
-                    lambda task: write_shard(*task, store=store), tasks, options.running.num_proc
-                )
-            else:
-                entries = engine.map(_write_shard_task, tasks)
-            for entry in entries:
+            for entry in encoded_store.write_shards(tasks):
                 written.append(entry)
                 bar.update(entry.num_packs)
                 progress.step_done("write", len(written))
@@ -472,20 +454,6 @@ def split_shard_ranges(
             ranges = fmt.shard_ranges(plan.slice(a, b), options.output, columns)
             out += [(a + x, a + y, split) for x, y in ranges]
     return out
-
-
-def _write_shard_task(task: tuple) -> ShardEntry:
-    return write_shard(*task)
-
-
-def _chunk_metas(work: str) -> list[dict]:
-    """Metas of the chunks a killed attempt of this run finished."""
-    metas = []
-    for path in sorted(Path(work).glob("chunk-*/meta.json")):
-        meta = read_chunk_meta(work, int(path.parent.name.removeprefix("chunk-")))
-        if meta is not None:
-            metas.append(meta)
-    return metas
 
 
 def _merge_skipped(options: PackOptions, sink: ErrorSink, metas: list[dict]) -> ErrorSink:
