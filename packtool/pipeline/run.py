@@ -32,6 +32,8 @@ import itertools
 import json
 import os
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -68,8 +70,16 @@ from packtool.readers import expand_inputs, input_bytes, read_inputs
 from packtool.version import __version__
 
 
-def run_pack(options: PackOptions, *, progress: bool | None = None) -> Manifest:
+def run_pack(
+    options: PackOptions, *, progress: bool | None = None, say: Callable[[str], None] | None = None
+) -> Manifest:
     """Run ``packtool pack`` for ``options``; return the manifest. Raises ``PacktoolError`` subclasses.
+
+    What the run has to tell its user before a step (a resumed run, a guessed special token, a
+    convention to know of) goes to ``say`` as it goes, one line each: ``"warning: ..."`` always, the
+    notes unless ``quiet`` (the CLI prints ``packtool: LINE``); without ``say`` the warnings go to
+    ``warnings.warn`` and the notes nowhere. What the finished output lacks is returned in the manifest
+    (``warnings``; ``stats.losses(...)``): the caller says it.
 
     On every error it reports (bad input or options, disk full, internal error) the partial directory is
     removed: nothing is left behind. When the job is interrupted (Ctrl-C) or killed it is kept, so that the
@@ -84,7 +94,7 @@ def run_pack(options: PackOptions, *, progress: bool | None = None) -> Manifest:
     try:
         with stop_on_interrupt():  # Ctrl-C: "stopping" at once, a second one stops at once
             try:
-                manifest = _run(options, out, show)
+                manifest = _run(options, out, show, _Say(say, options.running.quiet))
             except InputError as e:
                 raise first_bad_record(options, e) from None
             out.commit(manifest)
@@ -125,9 +135,22 @@ def unread_token_fields(schema: pa.Schema) -> list[str]:
     ]
 
 
-def _note(options: PackOptions, message: str) -> None:
-    if not options.running.quiet:
-        print(f"packtool: {message}", file=sys.stderr, flush=True)
+class _Say:
+    """A run's lines for its user as it goes (``run_pack``'s ``say``): warnings always, notes unless
+    ``quiet``."""
+
+    def __init__(self, say: Callable[[str], None] | None, quiet: bool) -> None:
+        self.say, self.quiet = say, quiet
+
+    def warning(self, text: str) -> None:
+        if self.say is None:
+            warnings.warn(text, stacklevel=4)  # to run_pack's caller
+        else:
+            self.say(f"warning: {text}")
+
+    def note(self, text: str) -> None:
+        if self.say is not None and not self.quiet:
+            self.say(text)
 
 
 # bytes a writer holds per token of the packs it builds: the token columns (3 x int32, an int8 mask), the
@@ -198,7 +221,7 @@ def start_run(options: PackOptions, sample_format: str) -> RunSpec:
     return spec
 
 
-def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
+def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
     sink = ErrorSink(options.running.on_error)  # bad records met while reading
     fields = _FieldsRead(options)
     # workers (local processes or Ray tasks) read their own rows and lines: the driver hands out ranges
@@ -219,21 +242,18 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
     options.check(sample_format)  # the options set for the sample format the input turned out to be
     run_warnings = unread_token_fields(first.schema) if sample_format == "pretokenized" else []
     if resolve_position_ids(options.packing) == "nemo":
-        _note(
-            options,
+        say.note(
             "note: position_ids follow NeMo's convention (they run on over a split sample and through the "
             "padding): give attention seq_lens or cu_seqlens, not position_ids alone (transformers' "
             "position-id packing would join samples); --position-ids restart makes them safe for it",
         )
         if options.packing.split_across_pack:  # said even under --quiet: it changes what training sees
-            print(
-                "packtool: warning: --split-across-pack with --position-ids nemo: the positions of a piece "
+            say.warning(
+                "--split-across-pack with --position-ids nemo: the positions of a piece "
                 "that continues a sample in the next pack wrap around at the pack size instead of going on "
                 "(e.g. 1223..2999 then 0..1222), and every attention mask trains on them; keep nemo for "
                 "parity with NeMo AutoModel, else pass --position-ids restart (each piece from 0) or train "
-                "with batch.flattened()",
-                file=sys.stderr,
-                flush=True,
+                "with batch.flattened()"
             )
     spec = start_run(options, sample_format)
     identity = worker(spec).encoder.identity()
@@ -255,19 +275,18 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         options.packing.pad_token_id,
     )
     for line in guesses:  # said before the work, even with --quiet: not a loss, so not in manifest.warnings
-        print(f"packtool: warning: {line}", file=sys.stderr, flush=True)
+        say.warning(line)
 
     stamps = input_stamps(options.reading.inputs)  # the inputs as the run starts reading them
     resume = out.begin({"run_id": run_id, "inputs": stamps, "packtool": __version__})
     if resume is not None and not resume["resumed"]:
-        _note(
-            options,
+        say.note(
             f"{out.partial} holds an interrupted run of another job (options, inputs or "
             "tokenizer differ); starting afresh",
         )
     resumed = bool(resume and resume["resumed"])
     if resumed:
-        _note(options, f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
+        say.note(f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
     fmt = get_format(options.output.format)
 
     with make_engine(options.running, resolve_num_proc(options.to_dict())) as engine:
@@ -360,8 +379,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
             )
         columns = output_columns(options, store)
         if options.output.columns == "minimal" and "labels" in columns:
-            _note(
-                options,
+            say.note(
                 "note: --columns minimal stores labels: the input's own labels are not the ones packtool "
                 "rebuilds (input_ids shifted, -100 where no loss is taken), so they carry information",
             )
@@ -371,7 +389,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         if resumed:
             finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
             shards = f"{len(finished)} of {len(shard_ranges)} shards were already done"
-            _note(options, encoded_store.resumed_note(shards))
+            say.note(encoded_store.resumed_note(shards))
         first_of = {}
         for i, (_, _, split) in shard_ranges:
             first_of.setdefault(split, i)
