@@ -196,7 +196,8 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     options = options.replace(num_proc=num_proc)
 
     keep_freed_memory()  # the writers reuse their arrays (the CLI only: run_pack leaves its caller be)
-    manifest = run_pack(options)
+    # what the run says before a step (notes, guessed special tokens) is printed as it comes
+    manifest = run_pack(options, say=lambda line: click.echo(f"packtool: {line}", err=True))
     s = manifest.stats
     if not options.running.quiet:
         click.echo(summary_line(manifest, options.output.output), err=True)

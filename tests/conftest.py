@@ -20,14 +20,20 @@ DEMO_TOKENIZER = DEMO / "tokenizer.json"
 
 
 def run_cli(
-    *args: str, check: bool = True, cwd: str | Path | None = None, env: dict | None = None
+    *args: str,
+    check: bool = True,
+    cwd: str | Path | None = None,
+    env: dict | None = None,
+    kill_at: str | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``packtool ARGS`` as a user would (``python -m packtool.cli``), capturing output."""
+    """Run ``packtool ARGS`` as a user would (``python -m packtool.cli``), capturing output. ``kill_at``
+    (``STEP:N``, ``tests/fault_runner.py``) SIGKILLs the job, or one of its workers, at that point."""
     env = dict(env or {})
     extra_path = env.pop("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), extra_path) if p)}
     proc = subprocess.run(
-        [sys.executable, "-m", "packtool.cli", *map(str, args)],
+        [sys.executable, "-m", *(("tests.fault_runner", kill_at, "--") if kill_at else ("packtool.cli",))]
+        + list(map(str, args)),
         capture_output=True,
         text=True,
         cwd=cwd,

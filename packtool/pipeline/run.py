@@ -16,7 +16,8 @@ is byte-identical for every ``num_proc`` and engine.
 
 **Pretokenized Parquet** that fits in memory skips the scratch chunks (``pipeline.memory``): the driver
 reads and encodes the chunks itself and keeps them in a ``MemoryStore``, and ``num_proc`` threads of the
-driver write the shards from it; the same chunk boundaries and plan give the same bytes.
+driver write the shards from it; the same chunk boundaries and plan give the same bytes. Which store a
+run uses is chosen once (``pipeline.stores.open_store``); the steps below it do not ask.
 
 **Resuming.** The run's identity (``run_id``, plus the input files' sizes and modification times and
 packtool's version) is recorded in ``<output>.partial/_work/run.json``. A run started again with the same
@@ -30,9 +31,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
-import signal
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -52,29 +53,35 @@ from packtool.errors import (
 )
 from packtool.formats import ShardFormat, ShardMeta, get_format
 from packtool.formats.card import write_dataset_card
-from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
+from packtool.manifest import ERRORS_LOG, Manifest
 from packtool.options import PackOptions
 from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
 from packtool.pipeline import progress
-from packtool.pipeline.chunks import ChunkStore, chunk_dir, chunk_intact, read_chunk_meta
 from packtool.pipeline.content import labels_as_given
-from packtool.pipeline.encode import RunSpec, encode_to_chunks, first_bad_record, precut_limit, worker
+from packtool.pipeline.encode import RunSpec, first_bad_record, precut_limit, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
-from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
 from packtool.pipeline.interrupt import stop_on_interrupt
-from packtool.pipeline.memory import encode_in_memory, use_memory_store
 from packtool.pipeline.output import OutputDir
 from packtool.pipeline.report import name_special_tokens
 from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
+from packtool.pipeline.stores import open_store
 from packtool.pipeline.summary import build_manifest, run_stats
-from packtool.pipeline.write import finished_shard, output_columns, write_shard
+from packtool.pipeline.write import finished_shard, output_columns
 from packtool.readers import expand_inputs, input_bytes, read_inputs
 from packtool.version import __version__
 
 
-def run_pack(options: PackOptions, *, progress: bool | None = None) -> Manifest:
+def run_pack(
+    options: PackOptions, *, progress: bool | None = None, say: Callable[[str], None] | None = None
+) -> Manifest:
     """Run ``packtool pack`` for ``options``; return the manifest. Raises ``PacktoolError`` subclasses.
+
+    What the run has to tell its user before a step (a resumed run, a guessed special token, a
+    convention to know of) goes to ``say`` as it goes, one line each: ``"warning: ..."`` always, the
+    notes unless ``quiet`` (the CLI prints ``packtool: LINE``); without ``say`` the warnings go to
+    ``warnings.warn`` and the notes nowhere. What the finished output lacks is returned in the manifest
+    (``warnings``; ``stats.losses(...)``): the caller says it.
 
     On every error it reports (bad input or options, disk full, internal error) the partial directory is
     removed: nothing is left behind. When the job is interrupted (Ctrl-C) or killed it is kept, so that the
@@ -89,7 +96,7 @@ def run_pack(options: PackOptions, *, progress: bool | None = None) -> Manifest:
     try:
         with stop_on_interrupt():  # Ctrl-C: "stopping" at once, a second one stops at once
             try:
-                manifest = _run(options, out, show)
+                manifest = _run(options, out, show, _Say(say, options.running.quiet))
             except InputError as e:
                 raise first_bad_record(options, e) from None
             out.commit(manifest)
@@ -130,9 +137,22 @@ def unread_token_fields(schema: pa.Schema) -> list[str]:
     ]
 
 
-def _note(options: PackOptions, message: str) -> None:
-    if not options.running.quiet:
-        print(f"packtool: {message}", file=sys.stderr, flush=True)
+class _Say:
+    """A run's lines for its user as it goes (``run_pack``'s ``say``): warnings always, notes unless
+    ``quiet``."""
+
+    def __init__(self, say: Callable[[str], None] | None, quiet: bool) -> None:
+        self.say, self.quiet = say, quiet
+
+    def warning(self, text: str) -> None:
+        if self.say is None:
+            warnings.warn(text, stacklevel=4)  # to run_pack's caller
+        else:
+            self.say(f"warning: {text}")
+
+    def note(self, text: str) -> None:
+        if self.say is not None and not self.quiet:
+            self.say(text)
 
 
 # bytes a writer holds per token of the packs it builds: the token columns (3 x int32, an int8 mask), the
@@ -183,14 +203,6 @@ def _progress(show: bool, **kw) -> tqdm:
     return tqdm(disable=not show, file=sys.stderr, dynamic_ncols=True, **kw)
 
 
-def _fault(step: str, done: int) -> None:
-    """Test hook: ``PACKTOOL_TEST_KILL=STEP:N`` SIGKILLs this process once N items of STEP are done
-    (``encode``: chunks, ``write``: shards); it lets the tests kill a job at a chosen point."""
-    spec = os.environ.get("PACKTOOL_TEST_KILL")
-    if spec and spec == f"{step}:{done}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 class _FieldsRead:
     """``read_inputs``' ``used_fields`` for a run: the sample format is resolved once, from the fields of
     the first batch that needs it (the readers ask only when a field cannot be one column)."""
@@ -211,7 +223,7 @@ def start_run(options: PackOptions, sample_format: str) -> RunSpec:
     return spec
 
 
-def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
+def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
     sink = ErrorSink(options.running.on_error)  # bad records met while reading
     fields = _FieldsRead(options)
     # workers (local processes or Ray tasks) read their own rows and lines: the driver hands out ranges
@@ -232,21 +244,18 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
     options.check(sample_format)  # the options set for the sample format the input turned out to be
     run_warnings = unread_token_fields(first.schema) if sample_format == "pretokenized" else []
     if resolve_position_ids(options.packing) == "nemo":
-        _note(
-            options,
+        say.note(
             "note: position_ids follow NeMo's convention (they run on over a split sample and through the "
             "padding): give attention seq_lens or cu_seqlens, not position_ids alone (transformers' "
             "position-id packing would join samples); --position-ids restart makes them safe for it",
         )
         if options.packing.split_across_pack:  # said even under --quiet: it changes what training sees
-            print(
-                "packtool: warning: --split-across-pack with --position-ids nemo: the positions of a piece "
+            say.warning(
+                "--split-across-pack with --position-ids nemo: the positions of a piece "
                 "that continues a sample in the next pack wrap around at the pack size instead of going on "
                 "(e.g. 1223..2999 then 0..1222), and every attention mask trains on them; keep nemo for "
                 "parity with NeMo AutoModel, else pass --position-ids restart (each piece from 0) or train "
-                "with batch.flattened()",
-                file=sys.stderr,
-                flush=True,
+                "with batch.flattened()"
             )
     spec = start_run(options, sample_format)
     identity = worker(spec).encoder.identity()
@@ -268,36 +277,24 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         options.packing.pad_token_id,
     )
     for line in guesses:  # said before the work, even with --quiet: not a loss, so not in manifest.warnings
-        print(f"packtool: warning: {line}", file=sys.stderr, flush=True)
+        say.warning(line)
 
     stamps = input_stamps(options.reading.inputs)  # the inputs as the run starts reading them
     resume = out.begin({"run_id": identity_key, "inputs": stamps, "packtool": __version__})
     if resume is not None and not resume["resumed"]:
-        _note(
-            options,
+        say.note(
             f"{out.partial} holds an interrupted run of another job (options, inputs or "
             "tokenizer differ); starting afresh",
         )
     resumed = bool(resume and resume["resumed"])
     if resumed:
-        _note(options, f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
+        say.note(f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
     fmt = get_format(options.output.format)
-    in_memory = use_memory_store(options, sample_format)  # no scratch chunks: pipeline.memory
 
     with make_engine(options.running, resolve_num_proc(options.to_dict())) as engine:
-        done = {}
-        if resumed and not in_memory:
-            done = {m["index"]: m for m in _chunk_metas(work)}
-            damaged = [i for i, m in done.items() if not chunk_intact(work, m)]
-            for i in damaged:  # its arrays are not what was written (a disk fault, an edit): encode it again
-                del done[i]
-                shutil.rmtree(chunk_dir(work, i))
-            if damaged:
-                _note(
-                    options,
-                    f"{len(damaged)} scratch chunk(s) of the interrupted run are damaged "
-                    f"(chunk {damaged[0]}: its arrays do not give its digest); encoding them again",
-                )
+        encoded_store = open_store(spec, options, sample_format, work, engine, resumed)
+        for line in encoded_store.resume_notes():
+            say.note(line)
         encoded, records_done = 0, 0
         # a total from the start, for the percentage and the ETA: the input's bytes for line and file
         # ranges (known as they are handed out), else Parquet's rows from the footers, else none
@@ -333,20 +330,17 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
                     bar.update(records)
                 if new:
                     encoded += 1
-                    _fault("encode", encoded)
+                    progress.step_done("encode", encoded)
 
             records = itertools.chain([first], batches)
             try:
-                if in_memory:
-                    store, metas = encode_in_memory(spec, options, records, work, on_chunk)
-                else:
-                    metas = encode_to_chunks(spec, options, records, work, engine, on_chunk, done)
-                    store = ChunkStore(Path(work), metas)
+                encoded_store.encode(records, on_chunk)
             finally:
                 progress.set_sink(None)
                 engine.on_wait = None
             if size:
                 bar.update(size - bar.n)  # the bytes of pieces the driver read itself
+        store, metas = encoded_store.chunks, encoded_store.metas
         skipped = _merge_skipped(options, sink, metas)
         if store.num_samples == 0:
             raise InputError(
@@ -392,8 +386,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         )
         columns = output_columns(options, store)
         if options.output.columns == "minimal" and "labels" in columns:
-            _note(
-                options,
+            say.note(
                 "note: --columns minimal stores labels: the input's own labels are not the ones packtool "
                 "rebuilds (input_ids shifted, -100 where no loss is taken), so they carry information",
             )
@@ -423,12 +416,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         if resumed:
             finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
             shards = f"{len(finished)} of {len(shard_ranges)} shards were already done"
-            _note(
-                options,
-                f"resumed: {shards} (the input was read into memory again)"
-                if in_memory
-                else f"resumed: {len(done)} of {len(metas)} chunks and {shards}",
-            )
+            say.note(encoded_store.resumed_note(shards))
         (Path(work) / "shards").mkdir(exist_ok=True)
         written = []
         with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
@@ -446,16 +434,10 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
                 for i, (a, b, split) in shard_ranges
                 if i not in finished
             )
-            if in_memory:  # the driver's threads write from the store it holds
-                entries = thread_map(
-                    lambda task: write_shard(*task, store=store), tasks, options.running.num_proc
-                )
-            else:
-                entries = engine.map(_write_shard_task, tasks)
-            for entry in entries:
+            for entry in encoded_store.write_shards(tasks):
                 written.append(entry)
                 bar.update(entry.num_packs)
-                _fault("write", len(written))
+                progress.step_done("write", len(written))
         shards = sorted([*written, *finished.values()], key=lambda e: e.path)
     check_inputs_unchanged(options.reading.inputs, stamps)  # nothing is committed from an input that changed
     if skipped.total:
@@ -523,20 +505,6 @@ def split_shard_ranges(
             ranges = fmt.shard_ranges(plan.slice(a, b), options.output, columns)
             out += [(a + x, a + y, split) for x, y in ranges]
     return out
-
-
-def _write_shard_task(task: tuple) -> ShardEntry:
-    return write_shard(*task)
-
-
-def _chunk_metas(work: str) -> list[dict]:
-    """Metas of the chunks a killed attempt of this run finished."""
-    metas = []
-    for path in sorted(Path(work).glob("chunk-*/meta.json")):
-        meta = read_chunk_meta(work, int(path.parent.name.removeprefix("chunk-")))
-        if meta is not None:
-            metas.append(meta)
-    return metas
 
 
 def _merge_skipped(options: PackOptions, sink: ErrorSink, metas: list[dict]) -> ErrorSink:

@@ -156,7 +156,7 @@ def test_adversarial_case(tmp_path: Path, case: Case):
 def test_a_dead_worker_is_named_and_the_run_resumes(tmp_path: Path):
     args = ["pack", texts(tmp_path), *TOK, "--packed-sequence-size", 64, "--num-proc", 2, "--chunk-size", 5]
     args += ["-o", tmp_path / "out", "-q"]
-    proc = run_cli(*args, check=False, env={"PACKTOOL_TEST_KILL_WORKER": "encode:3"})
+    proc = run_cli(*args, check=False, kill_at="worker:3")
     assert proc.returncode == EXIT_FAILURE
     (line,) = proc.stderr.strip().splitlines()
     assert "a worker process died while encoding chunks" in line and "killed by SIGKILL" in line

@@ -71,7 +71,7 @@ def test_same_bytes_in_memory_and_through_chunks(inputs, tmp_path, num_proc, fmt
 
 
 def killed(inputs: list[str], out: Path, at: str, env: dict | None = None) -> None:
-    proc = pack(inputs, out, "--num-proc", "2", check=False, env={**(env or {}), "PACKTOOL_TEST_KILL": at})
+    proc = pack(inputs, out, "--num-proc", "2", check=False, env=env, kill_at=at)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not out.exists()
 

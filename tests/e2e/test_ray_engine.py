@@ -218,8 +218,7 @@ def test_ray_job_killed_and_resumed(tmp_path, ray_address):
     local = files(out)
     shutil.rmtree(out)
     ray_args = ["--engine", "ray", "--ray-address", ray_address]
-    kill = {"PACKTOOL_TEST_KILL": "write:2"}
-    killed = run_cli("pack", *TEXT_ARGS, "-o", str(out), *ray_args, check=False, env=kill)
+    killed = run_cli("pack", *TEXT_ARGS, "-o", str(out), *ray_args, check=False, kill_at="write:2")
     assert killed.returncode == -9 and not out.exists()
     resumed = run_cli("pack", *TEXT_ARGS, "-o", str(out), *ray_args)
     # Ray tasks already in flight when the driver died may still have finished their shards
@@ -234,7 +233,7 @@ def test_local_job_killed_then_resumed_on_ray(tmp_path, ray_address):
     run_cli("pack", *TEXT_ARGS, "-o", str(out), "-q")
     local = files(out)
     shutil.rmtree(out)
-    killed = run_cli("pack", *TEXT_ARGS, "-o", str(out), check=False, env={"PACKTOOL_TEST_KILL": "encode:3"})
+    killed = run_cli("pack", *TEXT_ARGS, "-o", str(out), check=False, kill_at="encode:3")
     assert killed.returncode == -9 and not out.exists()
     resumed = run_cli("pack", *TEXT_ARGS, "-o", str(out), "--engine", "ray", "--ray-address", ray_address)
     assert "resumed: 3 of 7 chunks and 0 of" in resumed.stderr, resumed.stderr

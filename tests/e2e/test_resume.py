@@ -1,7 +1,7 @@
 """Resumable jobs: a job killed at any point and started again writes the same bytes; one job per output.
 
 Every test runs the real CLI in child processes. Kills are real SIGKILLs: either the job kills itself at a
-chosen step (``PACKTOOL_TEST_KILL=STEP:N``) or the test kills it when a given chunk file appears.
+chosen step (``tests/fault_runner.py``: ``STEP:N``) or the test kills it when a given chunk file appears.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def out(reference) -> Path:
 
 
 def killed(out: Path, at: str, *extra: str) -> subprocess.CompletedProcess:
-    proc = pack(out, *extra, check=False, env={"PACKTOOL_TEST_KILL": at})
+    proc = pack(out, *extra, check=False, kill_at=at)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert not out.exists(), "a killed job must not leave a complete-looking output"
     assert not (out.with_name("out.partial") / "manifest.json").exists()
@@ -233,9 +233,7 @@ def test_resume_keeps_the_skipped_records_of_finished_chunks(tmp_path):
     pack(root / "out", "--on-error", "skip", inputs=[str(data)])
     ref = files(root / "out")
     out = tmp_path / "out"
-    proc = pack(
-        out, "--on-error", "skip", inputs=[str(data)], check=False, env={"PACKTOOL_TEST_KILL": "encode:6"}
-    )
+    proc = pack(out, "--on-error", "skip", inputs=[str(data)], check=False, kill_at="encode:6")
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     again = pack(out, "--on-error", "skip", inputs=[str(data)])
     assert "resumed: 6 of 10 chunks" in again.stderr  # reused, not encoded again

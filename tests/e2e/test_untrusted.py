@@ -434,7 +434,7 @@ def test_pack_case(tmp_path: Path, case: PackCase):
 def test_a_damaged_scratch_chunk_is_encoded_again(tmp_path: Path):
     src = texts(tmp_path)
     args = ["pack", src, *TOK, "--packed-sequence-size", N, "--chunk-size", 5, "--num-proc", 1]
-    killed = run_cli(*args, "-o", tmp_path / "out", check=False, env={"PACKTOOL_TEST_KILL": "encode:3"})
+    killed = run_cli(*args, "-o", tmp_path / "out", check=False, kill_at="encode:3")
     assert killed.returncode != 0
     chunk = next((tmp_path / "out.partial").rglob("chunk-000001/input_ids.npy"))
     data = bytearray(chunk.read_bytes())

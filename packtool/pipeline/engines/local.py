@@ -33,7 +33,7 @@ from multiprocessing import forkserver
 from typing import Any
 
 from packtool.errors import WorkerDied
-from packtool.pipeline.progress import set_sink as set_progress_sink
+from packtool.pipeline import progress
 
 WAIT_TICK = 0.25  # seconds between on_wait calls while the driver waits for a result
 # what each pipeline step is called in a message about a worker that died running it
@@ -71,7 +71,7 @@ class LocalEngine:
                 self.num_proc,
                 mp_context=_context(),
                 initializer=_start_worker,
-                initargs=(os.getpid(), self.progress),
+                initargs=(os.getpid(), self.progress, progress.on_step),
             )
         in_flight: deque[Future] = deque()
         try:
@@ -223,14 +223,16 @@ def keep_freed_memory() -> bool:
         return False
 
 
-def _start_worker(job: int, progress: Any = None) -> None:
+def _start_worker(job: int, counter: Any = None, on_step: Callable[[str, int], None] | None = None) -> None:
     """Worker start-up: exit when the driver ``job`` (its pid) is gone; one tokenizer thread per worker;
     freed memory kept for reuse (``keep_freed_memory``); SIGINT ignored, as a Ctrl-C in a terminal
     reaches every process of the job and the driver alone ends it (``pipeline.interrupt``); the bytes of
-    input it reads counted in ``progress`` (``pipeline.progress``)."""
+    input it reads counted in ``counter`` (``pipeline.progress``); the driver's ``progress.on_step`` (a
+    test's hook, picklable) installed here too."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _DRIVER[:] = [job]
-    set_progress_sink(progress)
+    progress.set_sink(counter)
+    progress.on_step = on_step
     keep_freed_memory()
     _exit_with(job)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,137 @@
+"""Where a pack run keeps its encoded samples between encode and write, chosen once per run (``open_store``).
+
+Two stores do the same three things for the driver (``run._run``), so the driver has no branch on which:
+
+* ``encode(records, on_chunk)``: encode the input in chunks of ``chunk_size`` records; afterwards
+  ``metas`` holds every chunk's meta in order and ``chunks`` the ``ChunkStore`` the plan reads lengths
+  from and the writers gather packs from;
+* ``write_shards(tasks)``: write the shards of ``write.write_shard``'s task tuples, entries in task order;
+* ``resumed_note(shards)``: what a resumed run says it kept; ``resume_notes()``: what it found damaged
+  (scratch chunks whose arrays do not give their digest, encoded again).
+
+``ScratchChunks`` (``pipeline.chunks``): the engine's workers encode the chunks into the scratch directory
+and write the shards from them; a resumed run keeps the chunks a killed attempt finished.
+``InMemory`` (``pipeline.memory``): the driver encodes pretokenized Parquet into a ``MemoryStore`` and
+``num_proc`` threads of it write the shards; a resumed run reads the input again. Both give the same
+bytes (the same chunk boundaries, plan and gathers).
+
+Example::
+
+    store = open_store(spec, options, sample_format, work, engine, resumed=False)
+    store.encode(records, on_chunk)
+    lengths = store.chunks.lengths()  # int64 [num_samples]
+    entries = list(store.write_shards(tasks))
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from packtool.manifest import ShardEntry
+from packtool.options import PackOptions
+from packtool.pipeline.chunks import ChunkStore, chunk_dir, chunk_intact, read_chunk_meta
+from packtool.pipeline.encode import RunSpec, encode_to_chunks
+from packtool.pipeline.engines.local import thread_map
+from packtool.pipeline.memory import encode_in_memory, use_memory_store
+from packtool.pipeline.write import write_shard
+from packtool.readers.base import SourceBatch
+
+OnChunk = Callable[[dict, bool], None]  # (a chunk's meta, encoded now rather than kept from a killed run)
+
+
+class EncodedStore(Protocol):
+    """What the driver needs from where the encoded samples lie (module docstring)."""
+
+    metas: list[dict]
+    chunks: ChunkStore
+
+    def encode(self, records: Iterator[SourceBatch], on_chunk: OnChunk) -> None: ...
+
+    def write_shards(self, tasks: Iterable[tuple]) -> Iterator[ShardEntry]: ...
+
+    def resumed_note(self, shards: str) -> str: ...
+
+    def resume_notes(self) -> list[str]: ...
+
+
+class ScratchChunks:
+    """Encoded chunks in the scratch directory ``work``, encoded and read by ``engine``'s workers."""
+
+    def __init__(self, spec: RunSpec, options: PackOptions, work: str, engine: Any, resumed: bool) -> None:
+        self.spec, self.options, self.work, self.engine = spec, options, work, engine
+        self.done = {m["index"]: m for m in _chunk_metas(work)} if resumed else {}
+        self.damaged = [i for i, m in self.done.items() if not chunk_intact(work, m)]
+        for i in self.damaged:  # its arrays are not what was written (a disk fault, an edit): encode it again
+            del self.done[i]
+            shutil.rmtree(chunk_dir(work, i))
+        self.metas: list[dict] = []
+        self.chunks: ChunkStore
+
+    def encode(self, records: Iterator[SourceBatch], on_chunk: OnChunk) -> None:
+        self.metas = encode_to_chunks(
+            self.spec, self.options, records, self.work, self.engine, on_chunk, self.done
+        )
+        self.chunks = ChunkStore(Path(self.work), self.metas)
+
+    def write_shards(self, tasks: Iterable[tuple]) -> Iterator[ShardEntry]:
+        return self.engine.map(_write_shard_task, tasks)
+
+    def resumed_note(self, shards: str) -> str:
+        return f"resumed: {len(self.done)} of {len(self.metas)} chunks and {shards}"
+
+    def resume_notes(self) -> list[str]:
+        if not self.damaged:
+            return []
+        return [
+            f"{len(self.damaged)} scratch chunk(s) of the interrupted run are damaged (chunk "
+            f"{self.damaged[0]}: its arrays do not give its digest); encoding them again"
+        ]
+
+
+class InMemory:
+    """Encoded samples held in this process (``memory.MemoryStore``), written by ``num_proc`` threads."""
+
+    def __init__(self, spec: RunSpec, options: PackOptions, work: str) -> None:
+        self.spec, self.options, self.work = spec, options, work
+        self.metas: list[dict] = []
+        self.chunks: ChunkStore
+
+    def encode(self, records: Iterator[SourceBatch], on_chunk: OnChunk) -> None:
+        self.chunks, self.metas = encode_in_memory(self.spec, self.options, records, self.work, on_chunk)
+
+    def write_shards(self, tasks: Iterable[tuple]) -> Iterator[ShardEntry]:
+        workers = self.options.running.num_proc
+        return thread_map(lambda task: write_shard(*task, store=self.chunks), tasks, workers)
+
+    def resumed_note(self, shards: str) -> str:
+        return f"resumed: {shards} (the input was read into memory again)"
+
+    def resume_notes(self) -> list[str]:
+        return []  # nothing kept from the killed run: the input is read again
+
+
+def open_store(
+    spec: RunSpec, options: PackOptions, sample_format: str, work: str, engine: Any, resumed: bool
+) -> EncodedStore:
+    """The run's store: in memory when the input is pretokenized Parquet that fits
+    (``memory.use_memory_store``), else scratch chunks."""
+    if use_memory_store(options, sample_format):
+        return InMemory(spec, options, work)
+    return ScratchChunks(spec, options, work, engine, resumed)
+
+
+def _write_shard_task(task: tuple) -> ShardEntry:
+    return write_shard(*task)
+
+
+def _chunk_metas(work: str) -> list[dict]:
+    """Metas of the chunks a killed attempt of this run finished."""
+    metas = []
+    for path in sorted(Path(work).glob("chunk-*/meta.json")):
+        meta = read_chunk_meta(work, int(path.parent.name.removeprefix("chunk-")))
+        if meta is not None:
+            metas.append(meta)
+    return metas
