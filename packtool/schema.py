@@ -15,10 +15,11 @@ offsets starting at 0, as ``PackArrays`` holds them):
   entry: a piece's *span* (its ``seq_lens`` entry) is its *length* (its own tokens) plus its ``cp_padding``.
 
 The views below take those arrays and give, for all packs at once (vectorized, no per-pack Python): the
-pieces per pack, whether a pack has padding and how long it is, the pieces' spans and lengths, the real
-tokens per pack (neither padding nor cp padding), ``cu_seqlens``; and ``pack_seq_lens`` builds
-``seq_lens`` from the pieces' spans (the writer). They assume a sound layout (what ``verify`` checks):
-every pack has at least one piece and at most one more ``seq_lens`` entry than pieces.
+pieces per pack and each piece's pack, whether a pack has padding and how long it is, the pieces' spans,
+lengths and starts in their pack, the real tokens per pack (neither padding nor cp padding),
+``cu_seqlens``; and ``pack_seq_lens`` builds ``seq_lens`` from the pieces' spans (the writer). They
+assume a sound layout (what ``verify`` checks): every pack has at least one piece and at most one more
+``seq_lens`` entry than pieces.
 
 Example (two packs of 4 tokens: pieces 2 + 1 then padding 1; one piece of 4)::
 
@@ -141,6 +142,28 @@ def pieces_per_pack(piece_offsets: np.ndarray) -> np.ndarray:
     return np.diff(np.asarray(piece_offsets, dtype=np.int64))
 
 
+def pack_of_piece(piece_offsets: np.ndarray) -> np.ndarray:
+    """``(num_pieces,)`` int64: the pack (0..k-1 in this run) each piece is in.
+
+    >>> pack_of_piece(np.array([0, 2, 3])).tolist()
+    [0, 0, 1]
+    """
+    counts = pieces_per_pack(piece_offsets)
+    return np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+
+
+def piece_starts(spans: np.ndarray, piece_offsets: np.ndarray) -> np.ndarray:
+    """``(num_pieces,)`` int64: where each piece starts in its pack, from the pieces' ``spans``
+    (``piece_spans``): the spans of the pieces before it in its pack.
+
+    >>> piece_starts(np.array([2, 1, 4]), np.array([0, 2, 3])).tolist()
+    [0, 2, 0]
+    """
+    cs = np.zeros(len(spans) + 1, dtype=np.int64)
+    np.cumsum(spans, out=cs[1:])
+    return cs[:-1] - cs[np.asarray(piece_offsets[:-1], dtype=np.int64)][pack_of_piece(piece_offsets)]
+
+
 def has_padding(seq_lens_offsets: np.ndarray, piece_offsets: np.ndarray) -> np.ndarray:
     """``(k,)`` bool: whether each pack ends with padding (its ``seq_lens`` has an entry after its pieces).
 
@@ -246,14 +269,13 @@ def pack_seq_lens(spans: np.ndarray, piece_offsets: np.ndarray, n: int) -> tuple
     ([2, 1, 1, 4], [0, 3, 4])
     """
     counts = pieces_per_pack(piece_offsets)
-    k = len(counts)
     used = per_pack_sum(spans, piece_offsets)
     padded = (used < n).astype(np.int64)
-    offsets = np.zeros(k + 1, dtype=np.int64)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts + padded, out=offsets[1:])
     seq_lens = np.empty(offsets[-1], dtype=np.int64)
-    pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
-    piece_slot = np.arange(len(spans), dtype=np.int64) - piece_offsets[pack_of_piece] + offsets[pack_of_piece]
+    pack = pack_of_piece(piece_offsets)
+    piece_slot = np.arange(len(spans), dtype=np.int64) - piece_offsets[pack] + offsets[pack]
     seq_lens[piece_slot] = spans
     where = np.flatnonzero(padded)
     seq_lens[offsets[where + 1] - 1] = n - used[where]

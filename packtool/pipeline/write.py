@@ -22,7 +22,7 @@ from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays, pack_position_ids
 from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.encode import RunSpec, worker
-from packtool.schema import pack_seq_lens, pieces_per_pack
+from packtool.schema import pack_of_piece, pack_seq_lens, piece_starts
 
 
 def output_columns(options: PackOptions, store: ChunkStore) -> list[str]:
@@ -53,13 +53,9 @@ def build_pack_arrays(
     columns = column_names(store.has_loss_mask) if columns is None else columns
     n = plan.packed_sequence_size
     k = plan.num_packs
-    counts = pieces_per_pack(plan.pack_offsets)
     span = plan.spans  # each piece's tokens, then its context-parallel padding (cp_size), if any
-    cs = np.zeros(len(span) + 1, dtype=np.int64)
-    np.cumsum(span, out=cs[1:])
-    pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
-    # piece i lands in row pack_of_piece[i], after the pieces before it in its pack
-    dest = pack_of_piece * n + cs[:-1] - cs[plan.pack_offsets[:-1]][pack_of_piece]
+    # piece i lands in its pack's row, after the pieces before it in its pack
+    dest = pack_of_piece(plan.pack_offsets) * n + piece_starts(span, plan.pack_offsets)
 
     input_ids = np.full((k, n), pad_token_id, dtype=np.int32)
     out = {"input_ids": input_ids.reshape(-1)}
