@@ -142,6 +142,18 @@ def pieces_per_pack(piece_offsets: np.ndarray) -> np.ndarray:
     return np.diff(np.asarray(piece_offsets, dtype=np.int64))
 
 
+def one_pack_offsets(seq_lens: np.ndarray, num_pieces: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(seq_lens_offsets, piece_offsets)``, ``(2,)`` int64 each, of a single pack (a pack dict's
+    ``seq_lens`` and ``num_pieces``, the length of its ``sample_index``), to call the views on it.
+
+    >>> sl = np.array([2, 1, 1])
+    >>> offsets = one_pack_offsets(sl, 2)
+    >>> piece_spans(sl, *offsets).tolist(), padding_lengths(sl, *offsets).tolist()
+    ([2, 1], [1])
+    """
+    return np.array([0, len(seq_lens)], dtype=np.int64), np.array([0, num_pieces], dtype=np.int64)
+
+
 def pack_of_piece(piece_offsets: np.ndarray) -> np.ndarray:
     """``(num_pieces,)`` int64: the pack (0..k-1 in this run) each piece is in.
 
