@@ -215,15 +215,14 @@ def pack_position_ids(
     """
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
     k = len(seq_lens_offsets) - 1
-    counts = np.diff(piece_offsets)
-    pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
+    pack_of_piece = schema.pack_of_piece(piece_offsets)
     piece_slot = np.arange(len(piece_start), dtype=np.int64) - piece_offsets[:-1][pack_of_piece]
     piece_slot += seq_lens_offsets[:-1][pack_of_piece]
     seg_first = np.zeros(len(seq_lens), dtype=np.int64)
     piece_len = seq_lens[piece_slot]
     if convention == "nemo":
         seg_first[piece_slot] = piece_start
-        padded = np.flatnonzero(np.diff(seq_lens_offsets) > counts)
+        padded = np.flatnonzero(schema.has_padding(seq_lens_offsets, piece_offsets))
         last_piece = piece_offsets[1:][padded] - 1
         seg_first[seq_lens_offsets[padded + 1] - 1] = (
             piece_start[last_piece] + piece_len[last_piece] - 1
