@@ -14,6 +14,7 @@ from packtool.arrays import ranges
 from packtool.layout import rebuild
 from packtool.manifest import IGNORE_INDEX, Manifest
 from packtool.packs import PackArrays, pack_position_ids
+from packtool.schema import pack_of_piece
 from packtool.verify.report import VerifyReport
 
 
@@ -137,7 +138,7 @@ def check_minimal_columns(
         bad = (values != IGNORE_INDEX) & (
             (values < 0) | (values >= vocab_size) if vocab_size else (values < 0)
         )
-        pack = np.repeat(np.arange(packs.num_packs), np.diff(packs.sample_index_offsets))
+        pack = pack_of_piece(packs.sample_index_offsets)
         where = np.flatnonzero(bad & ~broken[pack])
         size = f" (vocabulary of {vocab_size})" if vocab_size else ""
         problems = (
