@@ -151,11 +151,11 @@ def recompute_stats(directory: str | Path, manifest: Manifest, warnings: list[st
     check = VerifyReport(str(directory))
     used, per_pack, pieces_sample, pieces_len = [], [], [], []
     for _, _, _, packs in iter_batches(directory, manifest, check):
-        spans = packs.piece_spans()  # (cp padding included)
-        used.append(per_pack_sum(spans, packs.sample_index_offsets))
+        lengths = packs.piece_lengths()  # the pieces' own tokens: their cp_size padding is padding
+        used.append(per_pack_sum(lengths, packs.sample_index_offsets))
         per_pack.append(packs.pieces_per_pack())
         pieces_sample.append(packs.sample_index.astype(np.int64))
-        pieces_len.append(spans)
+        pieces_len.append(lengths)
     if warnings is not None:
         warnings.extend(str(problem) for problem in check.problems)
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)  # noqa: E731
