@@ -216,8 +216,7 @@ def pack_position_ids(
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
     k = len(seq_lens_offsets) - 1
     pack_of_piece = schema.pack_of_piece(piece_offsets)
-    piece_slot = np.arange(len(piece_start), dtype=np.int64) - piece_offsets[:-1][pack_of_piece]
-    piece_slot += seq_lens_offsets[:-1][pack_of_piece]
+    piece_slot = schema.piece_slots(seq_lens_offsets, piece_offsets)
     seg_first = np.zeros(len(seq_lens), dtype=np.int64)
     piece_len = seq_lens[piece_slot]
     if convention == "nemo":

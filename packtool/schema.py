@@ -201,6 +201,16 @@ def padding_lengths(
     return np.where(padded, np.asarray(seq_lens)[last].astype(np.int64), 0)
 
 
+def piece_slots(seq_lens_offsets: np.ndarray, piece_offsets: np.ndarray) -> np.ndarray:
+    """``(num_pieces,)`` int64: where each piece's entry is in the flat ``seq_lens`` (the first entries of
+    its pack's).
+
+    >>> piece_slots(np.array([0, 3, 4]), np.array([0, 2, 3])).tolist()
+    [0, 1, 3]
+    """
+    return ranges(np.asarray(seq_lens_offsets[:-1], dtype=np.int64), pieces_per_pack(piece_offsets))
+
+
 def piece_spans(seq_lens: np.ndarray, seq_lens_offsets: np.ndarray, piece_offsets: np.ndarray) -> np.ndarray:
     """``(num_pieces,)`` int64: every piece's ``seq_lens`` entry (its tokens and its context-parallel
     padding), in piece order: each pack's ``seq_lens`` without its padding entry.
@@ -208,8 +218,7 @@ def piece_spans(seq_lens: np.ndarray, seq_lens_offsets: np.ndarray, piece_offset
     >>> piece_spans(np.array([2, 1, 1, 4]), np.array([0, 3, 4]), np.array([0, 2, 3])).tolist()
     [2, 1, 4]
     """
-    slots = ranges(np.asarray(seq_lens_offsets[:-1], dtype=np.int64), pieces_per_pack(piece_offsets))
-    return np.asarray(seq_lens)[slots].astype(np.int64)
+    return np.asarray(seq_lens)[piece_slots(seq_lens_offsets, piece_offsets)].astype(np.int64)
 
 
 def piece_lengths(
