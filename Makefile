@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.packtool-demo-installed
 STAMP := $(VENV)/.packtool-installed
 
-.PHONY: install install-demo demo test lint bench bench-scale clean
+.PHONY: install install-demo demo test fuzz lint bench bench-scale clean
 
 # The demo needs torch and packtool's core dependencies only.
 install-demo: $(DEMO_STAMP)
@@ -40,6 +40,10 @@ demo: install-demo
 
 test: install
 	$(BIN)/python -m pytest -q -n 2
+
+# the readers of an output fuzzed for longer than `make test` does (tests/unit/test_fuzz_readers.py)
+fuzz: install
+	PACKTOOL_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q -n 0 tests/unit/test_fuzz_readers.py
 
 lint: install
 	$(BIN)/ruff check packtool tests scripts

@@ -270,9 +270,17 @@ def inspect(
     help="Also re-read and re-encode the source (INPUTS, or the manifest's inputs if none are given) with "
     "the run's config and prove every kept sample's tokens are in the packs exactly once.",
 )
+@click.option(
+    "--tokenizer",
+    default=None,
+    help="With --source: encode with this tokenizer instead of the run's; needed when the run's is a "
+    "plugin (code is run only when named here, never on the manifest's word).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar while re-encoding the source.")
-def verify(directory: str, inputs: tuple[str, ...], source: bool, as_json: bool, quiet: bool) -> None:
+def verify(
+    directory: str, inputs: tuple[str, ...], source: bool, tokenizer: str | None, as_json: bool, quiet: bool
+) -> None:
     """Check that a packtool output DIRECTORY is whole: shards, sizes, sha256, run_id, index, packs.
 
     Prints OK, or every problem with its shard, pack and field. Exit code: 0 OK, 1 problems found,
@@ -282,7 +290,11 @@ def verify(directory: str, inputs: tuple[str, ...], source: bool, as_json: bool,
 
     if inputs and not source:
         raise ConfigError("input paths after DIRECTORY are the source: pass --source")
-    report = verify_output(directory, source=list(inputs) if source else None, progress=not quiet)
+    if tokenizer and not source:
+        raise ConfigError("--tokenizer is the tokenizer of --source: pass --source")
+    report = verify_output(
+        directory, source=list(inputs) if source else None, progress=not quiet, tokenizer=tokenizer
+    )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -25,12 +25,14 @@ so both layouts give the same packs, bit for bit. ``to_stored`` is the writer's 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 from collections.abc import Iterable
 
 import numpy as np
 
 from packtool.arrays import ranges
-from packtool.manifest import COLUMNS, IGNORE_INDEX, Manifest
+from packtool.manifest import COLUMNS, IGNORE_INDEX, Manifest, column_names
 from packtool.packs import PackArrays, pack_position_ids
 from packtool.schema import pack_of_piece, per_pack_sum, piece_starts
 
@@ -40,6 +42,41 @@ NEEDS = {
     "position_ids": ("seq_lens", "sample_offset"),
     "loss_mask": ("loss_mask_bits",),
 }
+
+
+def columns_problem(stored: list[str], labels: str) -> str | None:
+    """What stored columns ``stored`` (a manifest's ``columns``) lack to give every training column under
+    the ``labels`` convention, or None: a column left out must be rebuilt from the ones it needs.
+
+    >>> columns_problem(["input_ids", "position_ids", "seq_lens"], "shifted")
+    'columns store neither labels nor next_label, which rebuilds them'
+    >>> columns_problem(["input_ids", "labels", "position_ids", "seq_lens", "sample_index", "sample_offset"],
+    ...                 "shifted") is None
+    True
+    """
+    need = {"input_ids": "input_ids", "seq_lens": "seq_lens"}
+    if "labels" not in stored and labels == "shifted":
+        need["next_label"] = "labels nor next_label, which rebuilds them"
+    if "position_ids" not in stored:
+        need["sample_offset"] = "position_ids nor sample_offset, which rebuilds them"
+    missing = [what for name, what in need.items() if name not in stored]
+    if missing:
+        return f"columns store neither {missing[0]}"
+    if list(stored) not in written_column_lists():
+        return f"columns {list(stored)} are not a list of columns packtool writes"
+    return None
+
+
+@functools.cache
+def written_column_lists() -> list[list[str]]:
+    """Every ``columns`` list a packtool output may have: ``column_names`` for each layout and option, and
+    the first four columns (what a manifest without ``columns`` is read as)."""
+    out = [column_names(False)[:4]]
+    for mask, cp, rebuilt, shifted in itertools.product((False, True), repeat=4):
+        for layout in ("full", "minimal"):
+            names = column_names(mask, layout, labels_rebuilt=rebuilt, shifted=shifted, has_cp_padding=cp)
+            out += [names] if names not in out else []
+    return out
 
 
 def stored_columns(stored: list[str], wanted: Iterable[str]) -> list[str]:

@@ -44,6 +44,9 @@ from packtool.stats import total_stats as total_stats
 from packtool.version import __version__
 
 MANIFEST = "manifest.json"
+# the conventions a manifest may name (the reading contract; the writer's options offer the same values)
+LABELS = ("shifted", "unshifted")  # how labels[i] relates to input_ids
+POSITION_IDS = ("nemo", "restart")  # how positions run on in a pack
 ERRORS_LOG = "errors.jsonl"  # the first skipped records (on_error=skip), one JSON object a line
 FORMAT = "packtool"
 # 2: every pack's .json member in a tar shard carries the run_id and shard number (verify matches them)
@@ -195,6 +198,7 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     format_minor: int = FORMAT_MINOR
     packtool_version: str = __version__
+    run_key: str | None = None  # what the run_id is made from with the reading fields (packtool.binding)
     notes: list[str] = field(default_factory=list, compare=False)
 
     # what other packtool tools need, named once -------------------------------------------------------
@@ -288,6 +292,7 @@ class Manifest:
                 format_version=major,
                 format_minor=minor,
                 packtool_version=d.get("packtool_version", "unknown"),
+                run_key=d.get("run_key"),
                 notes=notes,
             )
         except (TypeError, KeyError, AttributeError, ValueError) as e:
@@ -319,6 +324,8 @@ class Manifest:
             out["index_files"] = list(self.index_files)
         if self.warnings:
             out["warnings"] = list(self.warnings)
+        if self.run_key is not None:
+            out["run_key"] = self.run_key
         return out
 
     def save(self, directory: str | Path) -> Path:

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from packtool.binding import fields_problem, manifest_problem
 from packtool.errors import InputError, PacktoolError
 from packtool.formats import get_format
 from packtool.formats.base import UNIT_ERRORS, ShardMismatch
 from packtool.manifest import TRAINING_COLUMNS, Manifest, ShardEntry
+from packtool.safepath import output_file_problem
 
 
 def load_manifest(directory: str | Path) -> Manifest:
@@ -27,32 +29,43 @@ def load_manifest(directory: str | Path) -> Manifest:
 
 
 def shard_file_problem(directory: str | Path, entry: ShardEntry) -> str | None:
-    """What is wrong with shard ``entry``'s file at a glance (one ``stat``): ``missing``, or its size is
-    not the recorded one; ``None`` when neither."""
-    try:
-        size = (Path(directory) / entry.path).stat().st_size
-    except FileNotFoundError:
-        return "missing"
+    """What is wrong with shard ``entry``'s file at a glance (a ``realpath`` and a ``stat``): it may not be
+    opened (``safepath.output_file_problem``: outside the directory, not a regular file, ``missing``), or
+    its size is not the recorded one; ``None`` when neither."""
+    if (problem := output_file_problem(directory, entry.path)) is not None:
+        return problem
+    size = (Path(directory) / entry.path).stat().st_size
     return None if size == entry.bytes else f"{size:,} bytes on disk, manifest says {entry.bytes:,}"
 
 
 def check_shard_files(directory: str | Path, manifest: Manifest) -> list[tuple[str, str]]:
-    """What is wrong with the output's shard set, cheaply (one ``stat`` per shard, no read): the shard
-    entries must hold the packs the stats count, and every shard must pass ``shard_file_problem``.
-    Returns ``[(shard path, problem)]``; empty when all is well. Readers check this before the first pack.
+    """What is wrong with the output's shard set, cheaply (a ``realpath`` and a ``stat`` per file, no
+    read): the manifest's fields must be readable (``binding.fields_problem``), the shard entries must hold
+    the packs the stats count, every shard must pass ``shard_file_problem`` and every index file be a
+    regular file inside the directory, and the manifest must give its own ``run_id``
+    (``binding.manifest_problem``). Returns ``[(path, problem)]``; empty when all is well. Readers check
+    this before the first pack.
 
     >>> check_shard_files("out/demo", load_manifest("out/demo"))  # doctest: +SKIP
     []
     """
+    if (problem := fields_problem(manifest)) is not None:  # nothing below can be trusted to compute
+        return [("manifest.json", problem)]
     problems = []
     listed = manifest.num_packs
     counted = manifest.stats.num_packs
     if listed != counted:
         why = f"its shards hold {listed:,} packs, its stats count {counted:,} (a shard entry removed/added)"
         problems.append(("manifest.json", why))
+    fmt = get_format(manifest.shard_format)
     for entry in manifest.shards:
         if (problem := shard_file_problem(directory, entry)) is not None:
             problems.append((entry.path, problem))
+        for name in fmt.index_files(entry):  # e.g. a tar's .tar.idx: opened by readers too
+            if (problem := output_file_problem(directory, name)) not in (None, "missing"):
+                problems.append((name, problem))
+    if (problem := manifest_problem(manifest)) is not None:  # after the files: theirs are more specific
+        problems.append(("manifest.json", problem))
     return problems
 
 
@@ -79,11 +92,13 @@ def read_packs(
     ``sample_index`` (the input index of each piece's sample) and ``sample_offset`` (where each piece
     starts inside its sample).
 
-    Before the first pack, the shard set is checked against the manifest (``check_shard_files``); every
-    unit read is checked against the checksums written with it (``verify_checksums``: Parquet page CRCs,
-    a tar shard's CRC-32). A shard that is not the manifest's (another run's, a damaged one, one that does
-    not parse or holds another number of packs) raises ``InputError`` naming it, once the packs before it
-    are out.
+    The output is untrusted input (docs/errors.md, threat model). Before the first pack, the shard set is
+    checked against the manifest (``check_shard_files``: files confined to the directory, the run_id
+    recomputed from the manifest's reading fields); every shard must carry the run_id and its own place
+    (shard number, first pack); every unit read is checked against the checksums written with it
+    (``verify_checksums``: Parquet page CRCs, a tar shard's CRC-32). A shard that is not the manifest's
+    (another run's, a damaged one, one that does not parse or holds another number of packs) raises
+    ``InputError`` naming it, once the packs before it are out.
     """
     directory = Path(directory)
     manifest = Manifest.load(directory)

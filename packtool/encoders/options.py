@@ -8,10 +8,10 @@ from typing import Literal
 import msgspec
 
 from packtool.errors import ConfigError
+from packtool.manifest import LABELS
 from packtool.option_types import Applies, OptionGroup, option
 
 SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat")
-LABELS = ("shifted", "unshifted")
 LOSS_ON = ("assistant", "last", "all")
 EMPTY_LOSS_POLICIES = ("drop", "keep", "error")
 

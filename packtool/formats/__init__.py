@@ -18,7 +18,7 @@ def get_format(name: str) -> ShardFormat:
     """The format named ``name``; ``InputError`` for a name this packtool does not know."""
     try:
         return FORMATS[name]
-    except KeyError:
+    except (KeyError, TypeError):  # (TypeError: a manifest's list or dict where the name goes)
         raise InputError(
             f"shard format {name!r} is not known to this packtool (known: {', '.join(FORMATS)})"
         ) from None

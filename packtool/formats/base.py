@@ -208,6 +208,12 @@ class ShardFormat(ABC):
         """Files beside the shard that belong to it (e.g. a tar's ``.tar.idx``)."""
         return []
 
+    def entry_fields(self, entry: ShardEntry) -> Any:
+        """The format's own fields of ``entry`` (``ShardEntry.fields``) as its typed record (a dataclass
+        whose field types ``binding.type_problem`` checks: a manifest is untrusted), or None if it has
+        none."""
+        return None
+
     def write_dataset_index(
         self, directory: Path, manifest: Manifest, options: OutputOptions
     ) -> list[str] | None:

@@ -243,9 +243,19 @@ class ParquetReader(UnitReader):
         pf = pq.ParquetFile(path, page_checksum_verification=self.verify_checksums)
         meta = shard_metadata(pf)
         if meta is not None and meta.get("run_id") != self.manifest.run_id:
+            pf.close()
             raise ShardMismatch(
                 f"shard of run {meta.get('run_id')}, the manifest is run {self.manifest.run_id}"
             )
+        first = sum(e.num_packs for e in self.manifest.shards[:shard])
+        for key, want in (("shard", shard), ("first_pack", first)):
+            if meta is not None and meta.get(key, want) != want:  # a shard list duplicated or reordered
+                pf.close()
+                raise ShardMismatch(f"the shard's own {key} is {meta.get(key)}, the manifest's {want}")
+        entry = self.manifest.shards[shard]
+        if (problem := footer_problem(pf.metadata, entry, self.manifest.packed_sequence_size)) is not None:
+            pf.close()
+            raise ShardMismatch(problem)
         self.files[shard] = pf
         while len(self.files) > self.keep_open:
             self.files.popitem(last=False)[1].close()
@@ -264,6 +274,33 @@ class ParquetReader(UnitReader):
         for pf in self.files.values():
             pf.close()
         self.files.clear()
+
+
+def footer_problem(md: pq.FileMetaData, entry: ShardEntry, n: int, exact: bool = True) -> str | None:
+    """What the footer ``md`` declares beyond what shard ``entry`` of packs of ``n`` tokens may hold, or
+    None: checked before any page is decoded, so that a small file declaring billions of values cannot
+    make a reader allocate them. Its rows must be the entry's packs (row group by row group when the entry
+    lists them); no column chunk may declare more than ``rows * (n + 1)`` values (the most a column holds:
+    a token column ``n`` a pack, the piece columns at most ``n + 1``) or more than 16 bytes a value
+    uncompressed (8 for the widest dtype, the rest for levels and page headers), plus 64 KiB. With
+    ``exact=False`` (``verify``, which reports the counts itself) fewer rows than the entry's pass."""
+    groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+    if sum(groups) > entry.num_packs or (exact and sum(groups) != entry.num_packs):
+        return f"its footer declares {sum(groups):,} packs, the manifest {entry.num_packs:,}"
+    recorded = ParquetFields.of(entry).row_groups
+    if exact and recorded is not None and groups != list(recorded):
+        return f"its footer declares row groups {groups}, the manifest {recorded}"
+    for i, rows in enumerate(groups):
+        rg = md.row_group(i)
+        most = rows * (n + 1)
+        for j in range(rg.num_columns):
+            col = rg.column(j)
+            if col.num_values > most or col.total_uncompressed_size > 16 * most + (1 << 16):
+                return (
+                    f"row group {i}, column {col.path_in_schema}: its footer declares {col.num_values:,} "
+                    f"values ({col.total_uncompressed_size:,} bytes), more than {rows:,} packs of {n} hold"
+                )
+    return None
 
 
 # --- checking ------------------------------------------------------------------------------------------
@@ -306,6 +343,9 @@ class ParquetFormat(ShardFormat):
     def units(self, entry: ShardEntry) -> list[int]:
         return list(ParquetFields.of(entry).row_groups or [entry.num_packs])
 
+    def entry_fields(self, entry: ShardEntry) -> ParquetFields:
+        return ParquetFields.of(entry)
+
     def open_reader(
         self, directory: Path, manifest: Manifest, verify_checksums: bool = True
     ) -> ParquetReader:
@@ -321,6 +361,8 @@ class ParquetFormat(ShardFormat):
         rg = int(np.searchsorted(bounds, row, side="right") - 1)
         try:
             pf = pq.ParquetFile(path, page_checksum_verification=True)
+            if footer_problem(pf.metadata, entry, manifest.packed_sequence_size) is not None:
+                return None  # read in order, where check says what is wrong
             table = pf.read_row_group(rg).slice(row - int(bounds[rg]), 1)
             return table_packs(table, manifest.packed_sequence_size)
         except (pa.ArrowException, OSError, ValueError, KeyError):  # damaged, or not the manifest's
@@ -348,6 +390,9 @@ class ParquetFormat(ShardFormat):
             report.add("parse", f"does not parse as Parquet: {str(e).splitlines()[0]}", shard=name)
             return
         shard_meta_problems(shard_metadata(pf), manifest, index, report, name)
+        if (problem := footer_problem(md, entry, n, exact=False)) is not None:  # nothing decoded past N
+            report.add("size", problem, shard=name, field="num_packs")
+            return
         if md.num_rows != entry.num_packs:
             report.add(
                 "num_packs",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -198,6 +199,8 @@ def members(path: Path, buf) -> Iterator[tuple[str, int, int]]:
             return
         except (tarfile.HeaderError, UnicodeDecodeError):
             raise InputError(f"{path}: bad tar header checksum at byte {pos}") from None
+        if info.size < 0:  # GNU base-256 allows a negative size: the position would not advance
+            raise InputError(f"{path}: bad tar header at byte {pos} (member {info.name}: size {info.size})")
         if pos + BLOCK + info.size > end:
             raise InputError(
                 f"{path}: truncated tar archive (member {info.name} at byte {pos} runs past the end)"
@@ -254,7 +257,7 @@ def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
         shape, fortran, dtype = read(header)
     except ValueError as e:
         raise InputError(f"{path}: member {name} has a bad .npy header ({e})") from None
-    count = int(np.prod(shape))
+    count = math.prod(shape)  # exact: np.prod of (2**32, 2**32) overflows int64 to 0
     start = header.tell()
     if dtype.hasobject or fortran or start + count * dtype.itemsize != size:
         raise InputError(f"{path}: member {name} is not a plain C-order .npy array of its size")

@@ -214,11 +214,20 @@ def pack_meta(path: Path, key: str, found: dict[str, tuple[int, int]], buf) -> d
     return meta
 
 
-def _check_run_id(path: Path, meta: dict | None, run_id: str) -> None:
-    """Refuse a shard whose first pack's metadata names another run than ``run_id`` (the manifest's)."""
+def _check_run_id(path: Path, meta: dict | None, run_id: str, first: int | None) -> None:
+    """Refuse a shard whose first pack's metadata names another run than ``run_id`` (the manifest's), or
+    another first pack than global pack ``first`` (a shard list duplicated or reordered in the manifest).
+    Its ``shard`` number is ``verify``'s to check: other tools may rewrite a pack's ``.json``, its
+    ``pack_index`` and ``run_id`` kept."""
     found = None if meta is None else meta.get("run_id")
     if found is not None and found != run_id:
         raise InputError(f"{path}: shard of run {found}, the manifest is run {run_id}")
+    if meta is None or found is None:  # before format_version 2: nothing to match
+        return
+    if first is not None and meta.get("pack_index") != first:
+        raise InputError(
+            f"{path}: the shard's first pack is pack {meta.get('pack_index')}, the manifest's {first}"
+        )
 
 
 def _stored_columns(
@@ -247,14 +256,20 @@ def stack_packs(packs: list[dict[str, np.ndarray]], n: int) -> PackArrays:
 
 
 def read_tar_packs(
-    path: Path, n: int, columns: Iterable[str], run_id: str | None = None, crc32: int | None = None
+    path: Path,
+    n: int,
+    columns: Iterable[str],
+    run_id: str | None = None,
+    crc32: int | None = None,
+    first_pack: int | None = None,
 ) -> list[dict]:
     """The packs of one tar shard in order, as dicts of the ``columns`` asked for.
 
     The shard is memory-mapped; each column read becomes one array copy. With ``run_id``, a shard whose
     first pack's metadata (``pack_meta``) names another run raises ``InputError``; with ``crc32``, a shard
     whose bytes have another CRC-32 (a damaged or replaced file) raises ``ShardMismatch`` before any pack
-    is parsed.
+    is parsed; with ``first_pack`` (the global index of its first pack in the manifest), so does a shard
+    whose first pack says another.
     """
     columns = set(columns)
     out = []
@@ -269,7 +284,7 @@ def read_tar_packs(
                 )
             for key, _start, found, _end in tar.samples(path, buf):
                 if run_id is not None:
-                    _check_run_id(path, pack_meta(path, key, found, buf), run_id)
+                    _check_run_id(path, pack_meta(path, key, found, buf), run_id, first_pack)
                     run_id = None  # the first pack's is enough: a shard is written by one run
                 pack = _stored_columns(path, key, found, buf, columns)
                 missing = [c for c in columns if c not in pack]
@@ -282,6 +297,9 @@ def read_tar_packs(
     return out
 
 
+CRC32_VERSION = 3  # the format_version from which shard entries carry the file's crc32
+
+
 class TarReader(UnitReader):
     """Whole tar shards of an output (a shard is one unit)."""
 
@@ -292,7 +310,14 @@ class TarReader(UnitReader):
         entry = self.manifest.shards[shard]
         m = self.manifest
         crc = entry.crc32 if self.verify_checksums else None
-        packs = read_tar_packs(self.directory / entry.path, m.packed_sequence_size, columns, m.run_id, crc)
+        if crc is None and self.verify_checksums and m.format_version >= CRC32_VERSION:
+            raise ShardMismatch(
+                f"the manifest records no crc32 for it, which format_version {m.format_version} writes "
+                "(an edited manifest)"
+            )
+        first = sum(e.num_packs for e in m.shards[:shard])
+        path = self.directory / entry.path
+        packs = read_tar_packs(path, m.packed_sequence_size, columns, m.run_id, crc, first)
         if len(packs) != entry.num_packs:
             raise ShardMismatch(f"{len(packs)} packs, the manifest says {entry.num_packs}")
         return stack_packs(packs, m.packed_sequence_size)
@@ -388,6 +413,9 @@ class WebDatasetFormat(ShardFormat):
 
     def index_files(self, entry: ShardEntry) -> list[str]:
         return [tar_index_name(entry)]
+
+    def entry_fields(self, entry: ShardEntry) -> tar.TarFields:
+        return tar.TarFields.of(entry)
 
     def write_dataset_index(self, directory: Path, manifest: Manifest, options: OutputOptions) -> list[str]:
         return write_dataset_index(directory, manifest, energon=options.webdataset.energon_index)

@@ -30,6 +30,7 @@ from packtool.inspect.sources import locate_samples
 from packtool.layout import rebuild
 from packtool.manifest import IGNORE_INDEX, Histogram, Manifest, SamplesPerPack, total_stats
 from packtool.reading import shard_file_problem
+from packtool.safepath import output_file_problem
 from packtool.schema import one_pack_offsets, per_pack_sum, piece_lengths, piece_spans, piece_starts
 from packtool.verify import Problem, VerifyReport, iter_batches
 
@@ -57,7 +58,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         problem = shard_file_problem(directory, entry)
         if problem is not None:
             warnings.append(f"{entry.path}: {problem}")
-        if problem == "missing":
+        if output_file_problem(directory, entry.path) is not None:  # not opened: missing, outside, a FIFO
             shards.append(sh)
             continue
         try:
@@ -208,8 +209,8 @@ def read_one_pack(directory: str | Path, manifest: Manifest, index: int) -> tupl
     path = Path(directory) / entry.path
     fmt = get_format(manifest.shard_format)
     check = VerifyReport(str(directory))
-    if not path.exists():
-        check.add("missing", "the shard is missing", shard=entry.path)
+    if (problem := output_file_problem(directory, entry.path)) is not None:
+        check.add("path", f"the shard file {problem}", shard=entry.path)
     elif (pack := fmt.read_pack(path, entry, row, manifest)) is not None:  # the pack alone
         return pack, entry.path, row
     else:  # read in order: the packs that can be read, and what is wrong with the others

@@ -18,6 +18,7 @@ from packtool.errors import MAX_LOGGED, ErrorSink, PacktoolError
 from packtool.manifest import ERRORS_LOG, Manifest
 from packtool.options import PackOptions
 from packtool.readers import read_inputs
+from packtool.safepath import output_file_problem
 
 
 def locate_samples(directory: str | Path, manifest: Manifest, samples: list[int]) -> dict[int, dict]:
@@ -37,7 +38,9 @@ def locate_samples(directory: str | Path, manifest: Manifest, samples: list[int]
         wanted = sorted(s for s in set(samples) if lo <= s < hi)
         if not wanted:
             continue
-        found = next((p for p in (entry.source, entry.path) if p and Path(p).exists()), None)
+        # the inputs the manifest names are read with packtool's readers only (no code), and only where
+        # they are regular files or folders (a FIFO or a device would block or never end)
+        found = next((p for p in (entry.source, entry.path) if p and _plain(p)), None)
         try:
             rows = _rows(found, manifest, [s - lo for s in wanted], skipped) if found else {}
         except PacktoolError:  # the input changed since the run: its rows cannot be told
@@ -54,12 +57,19 @@ def _skipped_rows(directory: Path, manifest: Manifest) -> set[tuple[str, int]] |
         return set()
     if manifest.stats.skipped_samples > MAX_LOGGED:
         return None
-    try:
-        lines = (directory / ERRORS_LOG).read_text().splitlines()
-    except OSError:
+    if output_file_problem(directory, ERRORS_LOG) is not None:
         return None
-    entries = [json.loads(line) for line in lines if line.strip()]
-    return {(os.path.abspath(e["source"]), e["row"]) for e in entries}
+    try:
+        lines = (directory / ERRORS_LOG).read_text(errors="replace").splitlines()
+        entries = [json.loads(line) for line in lines if line.strip()]
+        return {(os.path.abspath(e["source"]), int(e["row"])) for e in entries}
+    except (OSError, ValueError, TypeError, KeyError):  # a damaged log: the rows cannot be told
+        return None
+
+
+def _plain(path: str) -> bool:
+    """``path`` is a regular file or a folder (``isfile`` follows a symlink; a FIFO is neither)."""
+    return os.path.isfile(path) or os.path.isdir(path)
 
 
 def _rows(

@@ -42,6 +42,7 @@ from packtool.errors import InputError
 from packtool.fileio import written_whole
 from packtool.layout import labels_follow_rule
 from packtool.options import PackOptions
+from packtool.pipeline.content import DIGESTED, chunk_digest, labels_equal_input_ids
 from packtool.readers.base import SourceBatch
 
 
@@ -139,6 +140,7 @@ def chunk_parts(
                 part["loss_mask"] = (labels != -100).astype(np.int8)
         parts.append(part)
     meta = {
+        "digest": chunk_digest(parts, CHUNK_ARRAYS),
         "num_samples": sum(b.num_rows for b in batches),
         "num_tokens": sum(int(p["offsets"][-1]) for p in parts),
         "has_loss_mask": has_mask,
@@ -147,6 +149,7 @@ def chunk_parts(
         "empty_loss_tokens": sum(empty_loss_count(e)[1] for e in encoded),
         "sources": sources,
         "row_kinds": row_kinds,
+        "labels_equal_input_ids": labels_equal_input_ids(parts),
     }
     if labels_rule is not None:
         shifted = labels_rule == "shifted"
@@ -156,6 +159,21 @@ def chunk_parts(
         )
         meta.update(labels_rule=labels_rule, labels_follow_rule=follow)
     return parts, meta
+
+
+def chunk_intact(work_dir: str | Path, meta: dict) -> bool:
+    """Whether the scratch chunk of ``meta`` (a ``meta.json`` read back) still holds what was written: its
+    arrays give ``meta["digest"]`` (a chunk without one, of an older packtool, is not trusted)."""
+    path = chunk_dir(work_dir, meta["index"])
+    try:
+        arrays = {
+            name: np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+            for name in (*DIGESTED, "offsets")
+            if (path / f"{name}.npy").exists()
+        }
+        return "digest" in meta and chunk_digest([arrays], CHUNK_ARRAYS) == meta["digest"]
+    except (OSError, ValueError):
+        return False
 
 
 def _save_parts(path: Path, parts: list[np.ndarray], dtype) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packtool.arrays import np_view
@@ -91,13 +92,66 @@ def encode_records(
     ``long_samples=error`` the first sample too long fails here."""
     w = worker(spec)
     sink = ErrorSink(w.options.running.on_error)
+    limit = precut_limit(w.options, spec.sample_format)
+    cut = 0
+    if limit is not None:  # a text record far longer than the tokens kept is cut before it is tokenized
+        pieces, cut = _precut_pieces(pieces, w.options.encoding.text_field, limit, sink)
     kept, encoded = encode_batches(w.encoder, pieces, sink)
     if w.options.packing.long_samples == "error" and not w.options.packing.split_across_pack:
         check_lengths(kept, encoded, w.options, spec.sample_format)  # fail at once, not after the input
     # in meta.json: a resumed run counts the chunk's skipped records, and compares input_rows (rows or
     # lines of input the chunk covers, bad and blank ones included) with the chunk it would make
     extra = {"skipped": sink.to_dict(), "input_rows": sum(p.num_rows for p in pieces)}
+    if cut:
+        extra["precut_samples"] = cut
     return kept, encoded, extra
+
+
+# --long-samples truncate keeps a text sample's first N tokens: a text of more than this many characters
+# a token (and at least PRECUT_FLOOR) is cut to that length before it is tokenized, so that one huge record
+# (50 MB) costs what N tokens need, not minutes and gigabytes (docs/errors.md; recorded in the manifest)
+PRECUT_CHARS_PER_TOKEN = 64
+PRECUT_FLOOR = 1 << 20
+
+
+def precut_limit(options: PackOptions, sample_format: str) -> int | None:
+    """Characters a text sample is cut to before tokenizing under ``--long-samples truncate``: ``max(N *
+    PRECUT_CHARS_PER_TOKEN, PRECUT_FLOOR)``, far past where its first N tokens end; None when the whole
+    text counts (another ``long_samples``, ``split_across_pack``, a format other than ``text``).
+
+    >>> options = PackOptions.of(
+    ...     inputs=["x"], tokenizer="t", long_samples="truncate", packed_sequence_size=64
+    ... )
+    >>> precut_limit(options, "text")
+    1048576
+    """
+    packing = options.packing
+    if sample_format != "text" or packing.long_samples != "truncate" or packing.split_across_pack:
+        return None
+    return max(packing.packed_sequence_size * PRECUT_CHARS_PER_TOKEN, PRECUT_FLOOR)
+
+
+def _precut_pieces(
+    pieces: list[SourceBatch], field: str, limit: int, sink: ErrorSink
+) -> tuple[list[SourceBatch], int]:
+    """``pieces`` loaded (bad records met go to ``sink``), every string ``field`` value longer than
+    ``limit`` characters cut to ``limit`` (Arrow kernels, no per-record Python); and how many were cut."""
+    out, cut = [], 0
+    for b in (b for piece in pieces for b in piece.load(sink)):
+        rb = b.batch
+        col = rb.column(field) if field in rb.schema.names else None
+        if col is None or not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            out.append(b)  # the encoder names what is wrong with it
+            continue
+        long = pc.fill_null(pc.greater(pc.utf8_length(col), limit), False)
+        n = pc.sum(long).as_py() or 0
+        if n:
+            short = pc.if_else(long, pc.utf8_slice_codeunits(col, 0, limit), col)
+            rb = rb.set_column(rb.schema.get_field_index(field), field, short)
+            b = SourceBatch(b.source, rb, b.rows, b.row_kind)
+            cut += n
+        out.append(b)
+    return out, cut
 
 
 def encode_chunks(tasks: list[tuple[RunSpec, int, list[SourceBatch], str]]) -> list[dict]:

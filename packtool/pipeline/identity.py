@@ -30,15 +30,17 @@ def input_fingerprint(inputs: list[str]) -> list[dict]:
 
 
 def input_stamps(inputs: list[str]) -> list[list]:
-    """``[path, size, mtime_ns]`` of every input file: a resumed run must see the very same files."""
+    """``[path, size, mtime_ns, ctime_ns, inode]`` of every input file: a resumed run must see the very
+    same files. The change time and the inode tell a file rewritten at the same size with its
+    modification time set back (``os.utime``), or another file moved over it: no one can set them."""
     out = []
     for _kind, source, files in expand_inputs(inputs):
         paths = _files(source, files)
         for p in paths:
             st = os.stat(p)
-            out.append([str(p), st.st_size, st.st_mtime_ns])
+            out.append([str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
         if not paths:
-            out.append([source, None, None])
+            out.append([source, None, None, None, None])
     return out
 
 
@@ -46,21 +48,21 @@ def check_inputs_unchanged(inputs: list[str], stamps: list[list]) -> None:
     """``InputError`` naming the first input file whose size or modification time is not what it was
     when the run started (``stamps``, from ``input_stamps``): its records may be a mix of old and new."""
     try:
-        now = {p: (size, mtime) for p, size, mtime in input_stamps(inputs)}
+        now = {p: tuple(rest) for p, *rest in input_stamps(inputs)}
     except InputError as e:  # removed meanwhile
         raise InputError(f"changed while the run read it: {e.reason}", source=e.source) from None
-    for path, size, mtime in stamps:
+    for path, size, *rest in stamps:
         if path not in now:
             raise InputError("removed while the run read it; nothing was written", source=path)
-        new_size, new_mtime = now[path]
-        if (new_size, new_mtime) != (size, mtime):
+        new_size = now[path][0]
+        if now[path] != (size, *rest):
             what = f"{size:,} -> {new_size:,} bytes" if new_size != size else "rewritten at the same size"
             raise InputError(
                 f"changed while the run read it ({what}); nothing was written: run again once it is final",
                 source=path,
                 code="input_changed",
             )
-    added = sorted(set(now) - {p for p, _, _ in stamps})
+    added = sorted(set(now) - {p for p, *_ in stamps})
     if added:
         raise InputError("appeared while the run read its inputs; nothing was written", source=added[0])
 

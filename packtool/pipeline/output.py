@@ -158,6 +158,11 @@ def _take_lock(lock_path: Path, final: Path) -> filelock.FileLock:
     try:
         lock.acquire(blocking=False)
     except filelock.Timeout:
+        if not lock_path.is_file():  # filelock says Timeout when it cannot create the file at all
+            raise ConfigError(
+                f"{final}: cannot create the lock file {lock_path} (its folder is not writable "
+                "or is not a place for files)"
+            ) from None
         try:
             holder = lock_path.read_text().strip()
         except OSError:

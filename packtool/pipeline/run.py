@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -38,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from packtool.binding import bound_run_id, content_run_key, reading_fields
 from packtool.encoders import PRETOKENIZED_FIELDS, fields_read, resolve_sample_format
 from packtool.errors import (
     MAX_LOGGED,
@@ -54,8 +56,9 @@ from packtool.manifest import ERRORS_LOG, Manifest, ShardEntry
 from packtool.options import PackOptions
 from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
 from packtool.pipeline import progress
-from packtool.pipeline.chunks import ChunkStore, read_chunk_meta
-from packtool.pipeline.encode import RunSpec, encode_to_chunks, first_bad_record, worker
+from packtool.pipeline.chunks import ChunkStore, chunk_dir, chunk_intact, read_chunk_meta
+from packtool.pipeline.content import labels_as_given
+from packtool.pipeline.encode import RunSpec, encode_to_chunks, first_bad_record, precut_limit, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
@@ -255,7 +258,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         )
     work = str(out.work)
     fingerprint = input_fingerprint(options.reading.inputs)
-    run_id = make_run_id(options, identity, fingerprint)
+    identity_key = make_run_id(options, identity, fingerprint)  # the run_id is bound to content below
     # the special tokens by name, in the manifest (not the run_id: the ids are in it already)
     tokens = options.encoding.tokens
     identity, guesses = name_special_tokens(
@@ -268,7 +271,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         print(f"packtool: warning: {line}", file=sys.stderr, flush=True)
 
     stamps = input_stamps(options.reading.inputs)  # the inputs as the run starts reading them
-    resume = out.begin({"run_id": run_id, "inputs": stamps, "packtool": __version__})
+    resume = out.begin({"run_id": identity_key, "inputs": stamps, "packtool": __version__})
     if resume is not None and not resume["resumed"]:
         _note(
             options,
@@ -285,6 +288,16 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         done = {}
         if resumed and not in_memory:
             done = {m["index"]: m for m in _chunk_metas(work)}
+            damaged = [i for i, m in done.items() if not chunk_intact(work, m)]
+            for i in damaged:  # its arrays are not what was written (a disk fault, an edit): encode it again
+                del done[i]
+                shutil.rmtree(chunk_dir(work, i))
+            if damaged:
+                _note(
+                    options,
+                    f"{len(damaged)} scratch chunk(s) of the interrupted run are damaged "
+                    f"(chunk {damaged[0]}: its arrays do not give its digest); encoding them again",
+                )
         encoded, records_done = 0, 0
         # a total from the start, for the percentage and the ETA: the input's bytes for line and file
         # ranges (known as they are handed out), else Parquet's rows from the footers, else none
@@ -374,6 +387,9 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
                 "--strict: not every sample would be packed whole, so no shard was written: "
                 + "; ".join(losses)
             )
+        run_warnings += labels_as_given(
+            options.encoding.labels, options.running.strict, sample_format, first.schema.names, metas
+        )
         columns = output_columns(options, store)
         if options.output.columns == "minimal" and "labels" in columns:
             _note(
@@ -383,6 +399,26 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
             )
         plan, num_train = hold_out(plan, options.packing.val_fraction, options.packing.seed)
         shard_ranges = list(enumerate(split_shard_ranges(fmt, plan, num_train, options, columns)))
+        first_of = {}
+        for i, (_, _, split) in shard_ranges:
+            first_of.setdefault(split, i)
+        # the run's identity: what it is made from, what it encoded, and what readers rely on
+        run_key = content_run_key(identity_key, [m["digest"] for m in metas])
+        fields = reading_fields(
+            packed_sequence_size=options.packing.packed_sequence_size,
+            shard_format=options.output.format,
+            sample_format=sample_format,
+            labels=options.encoding.labels,
+            position_ids=plan.position_ids,
+            pad_token_id=options.packing.pad_token_id,
+            columns=columns,
+            layout=options.output.columns,
+            shards=[
+                (fmt.shard_name(i - first_of[split], split), b - a, split)
+                for i, (a, b, split) in shard_ranges
+            ],
+        )
+        run_id = bound_run_id(run_key, fields)
         finished = {}
         if resumed:
             finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
@@ -393,9 +429,6 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
                 if in_memory
                 else f"resumed: {len(done)} of {len(metas)} chunks and {shards}",
             )
-        first_of = {}
-        for i, (_, _, split) in shard_ranges:
-            first_of.setdefault(split, i)
         (Path(work) / "shards").mkdir(exist_ok=True)
         written = []
         with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
@@ -440,7 +473,16 @@ def _run(options: PackOptions, out: OutputDir, show: bool) -> Manifest:
         _with_counts(fingerprint, store.samples_per_source()),
         columns=columns,
     )
+    manifest.run_key = run_key
     manifest.index_files = fmt.write_dataset_index(out.partial, manifest, options.output)
+    precut = sum(m.get("precut_samples", 0) for m in metas)
+    if precut:  # recorded: what of the input was never tokenized
+        limit = precut_limit(options, sample_format)
+        run_warnings = [
+            *run_warnings,
+            f"{precut:,} text sample(s) longer than {limit:,} characters were cut to that length before "
+            "tokenizing (--long-samples truncate keeps only their first tokens)",
+        ]
     manifest.warnings = run_warnings
     write_dataset_card(out.partial, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
     return manifest

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import glob
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from packtool.readers.compressed import input_format, is_compressed
 from packtool.readers.jsonl import read_jsonl
 from packtool.readers.parquet import read_parquet
 from packtool.readers.text import read_text_dir, read_text_lines
+from packtool.safepath import file_kind
 
 __all__ = ["SourceBatch", "expand_inputs", "input_bytes", "piece_bytes", "read_inputs"]
 
@@ -65,7 +67,17 @@ def expand_inputs(inputs: list[str]) -> list[tuple[str, str, list[str]]]:
     return out
 
 
+def _plain_name(path: Path) -> None:
+    """``InputError`` when ``path``'s name is not UTF-8: the manifest, Arrow and JSON need one."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
+        raise InputError("file name is not valid UTF-8: rename it", source=shown) from None
+
+
 def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
+    _plain_name(path)
     if not path.exists():
         if path.is_symlink():
             try:
@@ -80,7 +92,13 @@ def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
     if path.is_dir():
         if _is_hf_disk(path):
             return [("hf_disk", str(path), [])]
-        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        entries = sorted(p for p in path.iterdir() if not p.name.startswith("."))
+        for p in entries:  # a broken link among the inputs is named as one (not skipped, not an OSError)
+            if _reader_of(p) and p.is_symlink() and not p.exists():
+                _expand_path(p)
+        files = [p for p in entries if p.is_file()]
+        for p in files:
+            _plain_name(p)
         known = [p for p in files if _reader_of(p)]
         if known and all(p.suffix == ".txt" for p in known):  # other files (README, notes) are ignored
             return [("text_dir", str(path), [str(p) for p in known])]
@@ -96,6 +114,11 @@ def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
             ".json .parquet .txt, compressed .jsonl .json .txt (.gz .bz2 .zst .lz4), a save_to_disk "
             "directory, hf:NAME)",
             source=str(path),
+        )
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):  # a FIFO would be read once and then block; a device never ends
+        raise InputError(
+            f"is {file_kind(mode)}, not a regular file: write it to a file first", source=str(path)
         )
     if not os.access(path, os.R_OK):
         raise InputError("file is not readable (permission denied)", source=str(path))

@@ -102,6 +102,12 @@ def _read_lines(
         yield from _parse_lines(path, numbered, batch_rows, sink, text_field, used_fields)
 
 
+def _bounded_int(digits: str) -> int | str:
+    """A JSON integer as an ``int``, or as its text when it is longer than Python converts (4,300 digits):
+    a field packtool reads then holds a string where it wants a number, and is reported as such."""
+    return int(digits) if len(digits) <= 4300 else digits
+
+
 def _parse_lines(
     path: str,
     numbered: Iterable[tuple[int, bytes]],
@@ -131,6 +137,8 @@ def _parse_lines(
                 _line_error(f"malformed JSON: {e.msg} (column {e.colno})", path, lineno, "malformed_json")
             )
             continue
+        except ValueError:  # an integer past Python's 4,300 digits: kept as its text, so an unread field
+            rec = json.loads(raw.decode("utf-8"), parse_int=_bounded_int)  # costs nothing, a read one is bad
         if not isinstance(rec, dict):
             sink.bad(
                 _line_error(f"expected a JSON object, got {type(rec).__name__}", path, lineno, "not_object")

@@ -39,9 +39,14 @@ def _open(path: str) -> pq.ParquetFile:
     row group before the first batch, and writers default to row groups of 1Mi rows, so memory would grow
     with the file (docs/performance.md, memory)."""
     try:
-        return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"not a readable Parquet file: {_one_line(e)}", source=path) from None
+    names = pf.schema_arrow.names
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # a field by that name would be ambiguous: Arrow refuses to pick one
+        raise InputError(f"{len(names) - len(set(names)) + 1} columns are named {twice[0]!r}", source=path)
+    return pf
 
 
 def read_parquet(path: str, batch_rows: int = BATCH_ROWS, lazy: bool = False) -> Iterator[SourceBatch]:

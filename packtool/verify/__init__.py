@@ -38,11 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
+from packtool.binding import fields_problem
 from packtool.errors import InputError, PacktoolError
 from packtool.formats import get_format
 from packtool.manifest import MANIFEST, Manifest, SamplesPerPack, ShardEntry
 from packtool.packs import PackArrays
-from packtool.verify.files import check_files, check_stats, check_version
+from packtool.safepath import output_file_problem
+from packtool.verify.files import check_binding, check_files, check_stats, check_version
 from packtool.verify.packs import check_packs
 from packtool.verify.report import MAX_LISTED, Problem, VerifyReport
 from packtool.verify.source import SourceCheck
@@ -59,17 +61,22 @@ def iter_batches(
     base = 0
     for i, entry in enumerate(manifest.shards):
         path = Path(directory) / entry.path
-        if path.exists():
+        if output_file_problem(directory, entry.path) is None:  # else check_files says why
             for first, packs in fmt.check(path, entry, manifest, report, i, base):
                 yield i, entry, base + first, packs
         base += entry.num_packs
 
 
 def verify_output(
-    directory: str | Path, *, source: list[str] | None = None, progress: bool = False
+    directory: str | Path,
+    *,
+    source: list[str] | None = None,
+    progress: bool = False,
+    tokenizer: str | None = None,
 ) -> VerifyReport:
     """Check the output directory ``directory``; with ``source``, re-encode those inputs and prove that
-    every kept sample's tokens are in the packs exactly once (see module docstring)."""
+    every kept sample's tokens are in the packs exactly once (see module docstring), with ``tokenizer``
+    instead of the run's when given (required when the run's is code: ``SourceCheck.start``)."""
     directory = Path(directory)
     report = VerifyReport(str(directory))
     report.checked.update(shards=0, packs=0, tokens=0)
@@ -81,11 +88,20 @@ def verify_output(
     except PacktoolError as e:
         report.add("manifest", str(e), shard=MANIFEST)
         return report
+    check_binding(manifest, report)
+    if fields_problem(manifest) is not None:
+        return report  # (check_binding said what) no figure of it can be computed with, no pack rebuilt
+    if "sample_index" not in manifest.columns:  # every pack check goes by it
+        why = "the manifest lists no sample_index column, which verify checks every pack by"
+        report.add("columns", why, shard=MANIFEST, field="columns")
+        return report
     check_version(manifest, report)
     check_files(directory, manifest, report, fmt)
     fmt.check_dataset_index(directory, manifest, report)
     text_labels = manifest.sample_format == "text" and manifest.tokenizer.kind == "huggingface"
-    source_check = SourceCheck.start(manifest, source, report, progress) if source is not None else None
+    source_check = (
+        SourceCheck.start(manifest, source, report, progress, tokenizer) if source is not None else None
+    )
     num_packs = num_tokens = num_pieces = 0
     fewest, most = sys.maxsize, 0  # pieces in one pack
     shard_tokens: Counter = Counter()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from packtool.binding import manifest_problem
 from packtool.fileio import file_sha256
 from packtool.formats import FORMATS, ShardFormat
 from packtool.manifest import MANIFEST, Manifest, SamplesPerPack, total_stats
+from packtool.safepath import output_file_problem
 from packtool.verify.report import VerifyReport
 
 
@@ -18,9 +20,16 @@ def check_files(directory: Path, manifest: Manifest, report: VerifyReport, fmt: 
         name = entry.path
         named.add(name)
         named.update(fmt.index_files(entry))
+        for index in fmt.index_files(entry):  # opened by verify and the readers: inside, regular
+            if (problem := output_file_problem(directory, index)) not in (None, "missing"):
+                report.add("path", f"index file {problem}: not opened", shard=name, field="index")
         path = directory / name
-        if not path.exists():
+        problem = output_file_problem(directory, name)
+        if problem == "missing":
             report.add("missing", "shard named in the manifest is missing", shard=name)
+            continue
+        if problem is not None:
+            report.add("path", f"shard file {problem}: not opened", shard=name, field="path")
             continue
         size = path.stat().st_size
         if size != entry.bytes:
@@ -45,6 +54,12 @@ def check_files(directory: Path, manifest: Manifest, report: VerifyReport, fmt: 
             report.add(
                 "unlisted", "shard file is not in the manifest (left from another run?)", shard=path.name
             )
+
+
+def check_binding(manifest: Manifest, report: VerifyReport) -> None:
+    """The manifest's reading fields must give its ``run_id`` (``packtool.binding``)."""
+    if (problem := manifest_problem(manifest)) is not None:
+        report.add("run_id", problem, shard=MANIFEST, field="run_id")
 
 
 def check_version(manifest: Manifest, report: VerifyReport) -> None:

@@ -22,6 +22,7 @@ from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.encode import encode_to_chunks, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.run import start_run
+from packtool.plugins import is_plugin_spec
 from packtool.readers import read_inputs
 from packtool.schema import pack_of_piece, piece_starts
 from packtool.verify.report import VerifyReport
@@ -41,8 +42,17 @@ class SourceCheck:
 
     @classmethod
     def start(
-        cls, manifest: Manifest, inputs: list[str], report: VerifyReport, progress: bool
+        cls,
+        manifest: Manifest,
+        inputs: list[str],
+        report: VerifyReport,
+        progress: bool,
+        tokenizer: str | None = None,
     ) -> SourceCheck:
+        """Re-encode the source with the run's config, the tokenizer replaced by ``tokenizer`` when the
+        user gives one (``verify --tokenizer``). A manifest is untrusted input: a tokenizer it names that
+        is code (a ``module:callable`` or ``file.py:callable`` plugin) is never imported on its word, only
+        when the user names it (``ConfigError`` otherwise); a tokenizer file or model folder is data."""
         if manifest.stats.policy_packs:
             raise ConfigError(
                 f"--source cannot check this output: its {manifest.stats.policy_packs:,} packs hold what the "
@@ -52,8 +62,14 @@ class SourceCheck:
             )
         # the run's inputs where it found them (absolute paths: verify may run from another directory)
         recorded_inputs = [i.path if i.path and Path(i.path).exists() else i.source for i in manifest.inputs]
+        recorded_tokenizer = _recorded_tokenizer(manifest)
+        if tokenizer is None and isinstance(recorded_tokenizer, str) and is_plugin_spec(recorded_tokenizer):
+            raise ConfigError(
+                f"--source: the run's tokenizer is code ({recorded_tokenizer}), and verify runs only "
+                "code named on its command line: pass --tokenizer SPEC (that plugin, if you trust it)"
+            )
         options = PackOptions.from_provenance(
-            {**manifest.provenance, "tokenizer": _recorded_tokenizer(manifest)},
+            {**manifest.provenance, "tokenizer": tokenizer or recorded_tokenizer},
             inputs=list(inputs) or recorded_inputs or manifest.option("inputs") or [],
         )
         # bad records are left out as the run left them (its on_error), fields it did not read ignored

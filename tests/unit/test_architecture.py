@@ -207,6 +207,7 @@ DRIVER_READS = {
     "packtool.pipeline.memory": {"encoding.tokenizer", "reading.inputs"},
     "packtool.pipeline.run": {
         "encoding.text_field",
+        "encoding.labels",  # bound into the run_id (binding.reading_fields); given labels equal to the ids
         "encoding.tokens",  # the BOS/EOS the user named: one the tokenizer had to guess is warned of
         "output.columns",
         "output.format",

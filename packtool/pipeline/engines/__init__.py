@@ -44,7 +44,8 @@ def resolve_num_proc(values: Mapping[str, Any]) -> int:
             return cores  # a Hub dataset: its size is not known here
         for path in _paths(spec):
             if os.path.isdir(path):
-                size += sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+                files = (os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
+                size += sum(os.path.getsize(f) for f in files if os.path.isfile(f))  # (a broken link: 0)
             elif os.path.isfile(path):
                 size += os.path.getsize(path)
         if size >= SMALL_INPUT_BYTES:

@@ -1,0 +1,180 @@
+"""What binds an output together: the ``run_id`` is made from the run's content and from every manifest
+field a reader relies on, and every shard carries it.
+
+* ``run_key`` (32 hex digits, in the manifest): the config, tokenizer and inputs' identity
+  (``pipeline.identity.make_run_id``) and the *content* the run encoded: the digest of every scratch
+  chunk's tokens (``pipeline.chunks.chunk_digest``). A line-shuffled copy of an input gives another key.
+* ``run_id`` (16 hex digits) = a hash of ``run_key`` and the *reading fields* (``reading_fields``): the
+  conventions (``labels``, ``position_ids``), the columns and layout, ``N``, the pad id, the format and
+  the shard list (each shard's name, pack count and split, in order).
+
+Readers recompute the ``run_id`` from the manifest (``manifest_problem``) before the first pack, and
+check that each shard carries it (its own metadata): a manifest whose conventions, columns or shard list
+were edited no longer gives its ``run_id``; editing the ``run_id`` too leaves the shards naming another;
+a shard of another run, or one re-packed in place, names another run.
+
+>>> fields = reading_fields(packed_sequence_size=8, shard_format="parquet", sample_format="text",
+...     labels="shifted", position_ids="restart", pad_token_id=0, columns=["input_ids"], layout="full",
+...     shards=[("packs-000000.parquet", 3, "train")])
+>>> bound_run_id("0" * 32, fields) == bound_run_id("0" * 32, {**fields, "labels": "unshifted"})
+False
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from packtool.errors import InputError
+from packtool.formats import get_format
+from packtool.layout import columns_problem
+from packtool.manifest import LABELS, POSITION_IDS
+
+
+def content_run_key(identity_key: str, chunk_digests: Sequence[str]) -> str:
+    """32 hex digits from the run's identity (config, tokenizer, inputs' names and sizes) and the
+    digests of its encoded chunks, in order."""
+    basis = json.dumps([identity_key, list(chunk_digests)])
+    return hashlib.sha256(basis.encode()).hexdigest()[:32]
+
+
+def reading_fields(
+    *,
+    packed_sequence_size: int,
+    shard_format: str,
+    sample_format: str,
+    labels: str,
+    position_ids: str,
+    pad_token_id: int,
+    columns: Sequence[str],
+    layout: str,
+    shards: Sequence[tuple[str, int, str]],
+) -> dict[str, Any]:
+    """The manifest fields a reader relies on, as the ``run_id`` binds them (``shards``: ``(path,
+    num_packs, split)`` in order)."""
+    return {
+        "packed_sequence_size": packed_sequence_size,
+        "shard_format": shard_format,
+        "sample_format": sample_format,
+        "labels": labels,
+        "position_ids": position_ids,
+        "pad_token_id": pad_token_id,
+        "columns": list(columns),
+        "layout": layout,
+        "shards": [[str(p), int(k), str(s)] for p, k, s in shards],
+    }
+
+
+def bound_run_id(run_key: str, fields: dict[str, Any]) -> str:
+    """16 hex digits: the ``run_id`` of ``run_key`` with the reading ``fields``."""
+    basis = json.dumps([run_key, fields], sort_keys=True, default=str)
+    return hashlib.sha256(basis.encode()).hexdigest()[:16]
+
+
+def manifest_fields(manifest: Any) -> dict[str, Any]:
+    """``reading_fields`` of a loaded ``Manifest``."""
+    return reading_fields(
+        packed_sequence_size=manifest.packed_sequence_size,
+        shard_format=manifest.shard_format,
+        sample_format=manifest.sample_format,
+        labels=manifest.labels,
+        position_ids=manifest.position_ids,
+        pad_token_id=manifest.pad_token_id,
+        columns=manifest.columns,
+        layout=manifest.layout,
+        shards=[(e.path, e.num_packs, e.split or "train") for e in manifest.shards],
+    )
+
+
+def _fits(value: Any, annotation: str) -> bool:
+    """Whether ``value`` is of the (string) ``annotation`` of a manifest dataclass field: ``int``,
+    ``float``, ``str``, ``bool``, ``list[X]``, ``dict[...]``, unions with ``None``; a dataclass field is
+    checked field by field (``type_problem``), any other annotation passes."""
+    for alt in (a.strip() for a in annotation.split("|")):
+        if alt == "None" and value is None:
+            return True
+        if alt == "int" and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if alt == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+            return True
+        if alt in ("str", "bool") and type(value).__name__ == alt:
+            return True
+        if alt.startswith("list[") and isinstance(value, list):
+            return all(_fits(v, alt[5:-1]) for v in value)
+        if alt.startswith("dict") and isinstance(value, dict):
+            return True
+        if alt not in ("None", "int", "float", "str", "bool") and not alt.startswith(("list", "dict")):
+            return not dataclasses.is_dataclass(value) or type_problem(value) is None
+    return False
+
+
+def type_problem(record: Any, where: str = "") -> str | None:
+    """The first field of dataclass ``record`` (a loaded ``Manifest``'s shard entries, stats...) whose value
+    is not of its declared type, as ``field 'shards[2].num_packs': not an int``; None when all are. A
+    manifest is untrusted: a reader must not meet a string where it adds numbers."""
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        if f.name in ("provenance", "tokenizer", "histograms", "inputs", "notes"):  # read by their own rules
+            continue
+        if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+            for i, item in enumerate(value):
+                if (problem := type_problem(item, f"{where}{f.name}[{i}].")) is not None:
+                    return problem
+            continue
+        if dataclasses.is_dataclass(value):
+            if (problem := type_problem(value, f"{where}{f.name}.")) is not None:
+                return problem
+            continue
+        if isinstance(f.type, str) and not _fits(value, f.type):
+            return f"field '{where}{f.name}': {json.dumps(value, default=str)[:40]} is not of type {f.type}"
+    return None
+
+
+def fields_problem(manifest: Any) -> str | None:
+    """Why the manifest's fields cannot be read at all: one not of its type (``type_problem``), a negative
+    count, a convention packtool does not know, or columns that are not a list packtool writes
+    (``layout.columns_problem``); None if none. ``verify`` stops at these; an edit that leaves the fields
+    readable is ``manifest_problem``'s, and verify checks on past it."""
+    if (problem := type_problem(manifest)) is not None:
+        return problem
+    try:
+        fmt = get_format(manifest.shard_format)
+    except InputError:  # named where the format is needed
+        fmt = None
+    for i, entry in enumerate(manifest.shards if fmt is not None else []):  # the format's own fields
+        own = fmt.entry_fields(entry)
+        if own is not None and (problem := type_problem(own, f"shards[{i}].fields.")) is not None:
+            return problem
+    vocab = manifest.tokenizer.vocab_size
+    if not _fits(vocab, "int | None"):
+        return f"field 'tokenizer.vocab_size': {vocab!r} is not a number"
+    if any(e.num_packs < 0 or e.bytes < 0 for e in manifest.shards) or manifest.packed_sequence_size <= 0:
+        return "a shard entry counts fewer than 0 packs or bytes"
+    for key, known in (("labels", LABELS), ("position_ids", POSITION_IDS)):
+        if getattr(manifest, key) not in known:
+            return f"field '{key}': {getattr(manifest, key)!r} is not one of {', '.join(known)}"
+    return columns_problem(list(manifest.columns), manifest.labels)
+
+
+def manifest_problem(manifest: Any) -> str | None:
+    """Why the manifest cannot be read as written: ``fields_problem``, or it does not give its own
+    ``run_id`` (a field a reader relies on was edited); None when neither. A manifest without
+    ``run_key`` (written before run ids were bound to content) is not checked for the second."""
+    if (problem := fields_problem(manifest)) is not None:
+        return problem
+    run_key = getattr(manifest, "run_key", None)
+    if run_key is None:
+        return None
+    try:
+        want = bound_run_id(run_key, manifest_fields(manifest))
+    except (TypeError, ValueError):
+        return "its reading fields are not of their types"
+    if want != manifest.run_id:
+        return (
+            f"its fields give run_id {want}, it says {manifest.run_id}: the manifest was edited (its "
+            "conventions, columns, layout or shard list), its shards would be read as not written"
+        )
+    return None

@@ -1,0 +1,69 @@
+"""Paths an output directory names, confined to it: what every reader opens goes through ``output_file``.
+
+An output directory is untrusted input (a download, a shared folder): its manifest may name any path,
+and any file in it may be a symlink, a FIFO or a device. A reader opens only *regular files inside the
+directory*: the name is relative with no ``..`` part, the path resolved (symlinks followed) stays inside
+the resolved directory, and what it leads to is a regular file (a FIFO would block the reader, a device
+such as ``/dev/zero`` never ends).
+
+>>> import tempfile, pathlib
+>>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "packs-000000.tar").write_bytes(b"")
+>>> output_file_problem(d, "packs-000000.tar") is None
+True
+>>> output_file_problem(d, "../../etc/passwd")
+'names a path outside the output directory (a .. part)'
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path, PurePosixPath
+
+from packtool.errors import InputError
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` is, in words (``a FIFO``); ``a regular file`` for one."""
+    return "a regular file" if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def output_file_problem(directory: str | Path, name: object) -> str | None:
+    """Why ``name`` (as the manifest gives it) may not be opened inside output ``directory``, or None
+    (one ``realpath`` and one ``stat``). ``missing`` when it does not exist."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        return f"names no usable path ({name!r})"
+    parts = PurePosixPath(name).parts
+    if PurePosixPath(name).is_absolute() or Path(name).is_absolute():
+        return "names an absolute path, outside the output directory"
+    if ".." in parts or any(".." in Path(p).parts for p in name.split("\\")):
+        return "names a path outside the output directory (a .. part)"
+    root = os.path.realpath(directory)
+    real = os.path.realpath(os.path.join(root, name))
+    if os.path.commonpath([root, real]) != root or real == root:
+        return "is a symlink leading outside the output directory"
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"cannot be opened ({e.strerror})"
+    if not stat.S_ISREG(mode):
+        return f"is {file_kind(mode)}, not a regular file"
+    return None
+
+
+def output_file(directory: str | Path, name: object) -> Path:
+    """``directory / name`` when ``output_file_problem`` finds nothing; else ``InputError`` naming it."""
+    problem = output_file_problem(directory, name)
+    if problem is not None:
+        raise InputError(f"{Path(directory) / str(name)}: {problem}; run packtool verify")
+    return Path(directory) / str(name)
