@@ -34,6 +34,7 @@ import numpy as np
 from packtool.arrays import ranges
 from packtool.manifest import COLUMNS, IGNORE_INDEX, Manifest, column_names
 from packtool.packs import PackArrays, pack_position_ids
+from packtool.schema import pack_of_piece, per_pack_sum, piece_starts
 
 # what a reader must read to rebuild a column a layout does not store (those of them the layout stores)
 NEEDS = {
@@ -182,14 +183,9 @@ def rule_labels(packs: PackArrays, loss_mask: np.ndarray | None, shifted: bool) 
 def _pieces(packs: PackArrays, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Flat index (pack * N + position) of the last token of every piece (before its context-parallel
     padding, if any), in piece order, and the cells the pieces take in every pack (the rest is padding)."""
-    counts = np.diff(packs.sample_index_offsets)
-    length = packs.seq_lens[ranges(packs.seq_lens_offsets[:-1], counts)].astype(np.int64)
-    cs = np.zeros(len(length) + 1, dtype=np.int64)
-    np.cumsum(length, out=cs[1:])
-    before = cs[packs.sample_index_offsets]  # tokens before each pack's first piece, then the total
-    pack = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    last = pack * n + cs[1:] - before[:-1][pack] - 1
-    return last if packs.cp_padding is None else last - packs.cp_padding, np.diff(before)
+    spans, offsets = packs.piece_spans(), packs.sample_index_offsets
+    last = pack_of_piece(offsets) * n + piece_starts(spans, offsets) + spans - 1
+    return last if packs.cp_padding is None else last - packs.cp_padding, per_pack_sum(spans, offsets)
 
 
 def mask_from_bits(bits: np.ndarray, n: int) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""The manifest of an output directory, its shard entries, and the pack columns, each defined once here.
+"""The manifest of an output directory and its shard entries, each defined once here (the pack columns:
+``packtool.schema``, importable from here too).
 
 ``manifest.json`` is written last by ``packtool pack``: a directory without one is not a finished output.
 It says what the packs hold (``packed_sequence_size``, the ``columns`` and their ``layout``, the
@@ -27,10 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from packtool.errors import InputError
 from packtool.fileio import write_json_atomic
+from packtool.schema import COLUMNS as COLUMNS  # the pack columns (packtool.schema), importable from here too
+from packtool.schema import FIXED_COLUMNS as FIXED_COLUMNS
+from packtool.schema import PACK_COLUMNS as PACK_COLUMNS
+from packtool.schema import TOKEN_COLUMNS as TOKEN_COLUMNS
+from packtool.schema import TRAINING_COLUMNS as TRAINING_COLUMNS
+from packtool.schema import Column as Column
+from packtool.schema import column_names as column_names
 from packtool.stats import Histogram as Histogram  # the manifest's sections, importable from here too
 from packtool.stats import SamplesPerPack as SamplesPerPack
 from packtool.stats import Stats as Stats
@@ -60,99 +66,6 @@ MINIMAL_TAR_RECORD_VERSION = 4  # minimal tar outputs older than this hold one m
 SHARD_PREFIXES = {"train": "packs-", "val": "val-"}
 SPLITS = tuple(SHARD_PREFIXES)
 IGNORE_INDEX = -100  # the label of a token that takes no loss (padding, prompts, sample ends)
-
-
-# --- the pack columns ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Column:
-    """One column of a pack.
-
-    Attributes:
-        name: the column's name everywhere (Parquet column, tar member ``KEY.NAME.npy``, loader field).
-        dtype: NumPy dtype of its values, as stored.
-        per: ``token`` (``N`` values per pack), ``bit`` (``ceil(N / 8)`` bytes per pack, a bit per token),
-            ``segment`` (one per ``seq_lens`` entry: the pieces, then the padding if any) or ``piece``
-            (one per piece of a sample).
-        optional: written only when the input carries it, or only in one layout (``column_names``).
-        meaning: one line, for docs and dataset cards.
-        stored_only: a column of the ``minimal`` layout that readers turn back into the columns it
-            stands for (``packtool.layout``); never a column of what they give.
-    """
-
-    name: str
-    dtype: np.dtype
-    per: str
-    optional: bool
-    meaning: str
-    stored_only: bool = False
-
-    def width(self, n: int) -> int | None:
-        """Values per pack of a fixed-width column (``token``, ``bit``) in packs of ``n``; None if ragged."""
-        return {"token": n, "bit": -(-n // 8)}.get(self.per)
-
-
-PACK_COLUMNS: tuple[Column, ...] = (
-    Column("input_ids", np.dtype(np.int32), "token", False, "token ids, padded with pad_token_id"),
-    Column("labels", np.dtype(np.int32), "token", False, "labels, -100 where no loss is taken"),
-    Column("position_ids", np.dtype(np.int32), "token", False, "position ids (convention: position_ids)"),
-    Column("seq_lens", np.dtype(np.int32), "segment", False, "lengths of the pieces, then of the padding"),
-    Column("loss_mask", np.dtype(np.int8), "token", True, "1 where the loss is taken (fine-tuning input)"),
-    Column("sample_index", np.dtype(np.int64), "piece", False, "input index of each piece's sample"),
-    Column("sample_offset", np.dtype(np.int64), "piece", False, "where each piece starts in its sample"),
-    Column("cp_padding", np.dtype(np.int32), "piece", True, "context-parallel padding ending each piece"),
-    Column(
-        "next_label",
-        np.dtype(np.int32),
-        "piece",
-        True,
-        "label of each piece's last token (minimal layout: labels are rebuilt from input_ids)",
-        stored_only=True,
-    ),
-    Column(
-        "loss_mask_bits",
-        np.dtype(np.uint8),
-        "bit",
-        True,
-        "loss_mask, 8 tokens a byte (numpy.packbits; minimal layout)",
-        stored_only=True,
-    ),
-)
-COLUMNS: dict[str, Column] = {c.name: c for c in PACK_COLUMNS}
-TOKEN_COLUMNS = tuple(c.name for c in PACK_COLUMNS if c.per == "token")  # (N,) per pack
-FIXED_COLUMNS = tuple(c.name for c in PACK_COLUMNS if c.per in ("token", "bit"))  # as many values per pack
-TRAINING_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens")  # every pack read has these
-
-
-def column_names(
-    has_loss_mask: bool,
-    layout: str = "full",
-    *,
-    labels_rebuilt: bool = True,
-    shifted: bool = True,
-    has_cp_padding: bool = False,
-) -> list[str]:
-    """The columns an output stores, in their stored order.
-
-    ``full`` stores every column a reader gives. ``minimal`` (``packtool.layout``) leaves out
-    ``position_ids``, and ``labels`` when ``labels_rebuilt`` (the input's labels follow the rule the
-    readers rebuild them by; with ``shifted`` labels one ``next_label`` per piece goes with them), and
-    stores ``loss_mask`` as ``loss_mask_bits``. Any other column is stored as in ``full`` (``cp_padding``
-    when ``has_cp_padding``: ``cp_size`` > 1).
-
-    >>> column_names(True, "minimal")
-    ['input_ids', 'seq_lens', 'sample_index', 'sample_offset', 'next_label', 'loss_mask_bits']
-    """
-    optional = {"loss_mask": has_loss_mask, "cp_padding": has_cp_padding}
-    names = [c.name for c in PACK_COLUMNS if not c.stored_only and optional.get(c.name, True)]
-    if layout == "full":
-        return names
-    drop = {"position_ids", "loss_mask"} | ({"labels"} if labels_rebuilt else set())
-    names = [c for c in names if c not in drop]
-    if labels_rebuilt and shifted:
-        names.append("next_label")
-    if has_loss_mask:
-        names.append("loss_mask_bits")
-    return [c.name for c in PACK_COLUMNS if c.name in names]
 
 
 # --- provenance ----------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from packtool.schema import one_pack_offsets, padding_lengths, piece_lengths, piece_spans
+
 THD_FIELDS = ("input_ids", "labels", "position_ids")
 
 
@@ -46,16 +48,17 @@ def nemo_thd_sample(pack: Mapping[str, Any]) -> dict[str, list[int]]:
     """
     if "sample_index" not in pack:
         raise ValueError("nemo_thd_sample: the pack has no sample_index (read_packs: with_sample_index=True)")
-    seq_lens = np.asarray(pack["seq_lens"]).astype(np.int64).tolist()
+    seq_lens = np.asarray(pack["seq_lens"]).astype(np.int64)
     pieces = len(pack["sample_index"])
     if not 0 < pieces <= len(seq_lens) <= pieces + 1:
         raise ValueError(f"nemo_thd_sample: {len(seq_lens)} seq_lens for {pieces} pieces")
-    padded = seq_lens[:pieces]  # each piece with its context-parallel padding, if any
-    cp_padding = np.asarray(pack.get("cp_padding", np.zeros(pieces)), dtype=np.int64).tolist()
+    offsets = one_pack_offsets(seq_lens, pieces)
+    padded = piece_spans(seq_lens, *offsets)  # each piece with its context-parallel padding, if any
+    cp_padding = np.asarray(pack.get("cp_padding", np.zeros(pieces)), dtype=np.int64)
     if len(cp_padding) != pieces:
         raise ValueError(f"nemo_thd_sample: {len(cp_padding)} cp_padding entries for {pieces} pieces")
-    real = [length - cp for length, cp in zip(padded, cp_padding, strict=True)]
-    padded[-1] += sum(seq_lens[pieces:])  # the pack's padding, if any
+    real = piece_lengths(seq_lens, *offsets, cp_padding)
+    padded[-1] += padding_lengths(seq_lens, *offsets)[0]  # the pack's padding, if any
     out = {k: np.asarray(pack[k]).astype(np.int64).tolist() for k in THD_FIELDS}
-    out["seq_lens"], out["seq_lens_padded"] = real, padded
+    out["seq_lens"], out["seq_lens_padded"] = real.tolist(), padded.tolist()
     return out

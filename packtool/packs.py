@@ -1,7 +1,8 @@
 """``PackArrays``: a run of packs in memory, the one layout the writer, every shard format, ``read_packs``,
 the loader and ``verify`` share.
 
-Layout of one pack (NeMo AutoModel ``PackedSequence`` conventions; columns in ``packtool.manifest``):
+Layout of one pack (NeMo AutoModel ``PackedSequence`` conventions; columns and the layout's derived views in
+``packtool.schema``):
 
 * ``input_ids`` ``(N,)`` int32: the pieces end to end, then ``pad_token_id``;
 * ``labels`` ``(N,)`` int32: the pieces' labels, then ``-100``;
@@ -24,8 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packtool import schema
 from packtool.arrays import ranges
-from packtool.manifest import COLUMNS, PACK_COLUMNS, TOKEN_COLUMNS
+from packtool.schema import COLUMNS, PACK_COLUMNS, TOKEN_COLUMNS
 
 # where the offsets of a ragged column's values are kept, by ``Column.per``: every piece column shares one
 OFFSETS = {"segment": "seq_lens_offsets", "piece": "sample_index_offsets"}
@@ -59,6 +61,44 @@ class PackArrays:
     @property
     def num_packs(self) -> int:
         return self.input_ids.shape[0]
+
+    # the layout's derived views (``packtool.schema``), for every pack at once
+    def pieces_per_pack(self) -> np.ndarray:
+        """``(num_packs,)`` int64: the pieces of each pack (``schema.pieces_per_pack``)."""
+        return schema.pieces_per_pack(self.sample_index_offsets)
+
+    def has_padding(self) -> np.ndarray:
+        """``(num_packs,)`` bool: whether each pack ends with padding (``schema.has_padding``)."""
+        return schema.has_padding(self.seq_lens_offsets, self.sample_index_offsets)
+
+    def padding_lengths(self) -> np.ndarray:
+        """``(num_packs,)`` int64: each pack's padding, cp padding excluded (``schema.padding_lengths``)."""
+        return schema.padding_lengths(self.seq_lens, self.seq_lens_offsets, self.sample_index_offsets)
+
+    def piece_spans(self) -> np.ndarray:
+        """``(num_pieces,)`` int64: each piece's ``seq_lens`` entry, cp padding included
+        (``schema.piece_spans``)."""
+        return schema.piece_spans(self.seq_lens, self.seq_lens_offsets, self.sample_index_offsets)
+
+    def piece_lengths(self) -> np.ndarray:
+        """``(num_pieces,)`` int64: each piece's own tokens (``schema.piece_lengths``)."""
+        return schema.piece_lengths(
+            self.seq_lens, self.seq_lens_offsets, self.sample_index_offsets, self.cp_padding
+        )
+
+    def real_tokens(self) -> np.ndarray:
+        """``(num_packs,)`` int64: each pack's samples' tokens, neither padding nor cp padding
+        (``schema.real_tokens``).
+
+        >>> p = PackArrays(np.zeros((1, 8), np.int32), seq_lens=np.array([4, 2, 2]),
+        ...                seq_lens_offsets=np.array([0, 3]), sample_index_offsets=np.array([0, 2]),
+        ...                cp_padding=np.array([1, 0]))
+        >>> p.real_tokens().tolist(), p.padding_lengths().tolist(), p.piece_lengths().tolist()
+        ([5], [2], [3, 2])
+        """
+        return schema.real_tokens(
+            self.seq_lens, self.seq_lens_offsets, self.sample_index_offsets, self.cp_padding
+        )
 
     def token_columns(self) -> dict[str, np.ndarray]:
         """The ``(num_packs, N)`` columns present, by name, in column order."""
@@ -175,15 +215,13 @@ def pack_position_ids(
     """
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
     k = len(seq_lens_offsets) - 1
-    counts = np.diff(piece_offsets)
-    pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
-    piece_slot = np.arange(len(piece_start), dtype=np.int64) - piece_offsets[:-1][pack_of_piece]
-    piece_slot += seq_lens_offsets[:-1][pack_of_piece]
+    pack_of_piece = schema.pack_of_piece(piece_offsets)
+    piece_slot = schema.piece_slots(seq_lens_offsets, piece_offsets)
     seg_first = np.zeros(len(seq_lens), dtype=np.int64)
     piece_len = seq_lens[piece_slot]
     if convention == "nemo":
         seg_first[piece_slot] = piece_start
-        padded = np.flatnonzero(np.diff(seq_lens_offsets) > counts)
+        padded = np.flatnonzero(schema.has_padding(seq_lens_offsets, piece_offsets))
         last_piece = piece_offsets[1:][padded] - 1
         seg_first[seq_lens_offsets[padded + 1] - 1] = (
             piece_start[last_piece] + piece_len[last_piece] - 1

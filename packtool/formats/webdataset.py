@@ -60,6 +60,7 @@ from packtool.formats.webdataset_index import check_dataset_index, old_minimal_l
 from packtool.manifest import COLUMNS, Column, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
+from packtool.schema import pieces_per_pack
 
 
 def pack_json(pack_index: int, num_tokens: int, num_samples: int, run_id: str, shard: int) -> bytes:
@@ -95,7 +96,7 @@ def pack_tar_bytes(plan: PackPlan, columns: list[str], layout: str) -> np.ndarra
     """``(num_packs,)`` int64: bytes each pack of ``plan`` takes in a tar shard storing ``columns`` in
     ``layout``, from the plan alone (to cut shards by ``shard_max_bytes`` before any token is written)."""
     n, k = plan.packed_sequence_size, plan.num_packs
-    counts = np.diff(plan.pack_offsets).astype(np.int64)
+    counts = pieces_per_pack(plan.pack_offsets)
     values = {"segment": counts + (plan.pack_spans() < n), "piece": counts}  # per pack, by Column.per
     total = np.zeros(k, dtype=np.int64)
     for member, names in pack_members(columns, layout).items():
@@ -150,13 +151,9 @@ def write_tar_shard(
     (``tar.TarFields``: ``{"index": "packs-NNNNNN.tar.idx"}``)."""
     path = Path(path)
     groups = pack_members(packs.present(), layout)
-    k, n = packs.input_ids.shape
-    num_samples = np.diff(packs.sample_index_offsets)
-    has_pad = np.diff(packs.seq_lens_offsets) > num_samples
-    pad = np.where(has_pad, packs.seq_lens[np.maximum(packs.seq_lens_offsets[1:] - 1, 0)], 0)
-    num_tokens = n - pad
-    if packs.cp_padding is not None:  # a piece's context-parallel padding is not its tokens
-        num_tokens -= np.add.reduceat(packs.cp_padding, packs.sample_index_offsets[:-1]) if k else 0
+    k = packs.num_packs
+    num_samples = packs.pieces_per_pack()
+    num_tokens = packs.real_tokens()  # neither the padding nor the pieces' context-parallel padding
     offsets = np.zeros(k + 1, dtype="<u8")
     index = path.with_name(path.name + INDEX_SUFFIX)
     with written_whole(path) as tmp, written_whole(index) as index_tmp:

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-from packtool.arrays import ranges
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
 from packtool.fileio import file_sha256
@@ -32,6 +31,7 @@ from packtool.layout import rebuild
 from packtool.manifest import IGNORE_INDEX, Histogram, Manifest, SamplesPerPack, total_stats
 from packtool.reading import shard_file_problem
 from packtool.safepath import output_file_problem
+from packtool.schema import one_pack_offsets, per_pack_sum, piece_lengths, piece_spans, piece_starts
 from packtool.verify import Problem, VerifyReport, iter_batches
 
 
@@ -152,14 +152,11 @@ def recompute_stats(directory: str | Path, manifest: Manifest, warnings: list[st
     check = VerifyReport(str(directory))
     used, per_pack, pieces_sample, pieces_len = [], [], [], []
     for _, _, _, packs in iter_batches(directory, manifest, check):
-        npieces = np.diff(packs.sample_index_offsets)
-        sl = packs.seq_lens.astype(np.int64)
-        length = sl[ranges(packs.seq_lens_offsets[:-1], npieces)]
-        cs = np.concatenate([[0], np.cumsum(length)])
-        used.append(np.diff(cs[packs.sample_index_offsets]))
-        per_pack.append(npieces)
+        lengths = packs.piece_lengths()  # the pieces' own tokens: their cp_size padding is padding
+        used.append(per_pack_sum(lengths, packs.sample_index_offsets))
+        per_pack.append(packs.pieces_per_pack())
         pieces_sample.append(packs.sample_index.astype(np.int64))
-        pieces_len.append(length)
+        pieces_len.append(lengths)
     if warnings is not None:
         warnings.extend(str(problem) for problem in check.problems)
     cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)  # noqa: E731
@@ -256,11 +253,11 @@ def pack_report(
     seq_lens = [int(x) for x in pack["seq_lens"]]
     samples = [int(x) for x in pack["sample_index"]]
     starts = [int(x) for x in pack.get("sample_offset", np.zeros(len(samples), dtype=np.int64))]
-    spans = seq_lens[: len(samples)]
+    layout = (pack["seq_lens"], *one_pack_offsets(pack["seq_lens"], len(samples)))
     cp_padding = [int(x) for x in pack.get("cp_padding", np.zeros(len(samples), dtype=np.int64))]
-    lengths = [span - cp for span, cp in zip(spans, cp_padding, strict=True)]  # less cp_size padding
-    offsets = np.concatenate([[0], np.cumsum(spans)]).astype(int)
-    used = sum(lengths)
+    lengths = piece_lengths(*layout, np.array(cp_padding, dtype=np.int64))  # less cp_size padding
+    offsets = piece_starts(piece_spans(*layout), layout[2])
+    used = int(lengths.sum())
     where = locate_samples(directory, m, samples)
     pieces = [
         {
@@ -272,7 +269,7 @@ def pack_report(
             "source": where.get(s),
             **({"cp_padding": cp} if "cp_padding" in pack else {}),
         }
-        for s, o, length, start, cp in zip(samples, offsets[:-1], lengths, starts, cp_padding, strict=True)
+        for s, o, length, start, cp in zip(samples, offsets, lengths, starts, cp_padding, strict=True)
     ]
     out = {
         "pack": index,

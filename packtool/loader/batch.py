@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from packtool.manifest import TOKEN_COLUMNS
 from packtool.masks import (
     SEQ_LENS_PAD,
     additive_mask,
@@ -26,6 +25,7 @@ from packtool.masks import (
     flex_block_mask,
 )
 from packtool.packs import PackArrays
+from packtool.schema import TOKEN_COLUMNS, cu_seqlens
 
 LABELS = ("shifted", "unshifted")  # the manifest's ``labels``: how labels[i] relates to input_ids
 # varlen: cu_seqlens only (FlashAttention varlen, TE THD, flattening_kwargs); dense: bool, for SDPA;
@@ -369,10 +369,8 @@ def gather_batch(
         for j in range(k):
             col[j] = getattr(decoded[unit_list[j]], name)[row_list[j]]
         out[name] = torch.from_numpy(col)
-    pieces = []  # each pack's seq_lens: a slice of its unit's flat values (a few per batch)
-    for u, r in zip(unit_list, row_list, strict=True):
-        off = decoded[u].seq_lens_offsets
-        pieces.append(decoded[u].seq_lens[off[r] : off[r + 1]])
+    # each pack's seq_lens: a slice of its unit's flat values (a few per batch)
+    pieces = [decoded[u].row("seq_lens", r) for u, r in zip(unit_list, row_list, strict=True)]
     width = max(1, max(len(p) for p in pieces))
     seq_lens = alloc((k, width), np.int32)
     for j, piece in enumerate(pieces):
@@ -383,8 +381,7 @@ def gather_batch(
         cp = alloc((k, width), np.int32)
         cp.fill(0)
         for j, (u, r) in enumerate(zip(unit_list, row_list, strict=True)):
-            off = decoded[u].sample_index_offsets
-            values = decoded[u].cp_padding[off[r] : off[r + 1]]
+            values = decoded[u].row("cp_padding", r)
             cp[j, : len(values)] = values
         out["cp_padding"] = torch.from_numpy(cp)
     out["pack_index"] = ids.tolist()
@@ -392,14 +389,11 @@ def gather_batch(
 
 
 def host_cu_seqlens(seq_lens: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """``cu_seqlens_of`` for a CPU tensor, in NumPy (a few times cheaper for one batch)."""
+    """``cu_seqlens_of`` for a CPU tensor, in NumPy (``schema.cu_seqlens``; a few times cheaper)."""
     if seq_lens.device.type != "cpu" or seq_lens.dim() != 2:
         return cu_seqlens_of(seq_lens)
-    flat = seq_lens.numpy().reshape(-1)
-    flat = flat[flat > 0]
-    cu = np.zeros(flat.size + 1, dtype=np.int32)
-    np.cumsum(flat, out=cu[1:])
-    return torch.from_numpy(cu), int(flat.max()) if flat.size else 0
+    lengths = seq_lens.numpy()
+    return torch.from_numpy(cu_seqlens(lengths)), int(lengths.max(initial=0))
 
 
 def packed_batch(raw: dict, mask: str, labels_convention: str = "shifted") -> PackedBatch:

@@ -38,6 +38,7 @@ from packtool.loader.batch import LABELS
 from packtool.loader.loader import shards_digest
 from packtool.manifest import Manifest
 from packtool.reading import read_packs
+from packtool.schema import cu_seqlens
 
 TRL_COLUMNS = ("input_ids", "labels", "seq_lengths")
 
@@ -54,8 +55,8 @@ def trl_labels(labels: np.ndarray, seq_lens: np.ndarray, convention: str) -> tup
     """
     if convention not in LABELS:
         raise ValueError(f"labels convention must be one of {', '.join(LABELS)}, got {convention!r}")
-    ends = np.cumsum(seq_lens[seq_lens > 0])
-    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    cu = cu_seqlens(seq_lens).astype(np.int64)
+    ends, starts = cu[1:], cu[:-1]
     lost = 0
     if convention == "unshifted":
         out = labels.astype(np.int64)

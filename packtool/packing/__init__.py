@@ -23,6 +23,7 @@ from packtool.packing.options import PackingOptions
 from packtool.packing.plan import PackPlan, PackStats, empty_plan
 from packtool.packing.sequential import plan_sequential
 from packtool.plugins import is_plugin_spec
+from packtool.schema import pack_of_piece
 
 __all__ = [
     "PackPlan",
@@ -282,9 +283,9 @@ def _split_samples(plan: PackPlan, num_samples: int) -> np.ndarray:
     several = pieces[plan.input_index] > 1  # only the pieces of samples in more than one piece
     if not several.any():
         return split
-    pack_of_piece = np.repeat(np.arange(plan.num_packs, dtype=np.int64), np.diff(plan.pack_offsets))
+    pack = pack_of_piece(plan.pack_offsets)
     # distinct (sample, pack) of those pieces
-    sample_pack = np.unique(plan.input_index[several] * plan.num_packs + pack_of_piece[several])
+    sample_pack = np.unique(plan.input_index[several] * plan.num_packs + pack[several])
     packs_per_sample = np.bincount(sample_pack // plan.num_packs, minlength=num_samples)
     split[:] = packs_per_sample[:num_samples] > 1
     return split

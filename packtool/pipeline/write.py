@@ -22,6 +22,7 @@ from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays, pack_position_ids
 from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.encode import RunSpec, worker
+from packtool.schema import pack_of_piece, pack_seq_lens, piece_starts
 
 
 def output_columns(options: PackOptions, store: ChunkStore) -> list[str]:
@@ -52,14 +53,9 @@ def build_pack_arrays(
     columns = column_names(store.has_loss_mask) if columns is None else columns
     n = plan.packed_sequence_size
     k = plan.num_packs
-    counts = np.diff(plan.pack_offsets)
     span = plan.spans  # each piece's tokens, then its context-parallel padding (cp_size), if any
-    cs = np.zeros(len(span) + 1, dtype=np.int64)
-    np.cumsum(span, out=cs[1:])
-    used = np.diff(cs[plan.pack_offsets])
-    pack_of_piece = np.repeat(np.arange(k, dtype=np.int64), counts)
-    # piece i lands in row pack_of_piece[i], after the pieces before it in its pack
-    dest = pack_of_piece * n + cs[:-1] - cs[plan.pack_offsets[:-1]][pack_of_piece]
+    # piece i lands in its pack's row, after the pieces before it in its pack
+    dest = pack_of_piece(plan.pack_offsets) * n + piece_starts(span, plan.pack_offsets)
 
     input_ids = np.full((k, n), pad_token_id, dtype=np.int32)
     out = {"input_ids": input_ids.reshape(-1)}
@@ -74,19 +70,8 @@ def build_pack_arrays(
     if "next_label" in columns:  # the label of each piece's last token, as the chunks hold it
         next_label = store.values_at(plan.sample, plan.start + plan.length - 1, "labels")
 
-    # seq_lens: piece lengths, then the padding length if the pack is not full
-    has_pad = (used < n).astype(np.int64)
-    sl_offsets = np.zeros(k + 1, dtype=np.int64)
-    np.cumsum(counts + has_pad, out=sl_offsets[1:])
-    seg_len = np.empty(sl_offsets[-1], dtype=np.int64)
-    piece_slot = (
-        np.arange(len(plan.length), dtype=np.int64)
-        - plan.pack_offsets[pack_of_piece]
-        + sl_offsets[pack_of_piece]
-    )
-    seg_len[piece_slot] = span
-    padded = np.flatnonzero(has_pad)
-    seg_len[sl_offsets[padded + 1] - 1] = n - used[padded]
+    # seq_lens: piece spans, then the padding length if the pack is not full
+    seg_len, sl_offsets = pack_seq_lens(span, plan.pack_offsets, n)
 
     position_ids = None
     if "position_ids" in columns:

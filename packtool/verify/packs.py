@@ -14,6 +14,7 @@ from packtool.arrays import ranges
 from packtool.layout import rebuild
 from packtool.manifest import IGNORE_INDEX, Manifest
 from packtool.packs import PackArrays, pack_position_ids
+from packtool.schema import pack_of_piece
 from packtool.verify.report import VerifyReport
 
 
@@ -33,7 +34,7 @@ def check_packs(
     k, n = packs.input_ids.shape
     pad_id = manifest.pad_token_id
     sl, slo = packs.seq_lens.astype(np.int64), packs.seq_lens_offsets
-    npieces = np.diff(packs.sample_index_offsets)
+    npieces = packs.pieces_per_pack()
     nsl = np.diff(slo)
     csl = np.concatenate([[0], np.cumsum(sl)])
     sums = csl[slo[1:]] - csl[slo[:-1]]
@@ -71,7 +72,7 @@ def check_packs(
     packs = rebuild(stored, manifest, ok=~broken)
     if stored.position_ids is not None:
         check_position_ids(packs, broken, first, name, manifest, report)
-    pad_len = np.where((has_pad == 1) & ~broken, sl[np.clip(slo[1:] - 1, 0, max(len(sl) - 1, 0))], 0)
+    pad_len = np.where(~broken, stored.padding_lengths(), 0)  # (a sound pack has one entry or none)
     used = n - pad_len
     cols = np.arange(n)[None, :]
     pad = cols >= used[:, None]
@@ -137,7 +138,7 @@ def check_minimal_columns(
         bad = (values != IGNORE_INDEX) & (
             (values < 0) | (values >= vocab_size) if vocab_size else (values < 0)
         )
-        pack = np.repeat(np.arange(packs.num_packs), np.diff(packs.sample_index_offsets))
+        pack = pack_of_piece(packs.sample_index_offsets)
         where = np.flatnonzero(bad & ~broken[pack])
         size = f" (vocabulary of {vocab_size})" if vocab_size else ""
         problems = (

@@ -24,6 +24,7 @@ from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.run import start_run
 from packtool.plugins import is_plugin_spec
 from packtool.readers import read_inputs
+from packtool.schema import pack_of_piece, piece_starts
 from packtool.verify.report import VerifyReport
 
 
@@ -143,9 +144,8 @@ class SourceCheck:
         if length is None or np.any(length <= 0):
             return  # broken layout, already reported by the structure checks
         sample = packs.sample_index.astype(np.int64)
-        pack = np.repeat(np.arange(k, dtype=np.int64), npieces)
-        cs = np.concatenate([[0], np.cumsum(span)])
-        dest = pack * n + cs[:-1] - cs[packs.sample_index_offsets[:-1]][pack]
+        pack = pack_of_piece(packs.sample_index_offsets)
+        dest = pack * n + piece_starts(span, packs.sample_index_offsets)
         bad = (sample < 0) | (sample >= len(self.lengths))
         where = np.flatnonzero(bad)
         problems = (

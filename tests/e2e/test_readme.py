@@ -5,7 +5,7 @@
   code, and exits 0. The examples are small (the shipped demo data): the whole run is bounded by
   ``EXAMPLES_BUDGET_S``.
 * The README's flag table and pack-column table are the ones generated from the code (the stages' option
-  keys, ``manifest.PACK_COLUMNS``). ``python tests/e2e/test_readme.py`` prints them; ``--write`` puts
+  keys, ``schema.PACK_COLUMNS``). ``python tests/e2e/test_readme.py`` prints them; ``--write`` puts
   them into the README.
 * Relative links and ``#anchors`` in the README and ``docs/*.md`` resolve.
 * The README is at most ``MAX_README_LINES`` lines; the rest belongs in ``docs/``.
@@ -71,8 +71,8 @@ def flags_table() -> str:
 
 
 def columns_table() -> str:
-    """The pack columns, from ``packtool.manifest.PACK_COLUMNS``."""
-    from packtool.manifest import PACK_COLUMNS
+    """The pack columns, from ``packtool.schema.PACK_COLUMNS``."""
+    from packtool.schema import PACK_COLUMNS
 
     per = {
         "token": "N",

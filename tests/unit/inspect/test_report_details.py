@@ -1,4 +1,5 @@
-"""``inspect``'s details: pieces decoded whole (WordPiece), sample-length quantiles, loss_on for chat."""
+"""``inspect``'s details: pieces decoded whole (WordPiece), sample-length quantiles, loss_on for chat, the
+figures ``--full`` recomputes from a ``--cp-size`` output."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
 from packtool.encoders.text import HFTokenizer
-from packtool.inspect import decode_segments, settings
+from packtool.inspect import decode_segments, recompute_stats, settings
 from packtool.manifest import Histogram
 from packtool.options import PackOptions
 from packtool.pipeline.run import run_pack
@@ -54,3 +55,18 @@ def test_chat_run_shows_loss_on(tmp_path):
     assert chat["loss_on"] == "assistant" and chat["train_on_prompt"] is None
     prompt_completion = settings(dataclasses.replace(manifest, sample_format="prompt_completion"))
     assert prompt_completion["train_on_prompt"] is False and prompt_completion["loss_on"] is None
+
+
+def test_full_figures_of_a_cp_size_output_leave_the_cp_padding_out(tmp_path):
+    """``--full`` counts a piece's tokens without its context-parallel padding, as the run did: no false
+    ``differs`` on a ``--cp-size`` output (it counted the cp padding as tokens)."""
+    rng = np.random.default_rng(0)
+    rows = [{"input_ids": rng.integers(1, 50, int(n)).tolist()} for n in rng.integers(1, 13, 30)]
+    (tmp_path / "in.jsonl").write_text("".join(f'{{"input_ids": {r["input_ids"]}}}\n' for r in rows))
+    config = {"inputs": [str(tmp_path / "in.jsonl")], "output": str(tmp_path / "out"), "quiet": True,
+              "packed_sequence_size": 16, "cp_size": 2}  # fmt: skip
+    manifest = run_pack(PackOptions.from_dict(config))
+    assert manifest.stats.cp_padding_tokens > 0
+    got = recompute_stats(tmp_path / "out", manifest)
+    for key in ("num_tokens", "padding_tokens", "fill_rate", "packed_samples"):
+        assert got[key] == getattr(manifest.stats, key), key
