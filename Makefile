@@ -46,7 +46,7 @@ fuzz: install
 	PACKTOOL_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q -n 0 tests/unit/test_fuzz_readers.py
 
 lint: install
-	$(BIN)/ruff check packtool tests scripts
+	$(BIN)/ruff check src tests scripts examples configs
 
 bench: install
 	$(BIN)/python scripts/bench_pack.py

@@ -84,7 +84,7 @@ def pack_cli(data: Path, out: Path, layout: str, fmt: str = "parquet") -> float:
     cmd = [sys.executable, "-m", "packtool.cli", "pack", str(data), "-o", str(out), "--overwrite", "-q"]
     cmd += ["--packed-sequence-size", str(N), "--long-samples", "truncate"]
     cmd += ["--columns", layout, "--format", fmt]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     t = time.perf_counter()
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
     return time.perf_counter() - t

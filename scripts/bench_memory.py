@@ -60,7 +60,8 @@ def measure(input_path: Path, out: Path, num_proc: int, n: int, engine: str, env
         "--packed-sequence-size", str(n), "--num-proc", str(num_proc), "--engine", engine,
         "--quiet", "--overwrite",
     ]  # fmt: skip
-    env = {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra}
+    path = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {"PYTHONPATH": os.pathsep.join(path), **env_extra}
     m = run_measured(cmd, env, out.parent / f"{out.name}.log", poll=0.02)
     if m.rc != 0:
         raise SystemExit(f"packtool failed ({m.rc}):\n{m.log.read_text()}")

@@ -328,11 +328,17 @@ def trl_python() -> tuple[str | None, str]:
     return str(py), ""
 
 
+def import_path(root: Path) -> str:
+    """``PYTHONPATH`` that imports the packtool of checkout ``root`` (``src/`` layout, or an older checkout's
+    top-level ``packtool/``)."""
+    return str(root / "src") if (root / "src" / "packtool").is_dir() else str(root)
+
+
 # --- rows ----------------------------------------------------------------------------------------------
 def reference_row(name: str, python: str, kind: str, data: Path, samples: int) -> dict:
     out, result = BENCH / "out" / name, BENCH / "out" / f"{name}.json"
     result.unlink(missing_ok=True)
-    env = {"HF_DATASETS_CACHE": str(BENCH / "hf-cache" / name), "PYTHONPATH": str(ROOT)}
+    env = {"HF_DATASETS_CACHE": str(BENCH / "hf-cache" / name), "PYTHONPATH": import_path(ROOT)}
     subprocess.run(["rm", "-rf", str(BENCH / "hf-cache" / name), str(out)], check=True)
     m = measure(
         [python, str(Path(__file__).resolve()), "--child", kind, "--data", str(data), "--out", str(out),
@@ -353,7 +359,7 @@ def packtool_row(name: str, data: Path, samples: int, *flags: str, root: Path = 
     # run from root: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH
     m = measure(
         cmd + ["--packed-sequence-size", str(N), *flags],
-        {"PYTHONPATH": str(root)},
+        {"PYTHONPATH": import_path(root)},
         BENCH / f"{name}.log",
         root,
     )
@@ -368,7 +374,8 @@ def floor_parts(data: Path, packed: Path) -> dict[str, float] | str:
     """One measurement of the floor's parts (see the module docstring): ``{"start", "read", "write"}``
     seconds, or why it failed."""
     m = measure(
-        [sys.executable, "-c", "import packtool.cli, packtool.pipeline.run"], {"PYTHONPATH": str(ROOT)}
+        [sys.executable, "-c", "import packtool.cli, packtool.pipeline.run"],
+        {"PYTHONPATH": import_path(ROOT)},
     )
     parts = {"start": m["wall"]}
     for kind, src in (("read-floor", data), ("write-floor", packed)):
@@ -377,7 +384,7 @@ def floor_parts(data: Path, packed: Path) -> dict[str, float] | str:
         r = measure(
             [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--data", str(src),
              "--out", str(BENCH / "out" / kind), "--result", str(result)],
-            {"PYTHONPATH": str(ROOT)}, BENCH / f"{kind}.log",
+            {"PYTHONPATH": import_path(ROOT)}, BENCH / f"{kind}.log",
         )  # fmt: skip
         if r["rc"] != 0 or not result.exists():
             return f"{kind}: exit {r['rc']}, see {r['log']}"

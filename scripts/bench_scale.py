@@ -97,7 +97,7 @@ def pack(src: Path, out: Path, num_proc: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "packtool.cli", "pack", str(src), "-o", str(out), "-q"]
     cmd += ["--packed-sequence-size", str(N), "--split-across-pack", "--num-proc", str(num_proc)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
     peak = {"rss": 0, "scratch": 0}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)

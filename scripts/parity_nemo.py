@@ -122,7 +122,7 @@ def main() -> None:
         ]
         if split:
             cmd.append("--split-across-pack")
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
         pt_wall, pt_rss, _ = run_job(cmd, env, Path(tmp) / "packtool.log")
         child = NEMO_CHILD.format(tests=str(ROOT / "tests"), data=str(data), n=n, split=split, fields=FIELDS)
         nemo_wall, nemo_rss, nemo_out = run_job([sys.executable, "-c", child], env, Path(tmp) / "nemo.log")

@@ -154,7 +154,7 @@ def main() -> None:
         shutil.copytree(ROOT / "data", work / "data")
         shutil.copytree(ROOT / "configs", work / "configs")
         make_inputs(work)
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
         result = {}
         for name, args_ in RUNS.items():
             if args.only and name not in args.only:

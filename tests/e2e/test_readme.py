@@ -170,7 +170,7 @@ def broken_links(path: Path) -> list[str]:
 # --- the tests -------------------------------------------------------------------------------------------
 def _packtool_shim(bin_dir: Path) -> None:
     """``packtool`` on PATH, running this checkout's code with the test's Python."""
-    module = "packtool" if (ROOT / "packtool" / "__main__.py").exists() else "packtool.cli"
+    module = "packtool" if (ROOT / "src" / "packtool" / "__main__.py").exists() else "packtool.cli"
     bin_dir.mkdir()
     shim = bin_dir / "packtool"
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m {module} "$@"\n')

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "packtool"
+PACKAGE = ROOT / "src" / "packtool"
 MAX_LINES = 600
 OPTIONAL_EXTRAS = ("ray", "megatron", "transformers", "matplotlib")  # pyproject.toml's extras
 # importer -> the packtool modules it may import inside a function (each site says why in a comment)
@@ -41,7 +41,7 @@ DEFERRED_THIRD_PARTY = {"packtool.config_file": {"yaml"}}  # yaml: ~20 ms of eve
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
