@@ -47,7 +47,8 @@ def test_encode_bar_moves_within_a_chunk(tmp_path):
     src.write_text("".join(json.dumps({"text": f"w{i % 7} " * (i % 40 + 1)}) + "\n" for i in range(12_000)))
     for procs in (1, 2):
         proc = run_cli("pack", src, "-o", tmp_path / f"out{procs}", "--tokenizer", DEMO_TOKENIZER,
-                       "--packed-sequence-size", 512, "--chunk-size", 8192, "--num-proc", procs)  # fmt: skip
+                       "--packed-sequence-size", 512, "--chunk-size", 8192, "--num-proc", procs,
+                       env={"TQDM_MININTERVAL": "0", "TQDM_MINITERS": "1"})  # every move drawn, however fast the machine  # fmt: skip
         bars = [b for b in proc.stderr.replace("\r", "\n").splitlines() if b.startswith("encode:")]
         positions = {b.split("|")[2].split("[")[0].strip() for b in bars}
         assert len(positions) > 2 + 1, bars  # more than once per chunk, besides 0
