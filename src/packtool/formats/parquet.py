@@ -12,13 +12,11 @@ A read unit is a row group: the loader decodes one at a time with Arrow.
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +35,7 @@ from packtool.formats.base import (
 from packtool.formats.options import OutputOptions
 from packtool.manifest import COLUMNS, SHARD_FORMAT_VERSION, Manifest, ShardEntry
 from packtool.packs import PackArrays
+from packtool.threads import prefetch
 
 METADATA_KEY = b"packtool"
 # tokens gathered into packs at once when writing (whole row groups): fewer, larger gathers visit each
@@ -87,59 +86,6 @@ def packs_table(packs: PackArrays) -> pa.Table:
         values, offsets = packs.parts(name)
         cols[name] = _list(values, offsets, _ARROW[COLUMNS[name].dtype])
     return pa.table(cols)
-
-
-T = TypeVar("T")
-
-
-def prefetch(items: Iterable[T], depth: int = 1) -> Iterator[T]:
-    """Yield ``items`` in order while a background thread computes up to ``depth`` of them ahead.
-
-    For a pipeline whose two halves leave the GIL to each other: the Parquet writer encodes and compresses
-    row group ``i`` in Arrow's C++ (no GIL) while the thread gathers row group ``i + 1``'s tokens. An
-    exception raised by ``items`` is raised here, at the item it replaced. When the consumer stops early
-    (or fails), the thread is told to stop and is joined before this generator returns.
-
-    >>> list(prefetch(iter(range(5)), depth=2))
-    [0, 1, 2, 3, 4]
-    """
-    done = object()
-    slots: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        slots.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            slots.put((done, None))
-        except BaseException as e:  # handed to the consumer, raised there
-            slots.put((done, e))
-
-    thread = threading.Thread(target=produce, name="packtool-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, error = slots.get()
-            if item is done:
-                if error is not None:
-                    raise error
-                return
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():  # unblock a producer waiting on a full queue
-            try:
-                slots.get_nowait()
-            except queue.Empty:
-                pass
-            thread.join(timeout=0.05)
 
 
 def write_parquet_shard(
