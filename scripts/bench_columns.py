@@ -126,7 +126,7 @@ def write_step(data: Path, work: Path, pairs: int) -> tuple[list[float], dict]:
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
             t = time.perf_counter()
-            for s, (a, b) in enumerate(fmt.shard_ranges(plan, cfg.output, columns)):
+            for s, (a, b) in enumerate(fmt.writer.shard_ranges(plan, cfg.output, columns)):
                 meta = ShardMeta("bench", s, a, N)
                 write_shard(spec, meta, plan.slice(a, b), str(work / "chunks"), str(out))
             times[layout].append(time.perf_counter() - t)

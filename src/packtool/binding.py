@@ -141,11 +141,11 @@ def fields_problem(manifest: Any) -> str | None:
     if (problem := type_problem(manifest)) is not None:
         return problem
     try:
-        fmt = get_format(manifest.shard_format)
+        shard_reader = get_format(manifest.shard_format).reader
     except InputError:  # named where the format is needed
-        fmt = None
-    for i, entry in enumerate(manifest.shards if fmt is not None else []):  # the format's own fields
-        own = fmt.entry_fields(entry)
+        shard_reader = None
+    for i, entry in enumerate(manifest.shards if shard_reader is not None else []):  # the format's fields
+        own = shard_reader.entry_fields(entry)
         if own is not None and (problem := type_problem(own, f"shards[{i}].fields.")) is not None:
             return problem
     vocab = manifest.tokenizer.vocab_size

@@ -18,7 +18,7 @@
 
 ``rebuild`` turns packs as a shard stores them into packs as readers give them, with NumPy over whole
 runs of packs (no per-token Python): ``read_packs``, the loader, ``inspect`` and ``verify`` all read
-through it (``formats.base.UnitReader.read``, ``ShardFormat.read_pack``, ``verify.packs.check_packs``),
+through it (``formats.base.UnitReader.read``, ``ShardReader.read_pack``, ``verify.packs.check_packs``),
 so both layouts give the same packs, bit for bit. ``to_stored`` is the writer's side.
 """
 

@@ -57,11 +57,11 @@ def check_shard_files(directory: str | Path, manifest: Manifest) -> list[tuple[s
     if listed != counted:
         why = f"its shards hold {listed:,} packs, its stats count {counted:,} (a shard entry removed/added)"
         problems.append(("manifest.json", why))
-    fmt = get_format(manifest.shard_format)
+    shard_reader = get_format(manifest.shard_format).reader
     for entry in manifest.shards:
         if (problem := shard_file_problem(directory, entry)) is not None:
             problems.append((entry.path, problem))
-        for name in fmt.index_files(entry):  # e.g. a tar's .tar.idx: opened by readers too
+        for name in shard_reader.index_files(entry):  # e.g. a tar's .tar.idx: opened by readers too
             if (problem := output_file_problem(directory, name)) not in (None, "missing"):
                 problems.append((name, problem))
     if (problem := manifest_problem(manifest)) is not None:  # after the files: theirs are more specific
@@ -102,16 +102,16 @@ def read_packs(
     """
     directory = Path(directory)
     manifest = Manifest.load(directory)
-    fmt = get_format(manifest.shard_format)
+    shard_reader = get_format(manifest.shard_format).reader
     columns = [*TRAINING_COLUMNS, "loss_mask", "cp_padding"] + (
         ["sample_index", "sample_offset"] if with_sample_index else []
     )
     require_shard_files(directory, manifest)
-    reader = fmt.open_reader(directory, manifest, verify_checksums=verify_checksums)
+    reader = shard_reader.open_reader(directory, manifest, verify_checksums=verify_checksums)
     try:
         for s, entry in manifest.split_shards(split):
             path = directory / entry.path
-            for part, _ in enumerate(fmt.units(entry)):
+            for part, _ in enumerate(shard_reader.units(entry)):
                 try:
                     packs = reader.read(s, part, columns)
                 except PacktoolError as e:  # names the shard already

@@ -5,7 +5,8 @@
 * An import inside a function only where ``DEFERRED`` allows it (optional extras, and the few imports
   deferred on purpose), each with a comment on its line or the line above saying why.
 * One registry maps a shard format's name to its code (``packtool.formats``); the config's list of names
-  agrees with it.
+  agrees with it. Each entry holds a writer, a reader and a checker; code that only reads (the readers,
+  the loader, the manifest's binding) uses only the reader role.
 """
 
 from __future__ import annotations
@@ -176,6 +177,29 @@ def test_one_registry_of_shard_formats():
             if compared and "format" in line:  # (readers compare input kinds, which include "parquet")
                 outside.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not outside, "dispatch on a shard format's name outside packtool.formats:\n" + "\n".join(outside)
+
+
+# modules that only read an output: they may use a format's reader role, never its writer or checker
+READ_ONLY = ("packtool.reading", "packtool.binding", "packtool.loader")
+
+
+def test_shard_formats_are_split_by_role():
+    from packtool.formats import FORMATS
+    from packtool.formats.base import ShardChecker, ShardReader, ShardWriter
+
+    for fmt in FORMATS.values():
+        assert isinstance(fmt.writer, ShardWriter), fmt.name
+        assert isinstance(fmt.reader, ShardReader), fmt.name
+        assert isinstance(fmt.checker, ShardChecker), fmt.name
+    assert len({fmt.suffix for fmt in FORMATS.values()}) == len(FORMATS)  # verify's strays glob on them
+    wrong = []
+    for name, path in MODULES.items():
+        if not any(name == m or name.startswith(m + ".") for m in READ_ONLY):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("writer", "checker"):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
+    assert not wrong, "a read-only module uses a format's writer or checker:\n" + "\n".join(wrong)
 
 
 # the options: each stage's group is declared in its own package and read only there -----------------------

@@ -1,17 +1,25 @@
-"""Shard formats: one module per format, each a ``ShardFormat`` (``formats.base``), and this registry.
+"""Shard formats: one module per format, each implementing the roles of ``formats.base`` (``ShardWriter``,
+``ShardReader``, ``ShardChecker``), and this registry of ``ShardFormat`` entries, one of each role.
 
 ``get_format(name)`` is the only place that maps a format name (the manifest's ``shard_format``, the
-``--format`` option) to its implementation. Adding a format is one module and one line below.
+``--format`` option) to its implementation. Adding a format is one module and one entry below.
 """
 
 from __future__ import annotations
 
 from packtool.errors import InputError
-from packtool.formats.base import ShardFormat, ShardMeta, UnitReader
-from packtool.formats.parquet import ParquetFormat
-from packtool.formats.webdataset import WebDatasetFormat
+from packtool.formats.base import ShardChecker, ShardFormat, ShardMeta, ShardReader, ShardWriter, UnitReader
+from packtool.formats.parquet import ParquetChecker, ParquetReader, ParquetWriter
+from packtool.formats.webdataset import TarReader, TarWriter
+from packtool.formats.webdataset_check import TarChecker
 
-FORMATS: dict[str, ShardFormat] = {f.name: f for f in (ParquetFormat(), WebDatasetFormat())}
+FORMATS: dict[str, ShardFormat] = {
+    f.name: f
+    for f in (
+        ShardFormat("parquet", writer=ParquetWriter(), reader=ParquetReader(), checker=ParquetChecker()),
+        ShardFormat("webdataset", writer=TarWriter(), reader=TarReader(), checker=TarChecker()),
+    )
+}
 
 
 def get_format(name: str) -> ShardFormat:
@@ -24,4 +32,13 @@ def get_format(name: str) -> ShardFormat:
         ) from None
 
 
-__all__ = ["FORMATS", "ShardFormat", "ShardMeta", "UnitReader", "get_format"]
+__all__ = [
+    "FORMATS",
+    "ShardChecker",
+    "ShardFormat",
+    "ShardMeta",
+    "ShardReader",
+    "ShardWriter",
+    "UnitReader",
+    "get_format",
+]

@@ -1,19 +1,23 @@
-"""What a shard format implements: ``ShardFormat``. One subclass per format, registered in ``formats``.
+"""What a shard format implements, by role: ``ShardWriter``, ``ShardReader``, ``ShardChecker``; a
+``ShardFormat`` is the registry entry (``formats.FORMATS``) holding one of each.
 
 A shard holds a run of consecutive packs. A format says how to
 
-* **write** one (``shard_ranges`` cuts the plan into shards, ``write`` writes one shard from ``PackArrays``
-  blocks and returns the fields of its ``ShardEntry`` that the format owns, ``ShardEntry.fields``: the
-  format's module alone parses them, leniently, e.g. ``parquet.ParquetFields``, ``tar.TarFields``);
-* **read** one: a shard is read in *units* (``units``: packs per unit, e.g. Parquet row groups; the loader
-  decodes one unit at a time), ``open_reader`` gives a reader of units, ``read_pack`` one pack alone; a
-  format reads the columns its shards store, and the base class turns them into the packs readers give
-  (``packtool.layout.rebuild``: the columns the ``minimal`` layout leaves out), so no format rebuilds a
-  column (a format may still store a layout's columns its own way: a ``minimal`` tar pack's small columns
-  are one member, ``formats.tar.pack_members``);
-* **summarize** one from its own metadata, without reading packs (``inspect``'s fast path);
-* **check** one for ``verify``: parse it, report what is wrong on a ``ProblemSink`` and yield the packs it
-  could read; and check the dataset-level index files, if the format writes any.
+* **write** one (``ShardWriter``): ``shard_ranges`` cuts the plan into shards, ``write`` writes one
+  shard from ``PackArrays`` blocks and returns the fields of its ``ShardEntry`` that the format owns,
+  ``ShardEntry.fields``: the format's module alone parses them, leniently, e.g.
+  ``parquet.ParquetFields``, ``tar.TarFields``;
+* **read** one (``ShardReader``): a shard is read in *units* (``units``: packs per unit, e.g. Parquet
+  row groups; the loader decodes one unit at a time), ``open_reader`` gives a ``UnitReader`` of units,
+  ``read_pack`` one pack alone; a format reads the columns its shards store, and ``UnitReader.read`` /
+  ``ShardReader.read_pack`` turn them into the packs readers give (``packtool.layout.rebuild``: the
+  columns the ``minimal`` layout leaves out), so no format rebuilds a column (a format may still store a
+  layout's columns its own way: a ``minimal`` tar pack's small columns are one member,
+  ``formats.tar.pack_members``);
+* **summarize** one (``ShardReader.summary``) from its own metadata, without reading packs
+  (``inspect``'s fast path);
+* **check** one for ``verify`` (``ShardChecker``): parse it, report what is wrong on a ``ProblemSink``
+  and yield the packs it could read; and check the dataset-level index files, if the format writes any.
 
 Nothing outside a format's module knows its file layout.
 """
@@ -133,10 +137,10 @@ class UnitReader(ABC):
         """Release open files."""
 
 
-class ShardFormat(ABC):
-    name: str  # the manifest's shard_format
+class ShardWriter(ABC):
+    """Writes one format's shards: cuts the plan into shards, writes each, and any dataset-level index."""
+
     suffix: str  # of the shard files, e.g. ".parquet"
-    unit_kind: str | None = None  # what a read unit is called in messages ("row group"); None: the shard
 
     def shard_name(self, index: int, split: str = "train") -> str:
         """``packs-NNNNNN`` for training packs, ``val-NNNNNN`` for held-out ones (``index``: the shard's
@@ -151,6 +155,11 @@ class ShardFormat(ABC):
         k, size = plan.num_packs, options.shard_size
         return [(a, min(a + size, k)) for a in range(0, k, size)]
 
+    def block_packs(self, options: OutputOptions, packed_sequence_size: int) -> int | None:
+        """Packs per block of ``packed_sequence_size`` tokens handed to ``write`` (None: the whole shard in
+        one block)."""
+        return None
+
     @abstractmethod
     def write(
         self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, options: OutputOptions
@@ -158,10 +167,18 @@ class ShardFormat(ABC):
         """Write the packs of ``blocks`` (consecutive) as shard ``path``, atomically; return the
         ``ShardEntry`` fields the format owns (``ShardEntry.fields``, e.g. ``{"row_groups": [...]}``)."""
 
-    def block_packs(self, options: OutputOptions, packed_sequence_size: int) -> int | None:
-        """Packs per block of ``packed_sequence_size`` tokens handed to ``write`` (None: the whole shard in
-        one block)."""
+    def write_dataset_index(
+        self, directory: Path, manifest: Manifest, options: OutputOptions
+    ) -> list[str] | None:
+        """Write the dataset-level index files, if the format has any; return their names."""
         return None
+
+
+class ShardReader(ABC):
+    """Reads one format's shards: their read units, a pack alone, a summary from the shard's own metadata,
+    and the format's own ``ShardEntry`` fields (a manifest is untrusted: ``entry_fields`` types them)."""
+
+    unit_kind: str | None = None  # what a read unit is called in messages ("row group"); None: the shard
 
     @abstractmethod
     def units(self, entry: ShardEntry) -> list[int]:
@@ -174,7 +191,7 @@ class ShardFormat(ABC):
 
     def read_pack(self, path: Path, entry: ShardEntry, row: int, manifest: Manifest) -> dict | None:
         """Pack ``row`` of the shard read alone (with ``sample_index``/``sample_offset``), or None when the
-        shard cannot be read that way (the caller then reads it in order with ``check``)."""
+        shard cannot be read that way (the caller then reads it in order with ``ShardChecker.check``)."""
         packs = self.read_stored_pack(path, entry, row, manifest)
         if packs is None or packs.num_packs != 1:
             return None
@@ -195,15 +212,6 @@ class ShardFormat(ABC):
         """Figures from the shard's own metadata: ``run_id``, ``shard`` and any ``ShardEntry`` field (the
         common ones or the format's own)."""
 
-    @abstractmethod
-    def check(
-        self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int
-    ) -> Iterator[tuple[int, PackArrays]]:
-        """Parse shard ``path`` (number ``index``, first pack ``base``) and report what is wrong with it
-        (parsing, ``run_id``, pack count, its own index, per-pack layout); yield ``(first pack in the shard,
-        PackArrays)`` for the packs it could read, every stored column as stored (``verify`` checks them,
-        then ``layout.rebuild`` gives the packs)."""
-
     def index_files(self, entry: ShardEntry) -> list[str]:
         """Files beside the shard that belong to it (e.g. a tar's ``.tar.idx``)."""
         return []
@@ -214,11 +222,40 @@ class ShardFormat(ABC):
         none."""
         return None
 
-    def write_dataset_index(
-        self, directory: Path, manifest: Manifest, options: OutputOptions
-    ) -> list[str] | None:
-        """Write the dataset-level index files, if the format has any; return their names."""
-        return None
+
+class ShardChecker(ABC):
+    """``verify``'s side of one format: checks a shard, and the dataset-level index files if any."""
+
+    @abstractmethod
+    def check(
+        self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int
+    ) -> Iterator[tuple[int, PackArrays]]:
+        """Parse shard ``path`` (number ``index``, first pack ``base``) and report what is wrong with it
+        (parsing, ``run_id``, pack count, its own index, per-pack layout); yield ``(first pack in the shard,
+        PackArrays)`` for the packs it could read, every stored column as stored (``verify`` checks them,
+        then ``layout.rebuild`` gives the packs)."""
 
     def check_dataset_index(self, directory: Path, manifest: Manifest, report: ProblemSink) -> None:  # noqa: B027
         """Compare the dataset-level index files with the manifest (none by default)."""
+
+
+@dataclass(frozen=True)
+class ShardFormat:
+    """A registry entry (``formats.FORMATS``): a format's name, as the manifest's ``shard_format`` and the
+    ``--format`` option spell it, and its three roles. Code that only reads depends on ``reader``.
+
+    >>> from packtool.formats import get_format
+    >>> fmt = get_format("parquet")
+    >>> fmt.suffix, fmt.reader.unit_kind
+    ('.parquet', 'row group')
+    """
+
+    name: str
+    writer: ShardWriter
+    reader: ShardReader
+    checker: ShardChecker
+
+    @property
+    def suffix(self) -> str:
+        """The shard files' suffix (the writer's), e.g. ``".parquet"``."""
+        return self.writer.suffix

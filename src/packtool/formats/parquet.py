@@ -12,13 +12,11 @@ A read unit is a row group: the loader decodes one at a time with Arrow.
 from __future__ import annotations
 
 import json
-import queue
-import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,15 +26,18 @@ from packtool.arrays import arrow_array, list_parts
 from packtool.fileio import written_whole
 from packtool.formats.base import (
     ProblemSink,
-    ShardFormat,
+    ShardChecker,
     ShardMeta,
     ShardMismatch,
+    ShardReader,
+    ShardWriter,
     UnitReader,
     shard_meta_problems,
 )
 from packtool.formats.options import OutputOptions
 from packtool.manifest import COLUMNS, SHARD_FORMAT_VERSION, Manifest, ShardEntry
 from packtool.packs import PackArrays
+from packtool.threads import prefetch
 
 METADATA_KEY = b"packtool"
 # tokens gathered into packs at once when writing (whole row groups): fewer, larger gathers visit each
@@ -87,59 +88,6 @@ def packs_table(packs: PackArrays) -> pa.Table:
         values, offsets = packs.parts(name)
         cols[name] = _list(values, offsets, _ARROW[COLUMNS[name].dtype])
     return pa.table(cols)
-
-
-T = TypeVar("T")
-
-
-def prefetch(items: Iterable[T], depth: int = 1) -> Iterator[T]:
-    """Yield ``items`` in order while a background thread computes up to ``depth`` of them ahead.
-
-    For a pipeline whose two halves leave the GIL to each other: the Parquet writer encodes and compresses
-    row group ``i`` in Arrow's C++ (no GIL) while the thread gathers row group ``i + 1``'s tokens. An
-    exception raised by ``items`` is raised here, at the item it replaced. When the consumer stops early
-    (or fails), the thread is told to stop and is joined before this generator returns.
-
-    >>> list(prefetch(iter(range(5)), depth=2))
-    [0, 1, 2, 3, 4]
-    """
-    done = object()
-    slots: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        slots.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            slots.put((done, None))
-        except BaseException as e:  # handed to the consumer, raised there
-            slots.put((done, e))
-
-    thread = threading.Thread(target=produce, name="packtool-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, error = slots.get()
-            if item is done:
-                if error is not None:
-                    raise error
-                return
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():  # unblock a producer waiting on a full queue
-            try:
-                slots.get_nowait()
-            except queue.Empty:
-                pass
-            thread.join(timeout=0.05)
 
 
 def write_parquet_shard(
@@ -194,6 +142,31 @@ def row_group_offsets(md: pq.FileMetaData) -> list[int]:
     return out + [end]
 
 
+class ParquetWriter(ShardWriter):
+    """Writes ``packs-NNNNNN.parquet``: row groups of ``row_group_size`` packs, gathered a block of whole
+    row groups at a time (``block_packs``)."""
+
+    suffix = ".parquet"
+
+    def block_packs(self, options: OutputOptions, packed_sequence_size: int) -> int:
+        rg = options.parquet.row_group_size
+        return max(rg, GATHER_TOKENS // packed_sequence_size // rg * rg)
+
+    def write(
+        self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, options: OutputOptions
+    ) -> dict:
+        metadata = {
+            "run_id": meta.run_id,
+            "packed_sequence_size": meta.packed_sequence_size,
+            "format_version": SHARD_FORMAT_VERSION,
+            "first_pack": meta.first_pack,
+            "shard": meta.shard,
+        }
+        return write_parquet_shard(
+            path, blocks, row_group_size=options.parquet.row_group_size, metadata=metadata
+        )
+
+
 # --- reading -------------------------------------------------------------------------------------------
 def shard_metadata(pf: pq.ParquetFile) -> dict | None:
     """The ``packtool`` key-value metadata of an open shard (None if it has none or it does not parse)."""
@@ -225,7 +198,7 @@ def table_packs(table: pa.Table, n: int) -> PackArrays:
     return PackArrays.from_parts(parts, n)
 
 
-class ParquetReader(UnitReader):
+class ParquetUnitReader(UnitReader):
     """Row groups of an output's Parquet shards; the last few files stay open."""
 
     def __init__(
@@ -303,42 +276,10 @@ def footer_problem(md: pq.FileMetaData, entry: ShardEntry, n: int, exact: bool =
     return None
 
 
-# --- checking ------------------------------------------------------------------------------------------
-def _rows_of(
-    offsets: np.ndarray, want: np.ndarray, what: str, first: int, name: str, col: str, report: ProblemSink
-) -> bool:
-    """Whether every row of a list column holds ``want`` values (an int, or one per row); the rows that
-    do not are reported (``what``: what the expected count is)."""
-    lens = np.diff(offsets)
-    bad = np.flatnonzero(lens != want)
-    expected = np.broadcast_to(want, lens.shape)
-    problems = ((f"has {lens[i]} values, expected {what} {expected[i]}", first + int(i)) for i in bad)
-    report.add_many("length", len(bad), problems, shard=name, field=col)
-    return not len(bad)
+class ParquetReader(ShardReader):
+    """Reads Parquet shards: a read unit is a row group (``ParquetFields.row_groups``)."""
 
-
-class ParquetFormat(ShardFormat):
-    name = "parquet"
-    suffix = ".parquet"
     unit_kind = "row group"
-
-    def block_packs(self, options: OutputOptions, packed_sequence_size: int) -> int:
-        rg = options.parquet.row_group_size
-        return max(rg, GATHER_TOKENS // packed_sequence_size // rg * rg)
-
-    def write(
-        self, path: Path, blocks: Iterable[PackArrays], meta: ShardMeta, options: OutputOptions
-    ) -> dict:
-        metadata = {
-            "run_id": meta.run_id,
-            "packed_sequence_size": meta.packed_sequence_size,
-            "format_version": SHARD_FORMAT_VERSION,
-            "first_pack": meta.first_pack,
-            "shard": meta.shard,
-        }
-        return write_parquet_shard(
-            path, blocks, row_group_size=options.parquet.row_group_size, metadata=metadata
-        )
 
     def units(self, entry: ShardEntry) -> list[int]:
         return list(ParquetFields.of(entry).row_groups or [entry.num_packs])
@@ -348,8 +289,8 @@ class ParquetFormat(ShardFormat):
 
     def open_reader(
         self, directory: Path, manifest: Manifest, verify_checksums: bool = True
-    ) -> ParquetReader:
-        return ParquetReader(directory, manifest, verify_checksums=verify_checksums)
+    ) -> ParquetUnitReader:
+        return ParquetUnitReader(directory, manifest, verify_checksums=verify_checksums)
 
     def read_stored_pack(
         self, path: Path, entry: ShardEntry, row: int, manifest: Manifest
@@ -378,6 +319,24 @@ class ParquetFormat(ShardFormat):
             "num_packs": md.num_rows,
             "row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)],
         }
+
+
+# --- checking ------------------------------------------------------------------------------------------
+def _rows_of(
+    offsets: np.ndarray, want: np.ndarray, what: str, first: int, name: str, col: str, report: ProblemSink
+) -> bool:
+    """Whether every row of a list column holds ``want`` values (an int, or one per row); the rows that
+    do not are reported (``what``: what the expected count is)."""
+    lens = np.diff(offsets)
+    bad = np.flatnonzero(lens != want)
+    expected = np.broadcast_to(want, lens.shape)
+    problems = ((f"has {lens[i]} values, expected {what} {expected[i]}", first + int(i)) for i in bad)
+    report.add_many("length", len(bad), problems, shard=name, field=col)
+    return not len(bad)
+
+
+class ParquetChecker(ShardChecker):
+    """``verify``'s checks of a Parquet shard: its footer before any page, then every row group's lists."""
 
     def check(
         self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int

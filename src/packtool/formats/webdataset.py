@@ -26,7 +26,7 @@ import mmap
 import os
 import tarfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from packtool.arrays import concat_ragged
 from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.fileio import written_whole
 from packtool.formats import tar
-from packtool.formats.base import UNIT_ERRORS, ProblemSink, ShardFormat, ShardMeta, ShardMismatch, UnitReader
+from packtool.formats.base import ShardMeta, ShardMismatch, ShardReader, ShardWriter, UnitReader
 from packtool.formats.options import OutputOptions
 from packtool.formats.tar import (
     BLOCK,
@@ -55,8 +55,7 @@ from packtool.formats.tar import (
     record_meta,
     tar_index_name,
 )
-from packtool.formats.webdataset_check import check_tar_shard
-from packtool.formats.webdataset_index import check_dataset_index, old_minimal_layout, write_dataset_index
+from packtool.formats.webdataset_index import write_dataset_index
 from packtool.manifest import COLUMNS, Column, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
@@ -300,7 +299,7 @@ def read_tar_packs(
 CRC32_VERSION = 3  # the format_version from which shard entries carry the file's crc32
 
 
-class TarReader(UnitReader):
+class TarUnitReader(UnitReader):
     """Whole tar shards of an output (a shard is one unit)."""
 
     def __init__(self, directory: Path, manifest: Manifest, verify_checksums: bool = True) -> None:
@@ -323,8 +322,10 @@ class TarReader(UnitReader):
         return stack_packs(packs, m.packed_sequence_size)
 
 
-class WebDatasetFormat(ShardFormat):
-    name = "webdataset"
+class TarWriter(ShardWriter):
+    """Writes ``packs-NNNNNN.tar`` (WebDataset: one sample a pack) with its ``.tar.idx``, cut at
+    ``shard_size`` packs or ``shard_max_bytes``, and the dataset-level index files (``webdataset_index``)."""
+
     suffix = ".tar"
 
     def shard_ranges(
@@ -347,11 +348,20 @@ class WebDatasetFormat(ShardFormat):
             layout=options.columns,
         )
 
+    def write_dataset_index(self, directory: Path, manifest: Manifest, options: OutputOptions) -> list[str]:
+        return write_dataset_index(directory, manifest, energon=options.webdataset.energon_index)
+
+
+class TarReader(ShardReader):
+    """Reads tar shards: a shard is one read unit; a pack alone through its ``.tar.idx``."""
+
     def units(self, entry: ShardEntry) -> list[int]:
         return [entry.num_packs]
 
-    def open_reader(self, directory: Path, manifest: Manifest, verify_checksums: bool = True) -> TarReader:
-        return TarReader(directory, manifest, verify_checksums)
+    def open_reader(
+        self, directory: Path, manifest: Manifest, verify_checksums: bool = True
+    ) -> TarUnitReader:
+        return TarUnitReader(directory, manifest, verify_checksums)
 
     def read_stored_pack(
         self, path: Path, entry: ShardEntry, row: int, manifest: Manifest
@@ -404,24 +414,11 @@ class WebDatasetFormat(ShardFormat):
             "num_packs": last["pack_index"] - first["pack_index"] + 1,
         }
 
-    def check(
-        self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int
-    ) -> Iterator[tuple[int, PackArrays]]:
-        if old_minimal_layout(manifest):  # one member per column (format 3): read as readers read it
-            return _check_by_reading(self, path, manifest, report, index)
-        return check_tar_shard(path, entry, manifest, report, index, base)
-
     def index_files(self, entry: ShardEntry) -> list[str]:
         return [tar_index_name(entry)]
 
     def entry_fields(self, entry: ShardEntry) -> tar.TarFields:
         return tar.TarFields.of(entry)
-
-    def write_dataset_index(self, directory: Path, manifest: Manifest, options: OutputOptions) -> list[str]:
-        return write_dataset_index(directory, manifest, energon=options.webdataset.energon_index)
-
-    def check_dataset_index(self, directory: Path, manifest: Manifest, report: ProblemSink) -> None:
-        check_dataset_index(directory, manifest, report)
 
 
 def _pack_meta(path: Path, buf, start: int, end: int) -> dict:
@@ -437,20 +434,3 @@ def _pack_meta(path: Path, buf, start: int, end: int) -> dict:
             f"{path}: no pack metadata ({META}, {SMALL_COLUMNS}) between bytes {start} and {end}"
         )
     return meta
-
-
-def _check_by_reading(
-    fmt: WebDatasetFormat, path: Path, manifest: Manifest, report: ProblemSink, index: int
-) -> Iterator[tuple[int, PackArrays]]:
-    """A shard of format 3's ``minimal`` layout (one member per column), checked as ``read_packs`` reads
-    it (run_id, pack count, the CRC-32, each member's dtype and shape); its packs are yielded for the
-    per-pack checks."""
-    reader = fmt.open_reader(path.parent, manifest)
-    try:
-        packs = reader.read_stored(index, 0, list(manifest.columns))
-    except UNIT_ERRORS as e:
-        report.add("unreadable", f"cannot be read ({e})", shard=path.name)
-        return
-    finally:
-        reader.close()
-    yield 0, packs

@@ -1,8 +1,8 @@
-"""``verify``'s checks of one tar shard: it parses member by member, every pack has exactly its members,
-named by its global index, each ``.npy`` (each field of a ``small_columns.npy`` record) has the right dtype
-and shape, the pack's metadata (its ``.json``, or the record's ``PACK_META`` fields) matches the manifest
-and the arrays, and the ``.tar.idx`` holds the offsets the tar really has. Problems name global pack
-numbers, and the member or the column or metadata field."""
+"""``verify``'s side of the tar format, ``TarChecker``: the checks of one tar shard. It parses member by
+member, every pack has exactly its members, named by its global index, each ``.npy`` (each field of a
+``small_columns.npy`` record) has the right dtype and shape, the pack's metadata (its ``.json``, or the
+record's ``PACK_META`` fields) matches the manifest and the arrays, and the ``.tar.idx`` holds the offsets
+the tar really has. Problems name global pack numbers, and the member or the column or metadata field."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 from packtool.arrays import concat_ragged
 from packtool.errors import PacktoolError
 from packtool.formats import tar
-from packtool.formats.base import ProblemSink, shard_meta_problems
+from packtool.formats.base import UNIT_ERRORS, ProblemSink, ShardChecker, shard_meta_problems
 from packtool.formats.tar import (
     BLOCK,
     META,
@@ -30,6 +30,8 @@ from packtool.formats.tar import (
     record_meta,
     tar_index_name,
 )
+from packtool.formats.webdataset import TarUnitReader
+from packtool.formats.webdataset_index import check_dataset_index, old_minimal_layout
 from packtool.manifest import COLUMNS, Manifest, ShardEntry
 from packtool.packs import PackArrays
 from packtool.safepath import output_file_problem
@@ -289,3 +291,34 @@ def _check_tar_idx(idx: Path, real: list[int], base: int, report: ProblemSink, n
             pack=base + i if i < len(real_arr) - 1 else None,
             field="index",
         )
+
+
+class TarChecker(ShardChecker):
+    """``verify``'s checks of a tar shard (``check_tar_shard``) and of the dataset-level index files."""
+
+    def check(
+        self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int
+    ) -> Iterator[tuple[int, PackArrays]]:
+        if old_minimal_layout(manifest):  # one member per column (format 3): read as readers read it
+            return _check_by_reading(path, manifest, report, index)
+        return check_tar_shard(path, entry, manifest, report, index, base)
+
+    def check_dataset_index(self, directory: Path, manifest: Manifest, report: ProblemSink) -> None:
+        check_dataset_index(directory, manifest, report)
+
+
+def _check_by_reading(
+    path: Path, manifest: Manifest, report: ProblemSink, index: int
+) -> Iterator[tuple[int, PackArrays]]:
+    """A shard of format 3's ``minimal`` layout (one member per column), checked as ``read_packs`` reads
+    it (run_id, pack count, the CRC-32, each member's dtype and shape); its packs are yielded for the
+    per-pack checks."""
+    units = TarUnitReader(path.parent, manifest)
+    try:
+        packs = units.read_stored(index, 0, list(manifest.columns))
+    except UNIT_ERRORS as e:
+        report.add("unreadable", f"cannot be read ({e})", shard=path.name)
+        return
+    finally:
+        units.close()
+    yield 0, packs

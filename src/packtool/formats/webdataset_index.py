@@ -131,7 +131,7 @@ def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink
     """``wids.json`` and ``.nv-meta/`` must say what the manifest says; no stray ``.tar.idx``. An output
     older than format_version 2 is said once here: its tar shards carry no run_id (the other checks run).
     A minimal output of format 3's one-member-per-column layout (``old_minimal_layout``) is checked as
-    readers read it (``WebDatasetFormat.check``)."""
+    readers read it (``TarChecker.check``)."""
     if manifest.format_version < 2:
         report.add(
             "format_version",

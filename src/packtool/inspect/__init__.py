@@ -51,7 +51,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
     shards = []
     for i, entry in enumerate(m.shards):
         sh = {k: getattr(entry, k) for k in ("path", "num_packs", "num_tokens", "bytes")}
-        sh["row_groups"] = fmt.units(entry) if fmt.unit_kind else None  # the read units
+        sh["row_groups"] = fmt.reader.units(entry) if fmt.reader.unit_kind else None  # the read units
         sh["split"] = entry.split or "train"
         sh["fill_rate"] = total_stats(n, entry.num_packs, entry.num_tokens)["fill_rate"]
         path = Path(directory) / entry.path
@@ -62,7 +62,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
             shards.append(sh)
             continue
         try:
-            own = fmt.summary(path)
+            own = fmt.reader.summary(path)
         except Exception as e:  # any damage: a warning here, verify says exactly what
             warnings.append(f"{entry.path}: metadata unreadable ({str(e).splitlines()[0]})")
         else:
@@ -140,7 +140,7 @@ def settings(m: Manifest) -> dict:
         "shard_format": m.shard_format,
         "columns": m.layout,
         "shard_size": c("shard_size"),
-        "row_group_size": c("row_group_size") if get_format(m.shard_format).unit_kind else None,
+        "row_group_size": c("row_group_size") if get_format(m.shard_format).reader.unit_kind else None,
     }
 
 
@@ -211,10 +211,10 @@ def read_one_pack(directory: str | Path, manifest: Manifest, index: int) -> tupl
     check = VerifyReport(str(directory))
     if (problem := output_file_problem(directory, entry.path)) is not None:
         check.add("path", f"the shard file {problem}", shard=entry.path)
-    elif (pack := fmt.read_pack(path, entry, row, manifest)) is not None:  # the pack alone
+    elif (pack := fmt.reader.read_pack(path, entry, row, manifest)) is not None:  # the pack alone
         return pack, entry.path, row
     else:  # read in order: the packs that can be read, and what is wrong with the others
-        for first, packs in fmt.check(path, entry, manifest, check, shard, base):
+        for first, packs in fmt.checker.check(path, entry, manifest, check, shard, base):
             if first <= row < first + packs.num_packs:
                 try:  # the pack as stored, as readers give it
                     one = rebuild(packs.take([row - first]), manifest)

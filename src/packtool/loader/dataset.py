@@ -194,7 +194,7 @@ class PackedDataset(IterableDataset):
         self.directory = Path(directory)
         self.manifest = Manifest.load(self.directory)
         self.packed_sequence_size = self.manifest.packed_sequence_size
-        self.format = get_format(self.manifest.shard_format)
+        self.shard_reader = get_format(self.manifest.shard_format).reader
         d_rank, d_world = _dist_rank_world()
         self.rank = d_rank if rank is None else rank
         self.world_size = d_world if world_size is None else world_size
@@ -331,7 +331,7 @@ class _UnitDecoder:
     def __init__(self, ds: PackedDataset) -> None:
         self.ds, self.epoch, self.plan = ds, None, None
         self.cache: dict[int, PackArrays | None] = {}
-        self.reader = ds.format.open_reader(ds.directory, ds.manifest, ds.verify_checksums)
+        self.reader = ds.shard_reader.open_reader(ds.directory, ds.manifest, ds.verify_checksums)
         self.new_bad: list[int] = []  # units found unreadable since the last item
         te = ds.task_encoder
         self.encode_sample = getattr(te, "encode_sample", None)
@@ -361,7 +361,7 @@ class _UnitDecoder:
             arrays = self.reader.read(unit.shard, unit.part, self.ds.columns)
         except UNIT_ERRORS as e:
             if self.ds.on_error == "fail":
-                kind = self.ds.format.unit_kind
+                kind = self.ds.shard_reader.unit_kind
                 raise InputError(
                     f"cannot read packs ({type(e).__name__}: {e})",
                     source=str(path),

@@ -97,8 +97,8 @@ class Unit:
 def units_of(manifest: Manifest, split: str | None = "train") -> list[Unit]:
     """The read units of the output's ``split`` in order (each shard's, as its format reads it: Parquet
     row groups, whole tar shards); ``split`` ``None``: all shards."""
-    fmt = get_format(manifest.shard_format)
+    shard_reader = get_format(manifest.shard_format).reader
     out = []
     for s, entry in manifest.split_shards(split):
-        out.extend(Unit(s, p, int(k)) for p, k in enumerate(fmt.units(entry)) if k > 0)
+        out.extend(Unit(s, p, int(k)) for p, k in enumerate(shard_reader.units(entry)) if k > 0)
     return out

@@ -33,13 +33,13 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from packtool.errors import ConfigError
-from packtool.formats.parquet import prefetch
 from packtool.options import PackOptions
 from packtool.pipeline.chunks import ChunkStore, chunk_parts, labels_rule, policy_chunk
 from packtool.pipeline.encode import RunSpec, chunked, encode_records
 from packtool.plugins import is_plugin_spec
 from packtool.readers import expand_inputs
 from packtool.readers.base import SourceBatch
+from packtool.threads import prefetch
 
 MEMORY_STORE_ENV = "PACKTOOL_MEMORY_STORE_BYTES"
 MEMORY_FRACTION = 4  # the encoded input is held in memory when it takes at most a quarter of it

@@ -165,7 +165,8 @@ def check_memory(options: PackOptions) -> None:
     the packs written at once: a row group's worth for Parquet, a shard for tar) would not fit in a
     quarter of this machine's memory, with each of ``num_proc`` writers holding one."""
     fmt = get_format(options.output.format)
-    packs = fmt.block_packs(options.output, options.packing.packed_sequence_size) or options.output.shard_size
+    block = fmt.writer.block_packs(options.output, options.packing.packed_sequence_size)
+    packs = block or options.output.shard_size
     need = (
         packs
         * options.packing.packed_sequence_size
@@ -177,7 +178,7 @@ def check_memory(options: PackOptions) -> None:
     except (ValueError, OSError, AttributeError):  # not known here: nothing to check against
         return
     if need > memory // 4:
-        fewer = "--row-group-size" if fmt.unit_kind else "--shard-size (or --shard-max-bytes)"
+        fewer = "--row-group-size" if fmt.reader.unit_kind else "--shard-size (or --shard-max-bytes)"
         raise ConfigError(
             f"--packed-sequence-size {options.packing.packed_sequence_size:,} with {packs:,} packs written "
             "at once "
@@ -407,7 +408,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
             columns=columns,
             layout=options.output.columns,
             shards=[
-                (fmt.shard_name(i - first_of[split], split), b - a, split)
+                (fmt.writer.shard_name(i - first_of[split], split), b - a, split)
                 for i, (a, b, split) in shard_ranges
             ],
         )
@@ -456,7 +457,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
         columns=columns,
     )
     manifest.run_key = run_key
-    manifest.index_files = fmt.write_dataset_index(out.partial, manifest, options.output)
+    manifest.index_files = fmt.writer.write_dataset_index(out.partial, manifest, options.output)
     precut = sum(m.get("precut_samples", 0) for m in metas)
     if precut:  # recorded: what of the input was never tokenized
         limit = precut_limit(options, sample_format)
@@ -502,7 +503,7 @@ def split_shard_ranges(
     out = []
     for split, a, b in (("train", 0, num_train), ("val", num_train, plan.num_packs)):
         if b > a:
-            ranges = fmt.shard_ranges(plan.slice(a, b), options.output, columns)
+            ranges = fmt.writer.shard_ranges(plan.slice(a, b), options.output, columns)
             out += [(a + x, a + y, split) for x, y in ranges]
     return out
 

@@ -113,8 +113,8 @@ def write_shard(
     w = worker(spec)
     options = w.options
     store = store if store is not None else w.store(work_dir)
-    fmt = get_format(options.output.format)
-    step = fmt.block_packs(options.output, options.packing.packed_sequence_size) or max(plan.num_packs, 1)
+    writer = get_format(options.output.format).writer
+    step = writer.block_packs(options.output, options.packing.packed_sequence_size) or max(plan.num_packs, 1)
     columns = output_columns(options, store)
     blocks = (
         build_pack_arrays(
@@ -122,9 +122,9 @@ def write_shard(
         )
         for a in range(0, plan.num_packs, step)
     )
-    name = fmt.shard_name(meta.shard if number is None else number, split)
+    name = writer.shard_name(meta.shard if number is None else number, split)
     path = Path(out_dir) / name
-    info = fmt.write(path, blocks, meta, options.output)
+    info = writer.write(path, blocks, meta, options.output)
     sha256, crc32 = file_digests(path)
     entry = ShardEntry(
         path=name,

@@ -5,7 +5,7 @@ Three layers of checks, each problem reported with its shard, pack and field:
 * **files** (``verify.files``): the manifest parses and is packtool's; every shard it names exists with the
   recorded size and sha256; no shard file (of any format) lies in the directory that the manifest does not
   name; the manifest's totals are those of its shard entries.
-* **format** (the shard's ``ShardFormat.check``, in ``packtool.formats``): the shard parses, carries this
+* **format** (the shard's ``ShardChecker.check``, in ``packtool.formats``): the shard parses, carries this
   manifest's ``run_id``, holds the recorded number of packs, and its own index agrees with it (Parquet:
   the recorded ``row_groups``; tar: the ``.tar.idx`` offsets, each pack's members, ``.npy`` dtypes and
   shapes and metadata: the ``.json``, or a minimal pack's record); the dataset-level index files say what
@@ -62,7 +62,7 @@ def iter_batches(
     for i, entry in enumerate(manifest.shards):
         path = Path(directory) / entry.path
         if output_file_problem(directory, entry.path) is None:  # else check_files says why
-            for first, packs in fmt.check(path, entry, manifest, report, i, base):
+            for first, packs in fmt.checker.check(path, entry, manifest, report, i, base):
                 yield i, entry, base + first, packs
         base += entry.num_packs
 
@@ -97,7 +97,7 @@ def verify_output(
         return report
     check_version(manifest, report)
     check_files(directory, manifest, report, fmt)
-    fmt.check_dataset_index(directory, manifest, report)
+    fmt.checker.check_dataset_index(directory, manifest, report)
     text_labels = manifest.sample_format == "text" and manifest.tokenizer.kind == "huggingface"
     source_check = (
         SourceCheck.start(manifest, source, report, progress, tokenizer) if source is not None else None

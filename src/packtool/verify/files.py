@@ -19,8 +19,8 @@ def check_files(directory: Path, manifest: Manifest, report: VerifyReport, fmt: 
     for entry in manifest.shards:
         name = entry.path
         named.add(name)
-        named.update(fmt.index_files(entry))
-        for index in fmt.index_files(entry):  # opened by verify and the readers: inside, regular
+        named.update(fmt.reader.index_files(entry))
+        for index in fmt.reader.index_files(entry):  # opened by verify and the readers: inside, regular
             if (problem := output_file_problem(directory, index)) not in (None, "missing"):
                 report.add("path", f"index file {problem}: not opened", shard=name, field="index")
         path = directory / name

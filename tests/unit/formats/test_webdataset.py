@@ -178,7 +178,7 @@ def test_a_minimal_tar_pack_is_input_ids_and_one_small_columns_record(tmp_path):
     holding the pack's metadata (the keys a full pack's .json has) and every other stored column as fields
     (numpy.load reads it without pickle); no .json. Read back as stored; a labels column is a member."""
     from packtool.formats.tar import PACK_META
-    from packtool.formats.webdataset import WebDatasetFormat, read_tar_packs, stack_packs, write_tar_shard
+    from packtool.formats.webdataset import TarReader, read_tar_packs, stack_packs, write_tar_shard
     from tests.unit.test_packs import N, minimal_packs
 
     packs = minimal_packs()
@@ -207,7 +207,7 @@ def test_a_minimal_tar_pack_is_input_ids_and_one_small_columns_record(tmp_path):
     for name in packs.present():
         assert np.array_equal(getattr(again, name), getattr(packs, name)), name
     # inspect's fast path reads the same metadata from the records of the first and last packs
-    assert WebDatasetFormat().summary(tmp_path / "a.tar") == {
+    assert TarReader().summary(tmp_path / "a.tar") == {
         "run_id": run_id,
         "shard": 3,
         "first_pack": 40,

@@ -74,7 +74,7 @@ def test_tar_one_pack_is_read_through_the_index_and_without_it(tar_out: Path, ou
     tar = get_format("webdataset")
 
     def read_tar_pack(path, row):
-        return tar.read_pack(path, manifest.shards[int(path.name[6:12])], row, manifest)
+        return tar.reader.read_pack(path, manifest.shards[int(path.name[6:12])], row, manifest)
 
     copy = tmp_path / "out"
     shutil.copytree(tar_out, copy)

@@ -1,4 +1,4 @@
-"""packtool.utils: the background prefetch the Parquet writer uses."""
+"""packtool.threads: the background prefetch (the Parquet writer and the in-memory pipeline use it)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from packtool.formats.parquet import prefetch
+from packtool.threads import prefetch
 
 
 def _threads() -> set[str]:
