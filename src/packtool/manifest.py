@@ -30,6 +30,7 @@ from typing import Any
 
 from packtool.errors import InputError
 from packtool.fileio import write_json_atomic
+from packtool.safepath import output_file_problem
 from packtool.schema import COLUMNS as COLUMNS  # the pack columns (packtool.schema), importable from here too
 from packtool.schema import FIXED_COLUMNS as FIXED_COLUMNS
 from packtool.schema import PACK_COLUMNS as PACK_COLUMNS
@@ -44,6 +45,9 @@ from packtool.stats import total_stats as total_stats
 from packtool.version import __version__
 
 MANIFEST = "manifest.json"
+# a manifest lists its shards (a few hundred bytes each): 64 MiB is far beyond any real one, and bounds what
+# reading an untrusted one may allocate
+MAX_MANIFEST_BYTES = 64 << 20
 # the conventions a manifest may name (the reading contract; the writer's options offer the same values)
 LABELS = ("shifted", "unshifted")  # how labels[i] relates to input_ids
 POSITION_IDS = ("nemo", "restart")  # how positions run on in a pack
@@ -240,12 +244,19 @@ class Manifest:
         """The manifest of output ``directory``; ``InputError`` naming the file and field if there is
         none, it does not parse, or it is not a packtool manifest this version can read."""
         path = Path(directory) / MANIFEST
-        if not path.exists():
+        problem = output_file_problem(directory, MANIFEST)  # a FIFO would block, a link may lead out
+        if problem == "missing":
             raise InputError(f"{directory}: no {MANIFEST} (not packtool output, or an unfinished run)")
+        if problem is not None:
+            raise InputError(f"{path}: {problem}")
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise InputError(f"{path}: over {MAX_MANIFEST_BYTES:,} bytes, not a packtool manifest")
         try:
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise InputError(f"{path}: not valid JSON ({getattr(e, 'msg', e)})") from None
+        except RecursionError:  # arrays or objects nested thousands deep
+            raise InputError(f"{path}: not valid JSON (nested too deep)") from None
         return cls.from_dict(data, origin=str(path))
 
     @classmethod

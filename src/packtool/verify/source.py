@@ -257,6 +257,8 @@ def _recorded_tokenizer(manifest: Manifest) -> str | None:
     is compared after loading). A ``module:callable`` encoder is left as given."""
     given = manifest.option("tokenizer")
     recorded = manifest.tokenizer.details.get("path")
-    if not given or Path(given).exists() or not isinstance(recorded, str) or not Path(recorded).exists():
+    if not isinstance(given, str) or not given or Path(given).exists():
+        return given  # a wrong type is named when the options are built from the provenance
+    if not isinstance(recorded, str) or not Path(recorded).exists():
         return given
     return recorded

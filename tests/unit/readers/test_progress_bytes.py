@@ -48,7 +48,8 @@ def test_encode_bar_moves_within_a_chunk(tmp_path):
     for procs in (1, 2):
         proc = run_cli("pack", src, "-o", tmp_path / f"out{procs}", "--tokenizer", DEMO_TOKENIZER,
                        "--packed-sequence-size", 512, "--chunk-size", 8192, "--num-proc", procs,
-                       env={"TQDM_MININTERVAL": "0", "TQDM_MINITERS": "1"})  # every move drawn, however fast the machine  # fmt: skip
+                       env={"TQDM_MININTERVAL": "0", "TQDM_MINITERS": "1"})  # fmt: skip
+        # (every move drawn, however fast the machine encodes)
         bars = [b for b in proc.stderr.replace("\r", "\n").splitlines() if b.startswith("encode:")]
         positions = {b.split("|")[2].split("[")[0].strip() for b in bars}
         assert len(positions) > 2 + 1, bars  # more than once per chunk, besides 0
