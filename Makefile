@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.packtool-demo-installed
 STAMP := $(VENV)/.packtool-installed
 
-.PHONY: install install-demo demo test fuzz lint bench bench-scale clean
+.PHONY: install install-demo demo test test-all fuzz lint bench bench-scale clean
 
 # The demo needs torch and packtool's core dependencies only.
 install-demo: $(DEMO_STAMP)
@@ -38,7 +38,12 @@ demo: install-demo
 	$(BIN)/packtool pack --config configs/demo.yaml --overwrite
 	$(BIN)/packtool inspect out/demo
 
+# under 6 minutes on 2 cores: the tests marked slow (more combinations of covered tests, tests/conftest.py's
+# SLOW) run in test-all
 test: install
+	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+
+test-all: install
 	$(BIN)/python -m pytest -q -n 2
 
 # the readers of an output fuzzed for longer than `make test` does (tests/unit/test_fuzz_readers.py)
