@@ -4,22 +4,23 @@ Tiny random models built from transformers configs, on the CPU in float64: a LLa
 Llama language model; ``LlavaForConditionalGeneration``), a Qwen2-VL (``Qwen2VLForConditionalGeneration``)
 and a Qwen2.5-VL (window attention in its vision tower; it reads Qwen2-VL's processor output).
 Their processors are the tiny ones of ``tests/fixtures/vision_processors.py``; the samples are LLaVA records
-with one, two and no image. packtool encodes them (``encode_sample``), plans whole samples into packs
-(``plan_packs``), stores the pack with its images' original bytes (``pack_records``, written to Parquet and
-read back: ``pack_from_record``), and decodes the stored images into the model's inputs in pack order
-(``image_inputs``: ``pixel_values``, and ``image_grid_thw`` for Qwen2-VL). The samples alone read their
-image files.
+with one, two and no image. packtool encodes them (``encode_sample``), plans whole samples into two or more
+packs (``plan_packs``), stores the packs with their images' original bytes (``pack_records``, written to
+Parquet and read back), and reads them as the loader's workers do, in one batch
+(``packtool.vision.loader.VisionTaskEncoder``'s ``encode_sample`` / ``batch`` / ``encode_batch``): the
+stored images decoded and processed in pack order (``pixel_values``, and ``image_grid_thw`` for Qwen2-VL,
+concatenated over the batch's packs), Qwen2-VL's M-RoPE ids ``(3, B, N)`` through the model's own
+``get_rope_index`` run on each sample alone. The samples alone read their image files.
 
-For the pack, run once through ``attn_implementation="sdpa"`` with the dense block-causal mask
-(``packtool.masks.block_causal_mask``) and once flattened (no mask; the sequence boundaries from the
-``position_ids``, which restart at every sample), the per-token loss equals each sample's loss run alone,
-and the gradient of the summed loss with respect to one vision-tower and one language-model parameter
-equals that of the samples alone, within 1e-9. Qwen2-VL's M-RoPE position ids ``(3, 1, N)`` are the
-model's own ``get_rope_index`` run on each sample alone, concatenated (``mrope_position_ids``); flattened,
-the text positions go first as a fourth row (``(4, 1, N)``, ``with_text_positions``), the layout
-transformers reads packed-sequence boundaries from. The
-samples alone get no position ids: the model computes its own, so the packed positions are checked against
-the model's rule too.
+The batch goes into the model as trainers pass it (``model(**batch)``, ``VisionBatch.model_inputs``):
+through ``attn_implementation="sdpa"`` with the dense block-causal mask (``mask="dense"``), and flattened
+(``mask="varlen"``: one row of ``B * N`` tokens with the flattening kwargs; the sequence boundaries from the
+``position_ids``, which restart at every sample; for Qwen2-VL the text positions go first as a fourth row,
+``(4, 1, B * N)``, the layout transformers reads packed-sequence boundaries from). The per-token loss
+equals each sample's loss run alone, and the gradient of the summed loss with respect to one vision-tower
+and one language-model parameter equals that of the samples alone, within 1e-9. The samples alone get no
+position ids (the model computes its own), so the packed M-RoPE ids are checked against the model's rule
+too.
 """
 
 from __future__ import annotations
@@ -32,12 +33,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from packtool.masks import block_causal_mask
-from packtool.vision.model_inputs import image_inputs
+from packtool.vision.loader import IMAGE_COLUMNS, VisionBatch, VisionTaskEncoder
 from packtool.vision.packs import assemble_pack, plan_packs
-from packtool.vision.positions import mrope_position_ids, with_text_positions
 from packtool.vision.processor import load_processor
-from packtool.vision.records import pack_from_record, pack_records
+from packtool.vision.records import pack_records
 from packtool.vision.samples import read_json_samples
 from packtool.vision.sequences import encode_sample, sequence_columns
 from tests.fixtures.vision_inputs import write_llava_input
@@ -157,10 +156,17 @@ def data(tmp_path_factory):
     }
 
 
-def _stored(records: pa.RecordBatch, tmp_path) -> dict:
-    """Pack 0 of ``records`` written to Parquet and read back."""
+def _stored_packs(records: pa.RecordBatch, tmp_path) -> list[dict]:
+    """Every pack of ``records`` written to Parquet and read back, as the loader's pack dicts (the stored
+    columns of a row as arrays, the image structs as stored, ``pack_index``)."""
     pq.write_table(pa.Table.from_batches([records]), tmp_path / "packs.parquet")
-    return pq.read_table(tmp_path / "packs.parquet").slice(0, 1).to_pylist()[0]
+    rows = pq.read_table(tmp_path / "packs.parquet").to_pylist()
+    packs = []
+    for k, row in enumerate(rows):
+        names = ("input_ids", "labels", "position_ids", "seq_lens", *IMAGE_COLUMNS[1:])
+        pack = {name: np.asarray(row[name], dtype=np.int32) for name in names}
+        packs.append({**pack, "images": row["images"], "pack_index": k})
+    return packs
 
 
 def _mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
@@ -172,60 +178,50 @@ def _mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int) -> torch.Te
 def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how, tmp_path):
     vp = data["llava" if family == "llava" else "qwen2vl"]  # Qwen2.5-VL's processor is Qwen2-VL's
     sequences = [encode_sample(vp, s) for s in data["samples"]]
-    n = sum(len(s) for s in sequences) + 5  # one pack: the four samples (1, 2, 0 and 2 images) and padding
+    lengths = [len(s) for s in sequences]
+    n = max(max(lengths), (sum(lengths) + 1) // 2) + 5  # the four samples (1, 2, 0, 2 images) in 2+ packs
     plan = plan_packs(sequences, n)
-    pack = assemble_pack(sequence_columns(sequences), plan, 0, pad_id=0)
-    assert plan.num_packs == 1 and len(pack.samples) == 4 and len(pack.image_offsets) == 5
+    assert plan.num_packs >= 2
     vocab = max(int(s.input_ids.max()) for s in sequences) + 1
     model, vision_param, text_param = MODELS[family](vp, vocab)
-    input_ids = torch.from_numpy(pack.input_ids).view(1, -1)
-    labels = torch.from_numpy(pack.labels).view(1, -1)
-    ends = np.cumsum(pack.seq_lens)
-    bounds = list(zip([0, *ends[:-1].tolist()], ends.tolist(), strict=True))[: len(pack.samples)]
 
-    # each sample alone: the model's own positions (M-RoPE from its get_rope_index)
+    # the packs as the loader reads them (Parquet rows with their images' bytes), through the loader's
+    # vision stages in one batch: images decoded and processed in pack order, M-RoPE by the model's rule
+    records = pack_records(sequence_columns(sequences), plan, data["samples"], pad_id=0)
+    stored = _stored_packs(records, tmp_path)
+    rule = model.model.get_rope_index if family != "llava" else None
+    encoder = VisionTaskEncoder(vp, rule, mask="dense" if how == "dense" else "varlen", dtype=torch.float64)
+    batch = encoder.encode_batch(encoder.batch([encoder.encode_sample(p) for p in stored]))
+    assert isinstance(batch, VisionBatch) and batch.images_per_pack.sum().item() == 5
+    input_ids = batch.input_ids.to(torch.int64)
+    labels = batch.labels.to(torch.int64)
+
+    # each sample alone, from its image files: the model's own positions (M-RoPE from its get_rope_index)
     model.zero_grad()
     want = torch.zeros(labels.shape, dtype=torch.float64)
-    alone_positions = []
-    for j, (a, b) in enumerate(bounds):
-        i = int(pack.samples[j])
-        ids = input_ids[:, a:b]
-        extra = _image_inputs(vp, data["images"][i])
-        if family != "llava":
-            extra["mm_token_type_ids"] = _mm_token_type_ids(ids, vp.image_token_id)
-            positions, _ = model.model.get_rope_index(
-                ids, extra["mm_token_type_ids"], image_grid_thw=extra.get("image_grid_thw")
-            )
-            alone_positions.append(positions)
-        logits = model(input_ids=ids, use_cache=False, **extra).logits
-        loss = _token_loss(logits, labels[:, a:b])
-        loss.sum().backward()
-        want[0, a:b] = loss[0].detach()
+    for b, pack in enumerate(stored):
+        sample_of = np.asarray(plan.sample[plan.pack_offsets[b] : plan.pack_offsets[b + 1]])
+        ends = np.cumsum(pack["seq_lens"]).tolist()
+        for j, i in enumerate(sample_of.tolist()):
+            a, e = ([0, *ends][j], ends[j])
+            ids = input_ids[b : b + 1, a:e]
+            extra = _image_inputs(vp, data["images"][i])
+            if family != "llava":
+                extra["mm_token_type_ids"] = _mm_token_type_ids(ids, vp.image_token_id)
+                positions, _ = model.model.get_rope_index(
+                    ids, extra["mm_token_type_ids"], image_grid_thw=extra.get("image_grid_thw")
+                )
+                assert torch.equal(batch.mrope_position_ids[:, b : b + 1, a:e].to(torch.int64), positions)
+            logits = model(input_ids=ids, use_cache=False, **extra).logits
+            loss = _token_loss(logits, labels[b : b + 1, a:e])
+            loss.sum().backward()
+            want[b, a:e] = loss[0].detach()
     want_grads = [vision_param.grad.clone(), text_param.grad.clone()]
 
-    # the pack as stored: a Parquet row with its images' bytes, read back; the images in pack order
-    stored = _stored(pack_records(sequence_columns(sequences), plan, data["samples"], pad_id=0), tmp_path)
-    pack = pack_from_record(stored)
-    input_ids = torch.from_numpy(pack.input_ids).view(1, -1)
-    labels = torch.from_numpy(pack.labels).view(1, -1)
-    extra = image_inputs(vp, [image["bytes"] for image in stored["images"]], torch.float64)
-    text_positions = torch.from_numpy(pack.position_ids).view(1, -1)
-    if family != "llava":
-        grids = extra["image_grid_thw"]
-        position_ids = mrope_position_ids(model.model.get_rope_index, pack, grids)  # (3, 1, N)
-        assert torch.equal(position_ids[:, :, : bounds[-1][1]], torch.cat(alone_positions, dim=-1))
-    else:
-        position_ids = text_positions
+    # the batch as the loader gives it: model(**batch), dense block-causal mask or flattened to one row
     model.zero_grad()
-    if how == "dense":
-        mask = block_causal_mask(torch.from_numpy(pack.seq_lens).view(1, -1), n)
-        logits = model(
-            input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False, **extra
-        ).logits
-    else:
-        if family != "llava":  # the text positions first: transformers finds the boundaries from them
-            position_ids = with_text_positions(position_ids, text_positions)
-        logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra).logits
+    logits = model(**batch).logits.view(*labels.shape, -1)
+    assert ("attention_mask" in batch) == (how == "dense") and ("cu_seq_lens_q" in batch) == (how != "dense")
     loss = _token_loss(logits, labels)
     loss.sum().backward()
 

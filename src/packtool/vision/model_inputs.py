@@ -38,9 +38,16 @@ def image_inputs(
 ) -> dict[str, torch.Tensor]:
     """``pixel_values`` (cast to ``dtype`` when given) and, where the model has it, ``image_grid_thw``, for
     a pack's images in pack order; ``{}`` for a pack without images."""
-    if not encoded:
+    return pixel_inputs(processor, decode_images(encoded), dtype)
+
+
+def pixel_inputs(
+    processor: VisionProcessor, images: list[Image.Image], dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """``image_inputs`` of images already decoded (``decode_images``)."""
+    if not images:
         return {}
-    out = processor.image_processor(images=decode_images(encoded), return_tensors="pt")
+    out = processor.image_processor(images=images, return_tensors="pt")
     inputs = {"pixel_values": out["pixel_values"] if dtype is None else out["pixel_values"].to(dtype)}
     if "image_grid_thw" in out:
         inputs["image_grid_thw"] = out["image_grid_thw"]

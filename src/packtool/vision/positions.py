@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from packtool.arrays import ranges
 from packtool.vision.packs import VisionPack
 
 # get_rope_index(input_ids (1, L), mm_token_type_ids (1, L), image_grid_thw=(k, 3) | None) -> ((3, 1, L), ...)
@@ -24,7 +25,7 @@ GetRopeIndex = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 def mrope_position_ids(
     get_rope_index: GetRopeIndex, pack: VisionPack, image_grid_thw: torch.Tensor | None
 ) -> torch.Tensor:
-    """``(3, 1, N)`` int64 M-RoPE position ids of ``pack``.
+    """``(3, 1, N)`` int64 M-RoPE position ids of ``pack`` (``pack_mrope_position_ids`` of its arrays).
 
     Args:
         get_rope_index: the model's own, e.g. ``model.model.get_rope_index`` of a
@@ -33,20 +34,57 @@ def mrope_position_ids(
         image_grid_thw: ``(num_images, 3)`` the grids of the pack's images in pack order (what the image
             processor returns for them), or ``None`` for a pack without images.
     """
-    n = len(pack.input_ids)
-    ends = np.cumsum(pack.seq_lens)
-    starts = ends - pack.seq_lens
-    image_token = torch.zeros(n, dtype=torch.int32)
-    for a, length in zip(pack.image_offsets.tolist(), pack.image_lengths.tolist(), strict=True):
-        image_token[a : a + length] = 1
-    input_ids = torch.from_numpy(pack.input_ids).view(1, -1)
-    out = torch.from_numpy(pack.position_ids).view(1, 1, -1).repeat(3, 1, 1)
-    for j in range(len(pack.samples)):
-        a, b = int(starts[j]), int(ends[j])
-        mine = np.flatnonzero(pack.image_sample == j)
+    out = pack_mrope_position_ids(
+        get_rope_index, pack.input_ids, pack.seq_lens, pack.image_offsets, pack.image_lengths, image_grid_thw
+    )
+    return out.view(3, 1, -1)
+
+
+def pack_mrope_position_ids(
+    get_rope_index: GetRopeIndex,
+    input_ids: np.ndarray | torch.Tensor,
+    seq_lens: np.ndarray | torch.Tensor,
+    image_offsets: np.ndarray | torch.Tensor,
+    image_lengths: np.ndarray | torch.Tensor,
+    image_grid_thw: torch.Tensor | None,
+) -> torch.Tensor:
+    """``(3, N)`` int64 M-RoPE position ids of one pack, from its stored columns (what the loader reads).
+
+    The model's rule runs on every segment of ``seq_lens`` alone (each sample, and the padding, which is
+    text and so counts from 0 as the text positions do), with the grids of the images whose runs start in
+    it; the k-th run of image tokens (``image_offsets[k]``, ``image_lengths[k]``) is the k-th image.
+
+    Args:
+        get_rope_index: the model's own (``model.model.get_rope_index``).
+        input_ids: ``(N,)`` the pack's tokens.
+        seq_lens: ``(num_segments,)`` its sequences' lengths, the padding last; they sum to N.
+        image_offsets, image_lengths: ``(num_images,)`` each image's run of image tokens, in pack order.
+        image_grid_thw: ``(num_images, 3)`` the images' grids in pack order, or ``None`` without images.
+    """
+    ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.int64).view(1, -1)
+    lengths = np.asarray(seq_lens, dtype=np.int64)
+    offsets = np.asarray(image_offsets, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    image_token = torch.from_numpy(ranges_mask(ids.shape[1], offsets, np.asarray(image_lengths)))
+    segment_of_image = np.searchsorted(ends, offsets, side="right")
+    out = torch.empty((3, ids.shape[1]), dtype=torch.int64)
+    for j, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        mine = np.flatnonzero(segment_of_image == j)
         grids = image_grid_thw[torch.from_numpy(mine)] if len(mine) else None
-        positions, _ = get_rope_index(input_ids[:, a:b], image_token[a:b].view(1, -1), image_grid_thw=grids)
-        out[:, :, a:b] = positions
+        positions, _ = get_rope_index(ids[:, a:b], image_token[a:b].view(1, -1), image_grid_thw=grids)
+        out[:, a:b] = positions.view(3, -1)
+    return out
+
+
+def ranges_mask(n: int, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``(n,)`` int32: 1 on the runs ``[offsets[k], offsets[k] + lengths[k])``, 0 elsewhere.
+
+    >>> ranges_mask(6, np.array([1, 4]), np.array([2, 1])).tolist()
+    [0, 1, 1, 0, 1, 0]
+    """
+    out = np.zeros(n, dtype=np.int32)
+    out[ranges(np.asarray(offsets, dtype=np.int64), np.asarray(lengths, dtype=np.int64))] = 1
     return out
 
 
