@@ -444,11 +444,12 @@ def _cp_padding(
 
 
 def pack_dict(packs: PackArrays, row: int, pack_index: int, tensors: bool) -> dict:
-    """Row ``row`` of a decoded unit as a pack dict (NumPy views, or tensor views for task encoders)."""
+    """Row ``row`` of a decoded unit as a pack dict (NumPy views, or tensor views for task encoders; a
+    vision-language pack's ``images`` stay a list of ``{"bytes", "path"}``)."""
     pack: dict[str, Any] = packs.pack(row)
     if tensors:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only Arrow memory: documented as views
-            pack = {k: torch.from_numpy(v) for k, v in pack.items()}
+            pack = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in pack.items()}
     pack["pack_index"] = pack_index
     return pack

@@ -156,6 +156,9 @@ class PackedDataset(IterableDataset):
             ``PackedBatch``). A pack is a dict of ``(N,)`` tensors ``input_ids``, ``labels``,
             ``position_ids`` (int32), ``loss_mask`` (int8, if present), ``seq_lens`` (int32) and the int
             ``pack_index``; the tensors are views of the decoded row group: copy before editing in place.
+            A vision-language output's packs also hold its image columns (``images``: a list of
+            ``{"bytes", "path"}``; ``image_offset``, ``image_length``, ...: ``(num_images,)`` int32
+            tensors); it needs a task encoder with ``encode_sample`` (``packtool.vision.loader``).
         mask: ``"varlen"`` (default), ``"dense"``, ``"additive"`` or ``"flex"``: built by ``PackedBatch.to``.
         shuffle_buffer: how far (in packs) the shuffle moves a pack inside its lane.
         infinite: iterate epochs forever (one ``iter``) instead of one epoch per ``iter``.
@@ -237,6 +240,15 @@ class PackedDataset(IterableDataset):
         self.columns = (
             [*TRAINING_COLUMNS, "loss_mask"] if self.manifest.has_loss_mask else [*TRAINING_COLUMNS]
         ) + (["cp_padding"] if "cp_padding" in self.manifest.columns else [])
+        # a vision-language output's images and their runs (docs/vision.md): for a task encoder that turns
+        # them into the model's inputs (packtool.vision.loader); the default stages would drop them
+        image_columns = list(getattr(self.manifest, "image_columns", None) or ())
+        if image_columns and getattr(task_encoder, "encode_sample", None) is None:
+            raise ValueError(
+                f"{self.directory}: the packs hold images; read them with packtool.vision.loader's "
+                "vision_dataset (or a task encoder whose encode_sample takes the image columns)"
+            )
+        self.columns += image_columns
         if self.on_error == "fail":  # before the first batch; under skip, reading the shard counts it
             require_shard_files(self.directory, self.manifest)
         self._epoch = 0  # where plain iteration starts (set_epoch)

@@ -51,6 +51,7 @@ from packtool.arrays import ranges
 from packtool.errors import InputError
 from packtool.loader.batch import PackedBatch, default_batch, packed_batch
 from packtool.loader.dataset import PackedDataset
+from packtool.manifest import Manifest
 from packtool.vision.model_inputs import decode_images, pixel_inputs
 from packtool.vision.positions import GetRopeIndex, pack_mrope_position_ids
 from packtool.vision.processor import VisionProcessor
@@ -216,8 +217,11 @@ def vision_dataset(
     are ``VisionBatch`` objects: a ``VisionTaskEncoder`` with the dataset's mask and labels convention."""
     if "task_encoder" in dataset_kwargs:
         raise ValueError("vision_dataset sets the task encoder; build PackedDataset yourself for another")
-    ds = PackedDataset(directory, **dataset_kwargs)
-    ds.task_encoder = VisionTaskEncoder(
-        processor, get_rope_index, mask=ds.mask, labels_convention=ds.manifest.labels, dtype=dtype
+    encoder = VisionTaskEncoder(
+        processor,
+        get_rope_index,
+        mask=dataset_kwargs.get("mask", "varlen"),
+        labels_convention=Manifest.load(Path(directory)).labels,
+        dtype=dtype,
     )
-    return ds
+    return PackedDataset(directory, task_encoder=encoder, **dataset_kwargs)

@@ -1,0 +1,117 @@
+"""The loader's vision stages (``packtool.vision.loader``) on stored packs: what a batch holds, what travels
+between processes, and the bad packs an output directory could hold, each one line naming the pack.
+
+The training equivalence through these stages is ``tests/interop/test_vision_training.py``."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from packtool.errors import InputError
+from packtool.loader.dataset import _Item, _Parcel
+from packtool.vision.loader import IMAGE_COLUMNS, VisionBatch, VisionTaskEncoder
+from packtool.vision.packs import plan_packs
+from packtool.vision.processor import load_processor
+from packtool.vision.records import pack_records
+from packtool.vision.samples import read_json_samples
+from packtool.vision.sequences import encode_sample, sequence_columns
+from tests.fixtures.vision_inputs import image_bytes, write_llava_input
+from tests.fixtures.vision_processors import build_llava
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """The LLaVA processor and the four demo samples' packs (two or more), as the loader's pack dicts."""
+    tmp = tmp_path_factory.mktemp("vision_loader")
+    vp = load_processor(build_llava(tmp / "llava"))
+    samples = list(read_json_samples(write_llava_input(tmp / "input")))
+    sequences = [encode_sample(vp, s) for s in samples]
+    lengths = [len(s) for s in sequences]
+    plan = plan_packs(sequences, max(max(lengths), (sum(lengths) + 1) // 2) + 5)
+    rows = pack_records(sequence_columns(sequences), plan, samples, pad_id=0).to_pylist()
+    names = ("input_ids", "labels", "position_ids", "seq_lens", *IMAGE_COLUMNS[1:])
+    packs = [
+        {
+            **{name: np.asarray(row[name], np.int32) for name in names},
+            "images": row["images"],
+            "pack_index": k,
+        }
+        for k, row in enumerate(rows)
+    ]
+    return vp, packs
+
+
+def test_a_batch_holds_each_packs_images_in_order_and_travels_whole(stored):
+    vp, packs = stored
+    encoder = VisionTaskEncoder(vp, mask="varlen")
+    encoded = [encoder.encode_sample(p) for p in packs]
+    batch = encoder.encode_batch(encoder.batch(encoded))
+    counts = [len(p["images"]) for p in packs]
+    assert batch.images_per_pack.tolist() == counts and sum(counts) == 5
+    assert torch.equal(
+        batch.pixel_values, torch.cat([e["pixel_values"] for e in encoded if e["images_per_pack"]])
+    )
+    assert batch.pixel_values.shape[1:] == (3, 56, 56) and batch.image_grid_thw is None
+    n = packs[0]["input_ids"].shape[0]
+    # through a DataLoader worker's parcel (one shared-memory block for the batch's tensors)
+    parcel = pickle.loads(pickle.dumps(_Parcel(0, [_Item(0, 0, batch, {}, [])])))
+    got = parcel.items[0].batch
+    assert isinstance(got, VisionBatch) and torch.equal(got.pixel_values, batch.pixel_values)
+    inputs = got.model_inputs()
+    assert inputs["input_ids"].shape == (1, len(packs) * n) and inputs["position_ids"].shape == (
+        1,
+        len(packs) * n,
+    )
+    assert inputs["pixel_values"] is got.pixel_values and "image_grid_thw" not in inputs
+
+
+def _with(pack: dict, **changes) -> dict:
+    return {**pack, **changes}
+
+
+BAD_PACKS = {
+    "an image missing": (lambda p: _with(p, images=p["images"][:-1]), "images but"),
+    "bytes that are no image": (
+        lambda p: _with(p, images=[{"bytes": b"not an image", "path": "x"}] + p["images"][1:]),
+        "cannot decode image",
+    ),
+    "a run shorter than the processor's count": (
+        lambda p: _with(p, image_length=p["image_length"] - 1),
+        "the processor makes 16",
+    ),
+    "a run moved off the image tokens": (
+        lambda p: _with(p, image_offset=p["image_offset"] + 1),
+        "do not cover the pack's image tokens exactly",
+    ),
+    "a run past the pack's end": (
+        lambda p: _with(p, image_offset=p["image_offset"] + len(p["input_ids"])),
+        "in a pack of",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PACKS))
+def test_a_bad_pack_is_one_line_naming_it(stored, case):
+    vp, packs = stored
+    pack = next(p for p in packs if len(p["images"]))
+    damage, message = BAD_PACKS[case]
+    with pytest.raises(InputError, match=message) as e:
+        VisionTaskEncoder(vp).encode_sample(damage(pack))
+    assert str(e.value).startswith(f"pack {pack['pack_index']}: ") and "\n" not in str(e.value)
+
+
+def test_a_decompression_bomb_is_refused(stored, monkeypatch):
+    from PIL import Image
+
+    vp, packs = stored
+    pack = next(p for p in packs if len(p["images"]))
+    big = image_bytes(300, 300)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 300 * 300 // 2)
+    with pytest.raises(InputError, match="decompression bomb"):
+        VisionTaskEncoder(vp).encode_sample(
+            _with(pack, images=[{"bytes": big, "path": "b"}] + pack["images"][1:])
+        )
