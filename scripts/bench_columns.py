@@ -42,19 +42,19 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from bench_pack import lognormal_lengths, make_tokens, write_lists  # noqa: E402
 
-from packtool.formats import ShardMeta, get_format  # noqa: E402
 from packtool.formats.parquet import write_parquet_shard  # noqa: E402
+from packtool.formats.registry import ShardMeta, get_format  # noqa: E402
 from packtool.formats.tar import BLOCK, RECORD, member_size, npy_size  # noqa: E402
 from packtool.loader import PackedDataset, get_loader  # noqa: E402
 from packtool.options import PackOptions  # noqa: E402
-from packtool.packing import make_plan  # noqa: E402
+from packtool.packing.planner import make_plan  # noqa: E402
 from packtool.packs import PackArrays  # noqa: E402
 from packtool.pipeline.chunks import ChunkStore  # noqa: E402
 from packtool.pipeline.encode import encode_to_chunks  # noqa: E402
 from packtool.pipeline.engines import make_engine  # noqa: E402
 from packtool.pipeline.run import start_run  # noqa: E402
 from packtool.pipeline.write import output_columns, write_shard  # noqa: E402
-from packtool.readers import read_inputs  # noqa: E402
+from packtool.readers.inputs import read_inputs  # noqa: E402
 from packtool.reading import load_manifest  # noqa: E402
 
 BENCH = ROOT / ".bench"

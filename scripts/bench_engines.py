@@ -95,7 +95,7 @@ def ray_data_row(data: Path) -> dict:
 
     ray.data.DataContext.get_current().enable_progress_bars = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
-    from packtool.encoders import resolve_sample_format
+    from packtool.encoders.registry import resolve_sample_format
     from packtool.options import PackOptions
     from packtool.readers.base import SourceBatch
 
@@ -145,7 +145,7 @@ def print_engine_table(title: str, rows: list[dict]) -> None:
 def plan_child(strategy: str, samples: int) -> None:
     """Child: plan ``samples`` lognormal lengths with ``strategy``; print one JSON line."""
     from packtool.options import PackOptions
-    from packtool.packing import make_plan
+    from packtool.packing.planner import make_plan
 
     lengths = lognormal_lengths(samples, 300, seed=0)
     cfg = PackOptions.from_dict(

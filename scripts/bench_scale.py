@@ -8,9 +8,9 @@ For each size it writes (once, then reuses) a pretokenized Parquet input of samp
 time, tokens/s, the peak resident memory of the whole process tree (the driver, the forkserver and its
 workers, summed; sampled every 50 ms from /proc), the input and output sizes and the peak scratch space.
 
-A second table times the driver-side plan alone (``packtool.packing.make_plan`` on the same lengths, in
-this process) and its peak memory from ``tracemalloc``: what the driver holds per sample, which is what
-stops a single machine first.
+A second table times the driver-side plan alone (``packtool.packing.planner.make_plan`` on the same
+lengths, in this process) and its peak memory from ``tracemalloc``: what the driver holds per sample,
+which is what stops a single machine first.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 from measure import tree_rss  # noqa: E402  (scripts/measure.py: the process tree's RSS)
 
 from packtool.options import PackOptions  # noqa: E402
-from packtool.packing import make_plan  # noqa: E402
+from packtool.packing.planner import make_plan  # noqa: E402
 
 N = 4096
 BATCH_TOKENS = 20_000_000  # tokens generated and written per Parquet row group of the input

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from packtool.errors import InputError
-from packtool.formats import get_format
+from packtool.formats.registry import get_format
 from packtool.layout import columns_problem
 from packtool.manifest import LABELS, POSITION_IDS
 

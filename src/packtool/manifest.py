@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packtool.conventions import IGNORE_INDEX as IGNORE_INDEX  # the conventions, importable from here too
+from packtool.conventions import LABELS as LABELS
+from packtool.conventions import POSITION_IDS as POSITION_IDS
 from packtool.errors import InputError
 from packtool.fileio import write_json_atomic
 from packtool.safepath import output_file_problem
@@ -48,9 +51,6 @@ MANIFEST = "manifest.json"
 # a manifest lists its shards (a few hundred bytes each): 64 MiB is far beyond any real one, and bounds what
 # reading an untrusted one may allocate
 MAX_MANIFEST_BYTES = 64 << 20
-# the conventions a manifest may name (the reading contract; the writer's options offer the same values)
-LABELS = ("shifted", "unshifted")  # how labels[i] relates to input_ids
-POSITION_IDS = ("nemo", "restart")  # how positions run on in a pack
 ERRORS_LOG = "errors.jsonl"  # the first skipped records (on_error=skip), one JSON object a line
 FORMAT = "packtool"
 # 2: every pack's .json member in a tar shard carries the run_id and shard number (verify matches them)
@@ -69,7 +69,6 @@ MINIMAL_TAR_RECORD_VERSION = 4  # minimal tar outputs older than this hold one m
 # shard file names by split: the training packs, and those held out by val_fraction
 SHARD_PREFIXES = {"train": "packs-", "val": "val-"}
 SPLITS = tuple(SHARD_PREFIXES)
-IGNORE_INDEX = -100  # the label of a token that takes no loss (padding, prompts, sample ends)
 
 
 # --- provenance ----------------------------------------------------------------------------------------

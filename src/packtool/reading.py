@@ -16,8 +16,8 @@ import numpy as np
 
 from packtool.binding import fields_problem, manifest_problem
 from packtool.errors import InputError, PacktoolError
-from packtool.formats import get_format
 from packtool.formats.base import UNIT_ERRORS, ShardMismatch
+from packtool.formats.registry import get_format
 from packtool.manifest import TRAINING_COLUMNS, Manifest, ShardEntry
 from packtool.safepath import output_file_problem
 

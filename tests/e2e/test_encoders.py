@@ -11,10 +11,10 @@ import pytest
 import tokenizers
 
 from packtool import read_packs
-from packtool.encoders import build_encoder
+from packtool.encoders.registry import build_encoder
 from packtool.errors import InputError
 from packtool.options import PackOptions
-from packtool.readers import read_inputs
+from packtool.readers.inputs import read_inputs
 from tests.conftest import DEMO_TOKENIZER, manifest_json, run_cli, write_jsonl
 
 TEXTS = ["The quick brown fox.", "Attention is all you need!", "pack padding"]

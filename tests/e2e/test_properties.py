@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packtool.packing import STRATEGIES
+from packtool.packing.planner import STRATEGIES
 from tests.conftest import run_cli, write_jsonl
 
 PAD = 7  # pad_token_id, never a real token (real tokens start above it)

@@ -18,7 +18,7 @@ from packtool.encoders.masking import loss_columns
 from packtool.layout import labels_follow_rule, mask_from_bits, rebuild, stored_columns, to_stored
 from packtool.manifest import IGNORE_INDEX, column_names
 from packtool.options import PackOptions
-from packtool.packing import make_plan
+from packtool.packing.planner import make_plan
 from packtool.pipeline.chunks import ChunkStore, write_chunk
 from packtool.pipeline.write import build_pack_arrays, output_columns
 from packtool.readers.base import batch_from_pylist

@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import InputError
-from packtool.packing import STRATEGIES, make_plan
 from packtool.packing.options import PackingOptions
+from packtool.packing.planner import STRATEGIES, make_plan
 from packtool.pipeline.chunks import ChunkStore, write_chunk
 from packtool.pipeline.write import build_pack_arrays
 from packtool.readers.base import SourceBatch

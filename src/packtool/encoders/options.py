@@ -7,8 +7,8 @@ from typing import Literal
 
 import msgspec
 
+from packtool.conventions import LABELS
 from packtool.errors import ConfigError
-from packtool.manifest import LABELS
 from packtool.option_types import Applies, OptionGroup, option
 
 SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat")

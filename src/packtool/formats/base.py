@@ -244,7 +244,7 @@ class ShardFormat:
     """A registry entry (``formats.FORMATS``): a format's name, as the manifest's ``shard_format`` and the
     ``--format`` option spell it, and its three roles. Code that only reads depends on ``reader``.
 
-    >>> from packtool.formats import get_format
+    >>> from packtool.formats.registry import get_format
     >>> fmt = get_format("parquet")
     >>> fmt.suffix, fmt.reader.unit_kind
     ('.parquet', 'row group')

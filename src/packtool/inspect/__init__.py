@@ -24,8 +24,8 @@ import numpy as np
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
 from packtool.fileio import file_sha256
-from packtool.formats import get_format
 from packtool.formats.base import UNIT_ERRORS
+from packtool.formats.registry import get_format
 from packtool.inspect.sources import locate_samples
 from packtool.layout import rebuild
 from packtool.manifest import IGNORE_INDEX, Histogram, Manifest, SamplesPerPack, total_stats

@@ -13,11 +13,11 @@ import json
 import os
 from pathlib import Path
 
-from packtool.encoders import fields_read
+from packtool.encoders.registry import fields_read
 from packtool.errors import MAX_LOGGED, ErrorSink, PacktoolError
 from packtool.manifest import ERRORS_LOG, Manifest
 from packtool.options import PackOptions
-from packtool.readers import read_inputs
+from packtool.readers.inputs import read_inputs
 from packtool.safepath import output_file_problem
 
 

@@ -38,8 +38,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packtool.errors import InputError
-from packtool.formats import get_format
 from packtool.formats.base import UNIT_ERRORS
+from packtool.formats.registry import get_format
 from packtool.loader.batch import (
     MASKS,
     PackedBatch,

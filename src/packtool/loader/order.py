@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packtool.arrays import ranges
-from packtool.formats import get_format
+from packtool.formats.registry import get_format
 from packtool.manifest import Manifest
 
 

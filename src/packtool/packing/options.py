@@ -7,8 +7,8 @@ from typing import Literal
 
 import msgspec
 
+from packtool.conventions import POSITION_IDS
 from packtool.errors import ConfigError
-from packtool.manifest import POSITION_IDS
 from packtool.option_types import Applies, OptionGroup, option
 from packtool.plugins import is_plugin_spec
 

@@ -31,14 +31,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packtool.arrays import np_view
-from packtool.encoders import Encoder, build_encoder, resolve_sample_format
+from packtool.encoders.registry import Encoder, build_encoder, resolve_sample_format
 from packtool.errors import ErrorSink, InputError, PacktoolError
 from packtool.options import PackOptions
-from packtool.packing import too_long_message
+from packtool.packing.planner import too_long_message
 from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
-from packtool.readers import expand_inputs, piece_bytes, read_inputs
 from packtool.readers.base import SourceBatch
+from packtool.readers.inputs import expand_inputs, piece_bytes, read_inputs
 
 
 @dataclass(frozen=True)

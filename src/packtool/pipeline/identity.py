@@ -10,7 +10,7 @@ from pathlib import Path
 from packtool.errors import InputError
 from packtool.manifest import SHARD_FORMAT_VERSION
 from packtool.options import PackOptions
-from packtool.readers import expand_inputs
+from packtool.readers.inputs import expand_inputs
 
 
 def _files(source: str, files: list[str]) -> list[str]:

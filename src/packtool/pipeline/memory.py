@@ -37,8 +37,8 @@ from packtool.options import PackOptions
 from packtool.pipeline.chunks import ChunkStore, chunk_parts, labels_rule, policy_chunk
 from packtool.pipeline.encode import RunSpec, chunked, encode_records
 from packtool.plugins import is_plugin_spec
-from packtool.readers import expand_inputs
 from packtool.readers.base import SourceBatch
+from packtool.readers.inputs import expand_inputs
 from packtool.threads import prefetch
 
 MEMORY_STORE_ENV = "PACKTOOL_MEMORY_STORE_BYTES"

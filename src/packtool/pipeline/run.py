@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from packtool.binding import bound_run_id, content_run_key, reading_fields
-from packtool.encoders import PRETOKENIZED_FIELDS, fields_read, resolve_sample_format
+from packtool.encoders.registry import PRETOKENIZED_FIELDS, fields_read, resolve_sample_format
 from packtool.errors import (
     MAX_LOGGED,
     ConfigError,
@@ -51,11 +51,11 @@ from packtool.errors import (
     PacktoolError,
     WorkerDied,
 )
-from packtool.formats import ShardFormat, ShardMeta, get_format
 from packtool.formats.card import write_dataset_card
+from packtool.formats.registry import ShardFormat, ShardMeta, get_format
 from packtool.manifest import ERRORS_LOG, Manifest
 from packtool.options import PackOptions
-from packtool.packing import PackPlan, hold_out, make_plan, resolve_position_ids
+from packtool.packing.planner import PackPlan, hold_out, make_plan, resolve_position_ids
 from packtool.pipeline import progress
 from packtool.pipeline.content import labels_as_given
 from packtool.pipeline.encode import RunSpec, first_bad_record, precut_limit, worker
@@ -68,7 +68,7 @@ from packtool.pipeline.report import summary_line as summary_line  # the CLI's, 
 from packtool.pipeline.stores import open_store
 from packtool.pipeline.summary import build_manifest, run_stats
 from packtool.pipeline.write import finished_shard, output_columns
-from packtool.readers import expand_inputs, input_bytes, read_inputs
+from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs
 from packtool.version import __version__
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from packtool.fileio import file_digests, write_json_atomic
-from packtool.formats import ShardMeta, get_format
+from packtool.formats.registry import ShardMeta, get_format
 from packtool.layout import to_stored
 from packtool.manifest import IGNORE_INDEX, ShardEntry, column_names
 from packtool.options import PackOptions

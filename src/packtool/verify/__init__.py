@@ -40,7 +40,7 @@ import numpy as np
 
 from packtool.binding import fields_problem
 from packtool.errors import InputError, PacktoolError
-from packtool.formats import get_format
+from packtool.formats.registry import get_format
 from packtool.manifest import MANIFEST, Manifest, SamplesPerPack, ShardEntry
 from packtool.packs import PackArrays
 from packtool.safepath import output_file_problem

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from packtool.binding import manifest_problem
 from packtool.fileio import file_sha256
-from packtool.formats import FORMATS, ShardFormat
+from packtool.formats.registry import FORMATS, ShardFormat
 from packtool.manifest import MANIFEST, Manifest, SamplesPerPack, total_stats
 from packtool.safepath import output_file_problem
 from packtool.verify.report import VerifyReport

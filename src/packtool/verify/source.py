@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from packtool.arrays import ranges
-from packtool.encoders import fields_read
+from packtool.encoders.registry import fields_read
 from packtool.errors import ConfigError, ErrorSink, InputError
 from packtool.manifest import MANIFEST, Manifest
 from packtool.options import PackOptions
@@ -23,7 +23,7 @@ from packtool.pipeline.encode import encode_to_chunks, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.run import start_run
 from packtool.plugins import is_plugin_spec
-from packtool.readers import read_inputs
+from packtool.readers.inputs import read_inputs
 from packtool.schema import pack_of_piece, piece_starts
 from packtool.verify.report import VerifyReport
 

@@ -9,7 +9,7 @@ imports this package.
 * ``samples``, ``hf_samples``: inputs -> ``VisionSample`` (LLaVA JSON / JSON Lines, chat ``messages`` with
   image parts, Hugging Face datasets with ``Image`` features, WebDataset captioning shards).
 * ``sequences``: a sample as the model sees it (``encode_sample``): image tokens expanded, labels, each
-  image's span; ``sample_lengths`` for ``packtool.packing.make_plan``.
+  image's span; ``sample_lengths`` for ``packtool.packing.planner.make_plan``.
 * ``packs``: whole samples planned into packs (``plan_packs``) and laid out with each image's span
   (``assemble_pack``); ``positions``: M-RoPE ids through the model's ``get_rope_index``.
 * ``balance``: a pack order giving data-parallel ranks similar image tokens per step.

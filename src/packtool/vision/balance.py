@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from packtool.packing import PackPlan
+from packtool.packing.planner import PackPlan
 from packtool.vision.sequences import VisionSequence
 
 

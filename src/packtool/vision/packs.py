@@ -1,8 +1,9 @@
 """Packs of vision-language samples, in memory: a ``PackPlan`` over ``sample_lengths`` laid out as the
 model reads it.
 
-``plan_packs(sequences, packed_sequence_size, ...)`` plans whole samples with ``packtool.packing.make_plan``
-(best-fit decreasing by default; ``check_plannable`` refuses what would cut an image).
+``plan_packs(sequences, packed_sequence_size, ...)`` plans whole samples with
+``packtool.packing.planner.make_plan`` (best-fit decreasing by default; ``check_plannable`` refuses
+what would cut an image).
 ``assemble_pack(columns, plan, k, pad_id)`` lays out pack ``k``: its samples' tokens one after the other,
 padded to N, and where each image's run of image tokens sits in the pack. Images keep their samples'
 order, so the k-th image of a pack is the k-th run of image tokens in its ``input_ids``: the order in which
@@ -18,7 +19,7 @@ import pyarrow as pa
 
 from packtool.arrays import np_view
 from packtool.errors import InputError
-from packtool.packing import PackingOptions, PackPlan, make_plan
+from packtool.packing.planner import PackingOptions, PackPlan, make_plan
 from packtool.vision.samples import VisionSample
 from packtool.vision.sequences import VisionSequence, check_plannable, sample_lengths
 

@@ -22,7 +22,7 @@ import json
 import numpy as np
 import pyarrow as pa
 
-from packtool.packing import PackPlan
+from packtool.packing.planner import PackPlan
 from packtool.vision.packs import VisionPack, assemble_pack
 from packtool.vision.samples import VisionSample
 

@@ -16,8 +16,8 @@
 ``VisionSequence.image_offsets`` / ``image_lengths`` give each image's run of image tokens (the positions the
 vision tower's features replace). ``sequence_columns`` turns sequences into the columns the text path uses
 (``input_ids``, ``labels``, ``loss_mask`` under a labels convention) plus the image columns;
-``sample_lengths`` is what ``packtool.packing.make_plan`` plans from. ``check_plannable`` refuses the options
-that would cut a sample, and so possibly an image, between packs.
+``sample_lengths`` is what ``packtool.packing.planner.make_plan`` plans from. ``check_plannable`` refuses
+the options that would cut a sample, and so possibly an image, between packs.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def encode_samples(
 
 
 def sample_lengths(sequences: list[VisionSequence]) -> np.ndarray:
-    """``(num_samples,)`` int64 token counts, for ``packtool.packing.make_plan``."""
+    """``(num_samples,)`` int64 token counts, for ``packtool.packing.planner.make_plan``."""
     return np.array([len(s) for s in sequences], dtype=np.int64)
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packtool.encoders import resolve_sample_format
 from packtool.encoders.chat import ChatEncoder
+from packtool.encoders.registry import resolve_sample_format
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
 from packtool.options import PackOptions

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 import tokenizers
 
-from packtool.encoders import build_encoder
 from packtool.encoders.base import TOKENS, shifted_labels
+from packtool.encoders.registry import build_encoder
 from packtool.encoders.text import add_special
 from packtool.errors import ConfigError, InputError
 from packtool.options import PackOptions
-from packtool.readers import read_inputs
+from packtool.readers.inputs import read_inputs
 from tests.conftest import DEMO_TOKENIZER, write_jsonl
 
 TEXTS = ["The quick brown fox.", "Attention is all you need!", "pack padding"]

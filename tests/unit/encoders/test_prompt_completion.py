@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from packtool.encoders import build_encoder, resolve_sample_format
 from packtool.encoders.prompt_completion import ALPACA, ALPACA_NO_INPUT, PromptCompletionEncoder
+from packtool.encoders.registry import build_encoder, resolve_sample_format
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
 from packtool.options import PackOptions

@@ -67,7 +67,7 @@ def test_tar_one_pack_is_read_through_the_index_and_without_it(tar_out: Path, ou
     as the Parquet output's pack I)."""
     import shutil
 
-    from packtool.formats import get_format
+    from packtool.formats.registry import get_format
     from packtool.inspect import read_one_pack
 
     manifest = Manifest.load(tar_out)

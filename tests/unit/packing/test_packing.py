@@ -7,8 +7,8 @@ import pytest
 
 from packtool.errors import InputError
 from packtool.options import PackOptions
-from packtool.packing import make_plan
 from packtool.packing.options import PackingOptions
+from packtool.packing.planner import make_plan
 from packtool.packing.sequential import plan_sequential
 
 

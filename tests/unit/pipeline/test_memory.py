@@ -31,7 +31,7 @@ from packtool.pipeline.memory import (
     use_memory_store,
 )
 from packtool.pipeline.run import start_run
-from packtool.readers import read_inputs
+from packtool.readers.inputs import read_inputs
 from tests.conftest import write_jsonl
 
 

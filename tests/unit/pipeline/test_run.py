@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from packtool.pipeline.encode import chunked
-from packtool.readers import read_inputs
+from packtool.readers.inputs import read_inputs
 from tests.conftest import write_jsonl
 
 

@@ -12,7 +12,7 @@ from packtool.pipeline.engines.local import LocalEngine
 from packtool.pipeline.memory import MEMORY_STORE_ENV
 from packtool.pipeline.run import start_run
 from packtool.pipeline.stores import InMemory, ScratchChunks, open_store
-from packtool.readers import read_inputs
+from packtool.readers.inputs import read_inputs
 from tests.unit.pipeline.test_memory import _config, write_inputs
 
 

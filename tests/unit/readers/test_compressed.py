@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from packtool.errors import ErrorSink, InputError
-from packtool.readers import expand_inputs, read_inputs
+from packtool.readers.inputs import expand_inputs, read_inputs
 
 ROWS = [{"text": f"sample number {i}", "id": i} for i in range(30)]
 CODECS = {"gz": "gzip", "bz2": "bz2", "zst": "zstd"}

@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packtool.readers import input_bytes, piece_bytes, read_inputs
+from packtool.readers.inputs import input_bytes, piece_bytes, read_inputs
 from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli
 
 

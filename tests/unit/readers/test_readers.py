@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from packtool.errors import InputError
-from packtool.readers import expand_inputs, read_inputs
+from packtool.readers.inputs import expand_inputs, read_inputs
 from tests.conftest import write_jsonl
 
 ROWS = [{"text": f"sample number {i}", "input_ids": list(range(1, i + 2))} for i in range(7)]

@@ -1,0 +1,13 @@
+"""The conventions a packed output names, as plain values: the reading contract's vocabulary
+(``packtool.manifest`` records them) and the choices the writer's options offer (``packtool.encoders``,
+``packtool.packing``).
+
+Kept apart from ``packtool.manifest`` (which needs numpy for its statistics) so that declaring the stages'
+options, and so ``packtool pack --help``, imports neither numpy nor pyarrow.
+"""
+
+from __future__ import annotations
+
+LABELS = ("shifted", "unshifted")  # how labels[i] relates to input_ids
+POSITION_IDS = ("nemo", "restart")  # how positions run on in a pack
+IGNORE_INDEX = -100  # the label of a token that takes no loss (padding, prompts, sample ends)

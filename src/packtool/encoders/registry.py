@@ -1,0 +1,126 @@
+"""Encoders: raw records -> ``input_ids``/``labels`` (see ``packtool.encoders.base`` for the protocol).
+
+``build_encoder(options, sample_format)`` picks one (``options``: the stage's ``EncodingOptions``):
+
+* ``--tokenizer module:callable``: the user's own encoder;
+* ``sample_format: pretokenized`` (or ``auto`` with an ``input_ids`` field and no tokenizer or no text
+  field): packed as is (ids checked against the tokenizer's vocabulary when one is given);
+* ``sample_format: chat`` (or ``auto`` with a ``messages`` or ``conversations`` field): conversations
+  through a chat template, loss on the assistant's turns (``packtool.encoders.chat``);
+* ``sample_format: prompt_completion`` (or ``auto`` with ``prompt_field`` and ``completion_field``, or a
+  ``prompt_template``): loss on the completion only (``packtool.encoders.prompt_completion``);
+* ``sample_format: text`` (or ``auto`` otherwise): ``text_field`` through ``--tokenizer``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from packtool.encoders.base import Encoder, FunctionEncoder
+from packtool.encoders.chat import ChatEncoder
+from packtool.encoders.options import EncodingOptions
+from packtool.encoders.pretokenized import PretokenizedEncoder
+from packtool.encoders.prompt_completion import BUILTIN_TEMPLATES, PromptCompletionEncoder, template_fields
+from packtool.encoders.text import HFTokenizer, TextEncoder
+from packtool.errors import ConfigError
+from packtool.plugins import is_plugin_spec, load_plugin
+
+__all__ = ["Encoder", "build_encoder", "fields_read", "resolve_sample_format"]
+
+
+def resolve_sample_format(options: EncodingOptions, field_names: list[str]) -> str:
+    """Decide ``auto``: pretokenized when the input has ``input_ids`` and no tokenizer is given."""
+    if options.sample_format != "auto":
+        return options.sample_format
+    if "input_ids" in field_names and (not options.tokenizer or options.text_field not in field_names):
+        return "pretokenized"
+    if "messages" in field_names or "conversations" in field_names:
+        return "chat"
+    if options.prompt_completion.prompt_template is not None or (
+        options.prompt_completion.prompt_field in field_names
+        and options.prompt_completion.completion_field in field_names
+    ):
+        return "prompt_completion"
+    return "text"
+
+
+# the per-token fields the pretokenized encoder reads; any other list field is named in a warning
+PRETOKENIZED_FIELDS = ("input_ids", "labels", "loss_mask", "attention_mask")
+
+
+def fields_read(options: EncodingOptions, sample_format: str) -> frozenset[str] | None:
+    """The record fields the encoder for ``sample_format`` reads (None: a custom encoder, which sees every
+    field). The readers leave out a field outside these whose values cannot be one column, so an encoder
+    that starts reading another field must be listed here too."""
+    if is_plugin_spec(options.tokenizer):
+        return None
+    if sample_format == "pretokenized":
+        return frozenset(PRETOKENIZED_FIELDS)
+    if sample_format == "chat":
+        return frozenset({"messages", "conversations", "tools"})
+    if sample_format == "prompt_completion":
+        fields = {
+            options.prompt_completion.prompt_field,
+            options.prompt_completion.completion_field,
+            "instruction",
+            "input",
+        }
+        if (
+            options.prompt_completion.prompt_template is not None
+            and options.prompt_completion.prompt_template not in BUILTIN_TEMPLATES
+        ):
+            fields.update(template_fields(options.prompt_completion.prompt_template))
+        return frozenset(fields)
+    return frozenset({options.text_field})
+
+
+def build_encoder(options: EncodingOptions, sample_format: str) -> Encoder:
+    """Build the encoder named by ``options`` for records of ``sample_format``."""
+    if is_plugin_spec(options.tokenizer):
+        obj = load_plugin(options.tokenizer, "tokenizer")
+        if inspect.isclass(obj):
+            obj = obj(**(options.encoder_kwargs or {}))
+        if not callable(obj):
+            raise ConfigError(f"tokenizer {options.tokenizer} is not callable")
+        return FunctionEncoder(obj, options.tokenizer, labels=options.labels)
+    if sample_format == "pretokenized":
+        vocab = HFTokenizer(options.tokenizer).vocab_size if options.tokenizer else None
+        return PretokenizedEncoder(
+            labels=options.labels, vocab_size=vocab, mask_labels=options.pretokenized.mask_labels
+        )
+    if not options.tokenizer:
+        raise ConfigError(
+            "the input holds text: pass --tokenizer (a tokenizer.json, a model directory, "
+            "or module:callable), or give pretokenized input_ids"
+        )
+    if sample_format == "chat":  # (--add-bos/--add-eos do not apply: the template writes them)
+        return ChatEncoder(
+            HFTokenizer(options.tokenizer),
+            chat_template=options.chat.chat_template,
+            loss_on=options.chat.loss_on,
+            labels=options.labels,
+            empty_loss=options.fine_tuning.empty_loss,
+        )
+    if sample_format == "prompt_completion":
+        return PromptCompletionEncoder(
+            HFTokenizer(options.tokenizer),
+            prompt_field=options.prompt_completion.prompt_field,
+            completion_field=options.prompt_completion.completion_field,
+            prompt_template=options.prompt_completion.prompt_template,
+            train_on_prompt=options.prompt_completion.train_on_prompt,
+            add_bos=options.tokens.add_bos,
+            add_eos=options.tokens.add_eos,
+            bos_token=options.tokens.bos_token,
+            eos_token=options.tokens.eos_token,
+            labels=options.labels,
+            empty_loss=options.fine_tuning.empty_loss,
+        )
+    return TextEncoder(
+        HFTokenizer(options.tokenizer),
+        text_field=options.text_field,
+        add_bos=options.tokens.add_bos,
+        add_eos=options.tokens.add_eos,
+        bos_token=options.tokens.bos_token,
+        eos_token=options.tokens.eos_token,
+        labels=options.labels,
+    )
