@@ -28,10 +28,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from packtool.conventions import LABELS, MAX_PACKED_SEQUENCE_SIZE, POSITION_IDS
 from packtool.errors import InputError
 from packtool.formats.registry import get_format
 from packtool.layout import columns_problem
-from packtool.manifest import LABELS, POSITION_IDS
 
 
 def content_run_key(identity_key: str, chunk_digests: Sequence[str]) -> str:
@@ -151,8 +151,11 @@ def fields_problem(manifest: Any) -> str | None:
     vocab = manifest.tokenizer.vocab_size
     if not _fits(vocab, "int | None"):
         return f"field 'tokenizer.vocab_size': {vocab!r} is not a number"
-    if any(e.num_packs < 0 or e.bytes < 0 for e in manifest.shards) or manifest.packed_sequence_size <= 0:
+    if any(e.num_packs < 0 or e.bytes < 0 for e in manifest.shards):
         return "a shard entry counts fewer than 0 packs or bytes"
+    if not 0 < manifest.packed_sequence_size <= MAX_PACKED_SEQUENCE_SIZE:
+        n = manifest.packed_sequence_size
+        return f"field 'packed_sequence_size': {n} is not between 1 and {MAX_PACKED_SEQUENCE_SIZE:,}"
     for key, known in (("labels", LABELS), ("position_ids", POSITION_IDS)):
         if getattr(manifest, key) not in known:
             return f"field '{key}': {getattr(manifest, key)!r} is not one of {', '.join(known)}"

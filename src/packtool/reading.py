@@ -18,14 +18,18 @@ from packtool.binding import fields_problem, manifest_problem
 from packtool.errors import InputError, PacktoolError
 from packtool.formats.base import UNIT_ERRORS, ShardMismatch
 from packtool.formats.registry import get_format
-from packtool.manifest import TRAINING_COLUMNS, Manifest, ShardEntry
+from packtool.manifest import MANIFEST, TRAINING_COLUMNS, Manifest, ShardEntry
 from packtool.safepath import output_file_problem
 
 
 def load_manifest(directory: str | Path) -> Manifest:
     """The output's manifest, typed (``packtool.manifest.Manifest``); ``InputError`` if ``directory``
-    is not a finished packtool output. ``.to_dict()`` gives ``manifest.json`` as a dict."""
-    return Manifest.load(directory)
+    is not a finished packtool output or a field is not of its type (``binding.fields_problem``: the
+    figures of the manifest can be computed with). ``.to_dict()`` gives ``manifest.json`` as a dict."""
+    manifest = Manifest.load(directory)
+    if (problem := fields_problem(manifest)) is not None:
+        raise InputError(f"{Path(directory) / MANIFEST}: {problem}; run packtool verify")
+    return manifest
 
 
 def shard_file_problem(directory: str | Path, entry: ShardEntry) -> str | None:
