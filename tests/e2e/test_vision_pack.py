@@ -162,3 +162,37 @@ def test_options_that_would_cut_an_image_are_usage_errors(inputs, tmp_path):
     code, text = cli("pack", inputs["good"], "-o", tmp_path / "o", "--packed-sequence-size", 64,
                      "--sample-format", "vision")  # fmt: skip
     assert code == 2 and "--sample-format vision needs --processor" in text, text
+
+
+def test_tar_output_holds_each_image_as_a_member_and_balances_image_tokens_per_step(inputs, tmp_path):
+    """webdataset, minimal: one ``KEY.img{k}.{ext}`` member per image (original bytes and extension), the
+    image columns in the pack's record; ``--balance-visual-tokens 2``: each step of two consecutive packs
+    holds two packs adjacent in the order of their image tokens (bfd's shuffled order does not)."""
+    import tarfile
+
+    source = write_jsonl(inputs["root"] / "in" / "many.jsonl", llava_rows() * 6)
+    out = tmp_path / "out"
+    code, text = pack(
+        inputs, out, source, "--format", "webdataset", "--columns", "minimal", "--balance-visual-tokens", 2,
+        "--long-samples", "drop", "--shard-size", 4,
+    )  # fmt: skip
+    assert code == 0, text
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["vision"]["images"]["ranks"] == 2 and m["stats"]["num_packs"] > 6
+    with tarfile.open(out / "packs-000000.tar") as tar:
+        names = tar.getnames()
+        first = next(n for n in names if ".img0." in n)
+        original = inputs["good"].parent / "images" / ("c.webp" if first.endswith("webp") else "a.png")
+        assert tar.extractfile(first).read() == original.read_bytes()
+    assert {n.split(".", 1)[1] for n in names} <= {
+        "input_ids.npy", "small_columns.npy", "img0.png", "img1.png", "img0.webp", "img1.webp",
+    }  # fmt: skip
+    packs = list(read_packs(out))
+    tokens = np.array([int(p["image_length"].sum()) for p in packs])
+    full = len(tokens) // 2 * 2  # the steps are the image-token order cut in twos, in some order
+    steps = sorted(tuple(sorted(step)) for step in tokens[:full].reshape(-1, 2).tolist())
+    assert steps == [tuple(step) for step in np.sort(tokens)[:full].reshape(-1, 2).tolist()], tokens
+    for p in packs:
+        assert [i["path"].split(".", 1)[1] for i in p["images"]] == [
+            f"img{k}.{Path(i['path']).suffix[1:]}" for k, i in enumerate(p["images"])
+        ]

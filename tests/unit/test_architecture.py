@@ -237,6 +237,7 @@ DRIVER_READS = {
         "encoding.is_vision",  # vision-language samples go to packtool.vision.run
         "packing.cp_size",  # refused for vision samples: no context-parallel padding around image spans
         "packing.long_samples",  # truncate/split refused for vision samples: an image is never cut
+        "output.webdataset",  # --shard-max-bytes refused for vision samples: the plan knows no image bytes
         "output.columns",
         "output.format",
         "output.output",

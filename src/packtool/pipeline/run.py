@@ -238,6 +238,10 @@ def check_vision_options(options: PackOptions) -> None:
         )
     if packing.cp_size > 1:
         raise ConfigError("--cp-size is not available with images (pack with --cp-size 1)")
+    if options.output.webdataset.shard_max_bytes is not None:  # (set only with --format webdataset)
+        raise ConfigError(  # the tar shards are cut from the plan alone, which does not know image bytes
+            "--shard-max-bytes is not available with images: cut tar shards with --shard-size"
+        )
 
 
 def _run_vision(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
