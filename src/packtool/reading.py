@@ -94,7 +94,10 @@ def read_packs(
     ``labels``, ``position_ids`` ``(N,)`` int32, ``seq_lens`` ``(num_samples_in_pack [+1 padding],)``
     int32, and ``loss_mask`` ``(N,)`` int8 when the input had one. ``with_sample_index`` adds
     ``sample_index`` (the input index of each piece's sample) and ``sample_offset`` (where each piece
-    starts inside its sample).
+    starts inside its sample). A vision-language output's packs (docs/vision.md) also hold ``images``,
+    a list of ``{"bytes", "path"}`` (each image's encoded bytes as read, and its name), and the
+    ``(num_images,)`` int32 ``image_sample``, ``image_offset``, ``image_length``, ``image_height`` and
+    ``image_width``, in pack order.
 
     The output is untrusted input (docs/errors.md, threat model). Before the first pack, the shard set is
     checked against the manifest (``check_shard_files``: files confined to the directory, the run_id
@@ -107,7 +110,7 @@ def read_packs(
     directory = Path(directory)
     manifest = Manifest.load(directory)
     shard_reader = get_format(manifest.shard_format).reader
-    columns = [*TRAINING_COLUMNS, "loss_mask", "cp_padding"] + (
+    columns = [*TRAINING_COLUMNS, "loss_mask", "cp_padding", *(manifest.image_columns or ())] + (
         ["sample_index", "sample_offset"] if with_sample_index else []
     )
     require_shard_files(directory, manifest)
