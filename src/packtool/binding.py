@@ -28,10 +28,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from packtool.conventions import LABELS, MAX_PACKED_SEQUENCE_SIZE, POSITION_IDS
 from packtool.errors import InputError
 from packtool.formats.registry import get_format
 from packtool.layout import columns_problem
-from packtool.manifest import LABELS, POSITION_IDS
+from packtool.manifest import IMAGE_COLUMNS
 
 
 def content_run_key(identity_key: str, chunk_digests: Sequence[str]) -> str:
@@ -52,10 +53,13 @@ def reading_fields(
     columns: Sequence[str],
     layout: str,
     shards: Sequence[tuple[str, int, str]],
+    image_columns: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The manifest fields a reader relies on, as the ``run_id`` binds them (``shards``: ``(path,
-    num_packs, split)`` in order)."""
-    return {
+    num_packs, split)`` in order; ``image_columns``: a vision-language output's, bound only when set so
+    that a text output's ``run_id`` is what it was)."""
+    images = {} if image_columns is None else {"image_columns": list(image_columns)}
+    return images | {
         "packed_sequence_size": packed_sequence_size,
         "shard_format": shard_format,
         "sample_format": sample_format,
@@ -86,6 +90,7 @@ def manifest_fields(manifest: Any) -> dict[str, Any]:
         columns=manifest.columns,
         layout=manifest.layout,
         shards=[(e.path, e.num_packs, e.split or "train") for e in manifest.shards],
+        image_columns=getattr(manifest, "image_columns", None),
     )
 
 
@@ -151,11 +156,17 @@ def fields_problem(manifest: Any) -> str | None:
     vocab = manifest.tokenizer.vocab_size
     if not _fits(vocab, "int | None"):
         return f"field 'tokenizer.vocab_size': {vocab!r} is not a number"
-    if any(e.num_packs < 0 or e.bytes < 0 for e in manifest.shards) or manifest.packed_sequence_size <= 0:
+    if any(e.num_packs < 0 or e.bytes < 0 for e in manifest.shards):
         return "a shard entry counts fewer than 0 packs or bytes"
+    if not 0 < manifest.packed_sequence_size <= MAX_PACKED_SEQUENCE_SIZE:
+        n = manifest.packed_sequence_size
+        return f"field 'packed_sequence_size': {n} is not between 1 and {MAX_PACKED_SEQUENCE_SIZE:,}"
     for key, known in (("labels", LABELS), ("position_ids", POSITION_IDS)):
         if getattr(manifest, key) not in known:
             return f"field '{key}': {getattr(manifest, key)!r} is not one of {', '.join(known)}"
+    image_columns = getattr(manifest, "image_columns", None)
+    if image_columns is not None and list(image_columns) != list(IMAGE_COLUMNS):
+        return f"field 'image_columns': {image_columns!r} is not the image columns packtool writes"
     return columns_problem(list(manifest.columns), manifest.labels)
 
 

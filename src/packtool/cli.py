@@ -223,6 +223,9 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also write the histograms to this PNG file.")
 @click.option("--full", is_flag=True, help="Read every pack and recompute the figures from the data.")
 @click.option("--pack", "pack_index", type=int, help="Show pack I (0-based): its seq_lens and samples.")
+@click.option(
+    "--locate", is_flag=True, help="With --pack: read the run's input files for each sample's line or row."
+)
 @click.option("--decode", is_flag=True, help="With --pack: the text of each sample, via the run's tokenizer.")
 @click.option("--tokenizer", help="With --decode: use this tokenizer instead of the manifest's.")
 def inspect(
@@ -231,6 +234,7 @@ def inspect(
     plot: str | None,
     full: bool,
     pack_index: int | None,
+    locate: bool,
     decode: bool,
     tokenizer: str | None,
 ) -> None:
@@ -242,10 +246,10 @@ def inspect(
     from packtool.inspect import inspect_report, pack_report
     from packtool.inspect.render import plot_report, render_pack, render_report
 
-    if pack_index is None and (decode or tokenizer):
-        raise ConfigError("--decode and --tokenizer go with --pack I")
+    if pack_index is None and (decode or tokenizer or locate):
+        raise ConfigError("--locate, --decode and --tokenizer go with --pack I")
     if pack_index is not None:
-        report = pack_report(directory, pack_index, decode=decode, tokenizer=tokenizer)
+        report = pack_report(directory, pack_index, decode=decode, tokenizer=tokenizer, locate=locate)
         if as_json:
             click.echo(json.dumps(report, indent=2))
         else:

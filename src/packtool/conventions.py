@@ -10,4 +10,5 @@ from __future__ import annotations
 
 LABELS = ("shifted", "unshifted")  # how labels[i] relates to input_ids
 POSITION_IDS = ("nemo", "restart")  # how positions run on in a pack
+MAX_PACKED_SEQUENCE_SIZE = 1 << 24  # tokens in a pack: what --packed-sequence-size takes, a reader accepts
 IGNORE_INDEX = -100  # the label of a token that takes no loss (padding, prompts, sample ends)

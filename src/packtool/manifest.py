@@ -36,6 +36,7 @@ from packtool.fileio import write_json_atomic
 from packtool.safepath import output_file_problem
 from packtool.schema import COLUMNS as COLUMNS  # the pack columns (packtool.schema), importable from here too
 from packtool.schema import FIXED_COLUMNS as FIXED_COLUMNS
+from packtool.schema import IMAGE_COLUMNS as IMAGE_COLUMNS
 from packtool.schema import PACK_COLUMNS as PACK_COLUMNS
 from packtool.schema import TOKEN_COLUMNS as TOKEN_COLUMNS
 from packtool.schema import TRAINING_COLUMNS as TRAINING_COLUMNS
@@ -60,8 +61,11 @@ FORMAT = "packtool"
 # 5.0: the reading contract (docs/formats.md#compatibility): format_version is the major version and
 #    format_minor the minor one; the options that made the output are a plain ``provenance`` record
 #    (before: ``config``, parsed as this version's options), the layout is the field ``layout``
+# 5.1: vision-language outputs (docs/vision.md): ``image_columns`` (the image columns the shards store
+#    beside ``columns``) and ``vision`` (the processor's identity and image statistics); a 5.0 reader reads
+#    their token columns and ignores the images
 FORMAT_VERSION = 5  # major: a reader refuses a manifest of a greater one
-FORMAT_MINOR = 0  # minor: fields a newer minor adds are ignored by readers of an older one
+FORMAT_MINOR = 1  # minor: fields a newer minor adds are ignored by readers of an older one
 # what the shard files' own metadata records as format_version (Parquet key-value metadata; the run_id's
 # basis): their layout has not changed since format 4
 SHARD_FORMAT_VERSION = 4
@@ -178,6 +182,11 @@ class Manifest:
     ``provenance`` is the run's options as the writer recorded them (a plain dict: nothing here parses
     it; a manifest before format 5 calls it ``config``). ``notes`` says what this version read by its
     rules but could not take in (never written).
+
+    A vision-language output (5.1) has ``image_columns``, the image columns its shards store beside
+    ``columns`` (``schema.IMAGE_COLUMNS``: ``images`` and the per-image ``image_*`` columns; ``None``
+    for text), and ``vision``: ``{"processor": VisionProcessor.identity(), "images": image statistics,
+    "input_images", "packed_images", "skipped_images"}`` (a record for people, ``inspect`` and ``verify``).
     """
 
     run_id: str
@@ -202,6 +211,8 @@ class Manifest:
     format_minor: int = FORMAT_MINOR
     packtool_version: str = __version__
     run_key: str | None = None  # what the run_id is made from with the reading fields (packtool.binding)
+    image_columns: list[str] | None = None  # a vision-language output's image columns (5.1)
+    vision: dict[str, Any] | None = None  # its processor's identity and image statistics (5.1)
     notes: list[str] = field(default_factory=list, compare=False)
 
     # what other packtool tools need, named once -------------------------------------------------------
@@ -303,6 +314,8 @@ class Manifest:
                 format_minor=minor,
                 packtool_version=d.get("packtool_version", "unknown"),
                 run_key=d.get("run_key"),
+                image_columns=d.get("image_columns"),
+                vision=d.get("vision"),
                 notes=notes,
             )
         except (TypeError, KeyError, AttributeError, ValueError) as e:
@@ -336,6 +349,10 @@ class Manifest:
             out["warnings"] = list(self.warnings)
         if self.run_key is not None:
             out["run_key"] = self.run_key
+        if self.image_columns is not None:
+            out["image_columns"] = list(self.image_columns)
+        if self.vision is not None:
+            out["vision"] = dict(self.vision)
         return out
 
     def save(self, directory: str | Path) -> Path:

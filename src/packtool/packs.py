@@ -14,7 +14,11 @@ Layout of one pack (NeMo AutoModel ``PackedSequence`` conventions; columns and t
 * ``sample_offset`` ``(num_pieces,)`` int64: where each piece starts inside its sample (0 unless the sample
   was split), so that the pieces of a split sample can be put back together whatever the pack order;
 * ``cp_padding`` ``(num_pieces,)`` int32 (only with ``cp_size > 1``): the context-parallel padding at the end
-  of each piece's ``seq_lens`` entry (the piece's own tokens are the entry minus it).
+  of each piece's ``seq_lens`` entry (the piece's own tokens are the entry minus it);
+* vision-language packs (docs/vision.md) add, per image in pack order, ``images`` (its encoded bytes as
+  read and its name: ``{"bytes", "path"}``) and ``image_sample``, ``image_offset``, ``image_length``,
+  ``image_height``, ``image_width`` ``(num_images,)`` int32 (its sample's piece in the pack, its run of
+  image tokens, its size in pixels).
 
 The ``minimal`` layout (``--columns minimal``) stores fewer of them: ``packtool.layout``.
 """
@@ -24,13 +28,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from packtool import schema
 from packtool.arrays import ranges
-from packtool.schema import COLUMNS, PACK_COLUMNS, TOKEN_COLUMNS
+from packtool.schema import COLUMNS, IMAGES, PACK_COLUMNS, TOKEN_COLUMNS
 
-# where the offsets of a ragged column's values are kept, by ``Column.per``: every piece column shares one
-OFFSETS = {"segment": "seq_lens_offsets", "piece": "sample_index_offsets"}
+# where the offsets of a ragged column's values are kept, by ``Column.per``: every piece column shares one,
+# every image column (and ``images``) another
+OFFSETS = {"segment": "seq_lens_offsets", "piece": "sample_index_offsets", "image": "image_sample_offsets"}
 
 
 @dataclass
@@ -57,6 +63,14 @@ class PackArrays:
     cp_padding: np.ndarray | None = None  # flat int32, split by sample_index_offsets (cp_size > 1)
     next_label: np.ndarray | None = None  # flat int32, split by sample_index_offsets (minimal)
     loss_mask_bits: np.ndarray | None = None  # (num_packs, ceil(N / 8)) uint8 (minimal)
+    # vision-language packs: flat per image, split by image_sample_offsets (num_packs + 1,) int64
+    image_sample: np.ndarray | None = None  # int32, the image's sample (its piece in the pack)
+    image_offset: np.ndarray | None = None  # int32, where its run of image tokens starts in the pack
+    image_length: np.ndarray | None = None  # int32, its image tokens
+    image_height: np.ndarray | None = None  # int32, from its header
+    image_width: np.ndarray | None = None  # int32
+    image_sample_offsets: np.ndarray | None = None  # (num_packs + 1,) int64
+    images: pa.StructArray | None = None  # struct<bytes: binary, path: string>, one per image
 
     @property
     def num_packs(self) -> int:
@@ -143,6 +157,11 @@ class PackArrays:
                 fields[OFFSETS[COLUMNS[name].per]] = new
             else:
                 fields[name] = getattr(self, name)[rows]
+        if self.images is not None:
+            offsets = self.image_sample_offsets
+            counts = offsets[rows + 1] - offsets[rows]
+            fields[IMAGES] = self.images.take(pa.array(ranges(offsets[rows], counts)))
+            fields["image_sample_offsets"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         return PackArrays(**fields)
 
     @classmethod
@@ -172,7 +191,8 @@ class PackArrays:
     def pack(self, k: int, with_sample_index: bool = False) -> dict[str, np.ndarray]:
         """Pack ``k`` as a dict of NumPy views: the token columns, ``seq_lens``, and with
         ``with_sample_index`` its ``sample_index`` and ``sample_offset`` (when read); ``cp_padding`` when
-        the output has it."""
+        the output has it; a vision-language pack's image columns when read, with ``images`` a list of
+        ``{"bytes", "path"}`` dicts (``datasets.Image``'s storage)."""
         out = {name: a[k] for name, a in self.token_columns().items()}
         out["seq_lens"] = self.seq_lens[self.seq_lens_offsets[k] : self.seq_lens_offsets[k + 1]]
         if self.sample_index_offsets is not None:
@@ -182,6 +202,13 @@ class PackArrays:
                 if c.per != "piece" or c.stored_only or not wanted:
                     continue
                 if (v := getattr(self, c.name)) is not None:
+                    out[c.name] = v[a:b]
+        if self.image_sample_offsets is not None:  # a vision-language pack: its images, in pack order
+            a, b = int(self.image_sample_offsets[k]), int(self.image_sample_offsets[k + 1])
+            if self.images is not None:
+                out[IMAGES] = self.images.slice(a, b - a).to_pylist()
+            for c in PACK_COLUMNS:
+                if c.per == "image" and (v := getattr(self, c.name)) is not None:
                     out[c.name] = v[a:b]
         return out
 

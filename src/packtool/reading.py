@@ -18,14 +18,18 @@ from packtool.binding import fields_problem, manifest_problem
 from packtool.errors import InputError, PacktoolError
 from packtool.formats.base import UNIT_ERRORS, ShardMismatch
 from packtool.formats.registry import get_format
-from packtool.manifest import TRAINING_COLUMNS, Manifest, ShardEntry
+from packtool.manifest import MANIFEST, TRAINING_COLUMNS, Manifest, ShardEntry
 from packtool.safepath import output_file_problem
 
 
 def load_manifest(directory: str | Path) -> Manifest:
     """The output's manifest, typed (``packtool.manifest.Manifest``); ``InputError`` if ``directory``
-    is not a finished packtool output. ``.to_dict()`` gives ``manifest.json`` as a dict."""
-    return Manifest.load(directory)
+    is not a finished packtool output or a field is not of its type (``binding.fields_problem``: the
+    figures of the manifest can be computed with). ``.to_dict()`` gives ``manifest.json`` as a dict."""
+    manifest = Manifest.load(directory)
+    if (problem := fields_problem(manifest)) is not None:
+        raise InputError(f"{Path(directory) / MANIFEST}: {problem}; run packtool verify")
+    return manifest
 
 
 def shard_file_problem(directory: str | Path, entry: ShardEntry) -> str | None:
@@ -90,7 +94,10 @@ def read_packs(
     ``labels``, ``position_ids`` ``(N,)`` int32, ``seq_lens`` ``(num_samples_in_pack [+1 padding],)``
     int32, and ``loss_mask`` ``(N,)`` int8 when the input had one. ``with_sample_index`` adds
     ``sample_index`` (the input index of each piece's sample) and ``sample_offset`` (where each piece
-    starts inside its sample).
+    starts inside its sample). A vision-language output's packs (docs/vision.md) also hold ``images``,
+    a list of ``{"bytes", "path"}`` (each image's encoded bytes as read, and its name), and the
+    ``(num_images,)`` int32 ``image_sample``, ``image_offset``, ``image_length``, ``image_height`` and
+    ``image_width``, in pack order.
 
     The output is untrusted input (docs/errors.md, threat model). Before the first pack, the shard set is
     checked against the manifest (``check_shard_files``: files confined to the directory, the run_id
@@ -103,7 +110,7 @@ def read_packs(
     directory = Path(directory)
     manifest = Manifest.load(directory)
     shard_reader = get_format(manifest.shard_format).reader
-    columns = [*TRAINING_COLUMNS, "loss_mask", "cp_padding"] + (
+    columns = [*TRAINING_COLUMNS, "loss_mask", "cp_padding", *(manifest.image_columns or ())] + (
         ["sample_index", "sample_offset"] if with_sample_index else []
     )
     require_shard_files(directory, manifest)

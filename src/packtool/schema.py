@@ -48,8 +48,9 @@ class Column:
         name: the column's name everywhere (Parquet column, tar member ``KEY.NAME.npy``, loader field).
         dtype: NumPy dtype of its values, as stored.
         per: ``token`` (``N`` values per pack), ``bit`` (``ceil(N / 8)`` bytes per pack, a bit per token),
-            ``segment`` (one per ``seq_lens`` entry: the pieces, then the padding if any) or ``piece``
-            (one per piece of a sample).
+            ``segment`` (one per ``seq_lens`` entry: the pieces, then the padding if any), ``piece``
+            (one per piece of a sample) or ``image`` (one per image of a vision-language pack, in pack
+            order; the manifest's ``image_columns``, never in ``column_names``).
         optional: written only when the input carries it, or only in one layout (``column_names``).
         meaning: one line, for docs and dataset cards.
         stored_only: a column of the ``minimal`` layout that readers turn back into the columns it
@@ -93,11 +94,20 @@ PACK_COLUMNS: tuple[Column, ...] = (
         "loss_mask, 8 tokens a byte (numpy.packbits; minimal layout)",
         stored_only=True,
     ),
+    # vision-language packs (docs/vision.md): each image's run of image tokens; the image's encoded bytes
+    # are the ``images`` column beside these (IMAGES), not a NumPy column
+    Column("image_sample", np.dtype(np.int32), "image", True, "each image's sample: its piece in the pack"),
+    Column("image_offset", np.dtype(np.int32), "image", True, "where its run of image tokens starts"),
+    Column("image_length", np.dtype(np.int32), "image", True, "its image tokens (the processor's count)"),
+    Column("image_height", np.dtype(np.int32), "image", True, "its height in pixels (from its header)"),
+    Column("image_width", np.dtype(np.int32), "image", True, "its width in pixels (from its header)"),
 )
 COLUMNS: dict[str, Column] = {c.name: c for c in PACK_COLUMNS}
 TOKEN_COLUMNS = tuple(c.name for c in PACK_COLUMNS if c.per == "token")  # (N,) per pack
 FIXED_COLUMNS = tuple(c.name for c in PACK_COLUMNS if c.per in ("token", "bit"))  # as many values per pack
 TRAINING_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lens")  # every pack read has these
+IMAGES = "images"  # each image's encoded bytes as read, and its name: list<struct<bytes, path>> per pack
+IMAGE_COLUMNS = (IMAGES, *(c.name for c in PACK_COLUMNS if c.per == "image"))  # a vision output's extra
 
 
 def column_names(
@@ -120,7 +130,9 @@ def column_names(
     ['input_ids', 'seq_lens', 'sample_index', 'sample_offset', 'next_label', 'loss_mask_bits']
     """
     optional = {"loss_mask": has_loss_mask, "cp_padding": has_cp_padding}
-    names = [c.name for c in PACK_COLUMNS if not c.stored_only and optional.get(c.name, True)]
+    names = [
+        c.name for c in PACK_COLUMNS if not c.stored_only and c.per != "image" and optional.get(c.name, True)
+    ]
     if layout == "full":
         return names
     drop = {"position_ids", "loss_mask"} | ({"labels"} if labels_rebuilt else set())

@@ -312,3 +312,60 @@ class Histogram:
     def per_pack(cls, counts: np.ndarray) -> Histogram:
         """Pieces per pack, one bin per count."""
         return cls.of(counts, np.arange(0, (int(counts.max()) if len(counts) else 1) + 2))
+
+
+# --- images (vision-language outputs: docs/vision.md) ------------------------------------------------
+def step_spread(image_tokens_in_order: np.ndarray, ranks: int) -> np.ndarray:
+    """``(num_full_steps,)`` int64: per step of ``ranks`` consecutive packs (one pack per data-parallel
+    rank), the most image tokens less the fewest.
+
+    >>> step_spread(np.array([0, 90, 5, 100, 3]), 2).tolist()
+    [90, 95]
+    """
+    tokens = np.asarray(image_tokens_in_order, dtype=np.int64)
+    steps = tokens[: len(tokens) // ranks * ranks].reshape(-1, ranks)
+    return steps.max(axis=1) - steps.min(axis=1)
+
+
+def image_stats(
+    image_length: np.ndarray, image_offsets: np.ndarray, pack_tokens: np.ndarray, ranks: int = 8
+) -> dict[str, Any]:
+    """Image statistics of packs in their order: the images and image tokens in all, the image tokens'
+    share of the packs' tokens, images per pack (mean, max, and a histogram of counts), image tokens per
+    image (min, mean, max), and the spread of image tokens across steps of ``ranks`` consecutive packs
+    (``step_spread``: mean and max). Plain ints and floats (the manifest's ``vision.images``, ``inspect``).
+
+    Args:
+        image_length: flat image tokens of every image, pack after pack.
+        image_offsets: ``(num_packs + 1,)`` where each pack's images start in ``image_length``.
+        pack_tokens: ``(num_packs,)`` tokens of each pack (``N``, padding included).
+
+    >>> s = image_stats(np.array([3, 2]), np.array([0, 2, 2]), np.array([8, 8]), ranks=2)
+    >>> s["images"], s["image_tokens"], s["image_token_share"], s["images_per_pack_histogram"]
+    (2, 5, 0.3125, {0: 1, 2: 1})
+    >>> s["step_spread_max"]
+    5
+    """
+    flat = np.asarray(image_length, dtype=np.int64)
+    offsets = np.asarray(image_offsets, dtype=np.int64)
+    per_pack = np.diff(offsets)
+    cum = np.concatenate([[0], np.cumsum(flat)])
+    tokens_per_pack = cum[offsets[1:]] - cum[offsets[:-1]]
+    counts, frequency = np.unique(per_pack, return_counts=True)
+    spread = step_spread(tokens_per_pack, ranks) if len(tokens_per_pack) >= ranks else np.zeros(0, np.int64)
+    total = int(np.asarray(pack_tokens, dtype=np.int64).sum())
+    return {
+        "packs": int(len(per_pack)),
+        "images": int(flat.size),
+        "image_tokens": int(flat.sum()),
+        "image_token_share": float(flat.sum() / max(1, total)),
+        "images_per_pack_mean": float(per_pack.mean()) if len(per_pack) else 0.0,
+        "images_per_pack_max": int(per_pack.max()) if len(per_pack) else 0,
+        "images_per_pack_histogram": {int(c): int(f) for c, f in zip(counts, frequency, strict=True)},
+        "tokens_per_image_min": int(flat.min()) if flat.size else 0,
+        "tokens_per_image_mean": float(flat.mean()) if flat.size else 0.0,
+        "tokens_per_image_max": int(flat.max()) if flat.size else 0,
+        "ranks": int(ranks),
+        "step_spread_mean": float(spread.mean()) if spread.size else 0.0,
+        "step_spread_max": int(spread.max()) if spread.size else 0,
+    }

@@ -291,7 +291,15 @@ def test_pack_shows_where_each_piece_comes_from_and_what_is_trained(tmp_path: Pa
             cwd=tmp_path)  # fmt: skip
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    p = json.loads(run_cli("inspect", "../out", "--pack", "1", "--decode", "--json", cwd=elsewhere).stdout)
+    plain = json.loads(run_cli("inspect", "../out", "--pack", "1", "--json", cwd=elsewhere).stdout)
+    assert plain["pieces"][0]["source"] == {  # from the manifest alone: nothing outside the output opened
+        "source": "data/sft.jsonl",
+        "sample_in_source": 0,
+        "row_kind": None,
+        "row": None,
+    }
+    locate = ["--locate", "--decode", "--json"]
+    p = json.loads(run_cli("inspect", "../out", "--pack", "1", *locate, cwd=elsewhere).stdout)
     first = p["pieces"][0]
     assert first["continuation"] and first["sample_offset"] == 32 and first["sample_index"] == 0
     assert first["source"] == {
@@ -304,14 +312,12 @@ def test_pack_shows_where_each_piece_comes_from_and_what_is_trained(tmp_path: Pa
     # all of it is the completion; its first token's target was taken in the pack before (shifted labels)
     assert [seg["trained"] for seg in first["segments"]] == [False, True]
     assert len(first["segments"][0]["text"].split()) <= 1
-    whole = json.loads(
-        run_cli("inspect", "../out", "--pack", "0", "--decode", "--json", cwd=elsewhere).stdout
-    )
+    whole = json.loads(run_cli("inspect", "../out", "--pack", "0", *locate, cwd=elsewhere).stdout)
     start = whole["pieces"][0]
     assert not start["continuation"] and start["sample_offset"] == 0
     assert [seg["trained"] for seg in start["segments"]] == [False, True]  # the prompt, then the answer
     assert "question 0?" in start["segments"][0]["text"] and "answer 0" in start["segments"][1]["text"]
     text = run_cli(
-        "inspect", "../out", "--pack", "1", "--decode", cwd=elsewhere, env={"COLUMNS": "200"}
+        "inspect", "../out", "--pack", "1", "--locate", "--decode", cwd=elsewhere, env={"COLUMNS": "200"}
     ).stdout
     assert "data/sft.jsonl:1" in text and "32 (continued)" in text and "continued from token 32" in text

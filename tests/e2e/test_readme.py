@@ -79,6 +79,7 @@ def columns_table() -> str:
         "bit": "ceil(N / 8) bytes",
         "segment": "one per piece, +1 for padding",
         "piece": "one per piece",
+        "image": "one per image (vision)",
     }
     rows = ["| column | stored as | values per pack | meaning |", "|---|---|---|---|"]
     for c in PACK_COLUMNS:

@@ -478,6 +478,6 @@ def test_inspect_pack_with_a_non_json_line_in_errors_log(tmp_path: Path):
     args = ["--packed-sequence-size", N, "--on-error", "skip", "-q"]
     run_cli("pack", src, *TOK, *args, "-o", tmp_path / "out")
     (tmp_path / "out" / "errors.jsonl").write_text("not json at all\n")
-    proc = run_cli("inspect", tmp_path / "out", "--pack", 0, check=False)
+    proc = run_cli("inspect", tmp_path / "out", "--pack", 0, "--locate", check=False)
     assert proc.returncode == 0, proc.stderr
     assert "pack 0" in proc.stdout.lower()

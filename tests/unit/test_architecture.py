@@ -40,6 +40,7 @@ DEFERRED = {
     },
     "packtool.readers.inputs": {"packtool.readers.hf"},  # datasets is slow to import
     "packtool.pipeline.engines": {"packtool.pipeline.engines.ray"},  # the ray extra
+    "packtool.pipeline.run": {"packtool.vision.run"},  # the vision extra: Pillow, transformers
 }
 # importer -> third-party modules it may import inside a function (each site says why)
 DEFERRED_THIRD_PARTY = {"packtool.config_file": {"yaml"}}  # yaml: ~20 ms of every start-up
@@ -237,6 +238,10 @@ DRIVER_READS = {
         "encoding.text_field",
         "encoding.labels",  # bound into the run_id (binding.reading_fields); given labels equal to the ids
         "encoding.tokens",  # the BOS/EOS the user named: one the tokenizer had to guess is warned of
+        "encoding.is_vision",  # vision-language samples go to packtool.vision.run
+        "packing.cp_size",  # refused for vision samples: no context-parallel padding around image spans
+        "packing.long_samples",  # truncate/split refused for vision samples: an image is never cut
+        "output.webdataset",  # --shard-max-bytes refused for vision samples: the plan knows no image bytes
         "output.columns",
         "output.format",
         "output.output",
@@ -265,6 +270,21 @@ DRIVER_READS = {
         "packing.cp_size",
         "packing.packed_sequence_size",
         "packing.pad_token_id",
+    },
+    # the vision-language driver (packtool pack --processor): what pipeline.run reads, for its own run
+    "packtool.vision.run": {
+        "encoding.labels",
+        "encoding.vision",  # the processor, --balance-visual-tokens
+        "output.columns",
+        "output.format",
+        "packing.max_packs",
+        "packing.packed_sequence_size",
+        "packing.pad_token_id",
+        "packing.seed",
+        "packing.val_fraction",
+        "reading.inputs",
+        "running.on_error",
+        "running.strict",
     },
     "packtool.verify.source": {"encoding.text_field", "reading.inputs", "reading.split", "running.on_error"},
     "packtool.inspect.sources": {"encoding.text_field", "reading.split"},  # inspect --pack re-reads a source

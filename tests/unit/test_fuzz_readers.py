@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 
 from packtool.errors import PacktoolError
 from packtool.formats import tar
+from packtool.inspect import inspect_report, pack_report
+from packtool.inspect.render import render_pack, render_report
 from packtool.reading import read_packs
 from packtool.verify import verify_output
 from tests.conftest import DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
@@ -82,8 +84,8 @@ def guarded(root: Path):
 
 
 def read_all(out: Path) -> None:
-    """What a reader of an untrusted output may do: read its packs (checks on and off) and verify it,
-    stopping only with packtool's own errors."""
+    """What a reader of an untrusted output may do: read its packs (checks on and off), verify it and
+    report on it (``inspect``, its first pack too), stopping only with packtool's own errors."""
     for checksums in (True, False):
         try:
             for _ in read_packs(out, verify_checksums=checksums):
@@ -92,6 +94,15 @@ def read_all(out: Path) -> None:
             pass
     try:
         verify_output(out)
+    except PacktoolError:
+        pass
+    for full in (False, True):
+        try:
+            render_report(inspect_report(out, full=full))
+        except PacktoolError:
+            pass
+    try:
+        render_pack(pack_report(out, 0))
     except PacktoolError:
         pass
 

@@ -11,7 +11,7 @@ from packtool.conventions import LABELS
 from packtool.errors import ConfigError
 from packtool.option_types import Applies, OptionGroup, option
 
-SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat")
+SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat", "vision")
 LOSS_ON = ("assistant", "last", "all")
 EMPTY_LOSS_POLICIES = ("drop", "keep", "error")
 
@@ -79,6 +79,26 @@ class FineTuningOptions(OptionGroup):
     ) = "drop"
 
 
+class VisionOptions(OptionGroup):
+    """``--sample-format vision``'s own options: images with their tokens (docs/vision.md). With
+    ``--processor`` and ``--sample-format auto`` the samples are vision samples."""
+
+    section = "encoding"
+    applies = Applies("sample_format", ("vision",))
+
+    processor: option(
+        str | None,
+        "Vision-language samples: the model's processor directory (what AutoProcessor loads, offline); its "
+        "tokenizer and chat template encode the samples, its image processor counts each image's tokens.",
+    ) = None
+    balance_visual_tokens: option(
+        int | None,
+        "Order the packs so that each run of this many consecutive packs (one step of that many "
+        "data-parallel ranks) carries similar image tokens; before --val-fraction's hold-out.",
+        gt=0,
+    ) = None
+
+
 class EncodingOptions(OptionGroup):
     """How records become input_ids, labels and loss_mask."""
 
@@ -101,6 +121,14 @@ class EncodingOptions(OptionGroup):
     prompt_completion: PromptCompletionOptions = msgspec.field(default_factory=PromptCompletionOptions)
     chat: ChatOptions = msgspec.field(default_factory=ChatOptions)
     fine_tuning: FineTuningOptions = msgspec.field(default_factory=FineTuningOptions)
+    vision: VisionOptions = msgspec.field(default_factory=VisionOptions)
+
+    @property
+    def is_vision(self) -> bool:
+        """Whether the samples are vision-language ones: ``--sample-format vision``, or ``auto`` with a
+        ``--processor``."""
+        auto = self.sample_format == "auto" and self.vision.processor is not None
+        return self.sample_format == "vision" or auto
 
     def check(self) -> None:
         """``ConfigError`` for a token named for BOS or EOS that nothing adds."""
@@ -111,3 +139,12 @@ class EncodingOptions(OptionGroup):
                     f"--{end}-token {token} and --add-{end} off conflict: --{end}-token names the token "
                     f"--add-{end} adds; drop one"
                 )
+        if self.sample_format == "vision" and not self.vision.processor:
+            raise ConfigError(
+                "--sample-format vision needs --processor DIR (the model's processor directory)"
+            )
+        if self.is_vision and self.tokenizer:
+            raise ConfigError(
+                "--tokenizer does not apply to vision samples: the --processor directory's tokenizer "
+                "encodes them; drop it"
+            )

@@ -122,10 +122,12 @@ class UnitReader(ABC):
 
     def read(self, shard: int, part: int, columns: list[str]) -> PackArrays:
         """Unit ``part`` of shard ``shard`` (positions in the manifest), with ``columns`` as readers give
-        them (the training columns always; ``loss_mask``, ``sample_index``/``sample_offset`` when named),
-        whatever the layout stores (``packtool.layout``). Raises one of ``UNIT_ERRORS`` or
+        them (the training columns always; ``loss_mask``, ``sample_index``/``sample_offset`` and a
+        vision-language output's image columns, ``schema.IMAGE_COLUMNS``, when named), whatever the layout
+        stores (``packtool.layout``). Raises one of ``UNIT_ERRORS`` or
         ``PacktoolError`` when the unit cannot be read as the manifest describes it."""
-        stored = self.read_stored(shard, part, stored_columns(self.manifest.columns, columns))
+        images = [c for c in self.manifest.image_columns or () if c in columns]  # stored as they are
+        stored = self.read_stored(shard, part, stored_columns(self.manifest.columns, columns) + images)
         return rebuild(stored, self.manifest, columns)
 
     @abstractmethod

@@ -7,6 +7,12 @@ file's key-value metadata ``packtool`` holds ``{"run_id", "shard", "first_pack",
 so a shard can be matched to its manifest.
 
 A read unit is a row group: the loader decodes one at a time with Arrow.
+
+A vision-language output (``Manifest.image_columns``) adds, per pack, ``images``
+(``list<struct<bytes: binary, path: string>>``: each image's encoded bytes as read and its name, the
+struct ``datasets.Image`` stores) and the per-image ``list<int32>`` columns (``image_sample``,
+``image_offset``, ``image_length``, ``image_height``, ``image_width``); the schema then carries the
+``huggingface`` features metadata (``hf_features``), so that ``datasets`` types ``images`` as images.
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ from packtool.formats.base import (
     shard_meta_problems,
 )
 from packtool.formats.options import OutputOptions
-from packtool.manifest import COLUMNS, SHARD_FORMAT_VERSION, Manifest, ShardEntry
+from packtool.manifest import COLUMNS, IMAGE_COLUMNS, SHARD_FORMAT_VERSION, Manifest, ShardEntry
 from packtool.packs import PackArrays
+from packtool.schema import IMAGES
 from packtool.threads import prefetch
 
 METADATA_KEY = b"packtool"
@@ -48,22 +55,27 @@ GATHER_TOKENS = 1 << 20
 @dataclass(frozen=True)
 class ParquetFields:
     """A Parquet shard entry's own fields (``ShardEntry.fields``): ``row_groups``, the packs of each row
-    group (the loader's read units), and ``row_group_offsets``, the byte offset of each, then the end.
-    Either may be absent (``None``); any other field there is not this format's and is left alone.
+    group (the loader's read units), and ``row_group_offsets``, the byte offset of each, then the end;
+    a vision-language shard's ``image_bytes``, what its ``images`` bytes take uncompressed (the bound
+    ``footer_problem`` holds the column to). Any may be absent (``None``); any other field there is not
+    this format's and is left alone.
 
     >>> ParquetFields.of(ShardEntry("p", 0, 3, 9, 10, "ab", fields={"row_groups": [2, 1], "x": 1}))
-    ParquetFields(row_groups=[2, 1], row_group_offsets=None)
+    ParquetFields(row_groups=[2, 1], row_group_offsets=None, image_bytes=None)
     """
 
     row_groups: list[int] | None = None
     row_group_offsets: list[int] | None = None
+    image_bytes: int | None = None
 
     @classmethod
     def of(cls, entry: ShardEntry) -> ParquetFields:
-        return cls(entry.fields.get("row_groups"), entry.fields.get("row_group_offsets"))
+        f = entry.fields
+        return cls(f.get("row_groups"), f.get("row_group_offsets"), f.get("image_bytes"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"row_groups": self.row_groups, "row_group_offsets": self.row_group_offsets}
+        images = {} if self.image_bytes is None else {"image_bytes": self.image_bytes}
+        return {"row_groups": self.row_groups, "row_group_offsets": self.row_group_offsets, **images}
 
 
 # --- writing -------------------------------------------------------------------------------------------
@@ -81,13 +93,40 @@ _ARROW = {
 }
 
 
+IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # datasets.Image's storage
+IMAGE_BYTES_PATH = f"{IMAGES}.list.element.bytes"  # the column chunk of the images' bytes
+
+
 def packs_table(packs: PackArrays) -> pa.Table:
-    """The packs as one Arrow table in the stored column order (one row per pack): every column held."""
+    """The packs as one Arrow table in the stored column order (one row per pack): every column held,
+    ``images`` before the per-image columns when the packs have images."""
     cols = {}
     for name in packs.present():
+        if name == IMAGE_COLUMNS[1] and packs.images is not None:
+            offsets = arrow_array(packs.image_sample_offsets, pa.int32())
+            cols[IMAGES] = pa.ListArray.from_arrays(offsets, packs.images.cast(IMAGE))
         values, offsets = packs.parts(name)
         cols[name] = _list(values, offsets, _ARROW[COLUMNS[name].dtype])
-    return pa.table(cols)
+    table = pa.table(cols)
+    return table if packs.images is None else table.replace_schema_metadata(hf_features(table.schema))
+
+
+def hf_features(schema: pa.Schema) -> dict[bytes, bytes]:
+    """The ``huggingface`` schema metadata of a table of packs (what ``datasets.Features.arrow_schema``
+    writes): every column a list of its value type, ``images`` a list of ``Image``, so that
+    ``datasets.load_dataset`` decodes the images.
+
+    >>> hf_features(pa.schema([("input_ids", pa.list_(pa.int32()))]))[b"huggingface"][:40]
+    b'{"info": {"features": {"input_ids": {"fe'
+    """
+    features = {}
+    for f in schema:
+        if f.name == IMAGES:
+            inner = {"decode": True, "_type": "Image"}
+        else:
+            inner = {"dtype": str(f.type.value_type), "_type": "Value"}
+        features[f.name] = {"feature": inner, "_type": "List"}
+    return {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
 
 
 def write_parquet_shard(
@@ -106,7 +145,8 @@ def write_parquet_shard(
             # the next block's tokens are gathered (NumPy, mostly holding the GIL) while Arrow encodes and
             # compresses this one (C++, without it)
             for table in prefetch(packs_table(block) for block in blocks):
-                table = table.replace_schema_metadata({METADATA_KEY: json.dumps(metadata, sort_keys=True)})
+                own = {METADATA_KEY: json.dumps(metadata, sort_keys=True).encode()}
+                table = table.replace_schema_metadata({**(table.schema.metadata or {}), **own})
                 if writer is None:
                     writer = pq.ParquetWriter(
                         tmp,
@@ -125,7 +165,19 @@ def write_parquet_shard(
             raise ValueError("write_parquet_shard: no packs to write")
     md = pq.ParquetFile(path).metadata
     groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-    return ParquetFields(groups, row_group_offsets(md)).to_dict()
+    return ParquetFields(groups, row_group_offsets(md), image_bytes(md)).to_dict()
+
+
+def image_bytes(md: pq.FileMetaData) -> int | None:
+    """What the ``images`` column's bytes take uncompressed in the file (its row groups' largest), or None
+    for a shard without images."""
+    sizes = [
+        rg.column(j).total_uncompressed_size
+        for rg in (md.row_group(i) for i in range(md.num_row_groups))
+        for j in range(rg.num_columns)
+        if rg.column(j).path_in_schema == IMAGE_BYTES_PATH
+    ]
+    return max(sizes) if sizes else None
 
 
 def row_group_offsets(md: pq.FileMetaData) -> list[int]:
@@ -195,7 +247,17 @@ def table_packs(table: pa.Table, n: int) -> PackArrays:
         if name in COLUMNS:
             offsets, values = _column(table, name)
             parts[name] = (values, offsets)
-    return PackArrays.from_parts(parts, n)
+    packs = PackArrays.from_parts(parts, n)
+    if IMAGES in table.column_names:
+        column = table.column(IMAGES)
+        images = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        offsets = np.asarray(images.offsets, dtype=np.int64)
+        counted = packs.image_sample_offsets
+        if counted is not None and not np.array_equal(offsets - offsets[0], counted):
+            raise ValueError(f"column '{IMAGES}' does not hold one value per image in every row")
+        packs.images = images.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        packs.image_sample_offsets = offsets - offsets[0]
+    return packs
 
 
 class ParquetUnitReader(UnitReader):
@@ -236,7 +298,7 @@ class ParquetUnitReader(UnitReader):
 
     def read_stored(self, shard: int, part: int, columns: list[str]) -> PackArrays:
         entry = self.manifest.shards[shard]
-        want = [c for c in self.manifest.columns if c in columns]
+        want = [c for c in [*self.manifest.columns, *(self.manifest.image_columns or ())] if c in columns]
         table = self._file(shard).read_row_group(part, columns=want, use_threads=False)
         expected = (ParquetFields.of(entry).row_groups or [entry.num_packs])[part]
         if table.num_rows != expected:
@@ -255,7 +317,8 @@ def footer_problem(md: pq.FileMetaData, entry: ShardEntry, n: int, exact: bool =
     make a reader allocate them. Its rows must be the entry's packs (row group by row group when the entry
     lists them); no column chunk may declare more than ``rows * (n + 1)`` values (the most a column holds:
     a token column ``n`` a pack, the piece columns at most ``n + 1``) or more than 16 bytes a value
-    uncompressed (8 for the widest dtype, the rest for levels and page headers), plus 64 KiB. With
+    uncompressed (8 for the widest dtype, the rest for levels and page headers), plus 64 KiB; the images'
+    bytes of a vision-language shard may take the ``image_bytes`` its entry records more. With
     ``exact=False`` (``verify``, which reports the counts itself) fewer rows than the entry's pass."""
     groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
     if sum(groups) > entry.num_packs or (exact and sum(groups) != entry.num_packs):
@@ -263,12 +326,14 @@ def footer_problem(md: pq.FileMetaData, entry: ShardEntry, n: int, exact: bool =
     recorded = ParquetFields.of(entry).row_groups
     if exact and recorded is not None and groups != list(recorded):
         return f"its footer declares row groups {groups}, the manifest {recorded}"
+    images = ParquetFields.of(entry).image_bytes or 0
     for i, rows in enumerate(groups):
         rg = md.row_group(i)
         most = rows * (n + 1)
         for j in range(rg.num_columns):
             col = rg.column(j)
-            if col.num_values > most or col.total_uncompressed_size > 16 * most + (1 << 16):
+            extra = images if col.path_in_schema == IMAGE_BYTES_PATH else 0
+            if col.num_values > most or col.total_uncompressed_size > 16 * most + (1 << 16) + extra:
                 return (
                     f"row group {i}, column {col.path_in_schema}: its footer declares {col.num_values:,} "
                     f"values ({col.total_uncompressed_size:,} bytes), more than {rows:,} packs of {n} hold"

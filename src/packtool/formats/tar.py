@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import re
 import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -57,6 +58,28 @@ def tarinfo(name: str, size: int) -> tarfile.TarInfo:
     ti.uid = ti.gid = 0
     ti.uname = ti.gname = ""
     return ti
+
+
+# a vision-language pack's images: member KEY.img{k}.{ext}, the image's original bytes and extension, so that
+# webdataset's and Energon's decoders pick their image decoder by the last extension
+IMAGE_MEMBER = re.compile(r"img(\d+)\.([a-z0-9]+)")
+IMAGE_EXTENSIONS = ("png", "jpg", "jpeg", "webp", "gif", "bmp", "tif", "tiff")
+IMAGE_MAGIC = ((b"\x89PNG", "png"), (b"\xff\xd8\xff", "jpg"), (b"GIF8", "gif"), (b"BM", "bmp"),
+               (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"))  # fmt: skip
+
+
+def image_member(k: int, path: str | None, data: bytes) -> str:
+    """The extension of a pack's ``k``-th image member: ``img{k}.`` and the image's own extension (its
+    name's, else the one its first bytes say; ``bin`` when neither is an image format's).
+
+    >>> image_member(0, "pics/cat.JPG", b""), image_member(1, None, b"RIFF....WEBPVP8 ")
+    ('img0.jpg', 'img1.webp')
+    """
+    ext = (path or "").rpartition(".")[2].lower() if "." in (path or "") else ""
+    if ext not in IMAGE_EXTENSIONS:
+        webp = data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+        ext = "webp" if webp else next((e for magic, e in IMAGE_MAGIC if data.startswith(magic)), "bin")
+    return f"img{k}.{ext}"
 
 
 META = "json"  # a full pack's metadata member

@@ -6,7 +6,9 @@ nine digits (``000000123``), ``EXT`` each column the manifest's ``columns`` name
 ``{"pack_index", "num_tokens", "num_samples", "run_id", "shard"}`` (``run_id``/``shard`` match a shard to
 its manifest). In the ``minimal`` layout the small columns (all but ``input_ids`` and a stored ``labels``)
 and the ``.json``'s keys are the fields of one member instead, ``small_columns.npy`` (``tar.pack_members``,
-``tar.PACK_META``). Members follow the
+``tar.PACK_META``). A vision-language pack adds its image columns like the others and one member per image,
+``KEY.img{k}.{ext}``: the image's original bytes and extension (``tar.image_member``); readers give them
+as the ``images`` column with the member's name as ``path``. Members follow the
 ``webdataset.TarWriter`` conventions (USTAR, a sample's members adjacent and sorted by extension) and are
 written by ``tarfile`` with fixed metadata, so a shard is byte-identical for every run and ``num_proc``.
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from packtool.arrays import concat_ragged
 from packtool.errors import ConfigError, InputError, PacktoolError
@@ -40,10 +43,12 @@ from packtool.formats.base import ShardMeta, ShardMismatch, ShardReader, ShardWr
 from packtool.formats.options import OutputOptions
 from packtool.formats.tar import (
     BLOCK,
+    IMAGE_MEMBER,
     INDEX_SUFFIX,
     META,
     RECORD,
     SMALL_COLUMNS,
+    image_member,
     member_size,
     npy_bytes,
     npy_size,
@@ -59,7 +64,7 @@ from packtool.formats.webdataset_index import write_dataset_index
 from packtool.manifest import COLUMNS, Column, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
-from packtool.schema import pieces_per_pack
+from packtool.schema import IMAGES, pieces_per_pack
 
 
 def pack_json(pack_index: int, num_tokens: int, num_samples: int, run_id: str, shard: int) -> bytes:
@@ -178,6 +183,10 @@ def write_tar_shard(
                             members[ext] = npy_bytes(record(arrays, meta))
                         else:
                             members[ext] = npy_bytes(arrays[names[0]])
+                    if packs.images is not None:  # KEY.img{k}.{ext}: each image's bytes as read
+                        a, b = packs.image_sample_offsets[i], packs.image_sample_offsets[i + 1]
+                        for k, image in enumerate(packs.images.slice(a, b - a).to_pylist()):
+                            members[image_member(k, image["path"], image["bytes"])] = image["bytes"]
                     for ext in sorted(members):  # webdataset.TarWriter's order
                         data = members[ext]
                         archive.addfile(tar.tarinfo(f"{key}.{ext}", len(data)), io.BytesIO(data))
@@ -236,6 +245,9 @@ def _stored_columns(
     in ``buf``: ``NAME.npy``, and the fields of ``small_columns.npy``), as array copies by name (``buf``
     may close after)."""
     out = {}
+    if IMAGES in columns:  # a vision-language pack's image members, in image order
+        images = sorted((int(m[1]), ext) for ext in found if (m := IMAGE_MEMBER.fullmatch(ext)))
+        out[IMAGES] = [(f"{key}.{ext}", bytes(buf[found[ext][0] : sum(found[ext])])) for _, ext in images]
     for ext, (offset, size) in found.items():
         if ext == SMALL_COLUMNS:
             name = f"{key}.{ext}"
@@ -249,9 +261,20 @@ def _stored_columns(
 def stack_packs(packs: list[dict[str, np.ndarray]], n: int) -> PackArrays:
     """Pack dicts of one shard (consecutive; stored columns by name) as ``PackArrays`` of packs of ``n``
     tokens; ``ValueError`` as ``PackArrays.from_parts`` raises it."""
-    names = packs[0] if packs else ()
+    names = [name for name in (packs[0] if packs else ()) if name != IMAGES]
     parts = {name: concat_ragged([p[name] for p in packs], COLUMNS[name].dtype) for name in names}
-    return PackArrays.from_parts(parts, n)
+    out = PackArrays.from_parts(parts, n)
+    if packs and IMAGES in packs[0]:  # (member name, bytes) per image: as the images column holds them
+        counts = [len(p[IMAGES]) for p in packs]
+        if out.image_sample_offsets is not None and np.diff(out.image_sample_offsets).tolist() != counts:
+            raise ValueError("a pack's image members are not one per image_* value")
+        flat = [image for p in packs for image in p[IMAGES]]
+        out.images = pa.StructArray.from_arrays(
+            [pa.array([b for _, b in flat], pa.binary()), pa.array([m for m, _ in flat], pa.string())],
+            names=["bytes", "path"],
+        )
+        out.image_sample_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return out
 
 
 def read_tar_packs(
@@ -384,14 +407,15 @@ class TarReader(ShardReader):
             if len(groups) != 1:
                 return None
             key, _, found, _ = groups[0]
-            pack = _stored_columns(path, key, found, data, COLUMNS)
+            pack = _stored_columns(path, key, found, data, [*COLUMNS, IMAGES])
         except PacktoolError:  # a damaged member: reading in order says so, as for any format
             return None
         n = manifest.packed_sequence_size
-        if any(c not in pack for c in manifest.columns) or pack["input_ids"].shape != (n,):
+        stored = [*manifest.columns, *(manifest.image_columns or ())]
+        if any(c not in pack for c in stored) or pack["input_ids"].shape != (n,):
             return None
         try:
-            return stack_packs([{c: pack[c] for c in manifest.columns}], n)
+            return stack_packs([{c: pack[c] for c in stored}], n)
         except ValueError:
             return None
 

@@ -29,7 +29,7 @@ from packtool.formats.registry import get_format
 from packtool.inspect.sources import locate_samples
 from packtool.layout import rebuild
 from packtool.manifest import IGNORE_INDEX, Histogram, Manifest, SamplesPerPack, total_stats
-from packtool.reading import shard_file_problem
+from packtool.reading import load_manifest, shard_file_problem
 from packtool.safepath import output_file_problem
 from packtool.schema import one_pack_offsets, per_pack_sum, piece_lengths, piece_spans, piece_starts
 from packtool.verify import Problem, VerifyReport, iter_batches
@@ -44,7 +44,7 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
     ``fill_rate`` and what its own metadata says) and ``histograms``. ``warnings`` lists every
     disagreement between the manifest and the files; ``full`` adds ``recomputed`` (from the data).
     """
-    m = Manifest.load(directory)
+    m = load_manifest(directory)  # its fields of their types: the report computes with them
     n = m.packed_sequence_size
     fmt = get_format(m.shard_format)
     warnings: list[str] = []
@@ -101,7 +101,9 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         "histograms": {k: dataclasses.asdict(h) for k, h in m.histograms.items()},
         "warnings": warnings,
     }
-    if full:
+    if full and "sample_index" not in m.columns:  # every figure is recomputed by it
+        warnings.append("manifest: it lists no sample_index column; the figures cannot be recomputed")
+    elif full:
         report["recomputed"] = recompute_stats(directory, m, warnings)
         for key, value in report["recomputed"].items():
             if key in stats and value != stats[key]:
@@ -236,18 +238,27 @@ def _why(problems: list[Problem], index: int) -> str:
 
 
 def pack_report(
-    directory: str | Path, index: int, *, decode: bool = False, tokenizer: str | None = None
+    directory: str | Path,
+    index: int,
+    *,
+    decode: bool = False,
+    tokenizer: str | None = None,
+    locate: bool = False,
 ) -> dict:
     """One pack: its ``seq_lens``, ``sample_index``, and where each piece comes from.
 
     Returns ``{"pack", "shard", "row", "seq_lens", "sample_index", "pieces": [...], "padding_tokens",
     "fill_rate"}``. Each piece has ``sample_index``, ``offset`` (its place in the pack), ``length``,
     ``sample_offset`` (where it starts in its sample), ``continuation`` (it continues a sample begun in
-    an earlier pack) and ``source`` (``{"source", "row_kind", "row", "sample_in_source"}``). With
-    ``decode``, ``text`` and ``segments``: the text cut where the tokens go from trained (a target of
-    the loss) to untrained and back, decoded with the run's tokenizer (or ``tokenizer``).
+    an earlier pack) and ``source`` (``{"source", "row_kind", "row", "sample_in_source"}``; ``row`` is
+    found with ``locate``, which reads the run's input files). With ``decode``, ``text`` and ``segments``:
+    the text cut where the tokens go from trained (a target of the loss) to untrained and back, decoded
+    with the run's tokenizer (or ``tokenizer``). Without ``locate`` and ``decode`` nothing outside
+    ``directory`` is opened.
     """
-    m = Manifest.load(directory)
+    m = load_manifest(directory)
+    if "sample_index" not in m.columns:
+        raise InputError(f"{directory}: the manifest lists no sample_index column; pieces cannot be traced")
     n = m.packed_sequence_size
     pack, shard, row = read_one_pack(directory, m, index)
     seq_lens = [int(x) for x in pack["seq_lens"]]
@@ -258,7 +269,7 @@ def pack_report(
     lengths = piece_lengths(*layout, np.array(cp_padding, dtype=np.int64))  # less cp_size padding
     offsets = piece_starts(piece_spans(*layout), layout[2])
     used = int(lengths.sum())
-    where = locate_samples(directory, m, samples)
+    where = locate_samples(directory, m, samples, read_inputs=locate)
     pieces = [
         {
             "sample_index": s,

@@ -21,10 +21,16 @@ from packtool.readers.inputs import read_inputs
 from packtool.safepath import output_file_problem
 
 
-def locate_samples(directory: str | Path, manifest: Manifest, samples: list[int]) -> dict[int, dict]:
+def locate_samples(
+    directory: str | Path, manifest: Manifest, samples: list[int], *, read_inputs: bool = False
+) -> dict[int, dict]:
     """``{sample: {"source", "sample_in_source", "row_kind", "row"}}`` for input samples ``samples``
     (``row`` is ``None`` where it cannot be told). Samples a custom policy made (numbered past the input)
-    and outputs of runs before inputs recorded their counts are left out."""
+    and outputs of runs before inputs recorded their counts are left out.
+
+    The input and the sample's place in it come from the manifest alone. ``row`` needs ``read_inputs``:
+    the input files the manifest names are then read, outside ``directory`` (``inspect --pack --locate``,
+    asked for by the user: an output read as untrusted opens nothing outside it)."""
     starts, first = [], 0
     for entry in manifest.inputs:
         if entry.num_samples is None:
@@ -40,7 +46,8 @@ def locate_samples(directory: str | Path, manifest: Manifest, samples: list[int]
             continue
         # the inputs the manifest names are read with packtool's readers only (no code), and only where
         # they are regular files or folders (a FIFO or a device would block or never end)
-        found = next((p for p in (entry.source, entry.path) if p and _plain(p)), None)
+        paths = (entry.source, entry.path) if read_inputs else ()
+        found = next((p for p in paths if p and _plain(p)), None)
         try:
             rows = _rows(found, manifest, [s - lo for s in wanted], skipped) if found else {}
         except PacktoolError:  # the input changed since the run: its rows cannot be told

@@ -52,10 +52,10 @@ from packtool.errors import (
     WorkerDied,
 )
 from packtool.formats.card import write_dataset_card
-from packtool.formats.registry import ShardFormat, ShardMeta, get_format
+from packtool.formats.registry import ShardMeta, get_format
 from packtool.manifest import ERRORS_LOG, Manifest
 from packtool.options import PackOptions
-from packtool.packing.planner import PackPlan, hold_out, make_plan, resolve_position_ids
+from packtool.packing.planner import hold_out, make_plan, resolve_position_ids
 from packtool.pipeline import progress
 from packtool.pipeline.content import labels_as_given
 from packtool.pipeline.encode import RunSpec, first_bad_record, precut_limit, worker
@@ -66,8 +66,8 @@ from packtool.pipeline.output import OutputDir
 from packtool.pipeline.report import name_special_tokens
 from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
 from packtool.pipeline.stores import open_store
-from packtool.pipeline.summary import build_manifest, run_stats
-from packtool.pipeline.write import finished_shard, output_columns
+from packtool.pipeline.summary import build_manifest, input_entries, run_stats, with_path
+from packtool.pipeline.write import finished_shard, output_columns, split_shard_ranges
 from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs
 from packtool.version import __version__
 
@@ -96,9 +96,10 @@ def run_pack(
     try:
         with stop_on_interrupt():  # Ctrl-C: "stopping" at once, a second one stops at once
             try:
-                manifest = _run(options, out, show, _Say(say, options.running.quiet))
-            except InputError as e:
-                raise first_bad_record(options, e) from None
+                run = _run_vision if options.encoding.is_vision else _run
+                manifest = run(options, out, show, _Say(say, options.running.quiet))
+            except InputError as e:  # a vision sample's error names its record already
+                raise (e if options.encoding.is_vision else first_bad_record(options, e)) from None
             out.commit(manifest)
         return manifest
     except WorkerDied as e:  # killed from outside (out of memory): keep the work for a resume
@@ -222,6 +223,33 @@ def start_run(options: PackOptions, sample_format: str) -> RunSpec:
     spec = RunSpec(json.dumps(options.to_dict()), sample_format, os.urandom(8).hex())
     worker(spec)
     return spec
+
+
+def check_vision_options(options: PackOptions) -> None:
+    """``ConfigError`` for a packing option that would cut a vision-language sample, and so possibly an
+    image (checked before the vision extra is imported): an image is never split across packs nor
+    truncated through, and context-parallel padding is not laid out around image spans."""
+    packing = options.packing
+    if packing.split_across_pack:
+        raise ConfigError("--split-across-pack would cut images between packs: not available with images")
+    if packing.long_samples not in ("error", "drop"):
+        raise ConfigError(
+            f"--long-samples {packing.long_samples} would cut through images: use error or drop"
+        )
+    if packing.cp_size > 1:
+        raise ConfigError("--cp-size is not available with images (pack with --cp-size 1)")
+    if options.output.webdataset.shard_max_bytes is not None:  # (set only with --format webdataset)
+        raise ConfigError(  # the tar shards are cut from the plan alone, which does not know image bytes
+            "--shard-max-bytes is not available with images: cut tar shards with --shard-size"
+        )
+
+
+def _run_vision(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
+    """A run of vision-language samples (``packtool.vision.run``)."""
+    check_vision_options(options)
+    from packtool.vision.run import run_vision  # the vision extra (Pillow, transformers): for images only
+
+    return run_vision(options, out, show, say)
 
 
 def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
@@ -450,10 +478,10 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
         lengths,
         stats,
         shards,
-        _with_path(identity),
+        with_path(identity),
         sample_format,
         run_id,
-        _with_counts(fingerprint, store.samples_per_source()),
+        input_entries(fingerprint, store.samples_per_source()),
         columns=columns,
     )
     manifest.run_key = run_key
@@ -469,43 +497,6 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
     manifest.warnings = run_warnings
     write_dataset_card(out.partial, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
     return manifest
-
-
-def _with_counts(fingerprint: list[dict], counts: dict[str, int]) -> list[dict]:
-    """The inputs' entries for the manifest, each with the samples it gave (a folder's files add up)."""
-    out = []
-    for entry in fingerprint:
-        src = entry["source"]
-        mine = counts.get(src, 0)
-        if os.path.isdir(src):  # a folder read as one input: its files are the sources
-            prefix = src.rstrip("/") + "/"
-            mine += sum(n for s, n in counts.items() if s.startswith(prefix))
-        path = None if src.startswith("hf:") else os.path.abspath(src)
-        out.append({**entry, "num_samples": mine, "path": path})
-    return out
-
-
-def _with_path(identity: dict) -> dict:
-    """The tokenizer identity for the manifest, with its absolute ``path`` when it is a local file or
-    folder, so that ``inspect --decode`` finds it from any directory (not in the run_id: the same input
-    gives the same shards wherever it lies)."""
-    name = identity.get("name")
-    if identity.get("kind") == "huggingface" and name and os.path.exists(name):
-        return {**identity, "path": os.path.abspath(name)}
-    return identity
-
-
-def split_shard_ranges(
-    fmt: ShardFormat, plan: PackPlan, num_train: int, options: PackOptions, columns: list[str]
-) -> list[tuple[int, int, str]]:
-    """``(first, end, split)`` of every shard: the training packs ``0..num_train-1``, then the held-out
-    validation packs, each split cut into shards by the format on its own (no shard mixes them)."""
-    out = []
-    for split, a, b in (("train", 0, num_train), ("val", num_train, plan.num_packs)):
-        if b > a:
-            ranges = fmt.writer.shard_ranges(plan.slice(a, b), options.output, columns)
-            out += [(a + x, a + y, split) for x, y in ranges]
-    return out
 
 
 def _merge_skipped(options: PackOptions, sink: ErrorSink, metas: list[dict]) -> ErrorSink:

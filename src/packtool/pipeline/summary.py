@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from packtool.errors import ErrorSink
@@ -101,3 +103,27 @@ def build_manifest(
         shards=shards,
         layout=options.output.columns,
     )
+
+
+def input_entries(fingerprint: list[dict], counts: dict[str, int]) -> list[dict]:
+    """The inputs' entries for the manifest, each with the samples it gave (a folder's files add up)."""
+    out = []
+    for entry in fingerprint:
+        src = entry["source"]
+        mine = counts.get(src, 0)
+        if os.path.isdir(src):  # a folder read as one input: its files are the sources
+            prefix = src.rstrip("/") + "/"
+            mine += sum(n for s, n in counts.items() if s.startswith(prefix))
+        path = None if src.startswith("hf:") else os.path.abspath(src)
+        out.append({**entry, "num_samples": mine, "path": path})
+    return out
+
+
+def with_path(identity: dict) -> dict:
+    """The tokenizer identity for the manifest, with its absolute ``path`` when it is a local file or
+    folder, so that ``inspect --decode`` finds it from any directory (not in the run_id: the same input
+    gives the same shards wherever it lies)."""
+    name = identity.get("name")
+    if identity.get("kind") == "huggingface" and name and os.path.exists(name):
+        return {**identity, "path": os.path.abspath(name)}
+    return identity

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from packtool.fileio import file_digests, write_json_atomic
-from packtool.formats.registry import ShardMeta, get_format
+from packtool.formats.registry import ShardFormat, ShardMeta, get_format
 from packtool.layout import to_stored
 from packtool.manifest import IGNORE_INDEX, ShardEntry, column_names
 from packtool.options import PackOptions
@@ -124,10 +124,18 @@ def write_shard(
     )
     name = writer.shard_name(meta.shard if number is None else number, split)
     path = Path(out_dir) / name
-    info = writer.write(path, blocks, meta, options.output)
+    entry = shard_entry(path, meta, plan, split, writer.write(path, blocks, meta, options.output))
+    write_json_atomic(_record(work_dir, meta.shard), entry.to_dict())  # done: a resumed run skips it
+    return entry
+
+
+def shard_entry(path: Path, meta: ShardMeta, plan: PackPlan, split: str, fields: dict) -> ShardEntry:
+    """The manifest entry of the shard just written at ``path`` (the packs of ``plan``, of ``split``):
+    its size and digests (the whole file: tokens, and a vision-language shard's image bytes), and the
+    format's own ``fields``."""
     sha256, crc32 = file_digests(path)
-    entry = ShardEntry(
-        path=name,
+    return ShardEntry(
+        path=path.name,
         first_pack=meta.first_pack,
         num_packs=plan.num_packs,
         num_tokens=int(plan.length.sum()),
@@ -135,10 +143,8 @@ def write_shard(
         sha256=sha256,
         crc32=crc32,
         split=None if split == "train" else split,
-        fields=info,
+        fields=fields,
     )
-    write_json_atomic(_record(work_dir, meta.shard), entry.to_dict())  # done: a resumed run skips it
-    return entry
 
 
 def _record(work_dir: str, index: int) -> Path:
@@ -153,3 +159,16 @@ def finished_shard(work_dir: str, out_dir: str, index: int) -> ShardEntry | None
     entry = ShardEntry.from_dict(json.loads(record.read_text()))
     shard = Path(out_dir) / entry.path
     return entry if shard.exists() and shard.stat().st_size == entry.bytes else None
+
+
+def split_shard_ranges(
+    fmt: ShardFormat, plan: PackPlan, num_train: int, options: PackOptions, columns: list[str]
+) -> list[tuple[int, int, str]]:
+    """``(first, end, split)`` of every shard: the training packs ``0..num_train-1``, then the held-out
+    validation packs, each split cut into shards by the format on its own (no shard mixes them)."""
+    out = []
+    for split, a, b in (("train", 0, num_train), ("val", num_train, plan.num_packs)):
+        if b > a:
+            ranges = fmt.writer.shard_ranges(plan.slice(a, b), options.output, columns)
+            out += [(a + x, a + y, split) for x, y in ranges]
+    return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from packtool.packing.planner import PackPlan
+from packtool.stats import step_spread as step_spread  # the measure, beside the image statistics
 from packtool.vision.sequences import VisionSequence
 
 
@@ -47,15 +48,3 @@ def balance_visual_tokens(image_tokens: np.ndarray, ranks: int, seed: int) -> np
     groups = order[:full].reshape(-1, ranks)
     shuffled = groups[np.random.default_rng([seed, 0x5649]).permutation(len(groups))].reshape(-1)
     return np.concatenate([shuffled, order[full:]]).astype(np.int64)
-
-
-def step_spread(image_tokens_in_order: np.ndarray, ranks: int) -> np.ndarray:
-    """``(num_full_steps,)`` int64: per step of ``ranks`` consecutive packs, the most image tokens less the
-    fewest.
-
-    >>> step_spread(np.array([0, 90, 5, 100, 3]), 2).tolist()
-    [90, 95]
-    """
-    tokens = np.asarray(image_tokens_in_order, dtype=np.int64)
-    steps = tokens[: len(tokens) // ranks * ranks].reshape(-1, ranks)
-    return steps.max(axis=1) - steps.min(axis=1)

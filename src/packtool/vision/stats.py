@@ -3,7 +3,8 @@
 ``image_stats(records, ranks)`` reads ``records.pack_records`` rows (one per pack) with Arrow and NumPy
 and returns: the images and image tokens in all, the image tokens' share of the packs' tokens, images per
 pack (mean, max, and a histogram of counts), image tokens per image (min, mean, max), and the spread of
-image tokens across consecutive packs (``balance.step_spread`` over steps of ``ranks`` packs: mean and max).
+image tokens across consecutive packs (``balance.step_spread`` over steps of ``ranks`` packs: mean and max):
+``packtool.stats.image_stats`` over the rows' columns (what ``pack`` and ``inspect`` compute from packs).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packtool.arrays import np_view
-from packtool.vision.balance import step_spread
+from packtool.stats import image_stats as packed_image_stats
 
 
 def image_stats(records: pa.RecordBatch | pa.Table, ranks: int = 8) -> dict:
@@ -30,27 +31,9 @@ def image_stats(records: pa.RecordBatch | pa.Table, ranks: int = 8) -> dict:
     """
     lengths = _column(records, "image_length")
     per_pack = np_view(pc.list_value_length(lengths).fill_null(0)).astype(np.int64)
-    flat = np_view(pc.list_flatten(lengths)).astype(np.int64)
     pack_tokens = np_view(pc.list_value_length(_column(records, "input_ids"))).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(per_pack)])
-    tokens_per_pack = np.add.reduceat(np.append(flat, 0), offsets[:-1]) * (per_pack > 0)
-    counts, frequency = np.unique(per_pack, return_counts=True)
-    spread = step_spread(tokens_per_pack, ranks) if len(tokens_per_pack) >= ranks else np.zeros(0, np.int64)
-    return {
-        "packs": int(len(per_pack)),
-        "images": int(flat.size),
-        "image_tokens": int(flat.sum()),
-        "image_token_share": float(flat.sum() / max(1, pack_tokens.sum())),
-        "images_per_pack_mean": float(per_pack.mean()) if len(per_pack) else 0.0,
-        "images_per_pack_max": int(per_pack.max()) if len(per_pack) else 0,
-        "images_per_pack_histogram": {int(c): int(f) for c, f in zip(counts, frequency, strict=True)},
-        "tokens_per_image_min": int(flat.min()) if flat.size else 0,
-        "tokens_per_image_mean": float(flat.mean()) if flat.size else 0.0,
-        "tokens_per_image_max": int(flat.max()) if flat.size else 0,
-        "ranks": int(ranks),
-        "step_spread_mean": float(spread.mean()) if spread.size else 0.0,
-        "step_spread_max": int(spread.max()) if spread.size else 0,
-    }
+    return packed_image_stats(np_view(pc.list_flatten(lengths)), offsets, pack_tokens, ranks)
 
 
 def _column(records: pa.RecordBatch | pa.Table, name: str) -> pa.Array:

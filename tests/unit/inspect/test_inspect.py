@@ -4,11 +4,16 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from packtool.errors import InputError
+from packtool.inspect import inspect_report, pack_report
 from packtool.manifest import Manifest
 from tests.conftest import DEMO
 from tests.fixtures.inspect_outputs import out, tar_out  # noqa: F401 - fixtures
@@ -98,3 +103,31 @@ def test_tar_one_pack_is_read_through_the_index_and_without_it(tar_out: Path, ou
     assert (shard_name, row) == ("packs-000001.tar", 50)
     for k in got:
         np.testing.assert_array_equal(got[k], want[k])
+
+
+# (field, value, what the one-line error names): an untrusted manifest's figures are not computed with
+WRONG_FIELDS = [
+    (("stats", "num_packs"), None, "field 'stats.num_packs'"),
+    (("stats", "fill_rate"), "x", "field 'stats.fill_rate'"),
+    (("stats", "dropped_samples"), [1], "field 'stats.dropped_samples'"),
+    (("shards", 0, "num_packs"), None, "field 'shards[0].num_packs'"),
+    (("packed_sequence_size",), 2**70, "field 'packed_sequence_size'"),
+]
+
+
+@pytest.mark.parametrize("where, value, named", WRONG_FIELDS)
+def test_a_manifest_field_of_the_wrong_type_is_one_error_for_every_report(out, tmp_path, where, value, named):
+    """inspect (overview, --full, --pack) stops with the field's name, as read_packs and verify do; on
+    246f1ae these were TypeErrors inside the report (the fuzz test found them)."""
+    copy = Path(shutil.copytree(out, tmp_path / "out"))
+    m = json.loads((copy / "manifest.json").read_text())
+    target = m
+    for key in where[:-1]:
+        target = target[key]
+    target[where[-1]] = value
+    (copy / "manifest.json").write_text(json.dumps(m))
+    for full in (False, True):
+        with pytest.raises(InputError, match=re.escape(named)):
+            inspect_report(copy, full=full)
+    with pytest.raises(InputError, match=re.escape(named)):
+        pack_report(copy, 0)
