@@ -4,11 +4,11 @@ Tiny random models built from transformers configs, on the CPU in float64: a LLa
 Llama language model; ``LlavaForConditionalGeneration``), a Qwen2-VL (``Qwen2VLForConditionalGeneration``)
 and a Qwen2.5-VL (window attention in its vision tower; it reads Qwen2-VL's processor output).
 Their processors are the tiny ones of ``tests/fixtures/vision_processors.py``; the samples are LLaVA records
-with one, two and no image. packtool encodes them (``encode_sample``), plans whole samples into two or more
-packs (``plan_packs``), stores the packs with their images' original bytes (``pack_records``, written to
-Parquet and read back), and reads them as the loader's workers do, in one batch
-(``packtool.vision.loader.VisionTaskEncoder``'s ``encode_sample`` / ``batch`` / ``encode_batch``): the
-stored images decoded and processed in pack order (``pixel_values``, and ``image_grid_thw`` for Qwen2-VL,
+with one, two and no image. ``packtool pack --processor DIR`` (``run_pack``, in this process) packs them
+into two or more packs of an output directory (Parquet, each image's original bytes in its pack), and the
+loader reads every pack in one batch (``packtool.vision.loader.vision_dataset``: ``VisionTaskEncoder``'s
+``encode_sample`` / ``batch`` / ``encode_batch``, the stages a DataLoader worker runs): the stored images
+decoded and processed in pack order (``pixel_values``, and ``image_grid_thw`` for Qwen2-VL,
 concatenated over the batch's packs), Qwen2-VL's M-RoPE ids ``(3, B, N)`` through the model's own
 ``get_rope_index`` run on each sample alone. The samples alone read their image files.
 
@@ -25,18 +25,20 @@ too.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from packtool.vision.loader import IMAGE_COLUMNS, VisionBatch, VisionTaskEncoder
+from packtool.options import PackOptions
+from packtool.pipeline.run import run_pack
+from packtool.reading import read_packs
+from packtool.vision.loader import VisionBatch, vision_dataset
 from packtool.vision.packs import assemble_pack, plan_packs
 from packtool.vision.processor import load_processor
-from packtool.vision.records import pack_records
 from packtool.vision.samples import read_json_samples
 from packtool.vision.sequences import encode_sample, sequence_columns
 from tests.fixtures.vision_inputs import write_llava_input
@@ -147,26 +149,30 @@ def _image_inputs(vp, images: list[Image.Image]) -> dict:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vision_training")
-    samples = list(read_json_samples(write_llava_input(tmp / "input")))
+    source = write_llava_input(tmp / "input")
+    samples = list(read_json_samples(source))
     return {
+        "tmp": tmp,
+        "source": source,
         "samples": samples,
         "images": [[Image.open(ref.path).convert("RGB") for ref in s.images] for s in samples],
         "llava": load_processor(build_llava(tmp / "llava")),
         "qwen2vl": load_processor(build_qwen2vl(tmp / "qwen2vl")),
+        "outputs": {},
     }
 
 
-def _stored_packs(records: pa.RecordBatch, tmp_path) -> list[dict]:
-    """Every pack of ``records`` written to Parquet and read back, as the loader's pack dicts (the stored
-    columns of a row as arrays, the image structs as stored, ``pack_index``)."""
-    pq.write_table(pa.Table.from_batches([records]), tmp_path / "packs.parquet")
-    rows = pq.read_table(tmp_path / "packs.parquet").to_pylist()
-    packs = []
-    for k, row in enumerate(rows):
-        names = ("input_ids", "labels", "position_ids", "seq_lens", *IMAGE_COLUMNS[1:])
-        pack = {name: np.asarray(row[name], dtype=np.int32) for name in names}
-        packs.append({**pack, "images": row["images"], "pack_index": k})
-    return packs
+def _output(data, processor: str, n: int) -> Path:
+    """The samples packed by ``packtool pack --processor`` into packs of ``n`` tokens (Parquet), once per
+    processor and size."""
+    key = (processor, n)
+    if key not in data["outputs"]:
+        out = data["tmp"] / f"out-{processor}-{n}"
+        options = PackOptions.of(inputs=[str(data["source"])], output=str(out), num_proc=1, quiet=True,
+                                 processor=data[processor].path, packed_sequence_size=n)  # fmt: skip
+        run_pack(options)  # in this process: packtool pack --processor DIR --packed-sequence-size N
+        data["outputs"][key] = out
+    return data["outputs"][key]
 
 
 def _mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
@@ -175,34 +181,33 @@ def _mm_token_type_ids(input_ids: torch.Tensor, image_token_id: int) -> torch.Te
 
 @pytest.mark.parametrize("how", ["dense", "flattened"])
 @pytest.mark.parametrize("family", ["llava", "qwen2vl", "qwen25vl"])
-def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how, tmp_path):
+def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
     vp = data["llava" if family == "llava" else "qwen2vl"]  # Qwen2.5-VL's processor is Qwen2-VL's
     sequences = [encode_sample(vp, s) for s in data["samples"]]
     lengths = [len(s) for s in sequences]
     n = max(max(lengths), (sum(lengths) + 1) // 2) + 5  # the four samples (1, 2, 0, 2 images) in 2+ packs
-    plan = plan_packs(sequences, n)
-    assert plan.num_packs >= 2
+    assert plan_packs(sequences, n).num_packs >= 2
     vocab = max(int(s.input_ids.max()) for s in sequences) + 1
     model, vision_param, text_param = MODELS[family](vp, vocab)
 
-    # the packs as the loader reads them (Parquet rows with their images' bytes), through the loader's
-    # vision stages in one batch: images decoded and processed in pack order, M-RoPE by the model's rule
-    records = pack_records(sequence_columns(sequences), plan, data["samples"], pad_id=0)
-    stored = _stored_packs(records, tmp_path)
+    # the output directory of `packtool pack --processor`, read by the loader in one batch of every pack:
+    # the stored images decoded and processed in pack order, M-RoPE by the model's rule
+    out = _output(data, "llava" if family == "llava" else "qwen2vl", n)
+    sample_index = [p["sample_index"].tolist() for p in read_packs(out, with_sample_index=True)]  # by pack
     rule = model.model.get_rope_index if family != "llava" else None
-    encoder = VisionTaskEncoder(vp, rule, mask="dense" if how == "dense" else "varlen", dtype=torch.float64)
-    batch = encoder.encode_batch(encoder.batch([encoder.encode_sample(p) for p in stored]))
+    mask = "dense" if how == "dense" else "varlen"
+    ds = vision_dataset(out, vp, rule, dtype=torch.float64, batch_size=len(sample_index), mask=mask)
+    (batch,) = list(ds)
     assert isinstance(batch, VisionBatch) and batch.images_per_pack.sum().item() == 5
     input_ids = batch.input_ids.to(torch.int64)
-    labels = batch.labels.to(torch.int64)
+    labels = batch.shift_labels()
 
     # each sample alone, from its image files: the model's own positions (M-RoPE from its get_rope_index)
     model.zero_grad()
     want = torch.zeros(labels.shape, dtype=torch.float64)
-    for b, pack in enumerate(stored):
-        sample_of = np.asarray(plan.sample[plan.pack_offsets[b] : plan.pack_offsets[b + 1]])
-        ends = np.cumsum(pack["seq_lens"]).tolist()
-        for j, i in enumerate(sample_of.tolist()):
+    for b, pack_index in enumerate(batch.pack_index.tolist()):
+        ends = np.cumsum(batch.seq_lens[b].numpy()).tolist()
+        for j, i in enumerate(sample_index[pack_index]):
             a, e = ([0, *ends][j], ends[j])
             ids = input_ids[b : b + 1, a:e]
             extra = _image_inputs(vp, data["images"][i])

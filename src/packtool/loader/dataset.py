@@ -242,7 +242,7 @@ class PackedDataset(IterableDataset):
         ) + (["cp_padding"] if "cp_padding" in self.manifest.columns else [])
         # a vision-language output's images and their runs (docs/vision.md): for a task encoder that turns
         # them into the model's inputs (packtool.vision.loader); the default stages would drop them
-        image_columns = list(getattr(self.manifest, "image_columns", None) or ())
+        image_columns = list(self.manifest.image_columns or ())
         if image_columns and getattr(task_encoder, "encode_sample", None) is None:
             raise ValueError(
                 f"{self.directory}: the packs hold images; read them with packtool.vision.loader's "

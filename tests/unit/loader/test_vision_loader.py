@@ -12,8 +12,11 @@ import pytest
 import torch
 
 from packtool.errors import InputError
+from packtool.loader import PackedDataset, get_loader
 from packtool.loader.dataset import _Item, _Parcel
-from packtool.vision.loader import IMAGE_COLUMNS, VisionBatch, VisionTaskEncoder
+from packtool.reading import read_packs
+from packtool.vision.loader import IMAGE_COLUMNS, VisionBatch, VisionTaskEncoder, vision_dataset
+from packtool.vision.model_inputs import decode_images, pixel_inputs
 from packtool.vision.packs import plan_packs
 from packtool.vision.processor import load_processor
 from packtool.vision.records import pack_records
@@ -115,3 +118,50 @@ def test_a_decompression_bomb_is_refused(stored, monkeypatch):
         VisionTaskEncoder(vp).encode_sample(
             _with(pack, images=[{"bytes": big, "path": "b"}] + pack["images"][1:])
         )
+
+
+@pytest.fixture(scope="module")
+def output(stored, tmp_path_factory):
+    """The demo samples packed by ``packtool pack --processor`` (``run_pack`` in this process) into packs
+    of 90 tokens: one or two samples each."""
+    from packtool.options import PackOptions
+    from packtool.pipeline.run import run_pack
+
+    vp, _ = stored
+    tmp = tmp_path_factory.mktemp("vision_output")
+    options = PackOptions.of(inputs=[str(write_llava_input(tmp / "input"))], output=str(tmp / "out"),
+                             processor=vp.path, packed_sequence_size=90, num_proc=1, quiet=True)  # fmt: skip
+    run_pack(options)
+    return tmp / "out"
+
+
+def test_workers_give_the_images_of_each_pack_and_resume_exactly(stored, output):
+    """2 DataLoader workers: every pack once, its images in pack order (what processing its stored bytes
+    alone gives); a loader restored from the state after the first batch gives the rest, equal."""
+    vp, _ = stored
+    want = {}
+    for k, pack in enumerate(read_packs(output)):
+        want[k] = pixel_inputs(vp, decode_images([image["bytes"] for image in pack["images"]])).get(
+            "pixel_values"
+        )
+    ds = vision_dataset(output, vp, batch_size=1, shuffle=True, seed=3, drop_last=False)
+    loader = get_loader(ds, num_workers=2)
+    batches, state = [], None
+    for batch in loader:
+        batches.append(batch)
+        if state is None:
+            state = loader.state_dict()
+    assert sorted(int(b.pack_index) for b in batches) == list(range(len(want))) and len(want) >= 2
+    for b in batches:
+        expected = want[int(b.pack_index)]
+        assert (b.pixel_values is None) if expected is None else torch.equal(b.pixel_values, expected)
+    again = get_loader(vision_dataset(output, vp, batch_size=1, shuffle=True, seed=3, drop_last=False), 1)
+    again.load_state_dict(state)
+    rest = list(again)
+    assert [int(b.pack_index) for b in rest] == [int(b.pack_index) for b in batches[1:]]
+    assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(rest, batches[1:], strict=True))
+
+
+def test_images_without_a_vision_task_encoder_are_refused(output):
+    with pytest.raises(ValueError, match="the packs hold images; read them with packtool.vision.loader"):
+        PackedDataset(output, batch_size=1)
