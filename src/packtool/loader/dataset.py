@@ -117,6 +117,7 @@ def _host_tensors(batch: Any) -> list[tuple[str, torch.Tensor]]:
         if isinstance(t := getattr(batch, f.name), torch.Tensor)
         and t.device.type == "cpu"
         and t.layout == torch.strided
+        and not t.is_shared()  # already in shared memory (a large tensor a stage put there): sent as it is
     ]
 
 

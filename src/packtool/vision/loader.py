@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from packtool.arrays import ranges
 from packtool.errors import InputError
@@ -108,6 +109,15 @@ class VisionBatch(PackedBatch):
 def _image_bytes(value: Any) -> bytes:
     """A stored image: its bytes, or the ``{"bytes", "path"}`` struct the Parquet ``images`` column holds."""
     return value["bytes"] if isinstance(value, dict) else bytes(value)
+
+
+def _concat(parts: list[torch.Tensor], shared: bool) -> torch.Tensor:
+    """``torch.cat(parts)``; with ``shared``, inside a DataLoader worker, written into shared memory, so that
+    the batch goes to the main process without another copy (a parcel sends a shared tensor as it is)."""
+    if not shared or get_worker_info() is None:
+        return torch.cat(parts)
+    out = torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype)
+    return torch.cat(parts, out=out.share_memory_())
 
 
 class VisionTaskEncoder:
@@ -189,7 +199,7 @@ class VisionTaskEncoder:
         raw = default_batch([{k: v for k, v in p.items() if k not in VISION_FIELDS} for p in packs])
         for name in ("pixel_values", "image_grid_thw"):
             parts = [p[name] for p in packs if p.get(name) is not None]
-            raw[name] = torch.cat(parts) if parts else None
+            raw[name] = _concat(parts, shared=name == "pixel_values") if parts else None
         with_mrope = "mrope_position_ids" in packs[0]
         raw["mrope_position_ids"] = (
             torch.stack([p["mrope_position_ids"] for p in packs], dim=1) if with_mrope else None
