@@ -60,7 +60,9 @@ FORMAT = "packtool"
 # 5.0: the reading contract (docs/formats.md#compatibility): format_version is the major version and
 #    format_minor the minor one; the options that made the output are a plain ``provenance`` record
 #    (before: ``config``, parsed as this version's options), the layout is the field ``layout``
-FORMAT_VERSION = 5  # major: a reader refuses a manifest of a greater one
+# 6.0: a tar shard's .npy members may be compressed (``--tar-compression gzip``: NAME.npy.gz), said by the
+#    shard entry's field ``compression``: a 5.x reader would find no NAME.npy member, so it must refuse
+FORMAT_VERSION = 6  # major: a reader refuses a manifest of a greater one
 FORMAT_MINOR = 0  # minor: fields a newer minor adds are ignored by readers of an older one
 # what the shard files' own metadata records as format_version (Parquet key-value metadata; the run_id's
 # basis): their layout has not changed since format 4

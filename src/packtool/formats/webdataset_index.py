@@ -16,7 +16,14 @@ import yaml
 
 from packtool.formats.base import ProblemSink
 from packtool.formats.energon_index import INDEX_UUID, SQLITE_INDEX, write_sqlite_index
-from packtool.formats.tar import INDEX_SUFFIX, pack_members, tar_index_name
+from packtool.formats.tar import (
+    COMPRESSIONS,
+    INDEX_SUFFIX,
+    TarFields,
+    pack_members,
+    stored_name,
+    tar_index_name,
+)
 from packtool.manifest import MANIFEST, MINIMAL_TAR_RECORD_VERSION, Manifest
 
 WIDS_INDEX = "wids.json"  # the training shards only: a wids reader of it never sees held-out packs
@@ -47,6 +54,13 @@ def _wids_index(manifest: Manifest, split: str) -> dict:
     }
 
 
+def member_compression(manifest: Manifest) -> str:
+    """The compression of the output's ``.npy`` members (its first shard's ``TarFields.compression``; one
+    this packtool does not read counts as none here: reading the shard refuses it)."""
+    compression = TarFields.of(manifest.shards[0]).compression if manifest.shards else "none"
+    return compression if isinstance(compression, str) and compression in COMPRESSIONS else "none"
+
+
 def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
     """What the dataset-level index files hold, from the manifest: ``{relative file name: content}``.
 
@@ -71,11 +85,14 @@ def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
         f"{ENERGON_DIR}/dataset.yaml": {
             "sample_type": ENERGON_SAMPLE_TYPE,
             # the members of one column, named after it (a minimal output's small columns, fields of one
-            # member, are not PackSample's: Energon reads a full output)
+            # member, are not PackSample's: Energon reads a full output); NAME.npy.gz when compressed,
+            # which Energon's decoder (webdataset's) decompresses by its suffix
             "field_map": {
                 names[0]: ext
-                for ext, names in pack_members(manifest.columns, manifest.layout).items()
-                if names == (ext.removesuffix(".npy"),)
+                for ext, names in pack_members(
+                    manifest.columns, manifest.layout, member_compression(manifest)
+                ).items()
+                if names == (stored_name(ext).removesuffix(".npy"),)
             },
         },
         f"{ENERGON_DIR}/{ENERGON_CRUDE_CONFIG}": {
