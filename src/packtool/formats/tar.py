@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from packtool.errors import InputError
-from packtool.manifest import COLUMNS, ShardEntry
+from packtool.manifest import COLUMNS, Manifest, ShardEntry
 
 BLOCK = tarfile.BLOCKSIZE  # 512
 RECORD = tarfile.RECORDSIZE  # 10240: tarfile pads the archive to a multiple of this
@@ -130,7 +130,7 @@ def npy_limit(names: Iterable[str], n: int) -> int:
     a compressed member may decompress to, so a crafted one (a gzip bomb) cannot make a reader allocate
     more than a few times ``n`` bytes per member.
 
-    >>> npy_limit(["input_ids"], 1024) == MAX_NPY_HEADER + 40 + 4 * (2 * 1024 + 2)
+    >>> npy_limit(["input_ids"], 1024) == MAX_NPY_HEADER + 48 + 4 * (2 * 1024 + 2)
     True
     """
     meta = sum(dtype.itemsize for dtype in PACK_META.values())
@@ -385,7 +385,7 @@ def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
 
 def record_head(path: Path, name: str, data) -> dict[str, np.ndarray]:
     """The pack's metadata fields (``PACK_META``, those it has) of the record ``small_columns.npy`` whose
-    first bytes (header and metadata: ``MAX_NPY_HEADER`` + 40 at most) are ``data``, by name, 0-d: the
+    first bytes (header and metadata: ``MAX_NPY_HEADER`` + 48 at most) are ``data``, by name, 0-d: the
     metadata without the columns after it, so a compressed record is decompressed that far only.
 
     Raises ``InputError`` as ``npy_header`` does, or when ``data`` ends before the metadata does."""
@@ -444,6 +444,14 @@ def check_compression(entry: ShardEntry) -> str:
     compression = TarFields.of(entry).compression
     compression_suffix(compression, f"shard {entry.path}, field 'compression'")
     return compression
+
+
+def member_compression(manifest: Manifest) -> str:
+    """The compression of an output's ``.npy`` members, for the files that name them (Energon's field map,
+    the dataset card): its first shard's ``TarFields.compression``, none for one this packtool does not
+    read (reading the shard refuses it)."""
+    compression = TarFields.of(manifest.shards[0]).compression if manifest.shards else "none"
+    return compression if isinstance(compression, str) and compression in COMPRESSIONS else "none"
 
 
 def tar_index_name(entry: ShardEntry) -> str:

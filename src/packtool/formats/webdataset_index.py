@@ -16,14 +16,7 @@ import yaml
 
 from packtool.formats.base import ProblemSink
 from packtool.formats.energon_index import INDEX_UUID, SQLITE_INDEX, write_sqlite_index
-from packtool.formats.tar import (
-    COMPRESSIONS,
-    INDEX_SUFFIX,
-    TarFields,
-    pack_members,
-    stored_name,
-    tar_index_name,
-)
+from packtool.formats.tar import INDEX_SUFFIX, member_compression, pack_members, stored_name, tar_index_name
 from packtool.manifest import MANIFEST, MINIMAL_TAR_RECORD_VERSION, Manifest
 
 WIDS_INDEX = "wids.json"  # the training shards only: a wids reader of it never sees held-out packs
@@ -52,13 +45,6 @@ def _wids_index(manifest: Manifest, split: str) -> dict:
         "name": f"packtool-{manifest.run_id}" + ("" if split == "train" else f"-{split}"),
         "shardlist": [{"url": s.path, "nsamples": s.num_packs, "filesize": s.bytes} for s in shards],
     }
-
-
-def member_compression(manifest: Manifest) -> str:
-    """The compression of the output's ``.npy`` members (its first shard's ``TarFields.compression``; one
-    this packtool does not read counts as none here: reading the shard refuses it)."""
-    compression = TarFields.of(manifest.shards[0]).compression if manifest.shards else "none"
-    return compression if isinstance(compression, str) and compression in COMPRESSIONS else "none"
 
 
 def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
