@@ -137,8 +137,24 @@ def npy_limit(names: Iterable[str], n: int) -> int:
     return MAX_NPY_HEADER + meta + sum(COLUMNS[c].dtype.itemsize * (2 * n + 2) for c in names)
 
 
+def member_limit(ext: str, n: int) -> int:
+    """The most bytes member ``KEY.ext`` (``input_ids.npy.gz``, ``small_columns.npy.gz``) can decompress to
+    in a pack of ``n`` tokens (``npy_limit``): its column's, or for the record every column a record may
+    hold (a record with a field too many is then reported as such, not as too large); a member of no
+    column is held to the widest column's.
+
+    >>> member_limit("input_ids.npy.gz", 1024) == npy_limit(["input_ids"], 1024)
+    True
+    """
+    stored = stored_name(ext)
+    if stored == SMALL_COLUMNS:
+        return npy_limit([c for c, col in COLUMNS.items() if col.per != "token"], n)
+    column = stored.removesuffix(".npy")
+    return npy_limit([column if column in COLUMNS else "sample_index"], n)  # (int64: the widest dtype)
+
+
 def decompress(path: Path, name: str, data, limit: int) -> bytes:
-    """The bytes of member ``name``'s gzip stream ``data``, at most ``limit`` of them (``npy_limit``).
+    """The bytes of member ``name``'s gzip stream ``data``, at most ``limit`` of them (``member_limit``).
 
     Raises ``InputError`` naming ``path`` and the member when it is not one whole gzip stream, or holds
     more than ``limit`` bytes (only ``limit + 1`` are ever allocated)."""
@@ -179,11 +195,13 @@ def stored_bound(nbytes: int, compression: str) -> int:
     return nbytes + (nbytes >> 12) + (nbytes >> 14) + (nbytes >> 25) + 13 + 18
 
 
-def npy_member(path: Path, name: str, buf, offset: int, size: int, limit: int) -> np.ndarray:
-    """The ``.npy`` member ``name`` at ``buf[offset : offset + size]`` as an array: a read-only view into
-    ``buf``, or, for a compressed member (``name`` ends ``.npy.gz``), into its bytes decompressed (at most
-    ``limit``: ``npy_limit``). ``InputError`` as ``npy_view`` and ``decompress`` raise it."""
+def npy_member(path: Path, name: str, buf, offset: int, size: int, n: int) -> np.ndarray:
+    """The ``.npy`` member ``name`` (``KEY.EXT``) at ``buf[offset : offset + size]`` as an array: a
+    read-only view into ``buf``, or, for a compressed member (``name`` ends ``.npy.gz``), into its bytes
+    decompressed (at most ``member_limit`` for a pack of ``n`` tokens). ``InputError`` as ``npy_view`` and
+    ``decompress`` raise it."""
     if name.endswith(".gz"):
+        limit = member_limit(name.partition(".")[2], n)
         data = decompress(path, name, buf[offset : offset + size], limit)
         return npy_view(path, name, data, 0, len(data))
     return npy_view(path, name, buf, offset, size)

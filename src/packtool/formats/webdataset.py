@@ -11,7 +11,7 @@ and the ``.json``'s keys are the fields of one member instead, ``small_columns.n
 written by ``tarfile`` with fixed metadata, so a shard is byte-identical for every run and ``num_proc``.
 With ``--tar-compression gzip`` every ``.npy`` member is a gzip stream named ``NAME.npy.gz``, which
 webdataset, wids and Energon decompress by that suffix; readers here decompress each member to at most
-what a pack can hold (``tar.npy_limit``). The shard entry's ``compression`` field says which.
+what a pack can hold (``tar.member_limit``). The shard entry's ``compression`` field says which.
 
 Beside each shard, ``packs-NNNNNN.tar.idx``: little-endian uint64 byte offsets of every pack's first
 header, then the end of the last one (Megatron-Energon's layout). Once all shards are written, the
@@ -268,16 +268,14 @@ def _stored_columns(
     in ``buf``: ``NAME.npy``, and the fields of ``small_columns.npy``; ``.npy.gz`` decompressed to at most
     what a pack of ``n`` tokens holds), as array copies by name (``buf`` may close after)."""
     out = {}
-    small = tuple(c for c in columns if COLUMNS[c].per != "token")
     for ext, (offset, size) in found.items():
         stored = tar.stored_name(ext)
         name = f"{key}.{ext}"
         if stored == SMALL_COLUMNS:
-            rec = tar.npy_member(path, name, buf, offset, size, tar.npy_limit(small, n))
-            fields = record_fields(path, name, rec)
+            fields = record_fields(path, name, tar.npy_member(path, name, buf, offset, size, n))
             out.update({c: a.copy() for c, a in fields.items() if c in columns})
         elif stored.endswith(".npy") and (column := stored[: -len(".npy")]) in columns:
-            out[column] = tar.npy_member(path, name, buf, offset, size, tar.npy_limit([column], n)).copy()
+            out[column] = tar.npy_member(path, name, buf, offset, size, n).copy()
     return out
 
 

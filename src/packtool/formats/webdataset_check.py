@@ -91,7 +91,7 @@ def _member_views(
         name = f"{key}.{ext}"
         is_record = tar.stored_name(ext) == SMALL_COLUMNS
         try:
-            arr = tar.npy_member(path, name, buf, *members[ext], tar.npy_limit(names, n))
+            arr = tar.npy_member(path, name, buf, *members[ext], n)
             fields = tar.record_fields(path, name, arr) if is_record else {names[0]: arr}
         except PacktoolError as e:
             problem("npy", str(e).removeprefix(f"{path}: "), names[0] if len(names) == 1 else None)

@@ -91,6 +91,9 @@ def test_minimal_gzip_shard_round_trips_and_its_summary_reads_the_record_head(tm
     for i, pack in enumerate(got):
         for name in packs.present():
             assert np.array_equal(pack[name], packs.row(name, i)), name
+    # asking for input_ids alone, the record still decompresses within its bound
+    alone = read_tar_packs(tmp_path / "a.tar", n, ["input_ids"], "r")
+    assert [p.keys() for p in alone] == [{"input_ids"}] * 2
     summary = {"run_id": "r", "shard": 3, "first_pack": 40, "num_packs": 2}
     assert TarReader().summary(tmp_path / "a.tar") == summary
 
