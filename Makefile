@@ -59,6 +59,7 @@ bench: install
 	$(BIN)/python scripts/bench_columns.py
 	$(BIN)/python scripts/bench_memory.py
 	$(BIN)/python scripts/bench_engines.py
+	$(BIN)/python scripts/bench_tar_compression.py
 	$(BIN)/python scripts/bench_startup.py
 	$(BIN)/python scripts/bench_vision.py
 

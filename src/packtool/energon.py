@@ -113,12 +113,14 @@ PACK_FIELDS = ("input_ids", "labels", "position_ids", "seq_lens", "sample_index"
 
 @stateless
 def cook_pack(raw: dict) -> PackSample:
-    """A ``CrudeSample`` of ``crude.yaml`` (members ``input_ids.npy``, ...) as a ``PackSample``."""
+    """A ``CrudeSample`` of ``crude.yaml`` (members ``input_ids.npy``, ..., or ``input_ids.npy.gz``, ...
+    with ``--tar-compression gzip``: Energon's decoder has decompressed them) as a ``PackSample``."""
+    z = ".gz" if "input_ids.npy.gz" in raw else ""
     return PackSample(
         **basic_sample_keys(raw),
-        **{f: raw[f"{f}.npy"] for f in PACK_FIELDS},
-        loss_mask=raw.get("loss_mask.npy"),
-        cp_padding=raw.get("cp_padding.npy"),
+        **{f: raw[f"{f}.npy{z}"] for f in PACK_FIELDS},
+        loss_mask=raw.get(f"loss_mask.npy{z}"),
+        cp_padding=raw.get(f"cp_padding.npy{z}"),
     )
 
 

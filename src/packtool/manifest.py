@@ -61,11 +61,18 @@ FORMAT = "packtool"
 # 5.0: the reading contract (docs/formats.md#compatibility): format_version is the major version and
 #    format_minor the minor one; the options that made the output are a plain ``provenance`` record
 #    (before: ``config``, parsed as this version's options), the layout is the field ``layout``
-# 5.1: vision-language outputs (docs/vision.md): ``image_columns`` (the image columns the shards store
-#    beside ``columns``) and ``vision`` (the processor's identity and image statistics); a 5.0 reader reads
-#    their token columns and ignores the images
-FORMAT_VERSION = 5  # major: a reader refuses a manifest of a greater one
-FORMAT_MINOR = 1  # minor: fields a newer minor adds are ignored by readers of an older one
+# 5.1: optional fields a 5.0 reader rightly ignores: a tar shard entry's ``compression`` (``none``)
+# 6.0: what a 5.x reader would read wrong or not at all: a tar shard's .npy members compressed
+#    (``--tar-compression gzip``: NAME.npy.gz, the shard entry's ``compression``), and vision-language
+#    outputs (``image_columns`` beside ``columns``, ``vision``: the processor's identity and image
+#    statistics; a 5.x reader would give the tokens without their images)
+# An output says the lowest version that reads it whole (``pipeline.summary.lowest_version``): 6.0 where it
+# has one of those, else 5.1, so that a cluster pinned to a 5.x packtool keeps reading what needs no more.
+NEWEST_MINOR = {5: 1, 6: 0}  # the newest minor of each major this packtool reads whole
+BASE_FORMAT_VERSION = 5  # what an output using nothing newer says
+IMAGES_FORMAT_VERSION = 6  # what a vision-language output says
+FORMAT_VERSION = max(NEWEST_MINOR)  # major: a reader refuses a manifest of a greater one
+FORMAT_MINOR = NEWEST_MINOR[FORMAT_VERSION]  # minor: what a newer minor adds is ignored by older readers
 # what the shard files' own metadata records as format_version (Parquet key-value metadata; the run_id's
 # basis): their layout has not changed since format 4
 SHARD_FORMAT_VERSION = 4
@@ -183,7 +190,7 @@ class Manifest:
     it; a manifest before format 5 calls it ``config``). ``notes`` says what this version read by its
     rules but could not take in (never written).
 
-    A vision-language output (5.1) has ``image_columns``, the image columns its shards store beside
+    A vision-language output (6.0) has ``image_columns``, the image columns its shards store beside
     ``columns`` (``schema.IMAGE_COLUMNS``: ``images`` and the per-image ``image_*`` columns; ``None``
     for text), and ``vision``: ``{"processor": VisionProcessor.identity(), "images": image statistics,
     "input_images", "packed_images", "skipped_images"}`` (a record for people, ``inspect`` and ``verify``).
@@ -211,8 +218,8 @@ class Manifest:
     format_minor: int = FORMAT_MINOR
     packtool_version: str = __version__
     run_key: str | None = None  # what the run_id is made from with the reading fields (packtool.binding)
-    image_columns: list[str] | None = None  # a vision-language output's image columns (5.1)
-    vision: dict[str, Any] | None = None  # its processor's identity and image statistics (5.1)
+    image_columns: list[str] | None = None  # a vision-language output's image columns (6.0)
+    vision: dict[str, Any] | None = None  # its processor's identity and image statistics (6.0)
     notes: list[str] = field(default_factory=list, compare=False)
 
     # what other packtool tools need, named once -------------------------------------------------------
@@ -285,10 +292,10 @@ class Manifest:
             provenance = {}
         layout = d.get("layout", "full") if major >= 5 else provenance.get("columns", "full")
         notes = []
-        if major == FORMAT_VERSION and minor > FORMAT_MINOR:
+        if minor > NEWEST_MINOR.get(major, minor):
             notes.append(
                 f"written by a newer packtool (format_version {major}.{minor}; this one reads {major}."
-                f"{FORMAT_MINOR}): what that version added is not read"
+                f"{NEWEST_MINOR[major]}): what that version added is not read"
             )
         try:
             return cls(

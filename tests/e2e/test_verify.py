@@ -673,7 +673,7 @@ def test_tar_output_of_an_older_or_newer_format_version(tar_out: Path):
     m["format_version"] = 99
     (tar_out / "manifest.json").write_text(json.dumps(m))
     code, text = verify(tar_out)
-    assert code == 1 and "format_version 99.1 is newer than this packtool reads (5.1 and older" in text
+    assert code == 1 and "format_version 99.1 is newer than this packtool reads (6.0 and older" in text
 
 
 def test_minimal_tar_output_of_format_version_3_is_checked_as_readers_read_it(tmp_path: Path):

@@ -160,7 +160,7 @@ def test_manifest_records_both_formats_alike(wds_out, tmp_path):
     m = pack(pq_out, "--shard-size", "64", "--row-group-size", "16")
     common = {"path", "first_pack", "num_packs", "num_tokens", "bytes", "sha256", "crc32"}
     for shard in manifest_json(wds_out)["shards"]:
-        assert set(shard) == common | {"index"}
+        assert set(shard) == common | {"index", "compression"}
     for shard in m["shards"]:
         assert set(shard) == common | {"row_groups", "row_group_offsets"}
         md = pq.ParquetFile(pq_out / shard["path"]).metadata

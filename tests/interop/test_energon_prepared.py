@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import shutil
@@ -24,6 +25,7 @@ from tests.fixtures.interop_outputs import (  # noqa: F401 - fixtures
     assert_pack_equal,
     interop_masked,
     interop_wds,
+    member_suffix,
     reference,
 )
 
@@ -88,17 +90,21 @@ def test_val_and_test_splits_behave_as_on_a_prepared_dataset(split_part, interop
             )  # fmt: skip
 
 
-def test_random_access_by_key(interop_wds):
+@pytest.mark.parametrize("which", ["interop_wds", "interop_masked"])  # .npy, and .npy.gz members
+def test_random_access_by_key(which, request):
     from megatron.energon.cache.file_store import WebdatasetFileStore
     from megatron.energon.epathlib import EPath
 
-    want = reference(interop_wds)
-    store = WebdatasetFileStore(EPath(interop_wds))
+    directory = request.getfixturevalue(which)
+    want = reference(directory)
+    npy = member_suffix(directory)
+    store = WebdatasetFileStore(EPath(directory))  # the member's bytes, by the byte range index.sqlite holds
+    raw = gzip.decompress if npy.endswith(".gz") else bytes
     for i in np.random.default_rng(0).permutation(len(want))[:20].tolist() + [0, len(want) - 1]:
-        data, _source = store[f"{pack_key(i)}.input_ids.npy"]
-        assert np.array_equal(np.load(io.BytesIO(data)), want[i]["input_ids"])
-        data, _source = store[f"{pack_key(i)}.seq_lens.npy"]
-        assert np.array_equal(np.load(io.BytesIO(data)), want[i]["seq_lens"])
+        data, _source = store[f"{pack_key(i)}.input_ids{npy}"]
+        assert np.array_equal(np.load(io.BytesIO(raw(data))), want[i]["input_ids"])
+        data, _source = store[f"{pack_key(i)}.seq_lens{npy}"]
+        assert np.array_equal(np.load(io.BytesIO(raw(data))), want[i]["seq_lens"])
 
 
 @pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")

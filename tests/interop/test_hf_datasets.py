@@ -17,6 +17,7 @@ from tests.conftest import run_cli
 from tests.fixtures.interop_outputs import (  # noqa: F401 - fixtures
     FIELDS,
     assert_pack_equal,
+    interop_masked,
     interop_parquet,
     interop_wds,
     reference,
@@ -64,3 +65,18 @@ def test_card_says_what_every_column_holds_and_verify_accepts_it(fixture, reques
         if not column.optional:  # loss_mask (no mask here), and the minimal layout's own columns
             assert column.meaning in text
     run_cli("verify", directory)  # the card is no stray file
+
+
+def test_load_dataset_decompresses_gzip_members(interop_masked):
+    """``--tar-compression gzip``: the builder decompresses ``NAME.npy.gz`` and keeps the name; the card
+    names the members so."""
+    import itertools
+
+    import datasets
+
+    ds = datasets.load_dataset(str(interop_masked), split="train", streaming=True)
+    want = reference(interop_masked)
+    for i, row in enumerate(itertools.islice(ds.with_format("numpy"), 5)):
+        assert row["__key__"] == pack_key(i)
+        assert_pack_equal({f: np.asarray(row[f"{f}.npy.gz"]) for f in want[i]}, want[i], check_dtype=False)
+    assert "`input_ids.npy.gz`" in (interop_masked / CARD).read_text()

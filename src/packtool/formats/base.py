@@ -35,7 +35,7 @@ import pyarrow as pa
 from packtool.errors import PacktoolError
 from packtool.formats.options import OutputOptions
 from packtool.layout import rebuild, stored_columns
-from packtool.manifest import SHARD_PREFIXES, Manifest, ShardEntry
+from packtool.manifest import BASE_FORMAT_VERSION, SHARD_PREFIXES, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
 
@@ -168,6 +168,11 @@ class ShardWriter(ABC):
     ) -> dict:
         """Write the packs of ``blocks`` (consecutive) as shard ``path``, atomically; return the
         ``ShardEntry`` fields the format owns (``ShardEntry.fields``, e.g. ``{"row_groups": [...]}``)."""
+
+    def format_major(self, fields: dict) -> int:
+        """The lowest manifest ``format_version`` whose readers read a shard this writer wrote with
+        ``fields`` (the ``ShardEntry`` fields ``write`` returned)."""
+        return BASE_FORMAT_VERSION
 
     def write_dataset_index(
         self, directory: Path, manifest: Manifest, options: OutputOptions

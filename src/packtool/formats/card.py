@@ -16,20 +16,30 @@ from pathlib import Path
 
 import yaml
 
-from packtool.formats.tar import META, PACK_META, RUN_ID_BYTES, SMALL_COLUMNS, pack_members
+from packtool.formats.tar import (
+    COMPRESSIONS,
+    META,
+    PACK_META,
+    RUN_ID_BYTES,
+    SMALL_COLUMNS,
+    member_compression,
+    pack_members,
+)
 from packtool.manifest import COLUMNS, MANIFEST, SHARD_PREFIXES, Manifest
 
 CARD = "README.md"
 
 
 def member_name(column: str, manifest: Manifest) -> str:
-    """The column's name as the shards hold it: a tar member keeps its ``.npy`` suffix, and a minimal tar
-    pack's small columns are fields of one member (``small_columns.npy["seq_lens"]``)."""
+    """The column's name as the shards hold it: a tar member keeps its ``.npy`` suffix (``.npy.gz`` when
+    compressed), and a minimal tar pack's small columns are fields of one member
+    (``small_columns.npy["seq_lens"]``)."""
     if manifest.shard_format != "webdataset":
         return column
+    z = COMPRESSIONS[member_compression(manifest)]
     if column in pack_members(manifest.columns, manifest.layout).get(SMALL_COLUMNS, ()):
-        return f'{SMALL_COLUMNS}["{column}"]'
-    return f"{column}.npy"
+        return f'{SMALL_COLUMNS}{z}["{column}"]'
+    return f"{column}.npy{z}"
 
 
 def card_yaml(manifest: Manifest, suffix: str) -> dict:

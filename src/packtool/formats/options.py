@@ -9,6 +9,7 @@ import msgspec
 from packtool.option_types import Applies, OptionGroup, option
 
 FORMATS = ("parquet", "webdataset")  # the shard formats of packtool.formats (a test checks they agree)
+TAR_COMPRESSIONS = ("none", "gzip")  # of a tar shard's .npy members (packtool.formats.tar.COMPRESSIONS)
 LAYOUTS = ("full", "minimal")  # the storage layouts of ``columns`` (packtool.layout)
 
 
@@ -28,6 +29,11 @@ class WebDatasetOptions(OptionGroup):
     applies = Applies("format", ("webdataset",))
 
     shard_max_bytes: option(int | None, "At most this many bytes per .tar shard.", gt=0) = None
+    tar_compression: option(
+        Literal[TAR_COMPRESSIONS],
+        "How each pack's .npy members are stored: none, or gzip (NAME.npy.gz, which webdataset, wids and "
+        "Energon decompress: smaller shards, slower to write and read; docs/performance.md).",
+    ) = "none"
     energon_index: option(
         bool,
         "Write Megatron-Energon's key index (.nv-meta/index.sqlite) when megatron-energon is installed "

@@ -19,6 +19,7 @@ import io
 import math
 import re
 import tarfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from packtool.errors import InputError
-from packtool.manifest import COLUMNS, ShardEntry
+from packtool.manifest import COLUMNS, Manifest, ShardEntry
 
 BLOCK = tarfile.BLOCKSIZE  # 512
 RECORD = tarfile.RECORDSIZE  # 10240: tarfile pads the archive to a multiple of this
@@ -96,23 +97,149 @@ PACK_META = {
 }
 
 
-def pack_members(columns: Iterable[str], layout: str) -> dict[str, tuple[str, ...]]:
+def pack_members(
+    columns: Iterable[str], layout: str, compression: str = "none"
+) -> dict[str, tuple[str, ...]]:
     """The members of a pack storing ``columns`` (in stored order) in ``layout`` (``full`` or ``minimal``),
     by extension, each with the columns it holds: ``NAME.npy`` holds column ``NAME``; a ``full`` pack has
     a ``json`` member too, its metadata (``PACK_META``). In the ``minimal`` layout only the token columns
     (``input_ids``, a stored ``labels``) are members of their own, and the others, the *small columns*,
-    are the fields of ``small_columns.npy`` (``record``), after the pack's metadata: no ``json``.
+    are the fields of ``small_columns.npy`` (``record``), after the pack's metadata: no ``json``. With a
+    ``compression`` (``COMPRESSIONS``) every ``.npy`` member's name takes its suffix (the ``json``, under
+    one tar block, never does).
 
     >>> pack_members(["input_ids", "seq_lens"], "full")
     {'input_ids.npy': ('input_ids',), 'seq_lens.npy': ('seq_lens',), 'json': ()}
-    >>> pack_members(["input_ids", "seq_lens", "sample_index"], "minimal")
-    {'input_ids.npy': ('input_ids',), 'small_columns.npy': ('seq_lens', 'sample_index')}
+    >>> pack_members(["input_ids", "seq_lens", "sample_index"], "minimal", "gzip")
+    {'input_ids.npy.gz': ('input_ids',), 'small_columns.npy.gz': ('seq_lens', 'sample_index')}
     """
     columns = list(columns)
+    z = COMPRESSIONS[compression]
     if layout != "minimal":
-        return {**{f"{c}.npy": (c,) for c in columns}, META: ()}
+        return {**{f"{c}.npy{z}": (c,) for c in columns}, META: ()}
     small = tuple(c for c in columns if COLUMNS[c].per != "token")
-    return {**{f"{c}.npy": (c,) for c in columns if c not in small}, SMALL_COLUMNS: small}
+    return {**{f"{c}.npy{z}": (c,) for c in columns if c not in small}, SMALL_COLUMNS + z: small}
+
+
+# --- compressed members (--tar-compression) -------------------------------------------------------------
+# how a pack's .npy members are stored -> the suffix their names take (KEY.input_ids.npy.gz): the readers of
+# tar shards decompress a member by that suffix (webdataset's gzfilter, wids' default_decoder, Energon's
+# SampleDecoder, which is webdataset's); none of them decompresses another (zstd, ...)
+COMPRESSIONS = {"none": "", "gzip": ".gz"}
+GZIP_LEVEL = 1  # zlib's fastest level (docs/performance.md compares the levels' bytes and time)
+MAX_NPY_HEADER = 4096  # npy_view reads a .npy header from the first 4096 bytes of a member
+
+
+def compression_suffix(compression: str, where: str) -> str:
+    """The member-name suffix of ``compression`` (``COMPRESSIONS``); ``InputError`` naming ``where`` (the
+    shard entry) for one this packtool does not read."""
+    if not isinstance(compression, str) or compression not in COMPRESSIONS:
+        raise InputError(
+            f"{where}: tar members compressed with {compression!r}, which this packtool does not read "
+            f"({', '.join(COMPRESSIONS)}): upgrade packtool"
+        )
+    return COMPRESSIONS[compression]
+
+
+def compress(data: bytes, compression: str) -> bytes:
+    """``data`` as a member of ``compression`` stores it: a gzip stream (no name, mtime 0: the same bytes
+    every run) or as it is."""
+    return zlib.compress(data, GZIP_LEVEL, wbits=31) if compression == "gzip" else data
+
+
+def npy_limit(names: Iterable[str], n: int) -> int:
+    """The most bytes a ``.npy`` member holding columns ``names`` can be in a pack of ``n`` tokens (a
+    header, the pack's metadata, at most ``n`` values of a token column and ``2 n + 2`` of another): what
+    a compressed member may decompress to, so a crafted one (a gzip bomb) cannot make a reader allocate
+    more than a few times ``n`` bytes per member.
+
+    >>> npy_limit(["input_ids"], 1024) == MAX_NPY_HEADER + 48 + 4 * (2 * 1024 + 2)
+    True
+    """
+    meta = sum(dtype.itemsize for dtype in PACK_META.values())
+    return MAX_NPY_HEADER + meta + sum(COLUMNS[c].dtype.itemsize * (2 * n + 2) for c in names)
+
+
+def member_limit(ext: str, n: int) -> int:
+    """The most bytes member ``KEY.ext`` (``input_ids.npy.gz``, ``small_columns.npy.gz``) can decompress to
+    in a pack of ``n`` tokens (``npy_limit``): its column's, or for the record every column a record may
+    hold (a record with a field too many is then reported as such, not as too large); a member of no
+    column is held to the widest column's.
+
+    >>> member_limit("input_ids.npy.gz", 1024) == npy_limit(["input_ids"], 1024)
+    True
+    """
+    stored = stored_name(ext)
+    if stored == SMALL_COLUMNS:
+        return npy_limit([c for c, col in COLUMNS.items() if col.per != "token"], n)
+    column = stored.removesuffix(".npy")
+    return npy_limit([column if column in COLUMNS else "sample_index"], n)  # (int64: the widest dtype)
+
+
+def decompress(path: Path, name: str, data, limit: int) -> bytes:
+    """The bytes of member ``name``'s gzip stream ``data``, at most ``limit`` of them (``member_limit``).
+
+    Raises ``InputError`` naming ``path`` and the member when it is not one whole gzip stream, or holds
+    more than ``limit`` bytes (only ``limit + 1`` are ever allocated)."""
+    stream = zlib.decompressobj(wbits=31)
+    try:
+        out = stream.decompress(data, limit + 1)
+    except zlib.error as e:
+        raise InputError(f"{path}: member {name} is not a gzip stream ({e})") from None
+    if len(out) > limit or stream.unconsumed_tail:
+        raise InputError(
+            f"{path}: member {name} decompresses to over {limit:,} bytes, more than a pack holds"
+        )
+    if not stream.eof:
+        raise InputError(f"{path}: member {name} is a truncated gzip stream")
+    if stream.unused_data:
+        raise InputError(f"{path}: member {name} has bytes after its gzip stream")
+    return out
+
+
+def decompress_head(path: Path, name: str, data, length: int) -> bytes:
+    """The first ``length`` bytes (fewer if it holds fewer) of member ``name``'s gzip stream ``data``; the
+    rest is never decompressed. ``InputError`` when it does not decompress."""
+    try:
+        return zlib.decompressobj(wbits=31).decompress(data, length)
+    except zlib.error as e:
+        raise InputError(f"{path}: member {name} is not a gzip stream ({e})") from None
+
+
+def stored_bound(nbytes: int, compression: str) -> int:
+    """The most bytes a member of ``nbytes`` can take once stored with ``compression``: zlib's
+    ``compressBound`` and gzip's 18-byte header and trailer (incompressible data grows a little).
+
+    >>> stored_bound(4096, "none"), stored_bound(4096, "gzip")
+    (4096, 4128)
+    """
+    if compression == "none":
+        return nbytes
+    return nbytes + (nbytes >> 12) + (nbytes >> 14) + (nbytes >> 25) + 13 + 18
+
+
+def npy_member(path: Path, name: str, buf, offset: int, size: int, n: int) -> np.ndarray:
+    """The ``.npy`` member ``name`` (``KEY.EXT``) at ``buf[offset : offset + size]`` as an array: a
+    read-only view into ``buf``, or, for a compressed member (``name`` ends ``.npy.gz``), into its bytes
+    decompressed (at most ``member_limit`` for a pack of ``n`` tokens). ``InputError`` as ``npy_view`` and
+    ``decompress`` raise it."""
+    if name.endswith(".gz"):
+        limit = member_limit(name.partition(".")[2], n)
+        data = decompress(path, name, buf[offset : offset + size], limit)
+        return npy_view(path, name, data, 0, len(data))
+    return npy_view(path, name, buf, offset, size)
+
+
+def stored_name(ext: str) -> str:
+    """A member's extension without its compression suffix (``input_ids.npy.gz`` -> ``input_ids.npy``).
+
+    >>> stored_name("input_ids.npy.gz"), stored_name("small_columns.npy")
+    ('input_ids.npy', 'small_columns.npy')
+    """
+    for suffix in COMPRESSIONS.values():
+        if suffix and ext.endswith(".npy" + suffix):
+            return ext[: -len(suffix)]
+    return ext
 
 
 @functools.lru_cache(maxsize=4096)
@@ -264,13 +391,12 @@ def samples(
         yield key, start, found, end
 
 
-def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
-    """The ``.npy`` member at ``buf[offset : offset + size]`` as a read-only view into ``buf``.
+def npy_header(path: Path, name: str, data) -> tuple[tuple[int, ...], np.dtype, int]:
+    """``(shape, dtype, data start)`` of the ``.npy`` file at the start of ``data`` (bytes or a view).
 
-    Raises ``InputError`` naming ``path`` and member ``name`` if it is not a plain ``.npy`` array of
-    exactly ``size`` bytes (no pickle, no Fortran order).
-    """
-    header = io.BytesIO(bytes(buf[offset : offset + min(size, 4096)]))
+    Raises ``InputError`` naming ``path`` and member ``name`` if it is not a plain ``.npy`` header (version
+    1 or 2, no pickle, no Fortran order, in the first ``MAX_NPY_HEADER`` bytes)."""
+    header = io.BytesIO(bytes(data[:MAX_NPY_HEADER]))
     fmt = np.lib.format
     try:
         version = fmt.read_magic(header)
@@ -280,11 +406,46 @@ def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
         shape, fortran, dtype = read(header)
     except ValueError as e:
         raise InputError(f"{path}: member {name} has a bad .npy header ({e})") from None
+    if dtype.hasobject or fortran:
+        raise InputError(f"{path}: member {name} is not a plain C-order .npy array of its size")
+    return shape, dtype, header.tell()
+
+
+def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
+    """The ``.npy`` member at ``buf[offset : offset + size]`` as a read-only view into ``buf``.
+
+    Raises ``InputError`` naming ``path`` and member ``name`` if it is not a plain ``.npy`` array of
+    exactly ``size`` bytes (no pickle, no Fortran order).
+    """
+    shape, dtype, start = npy_header(path, name, buf[offset : offset + min(size, MAX_NPY_HEADER)])
     count = math.prod(shape)  # exact: np.prod of (2**32, 2**32) overflows int64 to 0
-    start = header.tell()
-    if dtype.hasobject or fortran or start + count * dtype.itemsize != size:
+    if start + count * dtype.itemsize != size:
         raise InputError(f"{path}: member {name} is not a plain C-order .npy array of its size")
     return np.frombuffer(buf, dtype=dtype, count=count, offset=offset + start).reshape(shape)
+
+
+def record_head(path: Path, name: str, data) -> dict[str, np.ndarray]:
+    """The pack's metadata fields (``PACK_META``, those it has) of the record ``small_columns.npy`` whose
+    first bytes (header and metadata: ``MAX_NPY_HEADER`` + 48 at most) are ``data``, by name, 0-d: the
+    metadata without the columns after it, so a compressed record is decompressed that far only.
+
+    Raises ``InputError`` as ``npy_header`` does, or when ``data`` ends before the metadata does."""
+    shape, dtype, start = npy_header(path, name, data)
+    if dtype.names is None or shape != ():
+        raise InputError(f"{path}: member {name} is not a record of columns (a structured .npy of shape ())")
+    present = [k for k in PACK_META if k in dtype.names]
+    head = np.dtype(
+        {
+            "names": present,
+            "formats": [dtype.fields[k][0] for k in present],
+            "offsets": [dtype.fields[k][1] for k in present],
+            "itemsize": max((dtype.fields[k][1] + dtype.fields[k][0].itemsize for k in present), default=0),
+        }
+    )
+    if start + head.itemsize > len(data):
+        raise InputError(f"{path}: member {name} ends before the pack's metadata does")
+    rec = np.frombuffer(data, dtype=head, count=1, offset=start).reshape(())
+    return {k: rec[k] for k in present}
 
 
 def read_index(tar_path: str | Path) -> np.ndarray:
@@ -295,8 +456,9 @@ def read_index(tar_path: str | Path) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TarFields:
-    """A tar shard entry's own field (``ShardEntry.fields``): ``index``, the name of its ``.tar.idx``
-    (older manifests have none: the shard's name and ``.idx``). Any other field there is not this
+    """A tar shard entry's own fields (``ShardEntry.fields``): ``index``, the name of its ``.tar.idx``
+    (older manifests have none: the shard's name and ``.idx``), and ``compression``, how its ``.npy``
+    members are stored (``COMPRESSIONS``; before format 6 none). Any other field there is not this
     format's and is left alone.
 
     >>> TarFields.of(ShardEntry("packs-000000.tar", 0, 1, 9, 10, "ab", fields={"new": 1})).index_name
@@ -305,14 +467,32 @@ class TarFields:
 
     path: str
     index: str | None = None
+    compression: str = "none"  # of the .npy members (COMPRESSIONS); format 6 on, absent before: none
 
     @classmethod
     def of(cls, entry: ShardEntry) -> TarFields:
-        return cls(entry.path, entry.fields.get("index"))
+        return cls(entry.path, entry.fields.get("index"), entry.fields.get("compression", "none"))
 
     @property
     def index_name(self) -> str:
         return self.index or self.path + INDEX_SUFFIX
+
+
+def check_compression(entry: ShardEntry) -> str:
+    """The compression of a shard entry's ``.npy`` members (``TarFields.compression``).
+
+    Raises ``InputError`` in one line for one this packtool does not read (a newer packtool's)."""
+    compression = TarFields.of(entry).compression
+    compression_suffix(compression, f"shard {entry.path}, field 'compression'")
+    return compression
+
+
+def member_compression(manifest: Manifest) -> str:
+    """The compression of an output's ``.npy`` members, for the files that name them (Energon's field map,
+    the dataset card): its first shard's ``TarFields.compression``, none for one this packtool does not
+    read (reading the shard refuses it)."""
+    compression = TarFields.of(manifest.shards[0]).compression if manifest.shards else "none"
+    return compression if isinstance(compression, str) and compression in COMPRESSIONS else "none"
 
 
 def tar_index_name(entry: ShardEntry) -> str:

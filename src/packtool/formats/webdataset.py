@@ -11,6 +11,9 @@ and the ``.json``'s keys are the fields of one member instead, ``small_columns.n
 as the ``images`` column with the member's name as ``path``. Members follow the
 ``webdataset.TarWriter`` conventions (USTAR, a sample's members adjacent and sorted by extension) and are
 written by ``tarfile`` with fixed metadata, so a shard is byte-identical for every run and ``num_proc``.
+With ``--tar-compression gzip`` every ``.npy`` member is a gzip stream named ``NAME.npy.gz``, which
+webdataset, wids and Energon decompress by that suffix; readers here decompress each member to at most
+what a pack can hold (``tar.member_limit``). The shard entry's ``compression`` field says which.
 
 Beside each shard, ``packs-NNNNNN.tar.idx``: little-endian uint64 byte offsets of every pack's first
 header, then the end of the last one (Megatron-Energon's layout). Once all shards are written, the
@@ -61,7 +64,7 @@ from packtool.formats.tar import (
     tar_index_name,
 )
 from packtool.formats.webdataset_index import write_dataset_index
-from packtool.manifest import COLUMNS, Column, Manifest, ShardEntry
+from packtool.manifest import BASE_FORMAT_VERSION, COLUMNS, Column, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
 from packtool.schema import IMAGES, pieces_per_pack
@@ -96,9 +99,11 @@ def _lengths(col: Column, n: int, k: int, values: dict[str, np.ndarray]) -> np.n
     return np.full(k, width, dtype=np.int64) if width is not None else values[col.per]
 
 
-def pack_tar_bytes(plan: PackPlan, columns: list[str], layout: str) -> np.ndarray:
+def pack_tar_bytes(plan: PackPlan, columns: list[str], layout: str, compression: str = "none") -> np.ndarray:
     """``(num_packs,)`` int64: bytes each pack of ``plan`` takes in a tar shard storing ``columns`` in
-    ``layout``, from the plan alone (to cut shards by ``shard_max_bytes`` before any token is written)."""
+    ``layout``, from the plan alone (to cut shards by ``shard_max_bytes`` before any token is written); with
+    a ``compression``, the most it can take (``tar.stored_bound``: what gzip makes of it is known only
+    once written)."""
     n, k = plan.packed_sequence_size, plan.num_packs
     counts = pieces_per_pack(plan.pack_offsets)
     values = {"segment": counts + (plan.pack_spans() < n), "piece": counts}  # per pack, by Column.per
@@ -111,24 +116,35 @@ def pack_tar_bytes(plan: PackPlan, columns: list[str], layout: str) -> np.ndarra
         lengths = np.stack([_lengths(COLUMNS[c], n, k, values) for c in names], axis=1)
         uniq, inv = np.unique(lengths, axis=0, return_inverse=True)
         sizes = [
-            member_size(_member_npy_size(member, tuple(zip(names, u.tolist(), strict=True)))) for u in uniq
+            member_size(
+                tar.stored_bound(
+                    _member_npy_size(member, tuple(zip(names, u.tolist(), strict=True))), compression
+                )
+            )
+            for u in uniq
         ]
         total += np.array(sizes, dtype=np.int64)[inv.reshape(-1)]
     return total
 
 
 def shard_bounds(
-    plan: PackPlan, shard_size: int, shard_max_bytes: int | None, columns: list[str], layout: str
+    plan: PackPlan,
+    shard_size: int,
+    shard_max_bytes: int | None,
+    columns: list[str],
+    layout: str,
+    compression: str = "none",
 ) -> list[tuple[int, int]]:
     """Pack ranges ``[(first, end), ...]`` of the tar shards: at most ``shard_size`` packs and, when
-    ``shard_max_bytes`` is set, at most that many bytes per ``.tar`` file (end-of-archive blocks included).
+    ``shard_max_bytes`` is set, at most that many bytes per ``.tar`` file (end-of-archive blocks included;
+    compressed members counted at their largest, ``pack_tar_bytes``).
 
     Raises ``ConfigError`` when one pack alone is larger than ``shard_max_bytes``.
     """
     k = plan.num_packs
     if shard_max_bytes is None:
         return [(a, min(a + shard_size, k)) for a in range(0, k, shard_size)]
-    sizes = pack_tar_bytes(plan, columns, layout)
+    sizes = pack_tar_bytes(plan, columns, layout, compression)
     cum = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(sizes, out=cum[1:])
     # a shard of S bytes of members becomes ceil((S + 2 blocks) / RECORD) * RECORD bytes on disk
@@ -148,13 +164,21 @@ def shard_bounds(
 
 
 def write_tar_shard(
-    path: str | Path, packs: PackArrays, *, first_pack: int, run_id: str, shard: int, layout: str
+    path: str | Path,
+    packs: PackArrays,
+    *,
+    first_pack: int,
+    run_id: str,
+    shard: int,
+    layout: str,
+    compression: str = "none",
 ) -> dict:
-    """Write ``packs`` (the columns ``layout`` stores) as the tar shard ``path`` and its ``path.idx`` (both
-    through ``.tmp`` names and a rename); return the shard entry's own fields
-    (``tar.TarFields``: ``{"index": "packs-NNNNNN.tar.idx"}``)."""
+    """Write ``packs`` (the columns ``layout`` stores; ``.npy`` members stored with ``compression``,
+    ``tar.COMPRESSIONS``) as the tar shard ``path`` and its ``path.idx`` (both through ``.tmp`` names and
+    a rename); return the shard entry's own fields (``tar.TarFields``: ``{"index":
+    "packs-NNNNNN.tar.idx", "compression": "none"}``)."""
     path = Path(path)
-    groups = pack_members(packs.present(), layout)
+    groups = pack_members(packs.present(), layout, compression)
     k = packs.num_packs
     num_samples = packs.pieces_per_pack()
     num_tokens = packs.real_tokens()  # neither the padding nor the pieces' context-parallel padding
@@ -179,11 +203,13 @@ def write_tar_shard(
                         if ext == META:
                             members[ext] = pack_json(**meta)
                             assert len(members[ext]) < BLOCK, meta  # pack_tar_bytes counts one block for it
-                        elif ext == SMALL_COLUMNS:
-                            members[ext] = npy_bytes(record(arrays, meta))
+                        elif tar.stored_name(ext) == SMALL_COLUMNS:
+                            members[ext] = tar.compress(npy_bytes(record(arrays, meta)), compression)
                         else:
-                            members[ext] = npy_bytes(arrays[names[0]])
-                    if packs.images is not None:  # KEY.img{k}.{ext}: each image's bytes as read
+                            members[ext] = tar.compress(npy_bytes(arrays[names[0]]), compression)
+                    if (
+                        packs.images is not None
+                    ):  # KEY.img{k}.{ext}: each image's bytes as read, never compressed
                         a, b = packs.image_sample_offsets[i], packs.image_sample_offsets[i + 1]
                         for k, image in enumerate(packs.images.slice(a, b - a).to_pylist()):
                             members[image_member(k, image["path"], image["bytes"])] = image["bytes"]
@@ -192,14 +218,15 @@ def write_tar_shard(
                         archive.addfile(tar.tarinfo(f"{key}.{ext}", len(data)), io.BytesIO(data))
                 offsets[k] = archive.offset
         index_tmp.write_bytes(offsets.tobytes())
-    return {"index": index.name}
+    return {"index": index.name, "compression": compression}
 
 
 # --- reading -------------------------------------------------------------------------------------------
 def pack_meta(path: Path, key: str, found: dict[str, tuple[int, int]], buf) -> dict | None:
     """The metadata of pack ``key`` (its members ``{ext: (data offset, size)}`` in ``buf``): its ``.json``
-    member (``full``), or the ``PACK_META`` fields of its ``small_columns.npy`` record (``minimal``); None
-    when it has neither.
+    member (``full``), or the ``PACK_META`` fields of its ``small_columns.npy`` record (``minimal``; of a
+    compressed one, ``small_columns.npy.gz``, only its first bytes are decompressed); None when it has
+    neither.
 
     Raises ``InputError`` naming the member when the ``.json`` is not a JSON object, the record does not
     parse or one of its metadata fields is not of its dtype."""
@@ -212,10 +239,17 @@ def pack_meta(path: Path, key: str, found: dict[str, tuple[int, int]], buf) -> d
         if not isinstance(meta, dict):
             raise InputError(f"{path}: member {key}.{META} is not a JSON object")
         return meta
-    if SMALL_COLUMNS not in found:
+    ext = next((e for e in found if tar.stored_name(e) == SMALL_COLUMNS), None)
+    if ext is None:
         return None
-    name = f"{key}.{SMALL_COLUMNS}"
-    meta, bad = record_meta(record_fields(path, name, tar.npy_view(path, name, buf, *found[SMALL_COLUMNS])))
+    name = f"{key}.{ext}"
+    offset, size = found[ext]
+    if ext == SMALL_COLUMNS:
+        fields = record_fields(path, name, tar.npy_view(path, name, buf, offset, size))
+    else:
+        head = tar.decompress_head(path, name, buf[offset : offset + size], tar.MAX_NPY_HEADER + 64)
+        fields = tar.record_head(path, name, head)
+    meta, bad = record_meta(fields)
     if bad:
         field, what = next(iter(bad.items()))
         raise InputError(f"{path}: member {name} has a field {field} that is {what}")
@@ -239,22 +273,23 @@ def _check_run_id(path: Path, meta: dict | None, run_id: str, first: int | None)
 
 
 def _stored_columns(
-    path: Path, key: str, found: dict[str, tuple[int, int]], buf, columns
+    path: Path, key: str, found: dict[str, tuple[int, int]], buf, columns, n: int
 ) -> dict[str, np.ndarray]:
     """The stored columns of pack ``key`` named in ``columns`` (its members ``{ext: (data offset, size)}``
-    in ``buf``: ``NAME.npy``, and the fields of ``small_columns.npy``), as array copies by name (``buf``
-    may close after)."""
+    in ``buf``: ``NAME.npy``, and the fields of ``small_columns.npy``; ``.npy.gz`` decompressed to at most
+    what a pack of ``n`` tokens holds), as array copies by name (``buf`` may close after)."""
     out = {}
     if IMAGES in columns:  # a vision-language pack's image members, in image order
         images = sorted((int(m[1]), ext) for ext in found if (m := IMAGE_MEMBER.fullmatch(ext)))
         out[IMAGES] = [(f"{key}.{ext}", bytes(buf[found[ext][0] : sum(found[ext])])) for _, ext in images]
     for ext, (offset, size) in found.items():
-        if ext == SMALL_COLUMNS:
-            name = f"{key}.{ext}"
-            fields = record_fields(path, name, tar.npy_view(path, name, buf, offset, size))
+        stored = tar.stored_name(ext)
+        name = f"{key}.{ext}"
+        if stored == SMALL_COLUMNS:
+            fields = record_fields(path, name, tar.npy_member(path, name, buf, offset, size, n))
             out.update({c: a.copy() for c, a in fields.items() if c in columns})
-        elif ext.endswith(".npy") and ext[: -len(".npy")] in columns:
-            out[ext[: -len(".npy")]] = tar.npy_view(path, f"{key}.{ext}", buf, offset, size).copy()
+        elif stored.endswith(".npy") and (column := stored[: -len(".npy")]) in columns:
+            out[column] = tar.npy_member(path, name, buf, offset, size, n).copy()
     return out
 
 
@@ -308,7 +343,7 @@ def read_tar_packs(
                 if run_id is not None:
                     _check_run_id(path, pack_meta(path, key, found, buf), run_id, first_pack)
                     run_id = None  # the first pack's is enough: a shard is written by one run
-                pack = _stored_columns(path, key, found, buf, columns)
+                pack = _stored_columns(path, key, found, buf, columns, n)
                 missing = [c for c in columns if c not in pack]
                 if missing:
                     raise InputError(f"{path}: pack {key} stores no {', '.join(missing)}")
@@ -320,6 +355,7 @@ def read_tar_packs(
 
 
 CRC32_VERSION = 3  # the format_version from which shard entries carry the file's crc32
+COMPRESSED_FORMAT_VERSION = 6  # the format_version from which .npy members may be compressed
 
 
 class TarUnitReader(UnitReader):
@@ -338,6 +374,7 @@ class TarUnitReader(UnitReader):
                 "(an edited manifest)"
             )
         first = sum(e.num_packs for e in m.shards[:shard])
+        tar.check_compression(entry)  # one this packtool does not read is refused before any byte is read
         path = self.directory / entry.path
         packs = read_tar_packs(path, m.packed_sequence_size, columns, m.run_id, crc, first)
         if len(packs) != entry.num_packs:
@@ -354,8 +391,9 @@ class TarWriter(ShardWriter):
     def shard_ranges(
         self, plan: PackPlan, options: OutputOptions, columns: list[str]
     ) -> list[tuple[int, int]]:
+        wds = options.webdataset
         return shard_bounds(
-            plan, options.shard_size, options.webdataset.shard_max_bytes, columns, options.columns
+            plan, options.shard_size, wds.shard_max_bytes, columns, options.columns, wds.tar_compression
         )
 
     def write(
@@ -369,6 +407,13 @@ class TarWriter(ShardWriter):
             run_id=meta.run_id,
             shard=meta.shard,
             layout=options.columns,
+            compression=options.webdataset.tar_compression,
+        )
+
+    def format_major(self, fields: dict) -> int:
+        """6 for compressed members (a 5.x reader looks for ``NAME.npy``, finds ``NAME.npy.gz``), else 5."""
+        return (
+            COMPRESSED_FORMAT_VERSION if fields.get("compression", "none") != "none" else BASE_FORMAT_VERSION
         )
 
     def write_dataset_index(self, directory: Path, manifest: Manifest, options: OutputOptions) -> list[str]:
@@ -407,7 +452,7 @@ class TarReader(ShardReader):
             if len(groups) != 1:
                 return None
             key, _, found, _ = groups[0]
-            pack = _stored_columns(path, key, found, data, [*COLUMNS, IMAGES])
+            pack = _stored_columns(path, key, found, data, [*COLUMNS, IMAGES], manifest.packed_sequence_size)
         except PacktoolError:  # a damaged member: reading in order says so, as for any format
             return None
         n = manifest.packed_sequence_size

@@ -76,25 +76,27 @@ class _Batch:
 
 
 def _member_views(
-    path: Path, buf, key: str, members: dict, groups: dict[str, tuple[str, ...]], problem: Callable
+    path: Path, buf, key: str, members: dict, groups: dict[str, tuple[str, ...]], n: int, problem: Callable
 ) -> tuple[dict[str, tuple[np.ndarray, str]], dict | None]:
     """Every stored column of one pack as ``(view into buf, where)`` by name (``where``: `` (a field of
-    KEY.small_columns.npy)`` or ""), and the record's metadata fields (``record_meta``: None without a
-    record that parses); the members that do not parse, and the record's missing, unexpected or damaged
-    fields, reported."""
+    KEY.small_columns.npy)`` or ""; a compressed member's view is into its bytes decompressed, at most
+    what a pack of ``n`` tokens holds), and the record's metadata fields (``record_meta``: None without a
+    record that parses); the members that do not parse or decompress, and the record's missing,
+    unexpected or damaged fields, reported."""
     views: dict[str, tuple[np.ndarray, str]] = {}
     meta = None
     for ext, names in groups.items():
         if ext == META or ext not in members:  # (a missing member is reported as such)
             continue
         name = f"{key}.{ext}"
+        is_record = tar.stored_name(ext) == SMALL_COLUMNS
         try:
-            arr = tar.npy_view(path, name, buf, *members[ext])
-            fields = tar.record_fields(path, name, arr) if ext == SMALL_COLUMNS else {names[0]: arr}
+            arr = tar.npy_member(path, name, buf, *members[ext], n)
+            fields = tar.record_fields(path, name, arr) if is_record else {names[0]: arr}
         except PacktoolError as e:
             problem("npy", str(e).removeprefix(f"{path}: "), names[0] if len(names) == 1 else None)
             continue
-        if ext == SMALL_COLUMNS:
+        if is_record:
             want = [*PACK_META, *names]
             missing, extra = [c for c in want if c not in fields], [c for c in fields if c not in want]
             if missing:
@@ -104,17 +106,18 @@ def _member_views(
             meta, bad = record_meta(fields)
             for field_name, what in bad.items():
                 problem("npy", f"{what} (a field of {name})", field_name)
-        where = f" (a field of {name})" if ext == SMALL_COLUMNS else ""
+        where = f" (a field of {name})" if is_record else ""
         views.update({c: (fields[c], where) for c in names if c in fields})
     return views, meta
 
 
 def _pack_arrays(
-    path: Path, buf, key: str, members: dict, columns: list[str], layout: str, n: int, problem: Callable
+    path: Path, buf, key: str, members: dict, columns: list[str], groups: dict, n: int, problem: Callable
 ) -> tuple[dict[str, np.ndarray] | None, dict | None]:
-    """The stored columns of one pack as arrays (copies), or None (reported) if one is unusable; and the
-    metadata fields of its record (``_member_views``)."""
-    views, meta = _member_views(path, buf, key, members, pack_members(columns, layout), problem)
+    """The stored ``columns`` of one pack (in the members ``groups``: ``pack_members``) as arrays
+    (copies), or None (reported) if one is unusable; and the metadata fields of its record
+    (``_member_views``)."""
+    views, meta = _member_views(path, buf, key, members, groups, n, problem)
     arrays: dict[str, np.ndarray] = {}
     for col in columns:
         if col not in views:
@@ -166,7 +169,13 @@ def check_tar_shard(
     name = entry.path
     n = manifest.packed_sequence_size
     columns = [c for c in manifest.columns if c in COLUMNS]
-    want = set(pack_members(columns, manifest.layout))
+    try:
+        compression = tar.check_compression(entry)
+    except PacktoolError as e:
+        report.add("compression", str(e).removeprefix(f"shard {name}, "), shard=name, field="compression")
+        return
+    stored = pack_members(columns, manifest.layout, compression)  # the members of a pack
+    want = set(stored)
     has_json = META in want  # else the metadata is the record's fields, each checked as a field
     old = manifest.format_version < 2  # no run_id in .json; verify says so once
     capacity = max(1, TAR_BATCH_TOKENS // n)
@@ -202,10 +211,10 @@ def check_tar_shard(
                 if missing:
                     problem("members", f"missing member(s) {', '.join(f'{key}.{x}' for x in missing)}")
                 # (a pack missing a member still has its other members and metadata checked)
-                arrays, meta = _pack_arrays(path, buf, key, members, columns, manifest.layout, n, problem)
+                arrays, meta = _pack_arrays(path, buf, key, members, columns, stored, n, problem)
                 if has_json:
                     meta = _pack_json(buf, key, members, problem) if META in members else None
-                source = f"{key}.{META if has_json else SMALL_COLUMNS}"
+                source = f"{key}.{META if has_json else SMALL_COLUMNS + tar.COMPRESSIONS[compression]}"
                 if meta is not None and shard_meta is None:
                     shard_meta = meta
                     if "run_id" in meta:

@@ -16,7 +16,7 @@ import yaml
 
 from packtool.formats.base import ProblemSink
 from packtool.formats.energon_index import INDEX_UUID, SQLITE_INDEX, write_sqlite_index
-from packtool.formats.tar import INDEX_SUFFIX, pack_members, tar_index_name
+from packtool.formats.tar import INDEX_SUFFIX, member_compression, pack_members, stored_name, tar_index_name
 from packtool.manifest import MANIFEST, MINIMAL_TAR_RECORD_VERSION, Manifest
 
 WIDS_INDEX = "wids.json"  # the training shards only: a wids reader of it never sees held-out packs
@@ -71,11 +71,14 @@ def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
         f"{ENERGON_DIR}/dataset.yaml": {
             "sample_type": ENERGON_SAMPLE_TYPE,
             # the members of one column, named after it (a minimal output's small columns, fields of one
-            # member, are not PackSample's: Energon reads a full output)
+            # member, are not PackSample's: Energon reads a full output); NAME.npy.gz when compressed,
+            # which Energon's decoder (webdataset's) decompresses by its suffix
             "field_map": {
                 names[0]: ext
-                for ext, names in pack_members(manifest.columns, manifest.layout).items()
-                if names == (ext.removesuffix(".npy"),)
+                for ext, names in pack_members(
+                    manifest.columns, manifest.layout, member_compression(manifest)
+                ).items()
+                if names == (stored_name(ext).removesuffix(".npy"),)
             },
         },
         f"{ENERGON_DIR}/{ENERGON_CRUDE_CONFIG}": {

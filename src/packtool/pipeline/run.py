@@ -66,7 +66,7 @@ from packtool.pipeline.output import OutputDir
 from packtool.pipeline.report import name_special_tokens
 from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
 from packtool.pipeline.stores import open_store
-from packtool.pipeline.summary import build_manifest, input_entries, run_stats, with_path
+from packtool.pipeline.summary import build_manifest, input_entries, lowest_version, run_stats, with_path
 from packtool.pipeline.write import finished_shard, output_columns, split_shard_ranges
 from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs
 from packtool.version import __version__
@@ -100,6 +100,7 @@ def run_pack(
                 manifest = run(options, out, show, _Say(say, options.running.quiet))
             except InputError as e:  # a vision sample's error names its record already
                 raise (e if options.encoding.is_vision else first_bad_record(options, e)) from None
+            manifest = lowest_version(manifest)
             out.commit(manifest)
         return manifest
     except WorkerDied as e:  # killed from outside (out of memory): keep the work for a resume

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 
 from packtool.errors import ErrorSink
+from packtool.formats.registry import get_format
 from packtool.manifest import (
+    BASE_FORMAT_VERSION,
+    IMAGES_FORMAT_VERSION,
+    NEWEST_MINOR,
     Histogram,
     InputEntry,
     Manifest,
@@ -127,3 +132,16 @@ def with_path(identity: dict) -> dict:
     if identity.get("kind") == "huggingface" and name and os.path.exists(name):
         return {**identity, "path": os.path.abspath(name)}
     return identity
+
+
+def lowest_version(manifest: Manifest) -> Manifest:
+    """``manifest`` saying the lowest ``format_version`` whose readers read it whole: its format's say for
+    each shard (``ShardWriter.format_major``: compressed tar members need 6), 6 for images, else 5; the
+    minor is that major's newest (docs/formats.md#compatibility). Readers pinned to an older packtool so
+    keep reading every output that needs nothing newer."""
+    writer = get_format(manifest.shard_format).writer
+    needs = [writer.format_major(entry.fields) for entry in manifest.shards]
+    if manifest.image_columns:
+        needs.append(IMAGES_FORMAT_VERSION)
+    major = max([BASE_FORMAT_VERSION, *needs])
+    return dataclasses.replace(manifest, format_version=major, format_minor=NEWEST_MINOR[major])
