@@ -82,7 +82,13 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
     store, digest = memory_store(kept, sequences, options, out.work)
     table = ImageTable.of(kept, sequences)
     lengths = store.lengths()
-    plan = make_plan(lengths, options.packing, lambda i, f, m: kept[i].error(m, "messages"))
+    plan = make_plan(
+        lengths,
+        options.packing,
+        lambda i, f, m: kept[i].error(m, "messages"),
+        fetch=store.samples,  # a custom select_samples_to_pack sees the samples' tokens, as for text
+        store_packs=_no_policy_packs,
+    )
     stats = run_stats(options, plan, lengths, skipped=sink)
     if plan.num_packs == 0:
         raise InputError(
@@ -160,6 +166,15 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
     manifest.index_files = fmt.writer.write_dataset_index(out.partial, manifest, options.output)
     write_dataset_card(out.partial, manifest, fmt.suffix)
     return manifest
+
+
+def _no_policy_packs(packs: list) -> None:
+    """A custom strategy's ``pack_selected_samples`` makes new samples of its own: their images' spans
+    would not be known."""
+    raise ConfigError(
+        "a custom strategy's pack_selected_samples is not available with images (the packs it makes would "
+        "lose their images' spans): give select_samples_to_pack alone"
+    )
 
 
 def vision_record(processor: dict, table: ImageTable, plan, ranks: int) -> dict:
