@@ -110,7 +110,10 @@ def test_bad_rows_are_counted_and_logged_and_the_good_ones_packed_with_their_ima
     vision = m["vision"]
     assert (vision["input_images"], vision["packed_images"], vision["dropped_images"]) == (5, 3, 2)
     assert vision["processor"]["family"] == "dynamic" and len(vision["processor"]["config_sha256"]) == 64
-    assert "packed 3 of 12 samples whole with 3 of 5 images (" in text
+    assert (
+        "packed 3 of 12 samples whole with 3 of 5 images (" in text
+        and ", 2 left out with their samples)" in text
+    )
 
     packs = list(read_packs(out, with_sample_index=True))
     stored = [image for p in packs for image in p["images"]]
