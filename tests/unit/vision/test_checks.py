@@ -87,3 +87,31 @@ def test_source_finds_an_image_changed_since_the_run(packed, tmp_path):
     report = verify_output(out, source=[str(inputs / "data.jsonl")], processor=processor)
     bad = [str(p) for p in report.problems if p.field == "images"]
     assert bad and all("bytes differ from images/a.png's" in line for line in bad), report.lines()
+
+
+def test_the_image_bytes_a_footer_may_declare_are_bounded_by_the_shard_entry(packed, tmp_path):
+    """An output is untrusted: a Parquet footer declaring more image bytes than its entry's image_bytes
+    is refused before a page is read (an entry edited to 0 stands for a footer inflated past it)."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from packtool import read_packs
+    from packtool.errors import InputError
+
+    _, processor, _ = packed
+    noise = np.random.default_rng(0).integers(0, 256, (300, 300, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "noise.png")  # ~270 KB: beyond the footer check's slack
+    record = {"image": "noise.png", "conversations": [{"from": "human", "value": "<image>"},
+                                                      {"from": "gpt", "value": "noise"}]}  # fmt: skip
+    (tmp_path / "in.jsonl").write_text(json.dumps(record) + "\n")
+    out = tmp_path / "out"
+    run_pack(PackOptions.of(inputs=[str(tmp_path / "in.jsonl")], output=str(out), packed_sequence_size=128,
+                            processor=processor, quiet=True))  # fmt: skip
+    assert len(list(read_packs(out))) == 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"][0]["image_bytes"] = 0
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=r"column images\.list\.element\.bytes: its footer declares"):
+        list(read_packs(out))
