@@ -68,7 +68,7 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
         kept, sequences = encode_samples(
             processor, _counted(read_vision_samples(options.reading.inputs, sink), bar), sink
         )
-    kept, sequences = _fitting(kept, sequences, n, sink)
+    kept, sequences = fitting(kept, sequences, n, sink)
     if not kept:
         raise InputError(_nothing_left(sink), source=", ".join(options.reading.inputs), code="empty_input")
     identity = {**processor.tokenizer.identity(), "name": processor.path}
@@ -79,10 +79,16 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
         )
     identity_key = make_run_id(options, {**identity, "processor": processor.identity()}, fingerprint)
     out.begin({"run_id": identity_key, "inputs": stamps, "packtool": __version__})
-    store, digest = _store(kept, sequences, options, out.work)
+    store, digest = memory_store(kept, sequences, options, out.work)
     table = ImageTable.of(kept, sequences)
     lengths = store.lengths()
-    plan = make_plan(lengths, options.packing, lambda i, f, m: kept[i].error(m, "messages"))
+    plan = make_plan(
+        lengths,
+        options.packing,
+        lambda i, f, m: kept[i].error(m, "messages"),
+        fetch=store.samples,  # a custom select_samples_to_pack sees the samples' tokens, as for text
+        store_packs=_no_policy_packs,
+    )
     stats = run_stats(options, plan, lengths, skipped=sink)
     if plan.num_packs == 0:
         raise InputError(
@@ -162,6 +168,15 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
     return manifest
 
 
+def _no_policy_packs(packs: list) -> None:
+    """A custom strategy's ``pack_selected_samples`` makes new samples of its own: their images' spans
+    would not be known."""
+    raise ConfigError(
+        "a custom strategy's pack_selected_samples is not available with images (the packs it makes would "
+        "lose their images' spans): give select_samples_to_pack alone"
+    )
+
+
 def vision_record(processor: dict, table: ImageTable, plan, ranks: int) -> dict:
     """The manifest's ``vision``: the processor's identity; ``input_images`` (the images of the samples
     encoded), ``packed_images`` and ``dropped_images`` (in samples the plan left out: too long, over
@@ -199,7 +214,7 @@ def _blocks(
         bar.update(part.num_packs)
 
 
-def _store(
+def memory_store(
     samples: list[VisionSample], sequences: list[VisionSequence], options: PackOptions, work: Path
 ) -> tuple[MemoryStore, str]:
     """The encoded samples as one in-memory chunk (``MemoryStore``: what ``build_pack_arrays`` gathers
@@ -241,7 +256,7 @@ def _store(
     return MemoryStore(Path(work), [meta], units=[unit]), h.hexdigest()
 
 
-def _fitting(
+def fitting(
     samples: list[VisionSample], sequences: list[VisionSequence], n: int, sink: ErrorSink
 ) -> tuple[list[VisionSample], list[VisionSequence]]:
     """The samples none of whose images alone takes more than ``n`` tokens: no setting of the long-sample
