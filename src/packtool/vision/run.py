@@ -41,14 +41,14 @@ from packtool.layout import labels_follow_rule
 from packtool.manifest import ERRORS_LOG, IMAGE_COLUMNS, Manifest
 from packtool.options import PackOptions
 from packtool.packing.planner import hold_out, make_plan
-from packtool.pipeline.identity import make_run_id
+from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
 from packtool.pipeline.memory import MemoryStore
 from packtool.pipeline.summary import build_manifest, input_entries, run_stats, with_path
 from packtool.pipeline.write import build_pack_arrays, output_columns, shard_entry, split_shard_ranges
 from packtool.stats import image_stats
 from packtool.version import __version__
 from packtool.vision.balance import balance_visual_tokens
-from packtool.vision.inputs import read_vision_samples
+from packtool.vision.inputs import expand_vision_inputs, read_vision_samples
 from packtool.vision.processor import load_processor
 from packtool.vision.samples import VisionSample, report
 from packtool.vision.sequences import VisionSequence, encode_samples, sequence_columns
@@ -62,7 +62,8 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
     manifest for ``out.commit``. ``say``: the run's ``warning``/``note`` lines (``pipeline.run``)."""
     n = options.packing.packed_sequence_size
     processor = load_processor(options.encoding.vision.processor)
-    fingerprint, stamps = input_files(options.reading.inputs)
+    fingerprint = input_fingerprint(options.reading.inputs, expand_vision_inputs)
+    stamps = input_stamps(options.reading.inputs, expand_vision_inputs)
     sink = ErrorSink(options.running.on_error)
     with _bar(show, desc="encode", unit=" samples") as bar:
         kept, sequences = encode_samples(
@@ -141,7 +142,7 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
             shards.append(
                 shard_entry(path, meta, part, split, fmt.writer.write(path, blocks, meta, options.output))
             )
-    check_inputs_unchanged(stamps)
+    check_inputs_unchanged(options.reading.inputs, stamps, expand_vision_inputs)
     if sink.total:  # in input order (an image over N is found after its sample is encoded)
         order = {source: i for i, source in enumerate(options.reading.inputs)}
         entries = sorted(sink.entries, key=lambda e: (order.get(e["source"], len(order)), e["row"] or 0))
@@ -275,41 +276,6 @@ def fitting(
         kept.append(sample)
         seqs.append(seq)
     return kept, seqs
-
-
-def input_files(inputs: list[str]) -> tuple[list[dict], list[list]]:
-    """The inputs' manifest entries (``source``, ``kind``, ``bytes``) and the stamps of their files
-    (``[path, size, mtime_ns, ctime_ns, inode]``); ``InputError`` for an input that does not exist."""
-    fingerprint, stamps = [], []
-    for source in inputs:
-        path = Path(source)
-        if not path.exists():
-            raise InputError("no such file or directory", source=source)
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        kind = (
-            "hf_disk" if path.is_dir() else "webdataset" if path.suffix == ".tar" else path.suffix.lstrip(".")
-        )
-        fingerprint.append({"source": source, "kind": kind, "bytes": sum(p.stat().st_size for p in files)})
-        for p in files:
-            st = p.stat()
-            stamps.append([str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
-    return fingerprint, stamps
-
-
-def check_inputs_unchanged(stamps: list[list]) -> None:
-    """``InputError`` naming the first input file that changed while the run read it (``input_files``'
-    stamps): nothing is committed from an input that changed."""
-    for path, *stamp in stamps:
-        try:
-            st = os.stat(path)
-        except OSError:
-            raise InputError("removed while the run read it; nothing was written", source=path) from None
-        if [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino] != stamp:
-            raise InputError(
-                "changed while the run read it; nothing was written: run again once it is final",
-                source=path,
-                code="input_changed",
-            )
 
 
 def _counted(samples: Iterator[VisionSample], bar: tqdm) -> Iterator[VisionSample]:
