@@ -60,7 +60,7 @@ def shard_bytes(out: Path) -> int:
 
 def write_step(src: Path, compression: str, scratch: Path) -> float:
     """Seconds to write every shard of ``src``'s packs again with ``compression`` (the packs read first)."""
-    from packtool.formats import get_format
+    from packtool.formats.registry import get_format
 
     m = load_manifest(src)
     reader = get_format("webdataset").reader.open_reader(src, m)

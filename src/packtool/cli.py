@@ -281,10 +281,22 @@ def inspect(
     help="With --source: encode with this tokenizer instead of the run's; needed when the run's is a "
     "plugin (code is run only when named here, never on the manifest's word).",
 )
+@click.option(
+    "--processor",
+    default=None,
+    help="A vision-language output: the model's processor directory, to check each image's token count "
+    "(with --source the run's recorded one is used when this is not given).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar while re-encoding the source.")
 def verify(
-    directory: str, inputs: tuple[str, ...], source: bool, tokenizer: str | None, as_json: bool, quiet: bool
+    directory: str,
+    inputs: tuple[str, ...],
+    source: bool,
+    tokenizer: str | None,
+    processor: str | None,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
     """Check that a packtool output DIRECTORY is whole: shards, sizes, sha256, run_id, index, packs.
 
@@ -298,7 +310,11 @@ def verify(
     if tokenizer and not source:
         raise ConfigError("--tokenizer is the tokenizer of --source: pass --source")
     report = verify_output(
-        directory, source=list(inputs) if source else None, progress=not quiet, tokenizer=tokenizer
+        directory,
+        source=list(inputs) if source else None,
+        progress=not quiet,
+        tokenizer=tokenizer,
+        processor=processor,
     )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

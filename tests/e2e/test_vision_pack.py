@@ -3,7 +3,7 @@ images, read back by ``read_packs`` and ``datasets.load_dataset(OUT)``; the bad 
 errors (exit 3) or counted with ``--on-error skip``.
 
 Each ``pack`` imports transformers (seconds), so the runs are few: one over good and bad rows together
-(every bad row counted and logged), one stopping at a bad row, one per storage variant.
+(every bad row counted and logged; Parquet, full), one stopping at a bad row, one of tar (minimal).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from packtool import read_packs
+from packtool.inspect import inspect_report, pack_report
 from tests.conftest import run_cli
 from tests.fixtures.vision_inputs import image_bytes, llava_rows, write_image, write_jsonl, write_llava_input
 from tests.fixtures.vision_processors import build_qwen2vl
@@ -110,7 +111,10 @@ def test_bad_rows_are_counted_and_logged_and_the_good_ones_packed_with_their_ima
     vision = m["vision"]
     assert (vision["input_images"], vision["packed_images"], vision["dropped_images"]) == (5, 3, 2)
     assert vision["processor"]["family"] == "dynamic" and len(vision["processor"]["config_sha256"]) == 64
-    assert "packed 3 of 12 samples whole with 3 of 5 images (" in text
+    assert (
+        "packed 3 of 12 samples whole with 3 of 5 images (" in text
+        and ", 2 left out with their samples)" in text
+    )
 
     packs = list(read_packs(out, with_sample_index=True))
     stored = [image for p in packs for image in p["images"]]
@@ -127,25 +131,14 @@ def test_bad_rows_are_counted_and_logged_and_the_good_ones_packed_with_their_ima
             starts = np.concatenate([[0], np.cumsum(p["seq_lens"])])
             assert starts[sample] <= a and a + n <= starts[sample + 1]
         assert (p["input_ids"] == image_token).sum() == p["image_length"].sum()
-
-
-def test_load_dataset_of_the_output_directory_types_the_images(inputs, tmp_path):
+    # the output directory through its dataset card: the images typed as images
     import datasets
 
-    out = tmp_path / "out"
-    code, text = pack(inputs, out, inputs["good"], "--long-samples", "drop", "--columns", "minimal")
-    assert code == 0, text
     ds = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
     assert isinstance(ds.features["images"].feature, datasets.Image)
     row = next(r for r in ds if r["images"])
-    assert (row["images"][0].height, row["images"][0].width) == (
-        row["image_height"][0],
-        row["image_width"][0],
-    )
-    # minimal: labels rebuilt by the rule from the loss mask, -100 on every image token
-    for p in read_packs(out):
-        for a, n in zip(p["image_offset"], p["image_length"], strict=True):
-            assert (p["labels"][a : a + n] == -100).all()
+    image = row["images"][0]
+    assert (image.height, image.width) == (row["image_height"][0], row["image_width"][0])
 
 
 def test_a_bad_row_stops_the_run_with_one_line_naming_file_line_field_and_image(inputs, tmp_path):
@@ -168,7 +161,8 @@ def test_options_that_would_cut_an_image_are_usage_errors(inputs, tmp_path):
 def test_tar_output_holds_each_image_as_a_member_and_balances_image_tokens_per_step(inputs, tmp_path):
     """webdataset, minimal: one ``KEY.img{k}.{ext}`` member per image (original bytes and extension), the
     image columns in the pack's record; ``--balance-visual-tokens 2``: each step of two consecutive packs
-    holds two packs adjacent in the order of their image tokens (bfd's shuffled order does not)."""
+    holds two packs adjacent in the order of their image tokens (bfd's shuffled order does not); verify
+    passes; inspect shows the image figures and a pack's image spans."""
     import tarfile
 
     source = write_jsonl(inputs["root"] / "in" / "many.jsonl", llava_rows() * 6)
@@ -197,3 +191,14 @@ def test_tar_output_holds_each_image_as_a_member_and_balances_image_tokens_per_s
         assert [i["path"].split(".", 1)[1] for i in p["images"]] == [
             f"img{k}.{Path(i['path']).suffix[1:]}" for k, i in enumerate(p["images"])
         ]
+        for a, n in zip(p["image_offset"], p["image_length"], strict=True):  # minimal: labels rebuilt
+            assert (p["labels"][a : a + n] == -100).all()
+    code, text = cli("verify", out, "--processor", inputs["processor"])  # members, index, spans, counts
+    assert code == 0 and f"images: {m['vision']['packed_images']}" in text, text
+    report = inspect_report(out)  # (inspect's CLI prints these: tests/e2e/test_inspect.py)
+    assert report["images"]["image_tokens"] == int(tokens.sum()) and report["images"]["ranks"] == 2
+    assert sum(report["histograms"]["images_per_pack"]["counts"]) == len(packs)
+    shown = pack_report(out, 1)["images"]
+    assert [(i["offset"], i["length"]) for i in shown] == list(
+        zip(packs[1]["image_offset"].tolist(), packs[1]["image_length"].tolist(), strict=True)
+    )

@@ -41,6 +41,7 @@ DEFERRED = {
     "packtool.readers.inputs": {"packtool.readers.hf"},  # datasets is slow to import
     "packtool.pipeline.engines": {"packtool.pipeline.engines.ray"},  # the ray extra
     "packtool.pipeline.run": {"packtool.vision.run"},  # the vision extra: Pillow, transformers
+    "packtool.verify": {"packtool.vision.checks"},  # the vision extra, for image outputs only
 }
 # importer -> third-party modules it may import inside a function (each site says why)
 DEFERRED_THIRD_PARTY = {"packtool.config_file": {"yaml"}}  # yaml: ~20 ms of every start-up
@@ -287,6 +288,7 @@ DRIVER_READS = {
         "running.strict",
     },
     "packtool.verify.source": {"encoding.text_field", "reading.inputs", "reading.split", "running.on_error"},
+    "packtool.vision.checks": {"reading.inputs", "running.on_error"},  # verify --source of an image output
     "packtool.inspect.sources": {"encoding.text_field", "reading.split"},  # inspect --pack re-reads a source
 }
 

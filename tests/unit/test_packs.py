@@ -69,3 +69,31 @@ def test_take_picks_packs_and_their_ragged_values():
 def test_pack_gives_what_readers_give_never_the_minimal_columns():
     pack = minimal_packs().pack(0, with_sample_index=True)
     assert sorted(pack) == ["input_ids", "sample_index", "sample_offset", "seq_lens"]
+
+
+def test_images_go_with_their_packs():
+    """A vision-language run of packs: the image columns and the images' bytes split by
+    image_sample_offsets, taken and given per pack in pack order."""
+    import pyarrow as pa
+
+    packs = minimal_packs()
+    packs.image_sample_offsets = np.array([0, 2, 3])
+    columns = {"image_sample": [0, 1, 0], "image_offset": [1, 4, 0], "image_length": [2, 1, 3],
+               "image_height": [5, 6, 7], "image_width": [8, 9, 10]}  # fmt: skip
+    for name, values in columns.items():
+        setattr(packs, name, np.array(values, np.int32))
+    packs.images = pa.array(
+        [{"bytes": b"a", "path": "a.png"}, {"bytes": b"b", "path": "b.png"}, {"bytes": b"c", "path": "c.jpg"}]
+    )
+    assert packs.present()[-5:] == [
+        "image_sample",
+        "image_offset",
+        "image_length",
+        "image_height",
+        "image_width",
+    ]
+    last = packs.take([1])
+    assert last.image_offset.tolist() == [0] and last.images.to_pylist() == [{"bytes": b"c", "path": "c.jpg"}]
+    pack = packs.pack(0)
+    assert pack["images"] == [{"bytes": b"a", "path": "a.png"}, {"bytes": b"b", "path": "b.png"}]
+    assert pack["image_length"].tolist() == [2, 1] and "image_sample_offsets" not in pack

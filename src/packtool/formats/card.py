@@ -62,9 +62,13 @@ def dataset_card(manifest: Manifest, suffix: str) -> str:
     fmt = m.shard_format
     rows = [
         f"| `{member_name(c, m)}` | `{col.dtype.name}` | {PER[col.per]} | {col.meaning} |"
-        for c in m.columns
+        for c in [*m.columns, *(m.image_columns or ())]
         if (col := COLUMNS.get(c)) is not None
     ]
+    if m.image_columns is not None:  # a vision-language output: each image's bytes
+        tar = fmt == "webdataset"
+        where, what = ("`KEY.img{k}.{ext}`", "its original extension") if tar else ("`images`", "its name")
+        rows.append(f"| {where} | image | {PER['image']} | each image's original encoded bytes and {what} |")
     if fmt == "webdataset":
         meta = ", ".join(f"`{k}`" for k in PACK_META)
         if META in pack_members(m.columns, m.layout):
@@ -138,6 +142,7 @@ PER = {
     "bit": "a bit per token (8 a byte)",
     "segment": "one per piece, +1 for padding",
     "piece": "one per piece",
+    "image": "one per image",
 }
 
 

@@ -249,14 +249,23 @@ def table_packs(table: pa.Table, n: int) -> PackArrays:
             parts[name] = (values, offsets)
     packs = PackArrays.from_parts(parts, n)
     if IMAGES in table.column_names:
-        column = table.column(IMAGES)
-        images = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
-        offsets = np.asarray(images.offsets, dtype=np.int64)
-        counted = packs.image_sample_offsets
-        if counted is not None and not np.array_equal(offsets - offsets[0], counted):
-            raise ValueError(f"column '{IMAGES}' does not hold one value per image in every row")
-        packs.images = images.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-        packs.image_sample_offsets = offsets - offsets[0]
+        with_images(packs, table)
+    return packs
+
+
+def with_images(packs: PackArrays, table: pa.Table) -> PackArrays:
+    """``packs`` (read from ``table``) with the table's ``images`` column as ``packs.images``; ``ValueError``
+    when it is not ``list<struct<bytes, path>>`` or does not hold one image per ``image_*`` value."""
+    column = table.column(IMAGES)
+    images = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    if not (pa.types.is_list(images.type) and images.type.value_type.equals(IMAGE)):
+        raise ValueError(f"column '{IMAGES}' is {images.type}, not {pa.list_(IMAGE)}")
+    offsets = np.asarray(images.offsets, dtype=np.int64)
+    counted = packs.image_sample_offsets
+    if counted is not None and not np.array_equal(offsets - offsets[0], counted):
+        raise ValueError(f"column '{IMAGES}' does not hold one value per image in every row")
+    packs.images = images.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    packs.image_sample_offsets = offsets - offsets[0]
     return packs
 
 
@@ -433,7 +442,9 @@ class ParquetChecker(ShardChecker):
                 shard=name,
                 field="row_groups",
             )
-        need = [c for c in manifest.columns if c not in pf.schema_arrow.names]
+        need = [
+            c for c in [*manifest.columns, *(manifest.image_columns or ())] if c not in pf.schema_arrow.names
+        ]
         if need:
             report.add("columns", f"missing column(s) {', '.join(need)}", shard=name)
             return
@@ -459,5 +470,11 @@ class ParquetChecker(ShardChecker):
             if sound:
                 # every stored column as stored: sample_offset says where each piece starts in its sample
                 # (bfd shuffles packs, so pack order does not say)
-                yield first, PackArrays.from_parts(parts, n)
+                packs = PackArrays.from_parts(parts, n)
+                if IMAGES in table.column_names:
+                    try:
+                        with_images(packs, table)
+                    except ValueError as e:
+                        report.add("images", str(e), shard=name, pack=at, field=IMAGES)
+                yield first, packs
             first += rows

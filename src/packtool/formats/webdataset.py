@@ -211,8 +211,8 @@ def write_tar_shard(
                         packs.images is not None
                     ):  # KEY.img{k}.{ext}: each image's bytes as read, never compressed
                         a, b = packs.image_sample_offsets[i], packs.image_sample_offsets[i + 1]
-                        for k, image in enumerate(packs.images.slice(a, b - a).to_pylist()):
-                            members[image_member(k, image["path"], image["bytes"])] = image["bytes"]
+                        for m, image in enumerate(packs.images.slice(a, b - a).to_pylist()):
+                            members[image_member(m, image["path"], image["bytes"])] = image["bytes"]
                     for ext in sorted(members):  # webdataset.TarWriter's order
                         data = members[ext]
                         archive.addfile(tar.tarinfo(f"{key}.{ext}", len(data)), io.BytesIO(data))
@@ -279,9 +279,8 @@ def _stored_columns(
     in ``buf``: ``NAME.npy``, and the fields of ``small_columns.npy``; ``.npy.gz`` decompressed to at most
     what a pack of ``n`` tokens holds), as array copies by name (``buf`` may close after)."""
     out = {}
-    if IMAGES in columns:  # a vision-language pack's image members, in image order
-        images = sorted((int(m[1]), ext) for ext in found if (m := IMAGE_MEMBER.fullmatch(ext)))
-        out[IMAGES] = [(f"{key}.{ext}", bytes(buf[found[ext][0] : sum(found[ext])])) for _, ext in images]
+    if IMAGES in columns:
+        out[IMAGES] = image_members(key, found, buf)
     for ext, (offset, size) in found.items():
         stored = tar.stored_name(ext)
         name = f"{key}.{ext}"
@@ -291,6 +290,21 @@ def _stored_columns(
         elif stored.endswith(".npy") and (column := stored[: -len(".npy")]) in columns:
             out[column] = tar.npy_member(path, name, buf, offset, size, n).copy()
     return out
+
+
+def image_members(key: str, found: dict[str, tuple[int, int]], buf) -> list[tuple[str, bytes]]:
+    """A vision-language pack's image members ``KEY.img{k}.{ext}`` (of ``found``, its members ``{ext:
+    (data offset, size)}`` in ``buf``) in image order: ``(member name, bytes)``."""
+    images = sorted((int(m[1]), ext) for ext in found if (m := IMAGE_MEMBER.fullmatch(ext)))
+    return [(f"{key}.{ext}", bytes(buf[found[ext][0] : sum(found[ext])])) for _, ext in images]
+
+
+def images_array(images: list[tuple[str, bytes]]) -> pa.StructArray:
+    """``(member name, bytes)`` of images as the ``images`` column's values (``struct<bytes, path>``)."""
+    return pa.StructArray.from_arrays(
+        [pa.array([b for _, b in images], pa.binary()), pa.array([m for m, _ in images], pa.string())],
+        names=["bytes", "path"],
+    )
 
 
 def stack_packs(packs: list[dict[str, np.ndarray]], n: int) -> PackArrays:
@@ -303,11 +317,7 @@ def stack_packs(packs: list[dict[str, np.ndarray]], n: int) -> PackArrays:
         counts = [len(p[IMAGES]) for p in packs]
         if out.image_sample_offsets is not None and np.diff(out.image_sample_offsets).tolist() != counts:
             raise ValueError("a pack's image members are not one per image_* value")
-        flat = [image for p in packs for image in p[IMAGES]]
-        out.images = pa.StructArray.from_arrays(
-            [pa.array([b for _, b in flat], pa.binary()), pa.array([m for m, _ in flat], pa.string())],
-            names=["bytes", "path"],
-        )
+        out.images = images_array([image for p in packs for image in p[IMAGES]])
         out.image_sample_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     return out
 

@@ -21,6 +21,7 @@ from packtool.formats import tar
 from packtool.formats.base import UNIT_ERRORS, ProblemSink, ShardChecker, shard_meta_problems
 from packtool.formats.tar import (
     BLOCK,
+    IMAGE_MEMBER,
     META,
     PACK_META,
     RECORD,
@@ -30,11 +31,12 @@ from packtool.formats.tar import (
     record_meta,
     tar_index_name,
 )
-from packtool.formats.webdataset import TarUnitReader
+from packtool.formats.webdataset import TarUnitReader, image_members, images_array
 from packtool.formats.webdataset_index import check_dataset_index, old_minimal_layout
 from packtool.manifest import COLUMNS, Manifest, ShardEntry
 from packtool.packs import PackArrays
 from packtool.safepath import output_file_problem
+from packtool.schema import IMAGES
 
 TAR_BATCH_TOKENS = 1 << 22  # a tar shard is handed to the checks in batches of about this many tokens
 
@@ -48,6 +50,7 @@ class _Batch:
     fixed: dict[str, np.ndarray]  # column -> (capacity, width)
     ragged: dict[str, list[np.ndarray]] = field(default_factory=dict)
     k: int = 0
+    images: list[list[tuple[str, bytes]]] = field(default_factory=list)  # per pack, a vision output's
 
     @classmethod
     def new(cls, first: int, capacity: int, n: int, columns: list[str]) -> _Batch:
@@ -57,7 +60,9 @@ class _Batch:
 
     def add(self, arrays: dict[str, np.ndarray]) -> None:
         for col, arr in arrays.items():
-            if col in self.fixed:
+            if col == IMAGES:  # a vision-language pack's (member name, bytes) per image
+                self.images.append(arr)
+            elif col in self.fixed:
                 self.fixed[col][self.k] = arr
             else:
                 self.ragged[col].append(arr)
@@ -72,7 +77,12 @@ class _Batch:
         }
         for col, values in self.ragged.items():
             parts[col] = concat_ragged(values, COLUMNS[col].dtype)
-        return PackArrays.from_parts(parts, self.n)
+        packs = PackArrays.from_parts(parts, self.n)
+        counts = [len(pack) for pack in self.images]  # a vision output's image members per pack
+        offsets = packs.image_sample_offsets
+        if self.images and offsets is not None and np.diff(offsets).tolist() == counts:
+            packs.images = images_array([image for pack in self.images for image in pack])
+        return packs  # (else no images: verify's image checks say the members are not one per image)
 
 
 def _member_views(
@@ -168,7 +178,8 @@ def check_tar_shard(
     packs."""
     name = entry.path
     n = manifest.packed_sequence_size
-    columns = [c for c in manifest.columns if c in COLUMNS]
+    images = manifest.image_columns is not None  # a vision-language output: image columns and members
+    columns = [c for c in [*manifest.columns, *(manifest.image_columns or ())] if c in COLUMNS]
     try:
         compression = tar.check_compression(entry)
     except PacktoolError as e:
@@ -205,7 +216,8 @@ def check_tar_shard(
                     starts = []  # no pack count or index to compare: the parse problem says it all
                     break
                 starts.append(start)
-                missing, extra = sorted(want - members.keys()), sorted(members.keys() - want)
+                extra = sorted(x for x in members.keys() - want if not (images and IMAGE_MEMBER.fullmatch(x)))
+                missing = sorted(want - members.keys())
                 if extra:
                     problem("members", f"unexpected member(s) {', '.join(f'{key}.{x}' for x in extra)}")
                 if missing:
@@ -241,6 +253,8 @@ def check_tar_shard(
                             kind = "json" if has_json else "meta"
                             problem(kind, f"{source} says {k} {meta.get(k)}, expected {v}", k)
                 if arrays is not None:
+                    if images:
+                        arrays[IMAGES] = image_members(key, members, buf)
                     batch.add(arrays)
                 local += 1
                 if arrays is None or batch.k == capacity:  # a batch holds consecutive packs: cut here

@@ -32,6 +32,7 @@ from packtool.manifest import IGNORE_INDEX, Histogram, Manifest, SamplesPerPack,
 from packtool.reading import load_manifest, shard_file_problem
 from packtool.safepath import output_file_problem
 from packtool.schema import one_pack_offsets, per_pack_sum, piece_lengths, piece_spans, piece_starts
+from packtool.stats import image_stats
 from packtool.verify import Problem, VerifyReport, iter_batches
 
 
@@ -101,6 +102,10 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         "histograms": {k: dataclasses.asdict(h) for k, h in m.histograms.items()},
         "warnings": warnings,
     }
+    images = image_report(m)
+    if images is not None:  # a vision-language output
+        report["images"] = images
+        report["histograms"]["images_per_pack"] = images.pop("images_per_pack_histogram")
     if full and "sample_index" not in m.columns:  # every figure is recomputed by it
         warnings.append("manifest: it lists no sample_index column; the figures cannot be recomputed")
     elif full:
@@ -108,7 +113,35 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
         for key, value in report["recomputed"].items():
             if key in stats and value != stats[key]:
                 warnings.append(f"{key}: {value} in the data, {stats[key]} in the manifest")
+        for key, value in report["recomputed"].get("images", {}).items():
+            recorded = (images or {}).get(key)
+            if key in IMAGE_FIGURES and value != recorded:
+                warnings.append(f"images: {key} {value} in the data, {recorded} in the manifest")
     return report
+
+
+# the image figures inspect --full compares with the manifest's (the others follow from them)
+IMAGE_FIGURES = ("images", "image_tokens", "images_per_pack_max", "tokens_per_image_max", "step_spread_max")
+
+
+def image_report(m: Manifest) -> dict | None:
+    """A vision-language output's image figures, from its manifest (``vision``: ``stats.image_stats`` of
+    the packs in their order, the images read, packed and dropped, the processor), with the images-per-pack
+    histogram as the report's histograms hold them; None for text."""
+    vision = m.vision if isinstance(m.vision, dict) else None
+    if vision is None or not isinstance(vision.get("images"), dict):
+        return None
+    figures = dict(vision["images"])
+    counts = {int(k): int(v) for k, v in (figures.get("images_per_pack_histogram") or {}).items()}
+    top = max(counts, default=0)
+    histogram = {"edges": list(range(top + 2)), "counts": [counts.get(i, 0) for i in range(top + 1)]}
+    processor = vision.get("processor") if isinstance(vision.get("processor"), dict) else {}
+    return {
+        **figures,
+        "images_per_pack_histogram": histogram,
+        **{k: vision.get(k) for k in ("input_images", "packed_images", "dropped_images")},
+        "processor": processor.get("path"),
+    }
 
 
 def settings(m: Manifest) -> dict:
@@ -153,7 +186,11 @@ def recompute_stats(directory: str | Path, manifest: Manifest, warnings: list[st
     n = manifest.packed_sequence_size
     check = VerifyReport(str(directory))
     used, per_pack, pieces_sample, pieces_len = [], [], [], []
+    image_lengths, images_per_pack = [], []  # a vision-language output's
     for _, _, _, packs in iter_batches(directory, manifest, check):
+        if packs.image_sample_offsets is not None:
+            image_lengths.append(packs.image_length.astype(np.int64))
+            images_per_pack.append(np.diff(packs.image_sample_offsets))
         lengths = packs.piece_lengths()  # the pieces' own tokens: their cp_size padding is padding
         used.append(per_pack_sum(lengths, packs.sample_index_offsets))
         per_pack.append(packs.pieces_per_pack())
@@ -178,8 +215,14 @@ def recompute_stats(directory: str | Path, manifest: Manifest, warnings: list[st
         int(per_pack.min()) if num_packs else 0,
         int(per_pack.max()) if num_packs else 0,
     )
+    images = {}
+    if manifest.image_columns is not None and num_packs:
+        ranks = int((manifest.vision or {}).get("images", {}).get("ranks", 8))
+        offsets = np.concatenate([[0], np.cumsum(cat(images_per_pack))])
+        images = {"images": image_stats(cat(image_lengths), offsets, np.full(num_packs, n), ranks)}
     return {
         **total_stats(n, num_packs, num_tokens),
+        **images,
         "packed_samples": len(kept),
         "samples_per_pack": dataclasses.asdict(spp),
         **split,
@@ -248,13 +291,14 @@ def pack_report(
     """One pack: its ``seq_lens``, ``sample_index``, and where each piece comes from.
 
     Returns ``{"pack", "shard", "row", "seq_lens", "sample_index", "pieces": [...], "padding_tokens",
-    "fill_rate"}``. Each piece has ``sample_index``, ``offset`` (its place in the pack), ``length``,
-    ``sample_offset`` (where it starts in its sample), ``continuation`` (it continues a sample begun in
-    an earlier pack) and ``source`` (``{"source", "row_kind", "row", "sample_in_source"}``; ``row`` is
-    found with ``locate``, which reads the run's input files). With ``decode``, ``text`` and ``segments``:
-    the text cut where the tokens go from trained (a target of the loss) to untrained and back, decoded
-    with the run's tokenizer (or ``tokenizer``). Without ``locate`` and ``decode`` nothing outside
-    ``directory`` is opened.
+    "fill_rate"}``, and for a vision-language pack ``images``: each image's ``piece``, ``offset`` and
+    ``length`` (its run of image tokens), ``height``, ``width``, ``name`` and ``bytes``. Each piece has
+    ``sample_index``, ``offset`` (its place in the pack), ``length``, ``sample_offset`` (where it starts
+    in its sample), ``continuation`` (it continues a sample begun in an earlier pack) and ``source``
+    (``{"source", "row_kind", "row", "sample_in_source"}``; ``row`` is found with ``locate``, which reads
+    the run's input files). With ``decode``, ``text`` and ``segments``: the text cut where the tokens go
+    from trained (a target of the loss) to untrained and back, decoded with the run's tokenizer (or
+    ``tokenizer``). Without ``locate`` and ``decode`` nothing outside ``directory`` is opened.
     """
     m = load_manifest(directory)
     if "sample_index" not in m.columns:
@@ -292,6 +336,19 @@ def pack_report(
         "fill_rate": round(used / n, 6),
         "pieces": pieces,
     }
+    if "image_offset" in pack:  # a vision-language pack: each image's span and what it is
+        out["images"] = [
+            {
+                "piece": int(pack["image_sample"][k]),
+                "offset": int(pack["image_offset"][k]),
+                "length": int(pack["image_length"][k]),
+                "height": int(pack["image_height"][k]),
+                "width": int(pack["image_width"][k]),
+                "name": image.get("path") if isinstance(image, dict) else None,
+                "bytes": len(image.get("bytes") or b"") if isinstance(image, dict) else 0,
+            }
+            for k, image in enumerate(pack.get("images") or [{}] * len(pack["image_offset"]))
+        ]
     if decode:
         tok = load_tokenizer(m, tokenizer, directory)
         ids = pack["input_ids"]

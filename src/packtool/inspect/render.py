@@ -17,6 +17,7 @@ HISTOGRAM_TITLES = {
     "pack_fill": "pack fill (real tokens per pack)",
     "samples_per_pack": "samples per pack",
     "packed_sample_lengths": "packed sample lengths (tokens in the packs)",
+    "images_per_pack": "images per pack",
 }
 
 
@@ -92,6 +93,11 @@ def render_report(report: dict) -> None:
     lengths = report.get("histograms", {}).get("sample_lengths", {})
     if lengths.get("quantiles"):  # how long the samples are, however long the tail
         overview.add_row("sample length p50 / p90 / p99 / max", _quantiles(lengths, names=False))
+    images = report.get("images")
+    if images:  # a vision-language output
+        overview.add_section()
+        for k, v in image_rows(images):
+            overview.add_row(k, v)
     overview.add_section()
     total = report.get("input_samples", report["num_samples"])
     overview.add_row("input samples", f"{total:,}")
@@ -147,10 +153,13 @@ def render_report(report: dict) -> None:
         table = Table(title="recomputed from the data (--full)")
         for col in ("figure", "manifest", "data", ""):
             table.add_column(col, justify="left" if col == "figure" else "right")
-        for key, value in rec.items():
-            if key == "histograms":
+        # a vision-language output's image figures, one a row
+        figures = {**rec, **{f"images: {k}": v for k, v in (rec.get("images") or {}).items()}}
+        recorded = {**report, **{f"images: {k}": v for k, v in (report.get("images") or {}).items()}}
+        for key, value in figures.items():
+            if key in ("histograms", "images") or isinstance(value, dict) and key.startswith("images: "):
                 continue
-            want = report.get(key)
+            want = recorded.get(key)
             if key == "samples_per_pack":
                 want, value = (
                     None if v is None else "{mean:.2f} / {min} / {max}".format(**v) for v in (want, value)
@@ -168,6 +177,25 @@ def render_report(report: dict) -> None:
             console.print(f"[bold red]warning:[/bold red] {w} (run packtool verify)")
     for note in report.get("notes", []):  # what this version read by its rules, not a problem
         console.print(f"note: {note}")
+
+
+def image_rows(images: dict) -> list[tuple[str, str]]:
+    """The overview's rows of a vision-language output's image figures (``inspect.image_report``)."""
+    rows = [
+        ("images packed / read", f"{images.get('packed_images', 0):,} / {images.get('input_images', 0):,}"),
+        ("image tokens (share of the packs' tokens)",
+         f"{images['image_tokens']:,} ({images['image_token_share']:.2%})"),
+        ("images per pack mean / max",
+         f"{images['images_per_pack_mean']:.2f} / {images['images_per_pack_max']}"),
+        ("tokens per image min / mean / max",
+         f"{images['tokens_per_image_min']} / {images['tokens_per_image_mean']:.1f} / "
+         f"{images['tokens_per_image_max']}"),
+        (f"image-token spread per {images['ranks']} consecutive packs mean / max",
+         f"{images['step_spread_mean']:,.1f} / {images['step_spread_max']:,}"),
+    ]  # fmt: skip
+    if images.get("processor"):
+        rows.append(("processor", str(images["processor"])))
+    return rows
 
 
 def render_pack(report: dict) -> None:
@@ -193,6 +221,17 @@ def render_pack(report: dict) -> None:
             start,
         )
     console.print(table)
+    if report.get("images"):  # each image's span in the pack
+        images = Table(show_header=True, title="images")
+        for col in ("image", "piece", "at (pack)", "length", "height x width", "name", "bytes"):
+            images.add_column(col, justify="left" if col == "name" else "right", overflow="fold")
+        for k, im in enumerate(report["images"]):
+            span = f"{im['offset']}..{im['offset'] + im['length'] - 1}"
+            size = f"{im['height']} x {im['width']}"
+            images.add_row(
+                str(k), str(im["piece"]), span, str(im["length"]), size, str(im["name"]), f"{im['bytes']:,}"
+            )
+        console.print(images)
     decoded = any("text" in p for p in report["pieces"])
     if decoded:
         console.print(

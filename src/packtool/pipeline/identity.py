@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from packtool.errors import InputError
@@ -21,20 +22,25 @@ def _files(source: str, files: list[str]) -> list[str]:
     return [source] if Path(source).is_file() else []
 
 
-def input_fingerprint(inputs: list[str]) -> list[dict]:
-    """Names, reader kinds and sizes of the inputs (what the ``run_id`` and the manifest record)."""
+# inputs -> ``[(reader kind, source, files)]`` (files ``[]``: the source itself, or every file under it)
+Expand = Callable[[list[str]], list[tuple[str, str, list[str]]]]
+
+
+def input_fingerprint(inputs: list[str], expand: Expand = expand_inputs) -> list[dict]:
+    """Names, reader kinds and sizes of the inputs (what the ``run_id`` and the manifest record);
+    ``expand``: how the run's reader names them (the text readers' ``expand_inputs`` by default)."""
     return [
         {"source": source, "kind": kind, "bytes": sum(os.path.getsize(p) for p in _files(source, files))}
-        for kind, source, files in expand_inputs(inputs)
+        for kind, source, files in expand(inputs)
     ]
 
 
-def input_stamps(inputs: list[str]) -> list[list]:
+def input_stamps(inputs: list[str], expand: Expand = expand_inputs) -> list[list]:
     """``[path, size, mtime_ns, ctime_ns, inode]`` of every input file: a resumed run must see the very
     same files. The change time and the inode tell a file rewritten at the same size with its
     modification time set back (``os.utime``), or another file moved over it: no one can set them."""
     out = []
-    for _kind, source, files in expand_inputs(inputs):
+    for _kind, source, files in expand(inputs):
         paths = _files(source, files)
         for p in paths:
             st = os.stat(p)
@@ -44,11 +50,11 @@ def input_stamps(inputs: list[str]) -> list[list]:
     return out
 
 
-def check_inputs_unchanged(inputs: list[str], stamps: list[list]) -> None:
+def check_inputs_unchanged(inputs: list[str], stamps: list[list], expand: Expand = expand_inputs) -> None:
     """``InputError`` naming the first input file whose size or modification time is not what it was
     when the run started (``stamps``, from ``input_stamps``): its records may be a mix of old and new."""
     try:
-        now = {p: tuple(rest) for p, *rest in input_stamps(inputs)}
+        now = {p: tuple(rest) for p, *rest in input_stamps(inputs, expand)}
     except InputError as e:  # removed meanwhile
         raise InputError(f"changed while the run read it: {e.reason}", source=e.source) from None
     for path, size, *rest in stamps:

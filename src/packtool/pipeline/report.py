@@ -77,15 +77,17 @@ def summary_line(manifest: Manifest, output: str) -> str:
 
 
 def images_part(manifest: Manifest) -> str:
-    """`` with 5 of 5 images (52 image tokens, 20.31% of the packs' tokens)``: a vision-language output's
-    images in the summary line (those of samples left out are in the count, and the warnings say why);
-    empty for text."""
+    """`` with 3 of 5 images (20 image tokens, 11.11% of the packs' tokens, 2 left out with their
+    samples)``: a vision-language output's images in the summary line (the warnings say why samples were
+    left out; images of skipped bad records are not counted, their records are); empty for text."""
     vision = manifest.vision
     if not isinstance(vision, dict) or not isinstance(vision.get("images"), dict):
         return ""
     images = vision["images"]
+    dropped = vision.get("dropped_images") or 0
+    left = f", {dropped:,} left out with their samples" if dropped else ""
     return (
         f" with {vision.get('packed_images', 0):,} of {vision.get('input_images', 0):,} images "
         f"({images.get('image_tokens', 0):,} image tokens, {images.get('image_token_share', 0):.2%} of the "
-        "packs' tokens)"
+        f"packs' tokens{left})"
     )

@@ -17,6 +17,10 @@ Three layers of checks, each problem reported with its shard, pack and field:
   The stored columns are checked (a ``minimal`` output's ``next_label`` and ``loss_mask_bits`` too); the
   columns a layout leaves out are rebuilt (``packtool.layout``), right by construction.
 
+A vision-language output's images (``packtool.vision.checks``): one per ``image_*`` value, each span
+inside its sample and free of loss, each image's header intact and of the stored size, and with the
+model's processor (``--processor``) each ``image_length`` its count.
+
 With ``--source`` (``verify.source``) the inputs are read and encoded again by the pipeline's own reader
 and encoder under the manifest's ``config``, and every piece in the packs is compared token by token with
 the source sample named by its ``sample_index``; every sample with no tokens in the packs must be one the
@@ -39,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from packtool.binding import fields_problem
-from packtool.errors import InputError, PacktoolError
+from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.formats.registry import get_format
 from packtool.manifest import MANIFEST, Manifest, SamplesPerPack, ShardEntry
 from packtool.packs import PackArrays
@@ -73,10 +77,15 @@ def verify_output(
     source: list[str] | None = None,
     progress: bool = False,
     tokenizer: str | None = None,
+    processor: str | None = None,
 ) -> VerifyReport:
     """Check the output directory ``directory``; with ``source``, re-encode those inputs and prove that
     every kept sample's tokens are in the packs exactly once (see module docstring), with ``tokenizer``
-    instead of the run's when given (required when the run's is code: ``SourceCheck.start``)."""
+    instead of the run's when given (required when the run's is code: ``SourceCheck.start``).
+
+    A vision-language output's images are checked too (``packtool.vision.checks``); ``processor``: the
+    model's processor directory, to check each image's token count (``--source`` takes the run's
+    recorded one when none is given; without either, a note says the counts were not checked)."""
     directory = Path(directory)
     report = VerifyReport(str(directory))
     report.checked.update(shards=0, packs=0, tokens=0)
@@ -99,9 +108,13 @@ def verify_output(
     check_files(directory, manifest, report, fmt)
     fmt.checker.check_dataset_index(directory, manifest, report)
     text_labels = manifest.sample_format == "text" and manifest.tokenizer.kind == "huggingface"
-    source_check = (
-        SourceCheck.start(manifest, source, report, progress, tokenizer) if source is not None else None
-    )
+    image_check = None
+    if manifest.image_columns is not None:  # a vision-language output
+        image_check, source_check = _vision_checks(manifest, report, source, processor)
+    else:
+        source_check = (
+            SourceCheck.start(manifest, source, report, progress, tokenizer) if source is not None else None
+        )
     num_packs = num_tokens = num_pieces = 0
     fewest, most = sys.maxsize, 0  # pieces in one pack
     shard_tokens: Counter = Counter()
@@ -119,6 +132,8 @@ def verify_output(
             fewest, most = int(pieces.min(initial=fewest)), int(pieces.max(initial=most))
             if source_check is not None:
                 source_check.add(packs, used, first, entry.path)
+            if image_check is not None:
+                image_check.add(packs, first, entry.path)
         all_read = True
         for i, entry in enumerate(manifest.shards):
             if shard_packs[i] != entry.num_packs:
@@ -132,6 +147,8 @@ def verify_output(
                 )
         per_pack = SamplesPerPack.of(num_packs, num_pieces, fewest, most) if all_read else None
         check_stats(manifest, report, per_pack)
+        if image_check is not None:
+            image_check.finish(all_read)
         if source_check is not None:
             source_check.finish()
     finally:
@@ -139,3 +156,19 @@ def verify_output(
             source_check.close()
     report.checked.update(shards=len(manifest.shards), packs=num_packs, tokens=num_tokens)
     return report
+
+
+def _vision_checks(manifest: Manifest, report: VerifyReport, source: list[str] | None, processor: str | None):
+    """The image checks of a vision-language output, and its ``--source`` check (``packtool.vision.checks``;
+    the run's recorded processor is opened only for ``--source``, which opens the recorded inputs too)."""
+    from packtool.vision import checks  # the vision extra (Pillow, transformers): for image outputs only
+
+    if processor is None and source is not None:
+        processor = checks.recorded_processor(manifest).get("path")
+    vision_processor = checks.open_processor(manifest, report, processor)
+    image_check = checks.ImageCheck(manifest, report, vision_processor)
+    if source is None:
+        return image_check, None
+    if vision_processor is None:
+        raise ConfigError("--source: the run's processor is not recorded: pass --processor DIR")
+    return image_check, checks.VisionSourceCheck.begin(manifest, source, report, vision_processor)

@@ -10,9 +10,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from packtool.errors import ConfigError, ErrorSink
+from packtool.errors import ConfigError, ErrorSink, InputError
 from packtool.vision.hf_samples import read_hf_samples
 from packtool.vision.samples import VisionSample, read_json_samples, read_webdataset_samples
+
+
+def expand_vision_inputs(paths: list[str]) -> list[tuple[str, str, list[str]]]:
+    """``[(kind, source, [])]`` of the inputs (``hf_disk``, ``webdataset``, or the file's suffix), as
+    ``pipeline.identity`` stamps them (a folder: every file under it); ``InputError`` for an input that
+    does not exist."""
+    out = []
+    for source in paths:
+        path = Path(source)
+        if not path.exists():
+            raise InputError("no such file or directory", source=source)
+        kind = "hf_disk" if path.is_dir() else "webdataset" if path.suffix == ".tar" else path.suffix[1:]
+        out.append((kind, source, []))
+    return out
 
 
 def read_vision_samples(paths: list[str | Path], sink: ErrorSink | None = None) -> Iterator[VisionSample]:

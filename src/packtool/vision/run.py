@@ -41,14 +41,14 @@ from packtool.layout import labels_follow_rule
 from packtool.manifest import ERRORS_LOG, IMAGE_COLUMNS, Manifest
 from packtool.options import PackOptions
 from packtool.packing.planner import hold_out, make_plan
-from packtool.pipeline.identity import make_run_id
+from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
 from packtool.pipeline.memory import MemoryStore
 from packtool.pipeline.summary import build_manifest, input_entries, run_stats, with_path
 from packtool.pipeline.write import build_pack_arrays, output_columns, shard_entry, split_shard_ranges
 from packtool.stats import image_stats
 from packtool.version import __version__
 from packtool.vision.balance import balance_visual_tokens
-from packtool.vision.inputs import read_vision_samples
+from packtool.vision.inputs import expand_vision_inputs, read_vision_samples
 from packtool.vision.processor import load_processor
 from packtool.vision.samples import VisionSample, report
 from packtool.vision.sequences import VisionSequence, encode_samples, sequence_columns
@@ -62,13 +62,14 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
     manifest for ``out.commit``. ``say``: the run's ``warning``/``note`` lines (``pipeline.run``)."""
     n = options.packing.packed_sequence_size
     processor = load_processor(options.encoding.vision.processor)
-    fingerprint, stamps = input_files(options.reading.inputs)
+    fingerprint = input_fingerprint(options.reading.inputs, expand_vision_inputs)
+    stamps = input_stamps(options.reading.inputs, expand_vision_inputs)
     sink = ErrorSink(options.running.on_error)
     with _bar(show, desc="encode", unit=" samples") as bar:
         kept, sequences = encode_samples(
             processor, _counted(read_vision_samples(options.reading.inputs, sink), bar), sink
         )
-    kept, sequences = _fitting(kept, sequences, n, sink)
+    kept, sequences = fitting(kept, sequences, n, sink)
     if not kept:
         raise InputError(_nothing_left(sink), source=", ".join(options.reading.inputs), code="empty_input")
     identity = {**processor.tokenizer.identity(), "name": processor.path}
@@ -79,10 +80,16 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
         )
     identity_key = make_run_id(options, {**identity, "processor": processor.identity()}, fingerprint)
     out.begin({"run_id": identity_key, "inputs": stamps, "packtool": __version__})
-    store, digest = _store(kept, sequences, options, out.work)
+    store, digest = memory_store(kept, sequences, options, out.work)
     table = ImageTable.of(kept, sequences)
     lengths = store.lengths()
-    plan = make_plan(lengths, options.packing, lambda i, f, m: kept[i].error(m, "messages"))
+    plan = make_plan(
+        lengths,
+        options.packing,
+        lambda i, f, m: kept[i].error(m, "messages"),
+        fetch=store.samples,  # a custom select_samples_to_pack sees the samples' tokens, as for text
+        store_packs=_no_policy_packs,
+    )
     stats = run_stats(options, plan, lengths, skipped=sink)
     if plan.num_packs == 0:
         raise InputError(
@@ -135,7 +142,7 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
             shards.append(
                 shard_entry(path, meta, part, split, fmt.writer.write(path, blocks, meta, options.output))
             )
-    check_inputs_unchanged(stamps)
+    check_inputs_unchanged(options.reading.inputs, stamps, expand_vision_inputs)
     if sink.total:  # in input order (an image over N is found after its sample is encoded)
         order = {source: i for i, source in enumerate(options.reading.inputs)}
         entries = sorted(sink.entries, key=lambda e: (order.get(e["source"], len(order)), e["row"] or 0))
@@ -160,6 +167,15 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
     manifest.index_files = fmt.writer.write_dataset_index(out.partial, manifest, options.output)
     write_dataset_card(out.partial, manifest, fmt.suffix)
     return manifest
+
+
+def _no_policy_packs(packs: list) -> None:
+    """A custom strategy's ``pack_selected_samples`` makes new samples of its own: their images' spans
+    would not be known."""
+    raise ConfigError(
+        "a custom strategy's pack_selected_samples is not available with images (the packs it makes would "
+        "lose their images' spans): give select_samples_to_pack alone"
+    )
 
 
 def vision_record(processor: dict, table: ImageTable, plan, ranks: int) -> dict:
@@ -199,7 +215,7 @@ def _blocks(
         bar.update(part.num_packs)
 
 
-def _store(
+def memory_store(
     samples: list[VisionSample], sequences: list[VisionSequence], options: PackOptions, work: Path
 ) -> tuple[MemoryStore, str]:
     """The encoded samples as one in-memory chunk (``MemoryStore``: what ``build_pack_arrays`` gathers
@@ -241,7 +257,7 @@ def _store(
     return MemoryStore(Path(work), [meta], units=[unit]), h.hexdigest()
 
 
-def _fitting(
+def fitting(
     samples: list[VisionSample], sequences: list[VisionSequence], n: int, sink: ErrorSink
 ) -> tuple[list[VisionSample], list[VisionSequence]]:
     """The samples none of whose images alone takes more than ``n`` tokens: no setting of the long-sample
@@ -260,41 +276,6 @@ def _fitting(
         kept.append(sample)
         seqs.append(seq)
     return kept, seqs
-
-
-def input_files(inputs: list[str]) -> tuple[list[dict], list[list]]:
-    """The inputs' manifest entries (``source``, ``kind``, ``bytes``) and the stamps of their files
-    (``[path, size, mtime_ns, ctime_ns, inode]``); ``InputError`` for an input that does not exist."""
-    fingerprint, stamps = [], []
-    for source in inputs:
-        path = Path(source)
-        if not path.exists():
-            raise InputError("no such file or directory", source=source)
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-        kind = (
-            "hf_disk" if path.is_dir() else "webdataset" if path.suffix == ".tar" else path.suffix.lstrip(".")
-        )
-        fingerprint.append({"source": source, "kind": kind, "bytes": sum(p.stat().st_size for p in files)})
-        for p in files:
-            st = p.stat()
-            stamps.append([str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
-    return fingerprint, stamps
-
-
-def check_inputs_unchanged(stamps: list[list]) -> None:
-    """``InputError`` naming the first input file that changed while the run read it (``input_files``'
-    stamps): nothing is committed from an input that changed."""
-    for path, *stamp in stamps:
-        try:
-            st = os.stat(path)
-        except OSError:
-            raise InputError("removed while the run read it; nothing was written", source=path) from None
-        if [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino] != stamp:
-            raise InputError(
-                "changed while the run read it; nothing was written: run again once it is final",
-                source=path,
-                code="input_changed",
-            )
 
 
 def _counted(samples: Iterator[VisionSample], bar: tqdm) -> Iterator[VisionSample]:

@@ -7,7 +7,10 @@ from __future__ import annotations
 from tests.unit.test_architecture import DEFERRED, graph
 
 # module -> the packtool.vision modules it imports inside a function, for vision outputs only
-VISION_ENTRIES = {"packtool.pipeline.run": {"packtool.vision.run"}}
+VISION_ENTRIES = {
+    "packtool.pipeline.run": {"packtool.vision.run"},
+    "packtool.verify": {"packtool.vision.checks"},
+}
 
 
 def test_no_module_outside_packtool_vision_imports_it():

@@ -1,0 +1,237 @@
+"""``verify``'s checks of a vision-language output's images (``packtool.verify`` runs them when the
+manifest lists ``image_columns``).
+
+``ImageCheck`` looks at every batch of packs as readers give them: each pack holds one image per
+``image_*`` value; each image's run of image tokens lies inside its sample, is one token id throughout
+(the processor's image token when the processor is given) and takes no loss; each image's bytes are
+there and their header, read again under Pillow's decompression-bomb limit (``images.image_size``: the
+bytes of an output are untrusted), gives the stored height and width; and with the model's processor
+(``verify --processor DIR``; ``--source`` takes the run's recorded one) ``image_length`` is its count for
+that size. Without a processor the counts are not checked, and a note says so. ``finish`` compares the
+images read with the manifest's ``vision.packed_images``.
+
+``VisionSourceCheck`` is ``verify --source`` for such outputs: the inputs read and encoded again with the
+run's processor and options (``vision.run``'s readers, encoder and bad-record rules), every piece compared
+token by token (``verify.source.SourceCheck``), and every image of every packed sample found in its pack
+with the source's bytes, every image accounted for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from packtool.arrays import ranges
+from packtool.errors import ErrorSink, InputError
+from packtool.manifest import IGNORE_INDEX, MANIFEST, Manifest
+from packtool.options import PackOptions
+from packtool.packs import PackArrays
+from packtool.schema import piece_starts
+from packtool.verify.report import VerifyReport
+from packtool.verify.source import SourceCheck
+from packtool.vision.images import image_size
+from packtool.vision.inputs import read_vision_samples
+from packtool.vision.processor import VisionProcessor, load_processor
+from packtool.vision.run import fitting, memory_store
+from packtool.vision.sequences import encode_samples
+from packtool.vision.storage import ImageTable
+
+
+def recorded_processor(manifest: Manifest) -> dict:
+    """The manifest's record of the run's processor (``VisionProcessor.identity()``), or ``{}``."""
+    vision = manifest.vision if isinstance(manifest.vision, dict) else {}
+    processor = vision.get("processor")
+    return processor if isinstance(processor, dict) else {}
+
+
+def open_processor(manifest: Manifest, report: VerifyReport, directory: str | None) -> VisionProcessor | None:
+    """The processor of ``directory`` (``None``: no counts checked, a note says so), a problem reported
+    when it is not the run's (its config files' hash differs from the manifest's)."""
+    recorded = recorded_processor(manifest)
+    if directory is None:
+        report.notes.append(
+            "image_length not checked against the processor's counts: pass --processor DIR (the run's: "
+            f"{recorded.get('path', 'not recorded')})"
+        )
+        return None
+    processor = load_processor(directory)
+    digest = processor.identity()["config_sha256"]
+    if digest != recorded.get("config_sha256"):
+        report.add(
+            "processor",
+            f"processor {directory} is not the run's (config_sha256 {digest[:12]}, the manifest's "
+            f"{str(recorded.get('config_sha256'))[:12]})",
+            shard=MANIFEST,
+            field="vision.processor",
+        )
+    return processor
+
+
+@dataclass
+class ImageCheck:
+    """The image checks of one ``verify`` run (module docstring)."""
+
+    manifest: Manifest
+    report: VerifyReport
+    processor: VisionProcessor | None = None
+    images: int = 0  # images read so far
+    token_id: int | None = None  # the image token id: the processor's, else the first span's
+
+    def add(self, packs: PackArrays, first: int, name: str) -> None:
+        """Check the images of a batch of packs (``first``: the global index of its first pack)."""
+        report = self.report
+        if packs.image_sample_offsets is None or packs.images is None:
+            report.add(
+                "images", "the packs hold no images, or not one per image_* value", shard=name, pack=first
+            )
+            return
+        k, n = packs.input_ids.shape
+        offsets = packs.image_sample_offsets
+        pack = np.repeat(np.arange(k), np.diff(offsets))
+        self.images += len(pack)
+        sample = packs.image_sample.astype(np.int64)
+        start = packs.image_offset.astype(np.int64)
+        length = packs.image_length.astype(np.int64)
+        spans = packs.piece_spans()
+        piece_offsets = packs.sample_index_offsets
+        lo_of_piece = piece_starts(spans, piece_offsets)
+        outside = (sample < 0) | (sample >= np.diff(piece_offsets)[pack])
+        piece = piece_offsets[pack] + np.where(outside, 0, sample)
+        lo, hi = lo_of_piece[piece], lo_of_piece[piece] + spans[piece]
+        outside |= (length <= 0) | (start < lo) | (start + length > hi)
+        index = np.arange(len(pack)) - offsets[pack]
+        problems = (
+            (f"image {index[j]}: its tokens [{start[j]}, {start[j] + length[j]}) are not inside its sample "
+             f"{sample[j]} of the pack", first + int(pack[j]))
+            for j in np.flatnonzero(outside)
+        )  # fmt: skip
+        report.add_many("image span", int(outside.sum()), problems, shard=name, field="image_offset")
+        inside = np.flatnonzero(~outside)
+        cells = ranges(pack[inside] * n + start[inside], length[inside])
+        of_cell = np.repeat(inside, length[inside])
+        ids = packs.input_ids.reshape(-1)[cells]
+        if self.token_id is None and len(ids):
+            self.token_id = self.processor.image_token_id if self.processor is not None else int(ids[0])
+        for kind, wrong, what in (
+            ("image tokens", ids != self.token_id, f"are not all the image token (id {self.token_id})"),
+            (
+                "image labels",
+                packs.labels.reshape(-1)[cells] != IGNORE_INDEX,
+                "take a loss (labels not -100)",
+            ),
+        ):
+            bad = np.unique(of_cell[wrong])
+            problems = ((f"image {index[j]}: its tokens {what}", first + int(pack[j])) for j in bad)
+            report.add_many(kind, len(bad), problems, shard=name, field="input_ids")
+        self._headers(packs, pack, index, length, first, name)
+
+    def _headers(self, packs, pack, index, length, first: int, name: str) -> None:
+        """Each image's header read again from its bytes: present, intact, the stored size, the count."""
+        data = packs.images.field("bytes").to_pylist()
+        paths = packs.images.field("path").to_pylist()
+        for j, (raw, path) in enumerate(zip(data, paths, strict=True)):
+            at = first + int(pack[j])
+            try:
+                size = image_size(raw if raw is not None else b"", path or f"image {index[j]}")
+            except InputError as e:
+                self.report.add("image", f"image {index[j]}: {e}", shard=name, pack=at, field="images")
+                continue
+            stored = (int(packs.image_height[j]), int(packs.image_width[j]))
+            if (size.height, size.width) != stored:
+                message = (
+                    f"image {index[j]} is {size.height}x{size.width}, the pack says {stored[0]}x{stored[1]}"
+                )
+                self.report.add("image size", message, shard=name, pack=at, field="image_height")
+            elif self.processor is not None and self.processor.image_tokens(*stored) != length[j]:
+                count = self.processor.image_tokens(*stored)
+                message = f"image {index[j]} has image_length {length[j]}, the processor counts {count}"
+                self.report.add("image length", message, shard=name, pack=at, field="image_length")
+
+    def finish(self, all_read: bool) -> None:
+        """The images read against the manifest's count (when every shard was read)."""
+        vision = self.manifest.vision if isinstance(self.manifest.vision, dict) else {}
+        packed = vision.get("packed_images")
+        if all_read and packed != self.images:
+            message = f"the packs hold {self.images:,} images, the manifest says {packed}"
+            self.report.add("images", message, shard=MANIFEST, field="vision.packed_images")
+        self.report.checked["images"] = self.images
+
+
+@dataclass
+class VisionSourceCheck(SourceCheck):
+    """``verify --source`` of a vision-language output (module docstring)."""
+
+    table: ImageTable | None = None
+    images_seen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @classmethod
+    def begin(
+        cls, manifest: Manifest, inputs: list[str], report: VerifyReport, processor: VisionProcessor
+    ) -> VisionSourceCheck:
+        """Read and encode the source again as the run did (its options from the provenance)."""
+        recorded = [i.path if i.path and Path(i.path).exists() else i.source for i in manifest.inputs]
+        options = PackOptions.from_provenance(
+            {**manifest.provenance, "processor": processor.path},
+            inputs=list(inputs) or recorded or manifest.option("inputs") or [],
+        )
+        sink = ErrorSink(options.running.on_error)
+        kept, sequences = encode_samples(processor, read_vision_samples(options.reading.inputs, sink), sink)
+        kept, sequences = fitting(kept, sequences, manifest.packed_sequence_size, sink)
+        if sink.total != manifest.stats.skipped_samples:
+            report.add(
+                "source",
+                f"the source has {sink.total:,} bad records to skip, the manifest says "
+                f"{manifest.stats.skipped_samples:,}",
+                shard=MANIFEST,
+                field="skipped_samples",
+            )
+        tmp = tempfile.TemporaryDirectory(prefix="packtool-verify-")
+        store, _ = memory_store(kept, sequences, options, Path(tmp.name))
+        lengths = store.lengths().astype(np.int64)
+        table = ImageTable.of(kept, sequences)
+        zeros = np.zeros(len(lengths), dtype=np.int64)
+        return cls(manifest, report, store, lengths, zeros, tmp, 0, table, np.zeros(len(lengths), np.int64))
+
+    def add(self, packs: PackArrays, used: np.ndarray, first: int, name: str) -> None:
+        """The tokens (``SourceCheck.add``), then every image against its source image."""
+        super().add(packs, used, first, name)
+        if packs.images is None or packs.image_sample_offsets is None:
+            return  # (ImageCheck reports it)
+        offsets = packs.image_sample_offsets
+        pack = np.repeat(np.arange(packs.num_packs), np.diff(offsets))
+        piece = packs.sample_index_offsets[pack] + packs.image_sample.astype(np.int64)
+        if len(piece) and (piece.max() >= len(packs.sample_index) or piece.min() < 0):
+            return  # (ImageCheck reports the spans)
+        sample = packs.sample_index.astype(np.int64)[piece]
+        group = np.flatnonzero(np.r_[True, piece[1:] != piece[:-1]]) if len(piece) else np.zeros(0, int)
+        index = np.arange(len(piece)) - np.repeat(group, np.diff(np.r_[group, len(piece)]))
+        data = packs.images.field("bytes").to_pylist()
+        table = self.table
+        for j, (s, k) in enumerate(zip(sample.tolist(), index.tolist(), strict=True)):
+            if not 0 <= s < len(self.lengths) or k >= table.first[s + 1] - table.first[s]:
+                message = f"image {k} of sample {s} is not an image of the source"
+                self.report.add("source", message, shard=name, pack=first + int(pack[j]), field="images")
+                continue
+            self.images_seen[s] += 1
+            ref = table.refs[int(table.first[s]) + k]
+            if hashlib.sha256(data[j] or b"").digest() != hashlib.sha256(ref.read_bytes()).digest():
+                message = f"image {k} of sample {s} ({self.where(s)}): bytes differ from {ref.name}'s"
+                self.report.add("source", message, shard=name, pack=first + int(pack[j]), field="images")
+
+    def finish(self) -> None:
+        """Every sample (``SourceCheck.finish``), and every image of a packed sample found once."""
+        super().finish()
+        per_sample = np.diff(self.table.first)
+        packed = self.seen > 0
+        wrong = np.flatnonzero(packed & (self.images_seen != per_sample))
+        problems = (
+            (f"sample {s} ({self.where(int(s))}) has {self.images_seen[s]} of its {per_sample[s]} images "
+             "in the packs", None)
+            for s in wrong
+        )  # fmt: skip
+        self.report.add_many("source", len(wrong), problems, field="images")
+        self.report.checked["source images"] = int(per_sample.sum())
