@@ -1,0 +1,61 @@
+"""Megatron-Energon reads a vision-language tar output (issue 29): through Energon's own ``get_train_dataset``
+and ``get_loader`` (``crude.yaml``, ``VisionPackTaskEncoder``), every pack comes once with its images, and
+each batch equals the batch packtool's own loader (``vision_dataset``) gives for that pack: tokens,
+``pixel_values`` and ``image_grid_thw`` in pack order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from packtool.options import PackOptions
+from packtool.pipeline.run import run_pack
+from packtool.vision.loader import VisionBatch, vision_dataset
+from packtool.vision.processor import load_processor
+from tests.fixtures.vision_inputs import write_llava_input
+from tests.fixtures.vision_processors import build_qwen2vl
+
+
+@pytest.fixture(scope="module")
+def tar_output(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("energon_vision")
+    vp = load_processor(build_qwen2vl(tmp / "qwen2vl"))
+    options = PackOptions.of(inputs=[str(write_llava_input(tmp / "input"))], output=str(tmp / "out"),
+                             processor=vp.path, packed_sequence_size=120, format="webdataset", num_proc=1,
+                             quiet=True)  # fmt: skip
+    run_pack(options)
+    return vp, tmp / "out"
+
+
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")
+def test_energon_gives_each_pack_with_its_images_as_packtools_loader(tar_output):
+    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+
+    from packtool.vision.energon import VisionPackTaskEncoder
+
+    vp, out = tar_output
+    ours = {int(b.pack_index): b for b in vision_dataset(out, vp, batch_size=1, shuffle=False, mask="dense")}
+    ds = get_train_dataset(
+        out,
+        dataset_config="crude.yaml",
+        batch_size=1,
+        shuffle_buffer_size=None,
+        max_samples_per_sequence=None,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=1),
+        task_encoder=VisionPackTaskEncoder(vp, mask="dense"),
+        repeat=False,
+    )
+    got = {}
+    for batch in get_loader(ds):
+        assert isinstance(batch, VisionBatch)
+        got[int(batch.pack_index)] = batch
+    assert sorted(got) == sorted(ours) and len(got) >= 2
+    assert sum(int(b.images_per_pack.sum()) for b in got.values()) == 5
+    for k, want in ours.items():
+        batch = got[k]
+        assert torch.equal(batch.input_ids, want.input_ids) and torch.equal(batch.labels, want.labels)
+        assert torch.equal(batch.seq_lens, want.seq_lens)
+        for name in ("pixel_values", "image_grid_thw"):
+            a, b = getattr(batch, name), getattr(want, name)
+            assert (a is None and b is None) or torch.equal(a, b), (k, name)
+        assert torch.equal(batch.model_inputs()["attention_mask"], want.model_inputs()["attention_mask"])
