@@ -47,6 +47,8 @@ except ImportError as e:  # pragma: no cover - only without the optional extra
         f"packtool.energon needs Megatron-Energon: pip install 'packtool[energon]' (import failed: {e})"
     ) from e
 
+from packtool.formats.webdataset_index import ENERGON_SUBFLAVOR
+
 
 @edataclass
 class PackSample(Sample):
@@ -128,7 +130,7 @@ class PackTaskEncoder(DefaultTaskEncoder[PackSample, PackSample, PackBatch, Pack
     """Energon task encoder for packtool packs: samples pass through, ``batch`` stacks them. Reads
     ``dataset.yaml`` (``PackSample``) or ``crude.yaml`` (through ``cook_pack``)."""
 
-    cookers = [Cooker(cook_pack, has_subflavors={"packtool": "pack"})]
+    cookers = [Cooker(cook_pack, has_subflavors={"packtool": ENERGON_SUBFLAVOR})]
 
     def batch(self, samples: list[PackSample]) -> PackBatch:
         return stack_packs(samples)

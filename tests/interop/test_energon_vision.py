@@ -59,3 +59,26 @@ def test_energon_gives_each_pack_with_its_images_as_packtools_loader(tar_output)
             a, b = getattr(batch, name), getattr(want, name)
             assert (a is None and b is None) or torch.equal(a, b), (k, name)
         assert torch.equal(batch.model_inputs()["attention_mask"], want.model_inputs()["attention_mask"])
+
+
+def test_a_vision_output_dataset_yaml_takes_no_text_task_encoder(tar_output):
+    """The default dataset.yaml of a vision-language output names crude samples of subflavor
+    ``vision-pack``: Energon's text path (``PackTaskEncoder``, whose cooker takes ``pack``) has no cooker
+    for them and stops, instead of giving the packs' tokens without their images (on 050f8fb dataset.yaml
+    named PackSample, which has no images)."""
+    from megatron.energon import WorkerConfig, get_train_dataset
+
+    from packtool.energon import PackTaskEncoder
+
+    _, out = tar_output
+    assert "CrudeWebdataset" in (out / ".nv-meta" / "dataset.yaml").read_text()
+    with pytest.raises(ValueError, match="No cooker found for subflavors"):  # at once, before a batch
+        get_train_dataset(
+            out,
+            batch_size=1,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+            task_encoder=PackTaskEncoder(),
+            repeat=False,
+        )

@@ -29,6 +29,8 @@ ENERGON_DATASET_COMMENT = (
 # the same packs through Energon's own classes, for a trainer without packtool: get_train_dataset(DIR,
 # dataset_config="crude.yaml", task_encoder=...) hands its cookers CrudeSample dicts of NumPy arrays
 ENERGON_CRUDE_CONFIG = "crude.yaml"
+ENERGON_SUBFLAVOR = "pack"  # the crude samples' subflavor packtool.energon's cooker takes
+ENERGON_VISION_SUBFLAVOR = "vision-pack"  # a vision-language output's: packtool.vision.energon's cooker
 ENERGON_CRUDE_COMMENT = (
     "# Megatron-Energon dataset config written by packtool: the packs as CrudeSample dicts, no packtool\n"
     "# needed (a cooker for subflavor packtool: pack builds the sample; see packtool's docs/formats.md)\n"
@@ -53,6 +55,14 @@ def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
     ``wids.json`` lists the training shards, ``wids-val.json`` (only when the run held packs out with
     ``--val-fraction``) the validation shards; Energon's ``split.yaml`` names both splits."""
     shards = manifest.shards
+    # a vision-language output's packs are crude samples only a cooker of its own subflavor takes
+    # (packtool.vision.energon): PackSample has no images, so dataset.yaml must not name it for them
+    vision = manifest.image_columns is not None
+    crude = {
+        "__module__": "megatron.energon",
+        "__class__": "CrudeWebdataset",
+        "subflavors": {"packtool": ENERGON_VISION_SUBFLAVOR if vision else ENERGON_SUBFLAVOR},
+    }
     wids = {WIDS_INDEX: _wids_index(manifest, "train")}
     if manifest.split_shards("val"):
         wids[WIDS_VAL_INDEX] = _wids_index(manifest, "val")
@@ -68,7 +78,9 @@ def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
             },
             "exclude": [],
         },
-        f"{ENERGON_DIR}/dataset.yaml": {
+        f"{ENERGON_DIR}/dataset.yaml": crude
+        if vision
+        else {
             "sample_type": ENERGON_SAMPLE_TYPE,
             # the members of one column, named after it (a minimal output's small columns, fields of one
             # member, are not PackSample's: Energon reads a full output); NAME.npy.gz when compressed,
@@ -81,11 +93,7 @@ def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
                 if names == (stored_name(ext).removesuffix(".npy"),)
             },
         },
-        f"{ENERGON_DIR}/{ENERGON_CRUDE_CONFIG}": {
-            "__module__": "megatron.energon",
-            "__class__": "CrudeWebdataset",
-            "subflavors": {"packtool": "pack"},
-        },
+        f"{ENERGON_DIR}/{ENERGON_CRUDE_CONFIG}": crude,
     }
 
 

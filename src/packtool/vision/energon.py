@@ -38,6 +38,7 @@ import torch
 from megatron.energon import Cooker, Sample, basic_sample_keys, edataclass, stateless
 
 from packtool.energon import PackTaskEncoder
+from packtool.formats.webdataset_index import ENERGON_VISION_SUBFLAVOR
 from packtool.vision.loader import VisionBatch, VisionTaskEncoder
 from packtool.vision.positions import GetRopeIndex
 from packtool.vision.processor import VisionProcessor
@@ -97,7 +98,7 @@ class VisionPackTaskEncoder(PackTaskEncoder):
     stages (``VisionTaskEncoder``: arguments as there) as ``encode_sample``, ``batch`` and ``encode_batch``;
     batches are ``VisionBatch`` objects."""
 
-    cookers = [Cooker(cook_vision_pack, has_subflavors={"packtool": "pack"})]
+    cookers = [Cooker(cook_vision_pack, has_subflavors={"packtool": ENERGON_VISION_SUBFLAVOR})]
     decoder = None  # members as bytes: the cooker reads the arrays, decode_images the images
 
     def __init__(
