@@ -40,10 +40,14 @@ def energon(*args: str) -> None:
 
 
 def _rows(db: Path) -> dict[str, list]:
+    """The index's rows, and its schema as SQLite keeps it (every table's and index's SQL)."""
     with sqlite3.connect(db) as c:
         return {
-            t: c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall()
-            for t in ("samples", "sample_parts")
+            **{
+                t: c.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall()
+                for t in ("samples", "sample_parts")
+            },
+            "schema": c.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall(),
         }
 
 

@@ -1,11 +1,13 @@
 """Megatron-Energon's key index of a webdataset output: ``.nv-meta/index.sqlite`` and ``index.uuid``.
 
 ``energon prepare`` writes them; Energon needs them for access by key (``WebdatasetFileStore``, auxiliary
-datasets, joins). packtool writes them at the end of a run when ``megatron-energon`` is installed, through
-Energon's own ``SqliteIndexWriter`` (its schema and indexes are Energon's, not repeated here), from the tar
-headers as ``energon prepare`` reads them: one ``IndexSample`` per pack (its key, its index in the shard,
-its byte range) and one ``IndexSamplePart`` per member. Without Energon nothing is written, and the rest
-of the output (``.info.json``, ``split.yaml``, the ``.tar.idx`` files) still loads for training.
+datasets, joins). packtool writes them at the end of a run, from the tar headers as ``energon prepare``
+reads them: one ``samples`` row per pack (its key, its index in the shard, its byte range) and one
+``sample_parts`` row per member, in the tables and indexes of Energon's ``SqliteIndexWriter`` (megatron-
+energon 7.4; ``SCHEMA`` and ``INDEXES`` below). They are written with ``sqlite3`` rather than through
+Energon's writer because importing ``megatron.energon`` imports torch: 1.6 s of every ``pack --format
+webdataset``, which took a demo pack from 1.9 s to 4.9 s. ``tests/interop/test_energon_prepared.py``
+holds them to what the installed Energon writes: the same schema and rows as ``energon prepare``'s.
 
 ``index.uuid`` (which Energon's joins read to tell index versions apart) is derived from the run_id, so the
 output stays the same bytes for the same run.
@@ -13,6 +15,8 @@ output stays the same bytes for the same run.
 
 from __future__ import annotations
 
+import re
+import sqlite3
 import tarfile
 import uuid
 from pathlib import Path
@@ -20,7 +24,35 @@ from pathlib import Path
 ENERGON_DIR = ".nv-meta"
 SQLITE_INDEX = f"{ENERGON_DIR}/index.sqlite"
 INDEX_UUID = f"{ENERGON_DIR}/index.uuid"
-BATCH_ROWS = 4096  # rows handed to the writer at once (Energon's INDEX_BATCH_SIZE)
+BATCH_ROWS = 4096  # rows inserted at once (Energon's INDEX_BATCH_SIZE)
+# how energon prepare cuts a member name into the sample's key and the part (megatron.energon.flavors.
+# webdataset.config's split_name_re and skip_meta_re)
+SPLIT_NAME = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+SKIP_META = re.compile(r"__[^/]*__($|/)")
+# Energon's SqliteIndexWriter's tables, then the indexes it creates once the rows are in
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS samples (
+                    tar_file_id INTEGER NOT NULL,
+                    sample_key TEXT NOT NULL UNIQUE,
+                    sample_index INTEGER NOT NULL,
+                    byte_offset INTEGER,
+                    byte_size INTEGER
+                )""",
+    """CREATE TABLE IF NOT EXISTS sample_parts (
+                    tar_file_id INTEGER,
+                    sample_index INTEGER,
+                    part_name TEXT,
+                    content_byte_offset INTEGER,
+                    content_byte_size INTEGER
+                )""",
+)
+INDEXES = (
+    "CREATE INDEX IF NOT EXISTS idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)",
+    "CREATE INDEX IF NOT EXISTS idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, "
+    "content_byte_offset)",
+    "CREATE INDEX IF NOT EXISTS idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, part_name, "
+    "content_byte_offset, content_byte_size)",
+)
 
 
 def index_uuid(run_id: str) -> str:
@@ -30,59 +62,55 @@ def index_uuid(run_id: str) -> str:
 
 def write_sqlite_index(directory: str | Path, shard_paths: list[str], run_id: str) -> list[str]:
     """Write ``.nv-meta/index.sqlite`` and ``index.uuid`` for the shards (relative paths, in manifest
-    order) with Energon's own writer; return their relative names, or ``[]`` without Energon installed."""
-    try:  # the energon extra is optional: without it, no key index (training loads without one)
-        from megatron.energon.epathlib import EPath
-        from megatron.energon.flavors.webdataset.config import skip_meta_re, split_name_re
-        from megatron.energon.flavors.webdataset.indexing import SqliteIndexWriter
-        from megatron.energon.flavors.webdataset.prepare import IndexSample, IndexSamplePart
-    except ImportError:
-        return []
+    order); return their relative names."""
     directory = Path(directory)
     path = directory / SQLITE_INDEX
     path.unlink(missing_ok=True)
-    writer = SqliteIndexWriter(EPath(path))
+    db = sqlite3.connect(path)
     try:
+        for statement in SCHEMA:
+            db.execute(statement)
         for shard_id, name in enumerate(shard_paths):
             samples, parts = [], []
-            for key, index, start, end, members in _tar_samples(
-                directory / name, split_name_re, skip_meta_re
-            ):
-                samples.append(
-                    IndexSample(
-                        tar_file_id=shard_id, sample_key=key, sample_index=index,
-                        byte_offset=start, byte_size=end - start,
-                    )
-                )  # fmt: skip
-                parts += [
-                    IndexSamplePart(
-                        tar_file_id=shard_id, sample_index=index, part_name=part,
-                        content_byte_offset=offset, content_byte_size=size,
-                    )
-                    for part, offset, size in members
-                ]  # fmt: skip
+            for key, index, start, end, members in _tar_samples(directory / name):
+                samples.append((shard_id, key, index, start, end - start))
+                parts += [(shard_id, index, part, offset, size) for part, offset, size in members]
                 if len(parts) >= BATCH_ROWS:
-                    writer.append_samples(samples)
-                    writer.append_parts(parts)
+                    _insert(db, samples, parts)
                     samples, parts = [], []
-            writer.append_samples(samples)
-            writer.append_parts(parts)
+            _insert(db, samples, parts)
+        for statement in INDEXES:
+            db.execute(statement)
+        db.commit()
     finally:
-        writer.close()
+        db.close()
     (directory / INDEX_UUID).write_text(index_uuid(run_id))
     return [SQLITE_INDEX, INDEX_UUID]
 
 
-def _tar_samples(path: Path, split_name_re, skip_meta_re):
+def _insert(db: sqlite3.Connection, samples: list[tuple], parts: list[tuple]) -> None:
+    db.executemany(
+        "INSERT INTO samples (tar_file_id, sample_key, sample_index, byte_offset, byte_size) "
+        "VALUES (?, ?, ?, ?, ?)",
+        samples,
+    )
+    db.executemany(
+        "INSERT INTO sample_parts (tar_file_id, sample_index, part_name, content_byte_offset, "
+        "content_byte_size) VALUES (?, ?, ?, ?, ?)",
+        parts,
+    )
+
+
+def _tar_samples(path: Path):
     """``(key, index in shard, first header offset, end offset, [(part, data offset, size)])`` per sample,
     read from the tar headers as ``energon prepare`` reads them (a sample ends where the next begins)."""
     with tarfile.open(path, "r:") as tar:
         current = None
         index = 0
         for member in tar:
-            if not member.isreg() or skip_meta_re.match(member.name):
+            if not member.isreg() or SKIP_META.match(member.name):
                 continue
-            match = split_name_re.match(member.name)
+            match = SPLIT_NAME.match(member.name)
             if match is None:
                 continue
             base, part = match.group(1), match.group(2)

@@ -36,8 +36,8 @@ class WebDatasetOptions(OptionGroup):
     ) = "none"
     energon_index: option(
         bool,
-        "Write Megatron-Energon's key index (.nv-meta/index.sqlite) when megatron-energon is installed "
-        "(importing it takes a second or two).",
+        "Write Megatron-Energon's key index (.nv-meta/index.sqlite): what energon prepare writes, for "
+        "access by key.",
     ) = True
 
 
