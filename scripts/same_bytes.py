@@ -4,6 +4,14 @@
     python scripts/same_bytes.py > after.json       # on the new code
     diff before.json after.json                     # empty: the same bytes
 
+    python scripts/same_bytes.py --code OLD_CHECKOUT --packs   # the old code's packs, by this script
+
+``--code DIR`` runs the packtool of another checkout (``git archive REV | tar -x -C DIR``; its ``src/`` or,
+before the src layout, its root) on the same jobs. ``--packs`` adds, per run, a digest of the packs as that
+code's ``read_packs`` gives them (every column, ``sample_index`` included): when a change alters the
+``run_id`` on purpose (it is written into every shard, and made from the options, so a new option changes
+it), the shards' bytes differ while the packs are the same.
+
 Runs a fixed set of jobs (the demo config; 20,000 synthetic texts with ``bfd`` in both shard formats;
 pretokenized Parquet with a loss mask, ``sequential`` and ``--split-across-pack``; the two fine-tuning
 configs; ``--columns minimal`` on the pretokenized input and on chat in tar shards; the bench's
@@ -145,23 +153,40 @@ def digest(out: Path, work: Path) -> dict[str, str]:
     return files
 
 
+# the packs as read_packs gives them, every array in order, digested (run by the code under test)
+PACKS_DIGEST = (
+    "import hashlib, sys; from packtool import read_packs; h = hashlib.sha256()\n"
+    "for pack in read_packs(sys.argv[1], with_sample_index=True):\n"
+    "    for name in sorted(pack): h.update(name.encode()); h.update(pack[name].tobytes())\n"
+    "print(h.hexdigest())"
+)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*", help="run only these (names above)")
+    ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose packtool runs")
+    ap.add_argument("--packs", action="store_true", help="add a digest of each run's packs (read_packs)")
     args = ap.parse_args()
+    code = args.code / "src" if (args.code / "src" / "packtool").is_dir() else args.code
     work = Path(tempfile.mkdtemp(prefix="packtool-same-bytes-"))
     try:
         shutil.copytree(ROOT / "data", work / "data")
         shutil.copytree(ROOT / "configs", work / "configs")
         make_inputs(work)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), str(args.code)])}
         result = {}
         for name, args_ in RUNS.items():
             if args.only and name not in args.only:
                 continue
             cmd = [sys.executable, "-m", "packtool.cli", "pack", *args_, "-q"]
             subprocess.run(cmd, cwd=work, env=env, check=True)
-            result[name] = digest(work / args_[args_.index("-o") + 1], work)
+            out = work / args_[args_.index("-o") + 1]
+            result[name] = digest(out, work)
+            if args.packs:
+                read = subprocess.run([sys.executable, "-c", PACKS_DIGEST, str(out)], env=env, check=True,
+                                      capture_output=True, text=True)  # fmt: skip
+                result[name]["<packs>"] = read.stdout.strip()
         print(json.dumps(result, indent=1, sort_keys=True))
     finally:
         shutil.rmtree(work, ignore_errors=True)
