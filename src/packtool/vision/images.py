@@ -8,8 +8,10 @@ header) and decodes no pixel. That is all the model's processor needs to count a
 Every failure is an ``InputError`` naming the file (and the image, when a record holds several): a missing
 or unreadable file, bytes that are no image Pillow knows, a header cut short, a zero-size image, and an
 image over Pillow's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``; Pillow itself only warns up
-to twice that limit, packtool refuses it from the limit on). A truncated *body* (the header intact, the
-pixel data cut short) is only found by decoding: ``image_size(..., decode=True)`` decodes and reports it.
+to twice that limit, packtool refuses it from the limit on), and a file cut short. A cut is found
+without decoding where the format says where it ends (``whole_file``): PNG's ``IEND`` chunk, JPEG's end
+of image marker, GIF's trailer, WebP's RIFF size. Where that check cannot tell (another format, or a JPEG
+followed by more data, as a motion photo is) the image is decoded to tell; ``decode=True`` always decodes.
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ def image_size(source: str | Path | bytes, name: str | None = None, *, decode: b
     Args:
         source: a path, or the image's encoded bytes (as a record or a tar member holds them).
         name: how errors name the image (``"data/a.jsonl, row 3, image 1 (cat.png)"``); the path by default.
-        decode: also decode the pixels, which finds a truncated body (slower: a full decode).
+        decode: always decode the pixels (slower: a full decode); else only where ``whole_file`` cannot
+            tell that the file is whole.
 
     Raises:
         InputError: one line naming ``name``: missing, unreadable, not an image, zero-size, or over Pillow's
-        decompression-bomb limit (and, with ``decode``, truncated).
+        decompression-bomb limit, or cut short.
 
     >>> buffer = io.BytesIO()
     >>> Image.new("RGB", (40, 30)).save(buffer, format="PNG")
@@ -60,12 +63,14 @@ def image_size(source: str | Path | bytes, name: str | None = None, *, decode: b
     with stream, warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            with Image.open(stream, formats=_formats(stream)) as image:
+            formats = _formats(stream)
+            whole = whole_file(stream, formats[0] if formats else None)
+            with Image.open(stream, formats=formats) as image:
                 width, height = image.size
                 kind = image.format or "unknown"
                 if width > 0 and height > 0:
                     _check_bomb(width, height, where)
-                if decode:
+                if decode or not whole:  # the pixels tell whether the file is whole
                     image.load()
         except InputError:
             raise
@@ -103,6 +108,33 @@ def _formats(stream) -> list[str] | None:
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return ["WEBP"]
     return next(([name] for magic, name in MAGIC if head.startswith(magic)), None)
+
+
+def whole_file(stream, kind: str | None) -> bool:
+    """Whether ``stream`` (at its start; left there) ends as a whole file of Pillow format ``kind`` does:
+    PNG's ``IEND`` chunk in its last 64 bytes, JPEG's end of image marker (``FF D9``) or GIF's trailer
+    (``;``) last but for zero padding, WebP's RIFF size covering the file. ``False`` where it does not
+    or cannot tell (another format): the caller decodes to tell.
+
+    >>> whole_file(io.BytesIO(b"\\xff\\xd8\\xff..." + b"\\xff\\xd9"), "JPEG")
+    True
+    """
+    stream.seek(0, io.SEEK_END)
+    size = stream.tell()
+    stream.seek(max(0, size - 64))
+    tail = stream.read()
+    stream.seek(0)
+    head = stream.read(12)
+    stream.seek(0)
+    if kind == "PNG":
+        return b"IEND\xaeB`\x82" in tail
+    if kind == "JPEG":
+        return tail.rstrip(b"\x00").endswith(b"\xff\xd9")
+    if kind == "GIF":
+        return tail.rstrip(b"\x00").endswith(b";")
+    if kind == "WEBP":
+        return len(head) == 12 and int.from_bytes(head[4:8], "little") + 8 <= size
+    return False
 
 
 def _check_bomb(width: int, height: int, where: str) -> None:
