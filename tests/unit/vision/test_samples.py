@@ -124,6 +124,8 @@ BAD_ROWS = [
      "line 1, field 'image'", r"image 0 \(bad\.png\): not an image Pillow can read"),
     ("truncated header", {"image": "cut.png", "conversations": [{"from": "human", "value": "<image>"}]},
      "line 1, field 'image'", r"image 0 \(cut\.png\): (not an image|broken image)"),
+    ("truncated body", {"image": "body.png", "conversations": [{"from": "human", "value": "<image>"}]},
+     "line 1, field 'image'", r"image 0 \(body\.png\): broken image: image file is truncated"),
     ("unknown role", {"conversations": [{"from": "robot", "value": "x"}]},
      "line 1, field 'conversations'", r"turn 0 needs 'from'"),
     ("neither kind", {"text": "x"}, "line 1", r"needs 'conversations' \(LLaVA\) or 'messages'"),
@@ -146,6 +148,8 @@ def test_bad_rows_are_one_line_errors_naming_file_line_and_field(tmp_path, what,
     write_image(tmp_path / "a.png", 10, 10)
     (tmp_path / "bad.png").write_bytes(b"not a png")
     (tmp_path / "cut.png").write_bytes(image_bytes(30, 30)[:20])
+    whole = image_bytes(300, 200)
+    (tmp_path / "body.png").write_bytes(whole[: len(whole) - 30])  # the header whole, IEND cut off
     path = tmp_path / "in.jsonl"
     if record is None:
         path.write_text("{not json\n")
@@ -208,6 +212,8 @@ def test_on_error_skip_counts_every_bad_row_and_keeps_the_good_ones(tmp_path, pr
     write_llava_input(tmp_path)
     (tmp_path / "bad.png").write_bytes(b"not a png")
     (tmp_path / "cut.png").write_bytes(image_bytes(30, 30)[:20])
+    whole = image_bytes(300, 200)
+    (tmp_path / "body.png").write_bytes(whole[: len(whole) - 30])
     write_image(tmp_path / "a.png", 10, 10)
     lines = [json.dumps(r) for r in llava_rows()]
     for _, record, _, _ in BAD_ROWS:
@@ -219,7 +225,7 @@ def test_on_error_skip_counts_every_bad_row_and_keeps_the_good_ones(tmp_path, pr
     kept, sequences = encode_samples(processors["llava"], read_vision_samples([path], sink), sink)
     assert len(kept) == len(sequences) == 2 * len(llava_rows())
     assert sink.total == len(BAD_ROWS)
-    assert sink.counts["missing_image"] == 2 and sink.counts["bad_image"] == 2
+    assert sink.counts["missing_image"] == 2 and sink.counts["bad_image"] == 3
     assert sink.counts["image_count"] == 4 and sink.counts["malformed_json"] == 1
     assert [e["row"] for e in sink.entries] == list(range(5, 5 + len(BAD_ROWS)))
     with pytest.raises(InputError, match=r"line 5, field 'image': .*--on-error skip leaves bad records"):
