@@ -235,6 +235,14 @@ DRIVER_READS = {
     },
     "packtool.pipeline.engines": {"encoding.tokenizer", "reading.inputs"},
     "packtool.pipeline.memory": {"encoding.tokenizer", "reading.inputs"},
+    # the run_id binds the manifest fields readers rely on (binding.reading_fields), for both drivers
+    "packtool.pipeline.identity": {
+        "encoding.labels",
+        "output.columns",
+        "output.format",
+        "packing.packed_sequence_size",
+        "packing.pad_token_id",
+    },
     "packtool.pipeline.run": {
         "encoding.text_field",
         "encoding.labels",  # bound into the run_id (binding.reading_fields); given labels equal to the ids

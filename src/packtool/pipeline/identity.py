@@ -8,7 +8,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from packtool.binding import bound_run_id, reading_fields
 from packtool.errors import InputError
+from packtool.formats.registry import ShardFormat
 from packtool.manifest import SHARD_FORMAT_VERSION
 from packtool.options import PackOptions
 from packtool.readers.inputs import expand_inputs
@@ -78,3 +80,49 @@ def make_run_id(options: PackOptions, tokenizer: dict, fingerprint: list[dict]) 
     fingerprint and the format version: two runs with the same ``run_id`` write the same bytes."""
     basis = [options.to_dict(include_runtime=False), tokenizer, fingerprint, SHARD_FORMAT_VERSION]
     return hashlib.sha256(json.dumps(basis, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def shard_numbers(ranges: list[tuple[int, int, str]]) -> list[int]:
+    """Each shard's number within its split (``ranges``: ``(first, end, split)`` in order): ``val-000000``
+    is the first held-out shard.
+
+    >>> shard_numbers([(0, 4, "train"), (4, 8, "train"), (8, 9, "val")])
+    [0, 1, 0]
+    """
+    seen: dict[str, int] = {}
+    numbers = []
+    for _, _, split in ranges:
+        numbers.append(seen.get(split, 0))
+        seen[split] = numbers[-1] + 1
+    return numbers
+
+
+def bind_run_id(
+    run_key: str,
+    options: PackOptions,
+    fmt: ShardFormat,
+    ranges: list[tuple[int, int, str]],
+    position_ids: str,
+    columns: list[str],
+    sample_format: str,
+    image_columns: list[str] | tuple[str, ...] | None = None,
+) -> str:
+    """The run's ``run_id``: ``run_key`` (what the run is made from and what it encoded) bound to the
+    manifest fields readers rely on (``binding.reading_fields``), the shards named as they will be."""
+    shards = [
+        (fmt.writer.shard_name(k, split), b - a, split)
+        for k, (a, b, split) in zip(shard_numbers(ranges), ranges, strict=True)
+    ]
+    fields = reading_fields(
+        packed_sequence_size=options.packing.packed_sequence_size,
+        shard_format=options.output.format,
+        sample_format=sample_format,
+        labels=options.encoding.labels,
+        position_ids=position_ids,
+        pad_token_id=options.packing.pad_token_id,
+        columns=columns,
+        layout=options.output.columns,
+        shards=shards,
+        image_columns=image_columns,
+    )
+    return bound_run_id(run_key, fields)

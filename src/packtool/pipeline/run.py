@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from packtool.binding import bound_run_id, content_run_key, reading_fields
+from packtool.binding import content_run_key
 from packtool.encoders.registry import PRETOKENIZED_FIELDS, fields_read, resolve_sample_format
 from packtool.errors import (
     MAX_LOGGED,
@@ -60,7 +60,14 @@ from packtool.pipeline import progress
 from packtool.pipeline.content import labels_as_given
 from packtool.pipeline.encode import RunSpec, first_bad_record, precut_limit, worker
 from packtool.pipeline.engines import make_engine, resolve_num_proc
-from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
+from packtool.pipeline.identity import (
+    bind_run_id,
+    check_inputs_unchanged,
+    input_fingerprint,
+    input_stamps,
+    make_run_id,
+    shard_numbers,
+)
 from packtool.pipeline.interrupt import stop_on_interrupt
 from packtool.pipeline.output import OutputDir
 from packtool.pipeline.report import name_special_tokens
@@ -421,27 +428,11 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
                 "rebuilds (input_ids shifted, -100 where no loss is taken), so they carry information",
             )
         plan, num_train = hold_out(plan, options.packing.val_fraction, options.packing.seed)
-        shard_ranges = list(enumerate(split_shard_ranges(fmt, plan, num_train, options, columns)))
-        first_of = {}
-        for i, (_, _, split) in shard_ranges:
-            first_of.setdefault(split, i)
+        ranges = split_shard_ranges(fmt, plan, num_train, options, columns)
+        shard_ranges, numbers = list(enumerate(ranges)), shard_numbers(ranges)
         # the run's identity: what it is made from, what it encoded, and what readers rely on
         run_key = content_run_key(identity_key, [m["digest"] for m in metas])
-        fields = reading_fields(
-            packed_sequence_size=options.packing.packed_sequence_size,
-            shard_format=options.output.format,
-            sample_format=sample_format,
-            labels=options.encoding.labels,
-            position_ids=plan.position_ids,
-            pad_token_id=options.packing.pad_token_id,
-            columns=columns,
-            layout=options.output.columns,
-            shards=[
-                (fmt.writer.shard_name(i - first_of[split], split), b - a, split)
-                for i, (a, b, split) in shard_ranges
-            ],
-        )
-        run_id = bound_run_id(run_key, fields)
+        run_id = bind_run_id(run_key, options, fmt, ranges, plan.position_ids, columns, sample_format)
         finished = {}
         if resumed:
             finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
@@ -459,7 +450,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
                     work,
                     str(out.partial),
                     split,
-                    i - first_of[split],  # numbered within its split: val-000000 is the first val shard
+                    numbers[i],  # numbered within its split: val-000000 is the first val shard
                 )
                 for i, (a, b, split) in shard_ranges
                 if i not in finished

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from packtool.binding import bound_run_id, content_run_key, reading_fields
+from packtool.binding import content_run_key
 from packtool.errors import ConfigError, DataLossError, ErrorSink, InputError
 from packtool.formats.card import write_dataset_card
 from packtool.formats.registry import ShardMeta, get_format
@@ -41,7 +41,14 @@ from packtool.layout import labels_follow_rule
 from packtool.manifest import ERRORS_LOG, IMAGE_COLUMNS, Manifest
 from packtool.options import PackOptions
 from packtool.packing.planner import hold_out, make_plan
-from packtool.pipeline.identity import check_inputs_unchanged, input_fingerprint, input_stamps, make_run_id
+from packtool.pipeline.identity import (
+    bind_run_id,
+    check_inputs_unchanged,
+    input_fingerprint,
+    input_stamps,
+    make_run_id,
+    shard_numbers,
+)
 from packtool.pipeline.memory import MemoryStore
 from packtool.pipeline.summary import build_manifest, input_entries, run_stats, with_path
 from packtool.pipeline.write import build_pack_arrays, output_columns, shard_entry, split_shard_ranges
@@ -111,33 +118,16 @@ def run_vision(options: PackOptions, out, show: bool, say) -> Manifest:
     plan, num_train = hold_out(plan, options.packing.val_fraction, options.packing.seed)
     columns = output_columns(options, store)
     fmt = get_format(options.output.format)
-    shard_ranges = list(enumerate(split_shard_ranges(fmt, plan, num_train, options, columns)))
-    first_of: dict[str, int] = {}
-    for i, (_, _, split) in shard_ranges:
-        first_of.setdefault(split, i)
+    ranges = split_shard_ranges(fmt, plan, num_train, options, columns)
+    shard_ranges, numbers = list(enumerate(ranges)), shard_numbers(ranges)
     run_key = content_run_key(identity_key, [digest, table.digest()])
-    fields = reading_fields(
-        packed_sequence_size=n,
-        shard_format=options.output.format,
-        sample_format="vision",
-        labels=options.encoding.labels,
-        position_ids=plan.position_ids,
-        pad_token_id=options.packing.pad_token_id,
-        columns=columns,
-        layout=options.output.columns,
-        shards=[
-            (fmt.writer.shard_name(i - first_of[split], split), b - a, split)
-            for i, (a, b, split) in shard_ranges
-        ],
-        image_columns=IMAGE_COLUMNS,
-    )
-    run_id = bound_run_id(run_key, fields)
+    run_id = bind_run_id(run_key, options, fmt, ranges, plan.position_ids, columns, "vision", IMAGE_COLUMNS)
     shards = []
     with _bar(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
         for i, (a, b, split) in shard_ranges:
             meta = ShardMeta(run_id, i, a, n)
             part = plan.slice(a, b)
-            path = Path(out.partial) / fmt.writer.shard_name(i - first_of[split], split)
+            path = Path(out.partial) / fmt.writer.shard_name(numbers[i], split)
             blocks = _blocks(part, store, table, options, columns, bar)
             shards.append(
                 shard_entry(path, meta, part, split, fmt.writer.write(path, blocks, meta, options.output))
