@@ -113,8 +113,12 @@ class VisionProcessor:
         }
 
 
-def load_processor(directory: str | Path) -> VisionProcessor:
-    """The processor of a local model directory; nothing is downloaded.
+def load_processor(
+    directory: str | Path, *, chat_template: str | None = None, loss_on: str = "assistant"
+) -> VisionProcessor:
+    """The processor of a local model directory; nothing is downloaded. ``chat_template``: a Jinja file
+    rendering the conversations instead of the directory's own (``--chat-template``); ``loss_on``: which
+    turns are trained (``--loss-on``: ``packtool.encoders.chat``).
 
     Raises ``ConfigError`` for a directory that is missing, has no image processor, or whose tokenizer
     lacks the image token.
@@ -155,7 +159,7 @@ def load_processor(directory: str | Path) -> VisionProcessor:
     # the template: the tokenizer's own, else the processor's file (chat_template.jinja or .json)
     files = [path / "chat_template.jinja", path / "chat_template.json"]
     template = None if tokenizer.chat_template else next((str(f) for f in files if f.is_file()), None)
-    chat = ChatEncoder(tokenizer, template)
+    chat = ChatEncoder(tokenizer, chat_template or template, loss_on=loss_on)
     return VisionProcessor(
         path=str(path),
         family=family,
