@@ -25,9 +25,11 @@ def run_cli(
     cwd: str | Path | None = None,
     env: dict | None = None,
     kill_at: str | None = None,
+    timeout: float | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``packtool ARGS`` as a user would (``python -m packtool.cli``), capturing output. ``kill_at``
-    (``STEP:N``, ``tests/fault_runner.py``) SIGKILLs the job, or one of its workers, at that point."""
+    (``STEP:N``, ``tests/fault_runner.py``) SIGKILLs the job, or one of its workers, at that point;
+    ``timeout``: seconds after which the job is killed and the test fails (a command that must not hang)."""
     env = dict(env or {})
     extra_path = env.pop("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), extra_path) if p)}
@@ -38,6 +40,7 @@ def run_cli(
         text=True,
         cwd=cwd,
         env=full_env,
+        timeout=timeout,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"packtool {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")

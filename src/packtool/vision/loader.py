@@ -53,12 +53,11 @@ from packtool.errors import InputError
 from packtool.loader.batch import PackedBatch, default_batch, packed_batch
 from packtool.loader.dataset import PackedDataset
 from packtool.manifest import Manifest
+from packtool.schema import IMAGE_COLUMNS  # a pack's stored image columns: what encode_sample replaces
 from packtool.vision.model_inputs import decode_images, pixel_inputs
 from packtool.vision.positions import GetRopeIndex, pack_mrope_position_ids
 from packtool.vision.processor import VisionProcessor
 
-# a pack's stored image columns (docs/vision.md, storage design); what encode_sample replaces
-IMAGE_COLUMNS = ("images", "image_sample", "image_offset", "image_length", "image_height", "image_width")
 # what encode_sample adds and batch / encode_batch carry
 VISION_FIELDS = ("pixel_values", "image_grid_thw", "mrope_position_ids", "images_per_pack")
 

@@ -2,10 +2,9 @@
 
 Qwen2-VL and Qwen2.5-VL rotate queries and keys by three position ids per token (temporal, height, width):
 an image's tokens take their patch's row and column, the text after it goes on from the largest. Only the
-model knows the rule (its ``get_rope_index``), so ``mrope_position_ids`` runs the model's function on each
-sample of the pack alone, as if it were the whole sequence, and concatenates; the padding counts from 0.
-``with_text_positions`` puts the per-sample text positions in front, ``(4, B, N)``: the layout from which
-transformers' Qwen2-VL finds the packed sequences' boundaries when no attention mask is given.
+model knows the rule (its ``get_rope_index``), so ``pack_mrope_position_ids`` runs the model's function on
+each sample of the pack alone, as if it were the whole sequence, and concatenates; the padding counts
+from 0.
 """
 
 from __future__ import annotations
@@ -16,28 +15,9 @@ import numpy as np
 import torch
 
 from packtool.arrays import ranges
-from packtool.vision.packs import VisionPack
 
 # get_rope_index(input_ids (1, L), mm_token_type_ids (1, L), image_grid_thw=(k, 3) | None) -> ((3, 1, L), ...)
 GetRopeIndex = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-
-
-def mrope_position_ids(
-    get_rope_index: GetRopeIndex, pack: VisionPack, image_grid_thw: torch.Tensor | None
-) -> torch.Tensor:
-    """``(3, 1, N)`` int64 M-RoPE position ids of ``pack`` (``pack_mrope_position_ids`` of its arrays).
-
-    Args:
-        get_rope_index: the model's own, e.g. ``model.model.get_rope_index`` of a
-            ``Qwen2VLForConditionalGeneration``.
-        pack: the pack (``assemble_pack``).
-        image_grid_thw: ``(num_images, 3)`` the grids of the pack's images in pack order (what the image
-            processor returns for them), or ``None`` for a pack without images.
-    """
-    out = pack_mrope_position_ids(
-        get_rope_index, pack.input_ids, pack.seq_lens, pack.image_offsets, pack.image_lengths, image_grid_thw
-    )
-    return out.view(3, 1, -1)
 
 
 def pack_mrope_position_ids(
@@ -86,13 +66,3 @@ def ranges_mask(n: int, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     out = np.zeros(n, dtype=np.int32)
     out[ranges(np.asarray(offsets, dtype=np.int64), np.asarray(lengths, dtype=np.int64))] = 1
     return out
-
-
-def with_text_positions(mrope: torch.Tensor, text_position_ids: torch.Tensor) -> torch.Tensor:
-    """``(4, B, N)``: the ``(B, N)`` text positions (from 0 in every sample) in front of ``(3, B, N)``
-    M-RoPE ids, for the flattened (no mask) path.
-
-    >>> with_text_positions(torch.zeros(3, 1, 2, dtype=torch.long), torch.tensor([[0, 1]])).shape
-    torch.Size([4, 1, 2])
-    """
-    return torch.cat([text_position_ids.unsqueeze(0), mrope], dim=0)
