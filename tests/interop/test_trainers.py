@@ -288,7 +288,9 @@ def test_packed_trainer_resumes_from_a_checkpoint_as_if_never_stopped(
     assert resumed.state.global_step == whole.state.global_step == 8
 
 
-def test_resuming_from_a_checkpoint_without_the_loader_state_is_refused(outputs, tmp_path):
+def test_resuming_without_the_loader_state_is_refused(outputs, tmp_path):
+    """A checkpoint that holds no loader state, and a loader the Trainer's skip cannot handle: one line each,
+    never a loader that starts its order again."""
     directory = outputs["shifted"]
     whole, _ = _packed_trainer(directory, tmp_path / "whole", infinite=True, max_steps=2)
     whole.train()
@@ -298,6 +300,10 @@ def test_resuming_from_a_checkpoint_without_the_loader_state_is_refused(outputs,
     state_file.write_text(json.dumps(state))
     resumed, _ = _packed_trainer(directory, tmp_path / "resumed", infinite=True)
     with pytest.raises(ValueError, match="without packtool's loader state"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
+    # the earlier recipe, packtool's loader given to the Trainer as it is: accelerate's skip cannot rebuild it
+    resumed.get_train_dataloader = lambda: get_loader(resumed.packed_dataset, num_workers=0)
+    with pytest.raises(AttributeError, match=r"not a torch DataLoader.*hf_trainer.trainer_dataloader"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
 
 
