@@ -330,3 +330,25 @@ def test_packed_trainer_refuses_masks_that_do_not_fit_the_model(outputs, tmp_pat
     )
     with pytest.raises(ValueError, match="use mask='additive'"):
         trainer_dataloader(trainer, trainer.packed_dataset)
+
+
+def test_the_trainers_skip_gets_placeholders_that_cannot_train(outputs):
+    """After a restore the stream first yields what the Trainer skips, then the batch after the checkpoint's;
+    a placeholder the Trainer did not skip stops training."""
+    from packtool.loader.hf_trainer import SkippedBatch, TrainerStream
+
+    def dataset():
+        return PackedDataset(outputs["shifted"], batch_size=B, shuffle=True, seed=3, infinite=True)
+
+    before = get_loader(dataset(), num_workers=0)
+    assert len(list(itertools.islice(before, 3))) == 3
+    state = before.state_dict()  # a checkpoint after 3 batches
+    want = [b.pack_index.tolist() for b in itertools.islice(before, 3)]  # the uninterrupted continuation
+    stream = TrainerStream(get_loader(dataset(), num_workers=0))
+    stream.restore(state, skip=2)
+    items = list(itertools.islice(stream, 5))
+    assert all(isinstance(item, SkippedBatch) for item in items[:2])
+    assert [b.pack_index.tolist() for b in items[2:]] == want
+    with pytest.raises(RuntimeError, match="a batch the Trainer was to skip on resume reached training"):
+        len(items[0])
+    assert not isinstance(next(iter(stream)), SkippedBatch)  # placeholders once, after the restore only
