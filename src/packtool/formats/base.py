@@ -47,9 +47,9 @@ UNIT_ERRORS: tuple[type[BaseException], ...] = (
 )  # fmt: skip
 
 
-# the most bytes one stored image may take: the writers refuse a larger one (a few times any image a
-# model's processor takes; Pillow's decompression-bomb limit is 89M pixels) and the readers refuse a shard
-# declaring one, so that reading an image allocates a bounded few times this
+# the most bytes one stored image may take (256 MiB: beyond any image file a training set holds; Pillow
+# refuses over 89M pixels): the writers refuse a larger one and the readers a shard declaring one, so that
+# reading an image allocates at most a few times this
 MAX_IMAGE_BYTES = 256 << 20
 
 

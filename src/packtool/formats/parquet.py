@@ -404,10 +404,10 @@ def content_record(md: pq.FileMetaData, entry: ShardEntry, manifest: Manifest) -
 def content_required(manifest: Manifest) -> bool:
     """Whether every Parquet shard entry of ``manifest`` records a ``content_digest`` (its format_version:
     5.2 or 6.1 on, ``manifest.CONTENT_DIGEST_MINOR``)."""
-    major = manifest.format_version
-    return major > max(CONTENT_DIGEST_MINOR) or manifest.format_minor >= CONTENT_DIGEST_MINOR.get(
-        major, 1 << 30
-    )
+    major, minor = manifest.format_version, manifest.format_minor
+    if major in CONTENT_DIGEST_MINOR:
+        return minor >= CONTENT_DIGEST_MINOR[major]
+    return major > max(CONTENT_DIGEST_MINOR)
 
 
 class ParquetUnitReader(UnitReader):
@@ -451,10 +451,10 @@ def footer_problem(md: pq.FileMetaData, entry: ShardEntry, n: int, exact: bool =
     lists them); no column chunk may declare more than ``rows * (n + 1)`` values (the most a column holds:
     a token column ``n`` a pack, the piece columns at most ``n + 1``) or more than 16 bytes a value
     uncompressed (8 for the widest dtype, the rest for levels and page headers), plus 64 KiB. The images'
-    bytes of a vision-language shard may take more: the ``image_bytes`` its entry records, which must be
-    the footer's own figure (``image_bytes``), and no more than ``MAX_IMAGE_BYTES`` an image (a value of
-    the column). With ``exact=False`` (``verify``, which reports the counts itself) fewer rows than the
-    entry's pass."""
+    bytes of a vision-language shard may take more: the ``image_bytes`` its entry records, and no more than
+    ``MAX_IMAGE_BYTES`` an image (a value of the column); that figure must be the footer's own
+    (``image_bytes_problem``). With ``exact=False`` (``verify``, which reports the counts and the figure
+    itself) fewer rows than the entry's pass, and another figure."""
     groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
     if sum(groups) > entry.num_packs or (exact and sum(groups) != entry.num_packs):
         return f"its footer declares {sum(groups):,} packs, the manifest {entry.num_packs:,}"
@@ -462,9 +462,6 @@ def footer_problem(md: pq.FileMetaData, entry: ShardEntry, n: int, exact: bool =
     if exact and recorded is not None and groups != list(recorded):
         return f"its footer declares row groups {groups}, the manifest {recorded}"
     images = ParquetFields.of(entry).image_bytes
-    if images is not None and images != image_bytes(md):
-        found = image_bytes(md) or 0
-        return f"its footer's images take {found:,} bytes, the manifest's image_bytes says {images:,}"
     for i, rows in enumerate(groups):
         rg = md.row_group(i)
         most = rows * (n + 1)
@@ -478,7 +475,16 @@ def footer_problem(md: pq.FileMetaData, entry: ShardEntry, n: int, exact: bool =
                     f"row group {i}, column {col.path_in_schema}: its footer declares {col.num_values:,} "
                     f"values ({col.total_uncompressed_size:,} bytes), more than {rows:,} packs of {n} hold"
                 )
-    return None
+    return image_bytes_problem(md, entry) if exact else None
+
+
+def image_bytes_problem(md: pq.FileMetaData, entry: ShardEntry) -> str | None:
+    """Why the entry's ``image_bytes`` is not its footer's own figure (``image_bytes``: an edited manifest,
+    or a shard written again), or None."""
+    recorded, found = ParquetFields.of(entry).image_bytes, image_bytes(md)
+    if recorded is None or recorded == found:
+        return None
+    return f"its footer's images take {found or 0:,} bytes, the manifest's image_bytes says {recorded:,}"
 
 
 class ParquetReader(ShardReader):

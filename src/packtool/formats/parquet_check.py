@@ -16,6 +16,7 @@ from packtool.formats.parquet import (
     column_parts,
     content_record,
     footer_problem,
+    image_bytes_problem,
     shard_metadata,
     with_images,
 )
@@ -54,6 +55,8 @@ class ParquetChecker(ShardChecker):
         if (problem := footer_problem(md, entry, n, exact=False)) is not None:  # nothing decoded past N
             report.add("size", problem, shard=name, field="num_packs")
             return
+        if (problem := image_bytes_problem(md, entry)) is not None:  # (the bound above is the entry's)
+            report.add("image_bytes", problem, shard=name, field="image_bytes")
         if md.num_rows != entry.num_packs:
             report.add(
                 "num_packs",

@@ -291,7 +291,7 @@ def _stored_columns(
     what a pack of ``n`` tokens holds), as array copies by name (``buf`` may close after)."""
     out = {}
     if IMAGES in columns:
-        out[IMAGES] = image_members(key, found, buf)
+        out[IMAGES] = image_members(path, key, found, buf)
     for ext, (offset, size) in found.items():
         stored = tar.stored_name(ext)
         name = f"{key}.{ext}"
@@ -303,14 +303,16 @@ def _stored_columns(
     return out
 
 
-def image_members(key: str, found: dict[str, tuple[int, int]], buf) -> list[tuple[str, bytes]]:
+def image_members(path: Path, key: str, found: dict[str, tuple[int, int]], buf) -> list[tuple[str, bytes]]:
     """A vision-language pack's image members ``KEY.img{k}.{ext}`` (of ``found``, its members ``{ext:
-    (data offset, size)}`` in ``buf``) in image order: ``(member name, bytes)``."""
+    (data offset, size)}`` in ``buf``, of the tar ``path``) in image order: ``(member name, bytes)``;
+    ``InputError`` for one over ``MAX_IMAGE_BYTES``, before any is copied."""
     images = sorted((int(m[1]), ext) for ext in found if (m := IMAGE_MEMBER.fullmatch(ext)))
     over = next((ext for _, ext in images if found[ext][1] > MAX_IMAGE_BYTES), None)
     if over is not None:  # checked before its bytes are copied
         raise InputError(
-            f"member {key}.{over}: {found[over][1]:,} bytes, over the {MAX_IMAGE_BYTES:,} an image may take"
+            f"{path}: member {key}.{over} takes {found[over][1]:,} bytes, over the {MAX_IMAGE_BYTES:,} an "
+            "image may take"
         )
     return [(f"{key}.{ext}", bytes(buf[found[ext][0] : sum(found[ext])])) for _, ext in images]
 

@@ -252,9 +252,13 @@ def check_tar_shard(
                         if v is not None and (has_json or k in meta) and meta.get(k) != v:
                             kind = "json" if has_json else "meta"
                             problem(kind, f"{source} says {k} {meta.get(k)}, expected {v}", k)
+                if arrays is not None and images:
+                    try:
+                        arrays[IMAGES] = image_members(path, key, members, buf)
+                    except PacktoolError as e:  # an image larger than any a shard holds: not copied
+                        problem("images", str(e).removeprefix(f"{path}: "), IMAGES)
+                        arrays = None
                 if arrays is not None:
-                    if images:
-                        arrays[IMAGES] = image_members(key, members, buf)
                     batch.add(arrays)
                 local += 1
                 if arrays is None or batch.k == capacity:  # a batch holds consecutive packs: cut here
