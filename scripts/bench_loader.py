@@ -20,11 +20,16 @@ Prints, for packs of N=4096 tokens written by ``packtool pack`` (Parquet, zstd, 
   do. As timed here each mask is dropped before the next is built, as in a training loop. Rows with a
   sliding window of N / 8, alone and beside the full mask (a model with sliding and full layers).
 
-A last row reads with the integrity checks on (Parquet page CRCs, the default) and off
-(``verify_checksums=False``), runs interleaved.
+A last row reads with the integrity checks on (Parquet page CRCs and content digests, the default) and off
+(``verify_checksums=False``), runs interleaved; and the content digests alone (``--content-only`` runs
+just that): ``read_packs`` and the loader with 0 and 2 workers reading the same output with the row groups'
+digests checked, and as an output written before content digests is read (their check left out, the page
+CRCs still checked), runs interleaved.
 
 Targets: >= 3,000 packs/s with 2 workers (issue 16); first batch < 1 s; integrity checks on cost at most
-10% of the CPU per pack against off (issue 19); flex_block_mask >= 100x faster
+10% of the CPU per pack against off (issue 19); the content digests at most 5% of the loader's CPU per pack
+with 2 workers (issue 36; CPU rather than wall-clock time, which moves by more on a shared machine);
+flex_block_mask >= 100x faster
 than create_block_mask at N=4096; block_causal_mask >= 10x faster than NeMo's, identical output.
 Mask timings are the median of ``--repeats`` interleaved runs after one warm-up run of each; loader
 figures the median of ``--loader-repeats`` runs per worker count (NeMo's time alone varies 150-230 ms at
@@ -34,6 +39,7 @@ B=8, N=4096 on a shared machine, so single runs mislead). Mask builds use ``--th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -48,8 +54,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from packtool.formats import parquet  # noqa: E402
 from packtool.loader import PackedDataset, get_loader  # noqa: E402
-from packtool.manifest import FORMAT_VERSION  # noqa: E402
+from packtool.manifest import BASE_FORMAT_VERSION, NEWEST_MINOR  # noqa: E402
 from packtool.masks import block_causal_mask, flex_block_mask, padded_seq_lens, sequence_starts, varlen_args  # noqa: E402
 from packtool.reading import load_manifest, read_packs  # noqa: E402
 
@@ -59,7 +66,8 @@ N = 4096
 def make_data(work: Path, packs: int) -> Path:
     """Pretokenized samples (64..2048 tokens) packed by the real CLI into N=4096 packs; reused if present."""
     out = work / f"loader-{packs}"
-    if (out / "manifest.json").exists() and load_manifest(out).format_version == FORMAT_VERSION:
+    newest = f"{BASE_FORMAT_VERSION}.{NEWEST_MINOR[BASE_FORMAT_VERSION]}"  # what a text output says
+    if (out / "manifest.json").exists() and load_manifest(out).version == newest:
         return out  # (an output of an older format is written again: it may lack the checksums)
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -72,7 +80,16 @@ def make_data(work: Path, packs: int) -> Path:
     src = work / f"loader-{packs}-input.parquet"
     pq.write_table(pa.table({"input_ids": pa.LargeListArray.from_arrays(offsets, tokens)}), src)
     cmd = [sys.executable, "-m", "packtool.cli", "pack", str(src), "-o", str(out)]
-    cmd += ["--packed-sequence-size", str(N), "--max-packs", str(packs), "-q", "--num-proc", "2"]
+    cmd += [
+        "--packed-sequence-size",
+        str(N),
+        "--max-packs",
+        str(packs),
+        "-q",
+        "--num-proc",
+        "2",
+        "--overwrite",
+    ]
     subprocess.run(cmd, check=True, cwd=ROOT)
     return out
 
@@ -106,6 +123,110 @@ def bench_loader(data: Path, workers: int, epochs: int, verify_checksums: bool =
         "total_s": time.perf_counter() - t0,
         "cpu_s_per_1k_packs": (cpu_seconds() - c0) / packs * 1000,
     }
+
+
+@contextlib.contextmanager
+def content_check_off():
+    """Readers as they read an output written before content digests: no shard's content record taken, so
+    no row group's digests checked (the page CRCs still are). Workers started inside inherit it (fork)."""
+    saved = parquet.content_record
+    parquet.content_record = lambda *args: None
+    try:
+        yield
+    finally:
+        parquet.content_record = saved
+
+
+def read_packs_speed(data: Path) -> dict:
+    c, t = cpu_seconds(), time.perf_counter()
+    count = sum(1 for _ in read_packs(data))
+    wall = time.perf_counter() - t
+    return {"packs_per_s": count / wall, "cpu_s_per_1k_packs": (cpu_seconds() - c) / count * 1000}
+
+
+CONTENT_RUNS = {
+    "read_packs": lambda data, epochs: read_packs_speed(data),
+    "loader 0 workers": lambda data, epochs: bench_loader(data, 0, epochs),
+    "loader 2 workers": lambda data, epochs: bench_loader(data, 2, epochs),
+}
+
+
+def content_run(data: Path, name: str, check: str, epochs: int) -> dict:
+    """One run of ``CONTENT_RUNS[name]`` with the content digests checked (``check`` ``on``) or not, in a
+    fresh process (this script, ``--content-run``): each run starts alike, whatever ran before it."""
+    cmd = [sys.executable, __file__, "--work", str(data.parent), "--packs", data.name.split("-")[-1]]
+    cmd += ["--epochs", str(epochs), "--content-run", name, check]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def bench_content(data: Path, repeats: int, epochs: int) -> dict:
+    """``read_packs`` and the loader (0 and 2 workers) with the content digests checked and not, on the
+    same output, each run in a fresh process, on and off interleaved (neither always first): medians of
+    ``repeats``."""
+    runs: dict = {}
+    for i in range(repeats):
+        for check in ("on", "off") if i % 2 == 0 else ("off", "on"):
+            for name in CONTENT_RUNS:
+                runs.setdefault(name, {}).setdefault(check, []).append(content_run(data, name, check, epochs))
+    return {
+        "digest share": digest_share(data, max(3, repeats)),
+        **{
+            name: {
+                check: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for check, rs in by.items()
+            }
+            for name, by in runs.items()
+        },
+    }
+
+
+def digest_share(data: Path, repeats: int) -> dict:
+    """CPU seconds per 1,000 packs of Arrow's decode of the training columns of every row group, and of the
+    check of their digests after it (``ContentRecord.problem``), in this process: medians of ``repeats``
+    (CPU time, which the machine's load moves less than the loader's wall-clock time)."""
+    manifest = load_manifest(data)
+    cols = ["input_ids", "labels", "position_ids", "seq_lens"]
+    decode, digest, packs = [], [], manifest.num_packs
+    for _ in range(repeats):
+        d = g = 0.0
+        for s in range(len(manifest.shards)):
+            shard = parquet.open_shard(data, manifest, s)
+            for rg in range(shard.parquet.num_row_groups):
+                t = time.process_time()
+                table = shard.parquet.read_row_group(rg, columns=cols, use_threads=False)
+                d += time.process_time() - t
+                t = time.process_time()
+                assert shard.content.problem(table, rg) is None
+                g += time.process_time() - t
+            shard.close()
+        decode.append(d / packs * 1000)
+        digest.append(g / packs * 1000)
+    return {
+        "decode_cpu_s_per_1k_packs": float(np.median(decode)),
+        "digest_cpu_s_per_1k_packs": float(np.median(digest)),
+    }
+
+
+def report_content(content: dict) -> list[tuple[str, bool]]:
+    """Print the content digests' cost; return the target check."""
+    share = content.pop("digest share")
+    print(
+        f"content digests alone: {share['digest_cpu_s_per_1k_packs'] * 1000:.1f} CPU ms / 1k packs against "
+        f"{share['decode_cpu_s_per_1k_packs'] * 1000:.1f} for Arrow's decode of the same row groups "
+        f"({share['digest_cpu_s_per_1k_packs'] / share['decode_cpu_s_per_1k_packs']:.1%})"
+    )
+    print("content digests checked (on) and not (off), the same output, interleaved runs (medians):")
+    for name, r in content.items():
+        on, off = r["on"], r["off"]
+        print(
+            f"  {name:<17} on {on['packs_per_s']:>8,.0f} packs/s ({on['cpu_s_per_1k_packs']:.3f} CPU s / 1k"
+            f" packs), off {off['packs_per_s']:>8,.0f} packs/s ({off['cpu_s_per_1k_packs']:.3f}): on / off ="
+            f" {on['packs_per_s'] / off['packs_per_s']:.3f} packs/s, "
+            f"{on['cpu_s_per_1k_packs'] / off['cpu_s_per_1k_packs']:.3f}x CPU"
+        )
+    two = content["loader 2 workers"]
+    cost = two["on"]["cpu_s_per_1k_packs"] / two["off"]["cpu_s_per_1k_packs"]
+    return [("content digests cost <= 5% of the loader's CPU per pack (2 workers)", cost <= 1.05)]
 
 
 def timeit(fn) -> float:
@@ -214,11 +335,29 @@ def main() -> None:
     ap.add_argument("--loader-repeats", type=int, default=3, help="loader runs per worker count (median)")
     ap.add_argument("--work", default=str(ROOT / ".bench"), help="where the data is written (reused)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--content-only", action="store_true", help="only the content digests' cost")
+    ap.add_argument("--content-run", nargs=2, metavar=("RUN", "CHECK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
+    if args.content_run:  # one run of bench_content, in this fresh process: its figures as one JSON line
+        name, check = args.content_run
+        data = Path(args.work) / f"loader-{args.packs}"
+        with contextlib.nullcontext() if check == "on" else content_check_off():
+            print(json.dumps(CONTENT_RUNS[name](data, args.epochs)))
+        return
     data = make_data(Path(args.work), args.packs)
     manifest = json.loads((data / "manifest.json").read_text())
     res: dict = {"packs": manifest["stats"]["num_packs"], "N": N, "fill_rate": manifest["stats"]["fill_rate"]}
+    if args.content_only:
+        res["load_average"] = os.getloadavg()
+        res["content"] = bench_content(data, args.loader_repeats, args.epochs)
+        if args.json:
+            print(json.dumps(res, indent=1, default=str))
+            return
+        print(f"data: {res['packs']} packs of N={N}; load average {res['load_average'][0]:.2f}")
+        for name, ok in report_content(res["content"]):
+            print(f"target {'MET ' if ok else 'MISS'}  {name}")
+        return
 
     c, t = cpu_seconds(), time.perf_counter()
     count = sum(1 for _ in read_packs(data))
@@ -240,6 +379,7 @@ def main() -> None:
         name: {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
         for name, runs in (("on", on), ("off", off))
     }
+    res["content"] = bench_content(data, args.loader_repeats, args.epochs)
 
     torch.set_num_threads(args.threads)
     try:
@@ -331,6 +471,7 @@ def report(res: dict, args) -> None:
     if "nemo_create_block_causal_mask" in m4:
         ratio = m4["nemo_create_block_causal_mask"]["s_per_batch"] / m4["block_causal_mask"]["s_per_batch"]
         checks.append(("block_causal_mask >= 10x NeMo, identical", ratio >= 10 and m4["identical_to_nemo"]))
+    checks += report_content(res["content"])
     for name, ok in checks:
         print(f"target {'MET ' if ok else 'MISS'}  {name}")
 

@@ -28,11 +28,13 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from packtool.conventions import LABELS, MAX_PACKED_SEQUENCE_SIZE, POSITION_IDS
+from packtool.conventions import LABELS, MAX_PACKED_SEQUENCE_SIZE, MAX_TOKEN_ID, POSITION_IDS
 from packtool.errors import InputError
 from packtool.formats.registry import get_format
 from packtool.layout import columns_problem
 from packtool.manifest import IMAGE_COLUMNS
+
+INT64 = 1 << 63  # a manifest's ints: within int64, as NumPy and Arrow hold counts and offsets
 
 
 def content_run_key(identity_key: str, chunk_digests: Sequence[str]) -> str:
@@ -102,7 +104,7 @@ def _fits(value: Any, annotation: str) -> bool:
         if alt == "None" and value is None:
             return True
         if alt == "int" and isinstance(value, int) and not isinstance(value, bool):
-            return True
+            return -INT64 <= value < INT64  # what NumPy and Arrow hold: a count past it overflows there
         if alt == "float" and isinstance(value, int | float) and not isinstance(value, bool):
             return True
         if alt in ("str", "bool") and type(value).__name__ == alt:
@@ -138,6 +140,19 @@ def type_problem(record: Any, where: str = "") -> str | None:
     return None
 
 
+def negative_problem(record: Any, where: str = "") -> str | None:
+    """The first int field of dataclass ``record`` (a shard format's own fields: counts, byte offsets and
+    sizes), or int in a list field, that is negative, as ``field 'shards[0].image_bytes': -1 is
+    negative``; None when none is (``record``'s types checked first, ``type_problem``)."""
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        values = value if isinstance(value, list) else [value]
+        bad = next((v for v in values if isinstance(v, int) and not isinstance(v, bool) and v < 0), None)
+        if bad is not None:
+            return f"field '{where}{f.name}': {bad} is negative, not a count or offset"
+    return None
+
+
 def fields_problem(manifest: Any) -> str | None:
     """Why the manifest's fields cannot be read at all: one not of its type (``type_problem``), a negative
     count, a convention packtool does not know, or columns that are not a list packtool writes
@@ -153,11 +168,15 @@ def fields_problem(manifest: Any) -> str | None:
         own = shard_reader.entry_fields(entry)
         if own is not None and (problem := type_problem(own, f"shards[{i}].fields.")) is not None:
             return problem
+        if own is not None and (problem := negative_problem(own, f"shards[{i}].")) is not None:
+            return problem
     vocab = manifest.tokenizer.vocab_size
     if not _fits(vocab, "int | None"):
         return f"field 'tokenizer.vocab_size': {vocab!r} is not a number"
     if any(e.num_packs < 0 or e.bytes < 0 for e in manifest.shards):
         return "a shard entry counts fewer than 0 packs or bytes"
+    if not 0 <= manifest.pad_token_id <= MAX_TOKEN_ID:
+        return f"field 'pad_token_id': {manifest.pad_token_id} is not a token id (0 to {MAX_TOKEN_ID:,})"
     if not 0 < manifest.packed_sequence_size <= MAX_PACKED_SEQUENCE_SIZE:
         n = manifest.packed_sequence_size
         return f"field 'packed_sequence_size': {n} is not between 1 and {MAX_PACKED_SEQUENCE_SIZE:,}"

@@ -12,3 +12,4 @@ LABELS = ("shifted", "unshifted")  # how labels[i] relates to input_ids
 POSITION_IDS = ("nemo", "restart")  # how positions run on in a pack
 MAX_PACKED_SEQUENCE_SIZE = 1 << 24  # tokens in a pack: what --packed-sequence-size takes, a reader accepts
 IGNORE_INDEX = -100  # the label of a token that takes no loss (padding, prompts, sample ends)
+MAX_TOKEN_ID = 2**31 - 1  # the packs' input_ids are int32

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +70,10 @@ FORMAT = "packtool"
 #    statistics; a 5.x reader would give the tokens without their images)
 # An output says the lowest version that reads it whole (``pipeline.summary.lowest_version``): 6.0 where it
 # has one of those, else 5.1, so that a cluster pinned to a 5.x packtool keeps reading what needs no more.
-NEWEST_MINOR = {5: 1, 6: 0}  # the newest minor of each major this packtool reads whole
+# 5.2 and 6.1: a Parquet shard entry's ``content_digest``, naming the record of its row groups' digests in
+#    its footer (``formats.parquet_content``), checked at read time; optional to a 5.1 or 6.0 reader
+NEWEST_MINOR = {5: 2, 6: 1}  # the newest minor of each major this packtool reads whole
+CONTENT_DIGEST_MINOR = {5: 2, 6: 1}  # from which minor of each major Parquet entries record content_digest
 BASE_FORMAT_VERSION = 5  # what an output using nothing newer says
 IMAGES_FORMAT_VERSION = 6  # what a vision-language output says
 FORMAT_VERSION = max(NEWEST_MINOR)  # major: a reader refuses a manifest of a greater one
@@ -269,11 +274,13 @@ class Manifest:
         if path.stat().st_size > MAX_MANIFEST_BYTES:
             raise InputError(f"{path}: over {MAX_MANIFEST_BYTES:,} bytes, not a packtool manifest")
         try:
-            data = json.loads(path.read_text())
+            data = strict_json(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise InputError(f"{path}: not valid JSON ({getattr(e, 'msg', e)})") from None
         except RecursionError:  # arrays or objects nested thousands deep
             raise InputError(f"{path}: not valid JSON (nested too deep)") from None
+        except ValueError as e:  # strict_json's: a key twice, a number no writer gives
+            raise InputError(f"{path}, {e}") from None
         return cls.from_dict(data, origin=str(path))
 
     @classmethod
@@ -366,6 +373,69 @@ class Manifest:
         path = Path(directory) / MANIFEST
         write_json_atomic(path, self.to_dict())
         return path
+
+
+class _Refused:
+    """A JSON value ``strict_json`` refuses, held until the object holding it names its key."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+
+def _number(text: str) -> int | _Refused:
+    # Python converts at most sys.get_int_max_str_digits() digits (4,300 by default; 0: no limit), so
+    # no writer in Python can write a longer one: its own error would name no field
+    digits, limit = len(text.lstrip("-")), sys.get_int_max_str_digits()
+    return int(text) if not limit or digits <= limit else _Refused(f"an integer of {digits:,} digits")
+
+
+def _refused_in(value: Any) -> _Refused | None:
+    """The first refused value in ``value`` or the lists nested in it (an object's were named already)."""
+    if isinstance(value, _Refused):
+        return value
+    if isinstance(value, list):
+        return next((r for v in value if (r := _refused_in(v)) is not None), None)
+    return None
+
+
+def _float(text: str) -> float | _Refused:
+    value = float(text)
+    return value if math.isfinite(value) else _Refused(f"{text} (beyond a float)")
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"field {key!r}: given twice (which value is meant cannot be told)")
+        if (refused := _refused_in(value)) is not None:
+            raise ValueError(f"field {key!r}: {refused.what}, not a value packtool writes")
+        out[key] = value
+    return out
+
+
+def strict_json(text: str) -> Any:
+    """``text`` parsed as JSON, refusing what ``json.loads`` takes silently from an untrusted manifest: a
+    key given twice in an object (the last would win without a word), ``NaN`` / ``Infinity`` and numbers
+    beyond a float, and integers longer than Python converts (``sys.get_int_max_str_digits``: its own
+    error names no field). Raises
+    ``ValueError`` naming the field (``json.JSONDecodeError``, one, for text that is not JSON).
+
+    >>> strict_json('{"a": 1, "b": [2.5]}')
+    {'a': 1, 'b': [2.5]}
+    >>> strict_json('{"a": 1, "a": 2}')
+    Traceback (most recent call last):
+    ValueError: field 'a': given twice (which value is meant cannot be told)
+    >>> strict_json('{"num_packs": Infinity}')
+    Traceback (most recent call last):
+    ValueError: field 'num_packs': Infinity (beyond a float), not a value packtool writes
+    """
+    data = json.loads(
+        text, object_pairs_hook=_object, parse_int=_number, parse_float=_float, parse_constant=_float
+    )
+    if (refused := _refused_in(data)) is not None:
+        raise ValueError(f"the document holds {refused.what}")
+    return data
 
 
 def read_version(d: dict, origin: str = MANIFEST) -> tuple[int, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from packtool.errors import InputError
 
@@ -36,29 +37,71 @@ def file_kind(mode: int) -> str:
     return "a regular file" if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
-def output_file_problem(directory: str | Path, name: object) -> str | None:
-    """Why ``name`` (as the manifest gives it) may not be opened inside output ``directory``, or None
-    (one ``realpath`` and one ``stat``). ``missing`` when it does not exist."""
+def _resolve(directory: str | Path, name: object) -> tuple[str | None, str | None]:
+    """``(real path, None)`` of ``name`` inside output ``directory`` when it may be opened, else ``(None,
+    why)`` (``output_file_problem``)."""
     if not isinstance(name, str) or not name or "\x00" in name:
-        return f"names no usable path ({name!r})"
+        return None, f"names no usable path ({name!r})"
     parts = PurePosixPath(name).parts
     if PurePosixPath(name).is_absolute() or Path(name).is_absolute():
-        return "names an absolute path, outside the output directory"
+        return None, "names an absolute path, outside the output directory"
     if ".." in parts or any(".." in Path(p).parts for p in name.split("\\")):
-        return "names a path outside the output directory (a .. part)"
+        return None, "names a path outside the output directory (a .. part)"
     root = os.path.realpath(directory)
     real = os.path.realpath(os.path.join(root, name))
     if os.path.commonpath([root, real]) != root or real == root:
-        return "is a symlink leading outside the output directory"
+        return None, "is a symlink leading outside the output directory"
     try:
         mode = os.stat(real).st_mode
     except FileNotFoundError:
-        return "missing"
+        return None, "missing"
     except OSError as e:
-        return f"cannot be opened ({e.strerror})"
+        return None, f"cannot be opened ({e.strerror})"
     if not stat.S_ISREG(mode):
-        return f"is {file_kind(mode)}, not a regular file"
-    return None
+        return None, f"is {file_kind(mode)}, not a regular file"
+    return real, None
+
+
+def output_file_problem(directory: str | Path, name: object) -> str | None:
+    """Why ``name`` (as the manifest gives it) may not be opened inside output ``directory``, or None
+    (one ``realpath`` and one ``stat``). ``missing`` when it does not exist."""
+    return _resolve(directory, name)[1]
+
+
+# opening never blocks: a FIFO put in a file's place after it was checked is seen on the open file
+_OPEN_FLAGS = (
+    os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def open_output_file(directory: str | Path, name: object) -> BinaryIO:
+    """``directory / name`` open for reading (binary), checked as it is opened: what
+    ``output_file_problem`` checks, then the open file itself is a regular file. A reader that opens a file
+    long after the output was checked (a loader's worker, mid-epoch) so never blocks on a FIFO or reads a
+    device put in its place meanwhile. ``InputError`` naming the path otherwise.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); _ = (d / "a.tar").write_bytes(b"x")
+    >>> with open_output_file(d, "a.tar") as f:
+    ...     f.read()
+    b'x'
+    """
+    path = Path(directory) / str(name)
+    real, problem = _resolve(directory, name)
+    if problem is None:
+        try:  # the real path, its last part not a link: a link put there meanwhile is refused
+            fd = os.open(real, _OPEN_FLAGS)
+        except FileNotFoundError:
+            problem = "missing"
+        except OSError as e:
+            problem = f"cannot be opened ({e.strerror})"
+    if problem is not None:
+        raise InputError(f"{path}: {problem}; run packtool verify")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise InputError(f"{path}: is {file_kind(mode)}, not a regular file; run packtool verify")
+    return os.fdopen(fd, "rb")
 
 
 def output_file(directory: str | Path, name: object) -> Path:

@@ -121,7 +121,7 @@ def test_manifest_describes_the_run(tmp_path):
     s = m["stats"]
     packs = list(read_packs(out))
     lengths = [len(json.loads(line)["input_ids"]) for line in open(src)]
-    assert m["packed_sequence_size"] == 256 and (m["format_version"], m["format_minor"]) == (5, 1)
+    assert m["packed_sequence_size"] == 256 and (m["format_version"], m["format_minor"]) == (5, 2)
     assert m["provenance"]["long_samples"] == "drop" and "num_proc" not in m["provenance"]
     assert s["num_samples"] == 500 and s["num_packs"] == len(packs)
     assert s["dropped_samples"] == sum(n > 256 for n in lengths) > 0

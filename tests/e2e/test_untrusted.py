@@ -18,6 +18,7 @@ import shutil
 import signal
 import tarfile
 import textwrap
+import tracemalloc
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -213,6 +214,68 @@ def huge_npy_shape(out: Path, ctx: dict) -> None:
     edit_manifest(out, lambda m: m["shards"][1].update(bytes=len(data), crc32=zlib.crc32(data)))
 
 
+def swapped_packs(out: Path, ctx: dict) -> None:
+    """Shard 1 rewritten whole with its first two packs swapped: its metadata (run_id, shard, first pack),
+    row groups, writer settings and page CRCs those of a shard packtool writes; its size into the
+    manifest (only the content tells)."""
+    path = out / "packs-000001.parquet"
+    pf = pq.ParquetFile(path)
+    groups = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+    table = pf.read()
+    pf.close()
+    order = list(range(table.num_rows))
+    order[0], order[1] = 1, 0
+    table = table.take(order)
+    settings = dict(
+        compression="zstd", use_dictionary=False, write_statistics=False, write_page_checksum=True
+    )
+    with pq.ParquetWriter(path, table.schema, **settings) as writer:
+        for a, rows in zip(np.cumsum([0, *groups[:-1]]), groups, strict=True):
+            writer.write_table(table.slice(int(a), rows))
+    size = path.stat().st_size
+    edit_manifest(out, lambda m: m["shards"][1].update(bytes=size))
+
+
+def edit_text(old: str | Callable[[str], str], new: str | None = None) -> Callable[[Path, dict], None]:
+    """The manifest's text edited: ``old`` replaced by ``new`` once (a callable of the text gives ``old``)."""
+
+    def damage(out: Path, ctx: dict) -> None:
+        text = (out / "manifest.json").read_text()
+        what = old(text) if callable(old) else old
+        assert what in text
+        (out / "manifest.json").write_text(text.replace(what, new, 1))
+
+    return damage
+
+
+def pad_id_text(text: str) -> str:
+    return f'"pad_token_id": {json.loads(text)["pad_token_id"]}'
+
+
+def shard_1_packs_text(text: str) -> str:
+    return f'"num_packs": {json.loads(text)["shards"][1]["num_packs"]}'
+
+
+HUGE_PAD_ID = '"pad_token_id": ' + "9" * 5000
+
+
+def npy_shape(shape: tuple[int, ...]) -> Callable[[Path, dict], None]:
+    """The first pack of shard 1 gets a seq_lens member that is only a header declaring ``shape`` (the
+    manifest's size and crc32 follow it)."""
+
+    def damage(out: Path, ctx: dict) -> None:
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": "<i4", "fortran_order": False, "shape": shape})
+        path = out / "packs-000001.tar"
+        rewrite_tar_members(
+            path, lambda packs: next(iter(packs.values())).update({"seq_lens.npy": header.getvalue()})
+        )
+        data = path.read_bytes()
+        edit_manifest(out, lambda m: m["shards"][1].update(bytes=len(data), crc32=zlib.crc32(data)))
+
+    return damage
+
+
 PASSWD = "../" * 5 + "etc/passwd"
 
 
@@ -268,6 +331,35 @@ READ_CASES = [
     ReadCase("8", "an npy shape (2**32, 2**32)", "webdataset", huge_npy_shape,
              "seq_lens.npy is not a plain C-order .npy array of its size",
              verify_message="seq_lens.npy is not a plain C-order .npy array of its size"),
+    # issue 36: item 2, the content of a Parquet shard is checked as it is read
+    ReadCase("36.2", "two packs swapped, the shard rewritten whole", "parquet", swapped_packs,
+             "packs-000001.parquet: row group 0, column input_ids: not the content the run wrote",
+             verify_message="row group 0, column input_ids: not the content the run wrote"),
+    ReadCase("36.2", "content_digest edited", "parquet",
+             lambda out, ctx: edit_manifest(out, lambda m: m["shards"][1].update(content_digest="0" * 32)),
+             "packs-000001.parquet: its content record is not the one the manifest's content_digest names",
+             verify_message="its content record is not the one the manifest's content_digest names"),
+    ReadCase("36.2", "content_digest removed", "parquet",
+             lambda out, ctx: edit_manifest(out, lambda m: m["shards"][1].pop("content_digest")),
+             "the manifest records no content_digest for it, which format_version 5.2 writes",
+             verify_message="the manifest records no content_digest for it"),
+    # item 5: fields no writer gives, and a member's shape NumPy cannot make
+    ReadCase("36.5", "a 5,000-digit pad_token_id", "parquet", edit_text(pad_id_text, HUGE_PAD_ID),
+             "manifest.json, field 'pad_token_id': an integer of 5,000 digits",
+             verify_message="field 'pad_token_id': an integer of 5,000 digits"),
+    ReadCase("36.5", "a pad_token_id past int32", "parquet", set_field("pad_token_id", 2**40),
+             "field 'pad_token_id': 1099511627776 is not a token id",
+             verify_message="field 'pad_token_id': 1099511627776 is not a token id"),
+    ReadCase("36.5", "num_packs: Infinity", "webdataset",
+             edit_text(shard_1_packs_text, '"num_packs": Infinity'),
+             "field 'num_packs': Infinity (beyond a float), not a value packtool writes",
+             verify_message="field 'num_packs': Infinity"),
+    ReadCase("36.5", "a key given twice (the last one read)", "parquet",
+             edit_text('"run_id": ', '"run_id": "0123456789abcdef", "run_id": '),
+             "manifest.json, field 'run_id': given twice", verify_message="field 'run_id': given twice"),
+    ReadCase("36.5", "an npy shape (0, 2**62)", "webdataset", npy_shape((0, 2**62)),
+             "seq_lens.npy is not a plain C-order .npy array of its size",
+             verify_message="seq_lens.npy is not a plain C-order .npy array of its size"),
 ]  # fmt: skip
 
 
@@ -294,6 +386,31 @@ def test_the_loader_refuses_a_hanging_tar_header(tmp_path, outputs):
             pass
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_loader_refuses_a_shard_rewritten_with_two_packs_swapped(tmp_path, outputs, workers):
+    out = Path(shutil.copytree(outputs["parquet"], tmp_path / "out"))
+    swapped_packs(out, {})
+    with pytest.raises(InputError, match="row group 0, column input_ids: not the content the run wrote"):
+        for _ in get_loader(PackedDataset(out, batch_size=4, shuffle=False), num_workers=workers):
+            pass
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "parquet"])
+def test_a_shard_replaced_by_a_fifo_mid_epoch_is_refused_by_the_workers(tmp_path, outputs, fmt):
+    """The output is checked when the loader starts; a worker opens a shard long after: one put in its place
+    meanwhile is checked as it is opened, never blocked on."""
+    out = Path(shutil.copytree(outputs[fmt], tmp_path / "out"))
+    name = "packs-000004." + ("tar" if fmt == "webdataset" else "parquet")  # the last: 48 packs on
+    # batches of 1 pack: the workers, 8 packs ahead each, are at packs 0-7 and 27-34 for now
+    batches = iter(get_loader(PackedDataset(out, batch_size=1, shuffle=False), num_workers=2))
+    next(batches)
+    (out / name).unlink()
+    os.mkfifo(out / name)
+    with pytest.raises(InputError, match=f"{name}: is a FIFO, not a regular file"):
+        for _ in batches:
+            pass
+
+
 def test_run_identity_is_bound_to_content(outputs):
     ids = {
         k: json.loads((outputs[k] / "manifest.json").read_text())["run_id"] for k in ("parquet", "shuffled")
@@ -311,6 +428,84 @@ def test_a_shard_repacked_in_place_mid_epoch_is_refused(tmp_path, outputs, run_p
         for p in packs:
             first.append({k: v.tolist() for k, v in p.items()})
     assert first == run_packs["parquet"][: len(first)]
+
+
+# --- other commands on a damaged output: one line, exit 3 -----------------------------------------------
+def index_link_out(out: Path, ctx: dict) -> None:
+    """Shard 0's .tar.idx a symlink to a file outside the output (a copy of the index itself)."""
+    (out.parent / "elsewhere.idx").write_bytes((out / "packs-000000.tar.idx").read_bytes())
+    (out / "packs-000000.tar.idx").unlink()
+    (out / "packs-000000.tar.idx").symlink_to(out.parent / "elsewhere.idx")
+
+
+def index_fifo(out: Path, ctx: dict) -> None:
+    (out / "packs-000000.tar.idx").unlink()
+    os.mkfifo(out / "packs-000000.tar.idx")
+
+
+def index_offset(out: Path, ctx: dict) -> None:
+    offsets = np.fromfile(out / "packs-000000.tar.idx", dtype="<u8")
+    offsets[1] = 10**12  # pack 0 would run to byte 1e12
+    offsets.tofile(out / "packs-000000.tar.idx")
+
+
+@dataclass
+class CommandCase:
+    row: str
+    name: str
+    fmt: str
+    damage: Callable[[Path, dict], None]
+    args: list  # after the output directory
+    code: int
+    message: str  # in the one line on stderr
+
+
+COMMAND_CASES = [
+    CommandCase("36.5", ".tar.idx a symlink leading out", "webdataset", index_link_out, ["--pack", 0],
+                EXIT_INPUT, "packs-000000.tar.idx: is a symlink leading outside the output directory"),
+    CommandCase("36.5", ".tar.idx a FIFO", "webdataset", index_fifo, ["--pack", 0], EXIT_INPUT,
+                "packs-000000.tar.idx: is a FIFO, not a regular file"),
+    CommandCase("36.5", ".tar.idx with an offset of 1e12", "webdataset", index_offset, ["--pack", 0],
+                EXIT_INPUT, "packs-000000.tar.idx: its offsets do not rise from 0 inside the tar's"),
+    CommandCase("36.5", "a 5,000-digit pad_token_id", "parquet",
+                edit_text(pad_id_text, HUGE_PAD_ID), [], EXIT_INPUT,
+                "field 'pad_token_id': an integer of 5,000 digits"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", COMMAND_CASES, ids=[f"row {c.row}: {c.name}" for c in COMMAND_CASES])
+def test_inspect_case(tmp_path: Path, outputs, case: CommandCase):
+    out = Path(shutil.copytree(outputs[case.fmt], tmp_path / "out", symlinks=True))
+    case.damage(out, {})
+    proc = run_cli("inspect", out, *case.args, check=False)
+    assert proc.returncode == case.code, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("packtool: error: ") and case.message in line, line
+
+
+def test_verify_names_a_member_of_shape_0_by_2_to_the_62(tmp_path: Path, outputs):
+    out = Path(shutil.copytree(outputs["webdataset"], tmp_path / "out"))
+    npy_shape((0, 2**62))(out, {})
+    proc = run_cli("verify", out, check=False)
+    assert proc.returncode == 1, proc.stderr  # problems found (was exit 4: an internal error)
+    assert "seq_lens.npy is not a plain C-order .npy array of its size" in proc.stdout
+
+
+def test_a_loader_state_of_a_billion_lanes_is_refused_before_any_allocation(outputs):
+    loader = get_loader(PackedDataset(outputs["parquet"], batch_size=4), num_workers=0)
+    state = {**loader.state_dict(), "lanes": 10**9}
+    tracemalloc.start()
+    with pytest.raises(
+        ValueError, match="loader state: field 'lanes' must be at most 65,536, got 1000000000"
+    ):
+        loader.load_state_dict(state)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20
+    # the epoch's plan takes memory and time by its batches, whatever the lanes: lanes past the batches
+    # read nothing, so the plan is the one of as many lanes as batches
+    ds = PackedDataset(outputs["parquet"], batch_size=4, shuffle=True)
+    np.testing.assert_array_equal(ds.plan(0, lanes=10**12), ds.plan(0, lanes=ds.batches_per_epoch))
 
 
 # --- pack on hostile inputs ----------------------------------------------------------------------------
@@ -373,6 +568,13 @@ def rewritten_at_same_size_and_mtime(tmp: Path) -> list:
     return [src, "--tokenizer", f"{tmp / 'swap.py'}:encode"]
 
 
+def view_columns(tmp: Path) -> list:
+    """The texts as a Parquet ``string_view`` column (as Polars writes strings)."""
+    table = pa.table({"text": pa.array([r["text"] for r in RECORDS[:30]], pa.string_view())})
+    pq.write_table(table, tmp / "in.parquet")
+    return [tmp / "in.parquet", *TOK]
+
+
 def huge_record(tmp: Path) -> list:
     (tmp / "in.jsonl").write_text(json.dumps({"text": "word " * 10_000_000}) + "\n")  # 50 MB
     return [tmp / "in.jsonl", *TOK, "--long-samples", "truncate"]
@@ -408,6 +610,7 @@ PACK_CASES = [
              "--strict: the input's own labels equal its input_ids"),
     PackCase("12", "the same with --labels unshifted", labels_equal_input_ids("--labels", "unshifted"), 0,
              ""),
+    PackCase("36.5", "a Parquet text column of string_view", view_columns, 0, ""),
 ]  # fmt: skip
 
 
@@ -429,6 +632,22 @@ def test_pack_case(tmp_path: Path, case: PackCase):
         if "labels" in case.message:
             assert any("taken as given" in w for w in m["warnings"])
     assert not list(tmp_path.glob("*.lock")) and not list(tmp_path.glob("*.partial"))
+
+
+def test_view_columns_pack_as_their_plain_types_do(tmp_path: Path):
+    """A ``string_view`` text column and a ``list_view`` of token ids (whose cast by Arrow to a list loses
+    values) give the packs of the same data in plain columns."""
+    texts = [r["text"] for r in RECORDS[:40]]
+    ids = [[int(t) for t in np.random.default_rng(i).integers(1, 900, 3 + i % 11)] for i in range(40)]
+    plain = {"text": pa.array(texts), "ids": pa.array(ids, pa.list_(pa.int32()))}
+    views = {"text": pa.array(texts, pa.string_view()), "ids": pa.array(ids, pa.list_view(pa.int32()))}
+    for name, columns in (("plain", plain), ("views", views)):
+        pq.write_table(pa.table({"text": columns["text"]}), tmp_path / f"{name}-text.parquet")
+        pq.write_table(pa.table({"input_ids": columns["ids"]}), tmp_path / f"{name}-ids.parquet")
+        pack(tmp_path / f"{name}-text.parquet", tmp_path / f"{name}-text")
+        run_cli("pack", tmp_path / f"{name}-ids.parquet", *BASE, "-o", tmp_path / f"{name}-ids")
+    for kind in ("text", "ids"):
+        assert packs_of(tmp_path / f"views-{kind}") == packs_of(tmp_path / f"plain-{kind}")
 
 
 def test_a_damaged_scratch_chunk_is_encoded_again(tmp_path: Path):

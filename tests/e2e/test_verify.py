@@ -19,6 +19,7 @@ import pytest
 from packtool import read_packs
 from packtool.errors import EXIT_INPUT
 from packtool.fileio import file_sha256
+from packtool.formats.parquet_content import CONTENT_KEY, ContentRecord, record_digest, table_digests
 from packtool.manifest import SamplesPerPack, total_stats
 from tests.conftest import DEMO, DEMO_TOKENIZER, rewrite_tar_members, run_cli, without_conflicts, write_jsonl
 
@@ -62,8 +63,9 @@ def manifest(out: Path) -> dict:
 
 def rewrite_shard(out: Path, shard: int, change, *, row_group_size: int = 16, update_manifest: bool = True):
     """Rewrite shard ``shard`` after ``change(cols)`` edits its columns (dict of lists of NumPy arrays),
-    keeping its packtool metadata; with ``update_manifest`` the manifest's size, sha256, counts, row
-    groups and totals follow, so that only checks of the content itself can notice."""
+    keeping its packtool metadata, with a content record of its new row groups (as one who knows
+    packtool's digests would forge it); with ``update_manifest`` the manifest's size, sha256, counts, row
+    groups, content digest and totals follow, so that only checks of the packs themselves can notice."""
     m = manifest(out)
     entry = m["shards"][shard]
     path = out / entry["path"]
@@ -74,9 +76,12 @@ def rewrite_shard(out: Path, shard: int, change, *, row_group_size: int = 16, up
         name: pa.array([list(map(int, v)) for v in values], type=table.schema.field(name).type)
         for name, values in cols.items()
     }
-    new = pa.table(arrays).replace_schema_metadata(table.schema.metadata)
+    new = pa.table(arrays)
+    record = ContentRecord(new.column_names, table_digests(new, row_group_size)).to_bytes()
+    new = new.replace_schema_metadata({**table.schema.metadata, CONTENT_KEY: record})
     pq.write_table(new, path, row_group_size=row_group_size, compression="zstd")
     if update_manifest:
+        entry["content_digest"] = record_digest(record)
         num = new.num_rows
         entry.update(
             bytes=os.path.getsize(path),
@@ -673,7 +678,8 @@ def test_tar_output_of_an_older_or_newer_format_version(tar_out: Path):
     m["format_version"] = 99
     (tar_out / "manifest.json").write_text(json.dumps(m))
     code, text = verify(tar_out)
-    assert code == 1 and "format_version 99.1 is newer than this packtool reads (6.0 and older" in text
+    newer = f"format_version 99.{m['format_minor']} is newer than this packtool reads (6.1 and older"
+    assert code == 1 and newer in text
 
 
 def test_minimal_tar_output_of_format_version_3_is_checked_as_readers_read_it(tmp_path: Path):

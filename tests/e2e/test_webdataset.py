@@ -153,7 +153,8 @@ def test_loss_mask_member_when_input_has_one(tmp_path):
 
 
 def test_manifest_records_both_formats_alike(wds_out, tmp_path):
-    """Same shard keys for both formats, plus each format's index: .tar.idx, or Parquet row-group offsets."""
+    """Same shard keys for both formats, plus each format's own: .tar.idx and compression, or Parquet's
+    row-group offsets and content digest."""
     import pyarrow.parquet as pq
 
     pq_out = tmp_path / "pq"
@@ -162,7 +163,7 @@ def test_manifest_records_both_formats_alike(wds_out, tmp_path):
     for shard in manifest_json(wds_out)["shards"]:
         assert set(shard) == common | {"index", "compression"}
     for shard in m["shards"]:
-        assert set(shard) == common | {"row_groups", "row_group_offsets"}
+        assert set(shard) == common | {"row_groups", "row_group_offsets", "content_digest"}
         md = pq.ParquetFile(pq_out / shard["path"]).metadata
         offsets = shard["row_group_offsets"]
         assert len(offsets) == md.num_row_groups + 1 == len(shard["row_groups"]) + 1 > 2

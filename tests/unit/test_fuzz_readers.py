@@ -19,12 +19,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packtool.errors import PacktoolError
 from packtool.formats import tar
+from packtool.formats.parquet_content import CONTENT_KEY, record_digest
 from packtool.inspect import inspect_report, pack_report
 from packtool.inspect.render import render_pack, render_report
 from packtool.reading import read_packs
@@ -237,6 +239,39 @@ def test_fuzz_manifest(tmp_path, outputs, data, fmt):
     else:
         target = {"top": m, "shard": m["shards"][0], "stats": m["stats"]}[where]
         target[data.draw(st.sampled_from(sorted(target)))] = data.draw(JSON)
+    (out / "manifest.json").write_text(json.dumps(m))
+    with guarded(root):
+        read_all(out)
+
+
+@FUZZ
+@given(edits=EDITS, cut=st.none() | st.integers(0, 64), shard=st.integers(0, 3))
+def test_fuzz_tar_index(tmp_path, outputs, edits, cut, shard):
+    """A shard's ``.tar.idx`` with any bytes (``inspect``'s summary and ``--pack`` read through it): an
+    offset anywhere, a size that is not the packs', never an allocation of what an offset says."""
+    root, out = fresh(tmp_path, outputs["webdataset"])
+    indexes = sorted(out.glob("*.tar.idx"))
+    idx = indexes[shard % len(indexes)]
+    idx.write_bytes(mutated(idx.read_bytes(), edits, cut))
+    with guarded(root):
+        read_all(out)
+
+
+@FUZZ
+@given(record=JSON | st.binary(max_size=64), named=st.booleans())
+def test_fuzz_content_record(tmp_path, outputs, record, named):
+    """A Parquet shard whose footer's content record (``packtool.content``) is any JSON value or bytes, the
+    manifest's ``content_digest`` naming it or not."""
+    root, out = fresh(tmp_path, outputs["parquet"])
+    path = out / "packs-000000.parquet"
+    raw = record if isinstance(record, bytes) else json.dumps(record).encode()
+    table = pq.read_table(path)
+    table = table.replace_schema_metadata({**table.schema.metadata, CONTENT_KEY: raw})
+    pq.write_table(table, path, row_group_size=1, compression="zstd")
+    m = json.loads((out / "manifest.json").read_text())
+    m["shards"][0].update(bytes=path.stat().st_size, row_groups=[1] * table.num_rows)
+    if named:
+        m["shards"][0]["content_digest"] = record_digest(raw)
     (out / "manifest.json").write_text(json.dumps(m))
     with guarded(root):
         read_all(out)

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from packtool.arrays import arrow_array, np_view
+from packtool.arrays import arrow_array, large_lists, list_parts, np_view
 from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.manifest import IGNORE_INDEX
 from packtool.readers.base import SourceBatch
@@ -86,6 +86,32 @@ def make_labels(input_ids: pa.LargeListArray, convention: str) -> pa.LargeListAr
     if convention == "shifted":
         return shifted_labels(input_ids)
     return pa.LargeListArray.from_arrays(input_ids.offsets, input_ids.values)
+
+
+def add_special(ids: pa.LargeListArray, bos: int | None, eos: int | None) -> pa.LargeListArray:
+    """Prepend ``bos`` and/or append ``eos`` to every non-empty list, vectorized.
+
+    >>> add_special(pa.array([[5, 6], []], type=pa.large_list(pa.int32())), 1, 2).to_pylist()
+    [[1, 5, 6, 2], []]
+    """
+    if bos is None and eos is None:
+        return ids
+    offsets, values = list_parts(ids)
+    lengths = np.diff(offsets)
+    nonempty = (lengths > 0).astype(np.int64)
+    extra = nonempty * ((bos is not None) + (eos is not None))
+    new_offsets = np.zeros(len(offsets), dtype=np.int64)
+    np.cumsum(lengths + extra, out=new_offsets[1:])
+    out = np.empty(new_offsets[-1], dtype=np.int32)
+    # destination of every original token: its own index shifted by the specials added before it
+    shift = np.repeat(new_offsets[:-1] - offsets[:-1] + (nonempty if bos is not None else 0), lengths)
+    out[np.arange(len(values)) + shift] = values
+    starts = new_offsets[:-1][lengths > 0]
+    if bos is not None:
+        out[starts] = bos
+    if eos is not None:
+        out[new_offsets[1:][lengths > 0] - 1] = eos
+    return large_lists(new_offsets, out, pa.int32())
 
 
 def encoded_batch(input_ids: pa.Array, labels: pa.Array, loss_mask: pa.Array | None = None) -> pa.RecordBatch:
@@ -212,10 +238,19 @@ def check_token_ids(
 
 
 class FunctionEncoder:
-    """Wraps a user's ``encode(records: dict[str, list]) -> dict`` callable into the Encoder protocol."""
+    """Wraps a user's ``encode(records: dict[str, list]) -> dict`` callable into the Encoder protocol, with
+    ``bos_id`` / ``eos_id`` (``special_ids``) added around every sample's ``input_ids`` when given."""
 
-    def __init__(self, fn: Any, spec: str, labels: str = "shifted") -> None:
+    def __init__(
+        self,
+        fn: Any,
+        spec: str,
+        labels: str = "shifted",
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+    ) -> None:
         self.fn, self.spec, self.labels = fn, spec, labels
+        self.bos_id, self.eos_id = bos_id, eos_id
 
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         try:
@@ -238,6 +273,15 @@ class FunctionEncoder:
                 f"encoder {self.spec} returned {len(input_ids)} rows for {batch.num_rows} records"
             )
         check_token_ids(input_ids, batch)  # a custom encoder's ids are checked like a file's
+        added = [f"--add-{k}" for k, i in (("bos", self.bos_id), ("eos", self.eos_id)) if i is not None]
+        given = [k for k in ("labels", "loss_mask") if out.get(k) is not None]
+        if added and given:
+            raise ConfigError(
+                f"{' and '.join(added)}: encoder {self.spec} returns its own {' and '.join(given)}, which "
+                "cannot say whether the added token is trained: add it in the encoder, or return only "
+                "input_ids"
+            )
+        input_ids = add_special(input_ids, self.bos_id, self.eos_id)
         if out.get("labels") is not None:
             labels = to_token_lists(out["labels"], batch, "labels")
             check_same_lengths(input_ids, labels, batch, "labels")
@@ -251,4 +295,60 @@ class FunctionEncoder:
         return encoded_batch(input_ids, labels, loss_mask)
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": "custom", "name": self.spec, "sha256": None}
+        ident: dict[str, Any] = {"kind": "custom", "name": self.spec, "sha256": None}
+        for kind, token_id in (("bos", self.bos_id), ("eos", self.eos_id)):
+            if token_id is not None:
+                ident[f"{kind}_token_id"] = token_id
+        return ident
+
+
+def special_ids(
+    encoder: Any, spec: str, add: bool, kind: str, token: str | None, token_id: int | None
+) -> int | None:
+    """The ``kind`` (``bos`` / ``eos``) id ``--add-{kind}`` adds around a custom encoder's samples (None
+    without ``add``): ``--{kind}-token-id`` (``token_id``); else ``--{kind}-token`` (``token``) through the
+    encoder's ``token_to_id(text)``; else what the encoder declares, its ``{kind}_token_id`` attribute (a
+    function's, e.g. ``encode.eos_token_id = enc.eot_token`` for a tiktoken encoding, or an instance's). An
+    id outside ``[0, vocab_size)`` (when the encoder declares ``vocab_size``), or none found, is
+    ``ConfigError`` in one line: nothing is added silently, and nothing recorded as added is missing.
+
+    >>> def encode(records): return {"input_ids": [[5, 6] for _ in records["text"]]}
+    >>> encode.eos_token_id = 2
+    >>> special_ids(encode, "m:encode", True, "eos", None, None)
+    2
+    >>> special_ids(encode, "m:encode", True, "eos", None, 7)
+    7
+    """
+    if not add:
+        return None
+    flag = f"--add-{kind}"
+    if token_id is None and token is not None:
+        to_id = getattr(encoder, "token_to_id", None)
+        if not callable(to_id):
+            raise ConfigError(
+                f"--{kind}-token {token}: encoder {spec} has no token_to_id(text) to find its id; give "
+                f"--{kind}-token-id ID"
+            )
+        token_id = to_id(token)
+        if token_id is None:
+            raise ConfigError(f"--{kind}-token {token}: encoder {spec}'s token_to_id knows no such token")
+        flag = f"--{kind}-token {token}"
+    elif token_id is None:
+        token_id = getattr(encoder, f"{kind}_token_id", None)
+        if token_id is None:
+            raise ConfigError(
+                f"{flag}: encoder {spec} declares no {kind.upper()} id (an attribute {kind}_token_id on it); "
+                f"give --{kind}-token-id ID, the id your tokenizer gives its {kind.upper()} token"
+            )
+        flag = f"{flag}: encoder {spec}'s {kind}_token_id"
+    vocab = getattr(encoder, "vocab_size", None)
+    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+    ok = (
+        isinstance(token_id, int)
+        and not isinstance(token_id, bool)
+        and 0 <= token_id <= np.iinfo(np.int32).max
+    )
+    if not ok or (vocab is not None and token_id >= vocab):
+        where = f" (its vocab_size is {vocab:,})" if vocab is not None else ""
+        raise ConfigError(f"{flag}: {token_id!r} is not a token id of encoder {spec}{where}")
+    return int(token_id)

@@ -7,7 +7,7 @@ from typing import Literal
 
 import msgspec
 
-from packtool.conventions import LABELS
+from packtool.conventions import LABELS, MAX_TOKEN_ID
 from packtool.errors import ConfigError
 from packtool.option_types import Applies, OptionGroup, option
 
@@ -17,8 +17,8 @@ EMPTY_LOSS_POLICIES = ("drop", "keep", "error")
 
 
 class SpecialTokenOptions(OptionGroup):
-    """BOS and EOS around every sample: the text and prompt_completion encoders (a chat template writes
-    its own special tokens; pretokenized samples are taken as they are)."""
+    """BOS and EOS around every sample: the text and prompt_completion encoders and a module:callable
+    encoder (a chat template writes its own special tokens; pretokenized samples are taken as they are)."""
 
     section = "encoding"
     applies = Applies("sample_format", ("text", "prompt_completion"))
@@ -27,6 +27,18 @@ class SpecialTokenOptions(OptionGroup):
     add_eos: option(bool, "Append the EOS token to every sample.") = False
     bos_token: option(str | None, "BOS token text (with --add-bos) [default: the tokenizer's].") = None
     eos_token: option(str | None, "EOS token text (with --add-eos) [default: the tokenizer's].") = None
+    bos_token_id: option(
+        int | None,
+        "BOS token id (with --add-bos), e.g. for a module:callable encoder.",
+        ge=0,
+        le=MAX_TOKEN_ID,
+    ) = None
+    eos_token_id: option(
+        int | None,
+        "EOS token id (with --add-eos), e.g. for a module:callable encoder.",
+        ge=0,
+        le=MAX_TOKEN_ID,
+    ) = None
 
 
 class PretokenizedOptions(OptionGroup):
@@ -135,12 +147,18 @@ class EncodingOptions(OptionGroup):
     def check(self) -> None:
         """``ConfigError`` for a token named for BOS or EOS that nothing adds."""
         for end in ("bos", "eos"):
-            token = getattr(self.tokens, f"{end}_token")
-            if token is not None and not getattr(self.tokens, f"add_{end}"):
+            token, token_id = getattr(self.tokens, f"{end}_token"), getattr(self.tokens, f"{end}_token_id")
+            if token is not None and token_id is not None:
                 raise ConfigError(
-                    f"--{end}-token {token} and --add-{end} off conflict: --{end}-token names the token "
+                    f"--{end}-token {token} and --{end}-token-id {token_id} conflict: both name the token "
                     f"--add-{end} adds; drop one"
                 )
+            for name, value in ((f"{end}-token", token), (f"{end}-token-id", token_id)):
+                if value is not None and not getattr(self.tokens, f"add_{end}"):
+                    raise ConfigError(
+                        f"--{name} {value} and --add-{end} off conflict: --{name} names the token "
+                        f"--add-{end} adds; drop one"
+                    )
         if self.sample_format == "vision" and not self.vision.processor:
             raise ConfigError(
                 "--sample-format vision needs --processor DIR (the model's processor directory)"

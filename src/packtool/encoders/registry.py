@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 
-from packtool.encoders.base import Encoder, FunctionEncoder
+from packtool.encoders.base import Encoder, FunctionEncoder, special_ids
 from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.options import EncodingOptions
 from packtool.encoders.pretokenized import PretokenizedEncoder
@@ -104,13 +104,25 @@ def build_encoder(options: EncodingOptions, sample_format: str, packed_sequence_
             empty_loss=options.fine_tuning.empty_loss,
             fields=VISION_FIELDS,
         )
+    tokens = options.tokens
     if is_plugin_spec(options.tokenizer):
         obj = load_plugin(options.tokenizer, "tokenizer")
         if inspect.isclass(obj):
             obj = obj(**(options.encoder_kwargs or {}))
         if not callable(obj):
             raise ConfigError(f"tokenizer {options.tokenizer} is not callable")
-        return FunctionEncoder(obj, options.tokenizer, labels=options.labels)
+        ids = {
+            kind: special_ids(
+                obj,
+                options.tokenizer,
+                getattr(tokens, f"add_{kind}"),
+                kind,
+                getattr(tokens, f"{kind}_token"),
+                getattr(tokens, f"{kind}_token_id"),
+            )
+            for kind in ("bos", "eos")
+        }
+        return FunctionEncoder(obj, options.tokenizer, options.labels, ids["bos"], ids["eos"])
     if sample_format == "pretokenized":
         vocab = HFTokenizer(options.tokenizer).vocab_size if options.tokenizer else None
         return PretokenizedEncoder(
@@ -129,26 +141,47 @@ def build_encoder(options: EncodingOptions, sample_format: str, packed_sequence_
             labels=options.labels,
             empty_loss=options.fine_tuning.empty_loss,
         )
+    tokenizer = HFTokenizer(options.tokenizer)
+    bos_token = token_of(tokenizer, "bos", tokens.bos_token, tokens.bos_token_id)
+    eos_token = token_of(tokenizer, "eos", tokens.eos_token, tokens.eos_token_id)
     if sample_format == "prompt_completion":
         return PromptCompletionEncoder(
-            HFTokenizer(options.tokenizer),
+            tokenizer,
             prompt_field=options.prompt_completion.prompt_field,
             completion_field=options.prompt_completion.completion_field,
             prompt_template=options.prompt_completion.prompt_template,
             train_on_prompt=options.prompt_completion.train_on_prompt,
-            add_bos=options.tokens.add_bos,
-            add_eos=options.tokens.add_eos,
-            bos_token=options.tokens.bos_token,
-            eos_token=options.tokens.eos_token,
+            add_bos=tokens.add_bos,
+            add_eos=tokens.add_eos,
+            bos_token=bos_token,
+            eos_token=eos_token,
             labels=options.labels,
             empty_loss=options.fine_tuning.empty_loss,
         )
     return TextEncoder(
-        HFTokenizer(options.tokenizer),
+        tokenizer,
         text_field=options.text_field,
-        add_bos=options.tokens.add_bos,
-        add_eos=options.tokens.add_eos,
-        bos_token=options.tokens.bos_token,
-        eos_token=options.tokens.eos_token,
+        add_bos=tokens.add_bos,
+        add_eos=tokens.add_eos,
+        bos_token=bos_token,
+        eos_token=eos_token,
         labels=options.labels,
     )
+
+
+def token_of(tokenizer: HFTokenizer, kind: str, token: str | None, token_id: int | None) -> str | None:
+    """The text of the ``kind`` token a Hugging Face tokenizer's encoder adds: ``token`` (``--{kind}-token``),
+    or the token whose id is ``token_id`` (``--{kind}-token-id``); ``ConfigError`` for an id that is not one
+    of its tokens (None for neither: the encoder takes the tokenizer's own)."""
+    if token_id is None:
+        return token
+    try:
+        text = tokenizer.id_to_token(token_id)
+    except (IndexError, KeyError, ValueError):  # a slow tokenizer's lookup past its vocabulary
+        text = None
+    if text is None or tokenizer.token_to_id(text) != token_id:
+        raise ConfigError(
+            f"--{kind}-token-id {token_id}: not a token of {tokenizer.spec} (vocabulary of "
+            f"{tokenizer.vocab_size:,})"
+        )
+    return text

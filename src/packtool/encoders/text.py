@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import tokenizers
 
-from packtool.arrays import large_lists, list_parts, token_lists
-from packtool.encoders.base import encoded_batch, make_labels
+from packtool.arrays import large_lists, token_lists
+from packtool.encoders.base import add_special, encoded_batch, make_labels
 from packtool.errors import ConfigError
 from packtool.fileio import file_sha256
 from packtool.readers.base import SourceBatch
@@ -215,32 +215,6 @@ def _load_tokenizer_file(path: Path) -> tokenizers.Tokenizer:
         raise ConfigError(
             f"tokenizer {path}: not a loadable tokenizer.json: {str(e).splitlines()[0]}"
         ) from None
-
-
-def add_special(ids: pa.LargeListArray, bos: int | None, eos: int | None) -> pa.LargeListArray:
-    """Prepend ``bos`` and/or append ``eos`` to every non-empty list, vectorized.
-
-    >>> add_special(pa.array([[5, 6], []], type=pa.large_list(pa.int32())), 1, 2).to_pylist()
-    [[1, 5, 6, 2], []]
-    """
-    if bos is None and eos is None:
-        return ids
-    offsets, values = list_parts(ids)
-    lengths = np.diff(offsets)
-    nonempty = (lengths > 0).astype(np.int64)
-    extra = nonempty * ((bos is not None) + (eos is not None))
-    new_offsets = np.zeros(len(offsets), dtype=np.int64)
-    np.cumsum(lengths + extra, out=new_offsets[1:])
-    out = np.empty(new_offsets[-1], dtype=np.int32)
-    # destination of every original token: its own index shifted by the specials added before it
-    shift = np.repeat(new_offsets[:-1] - offsets[:-1] + (nonempty if bos is not None else 0), lengths)
-    out[np.arange(len(values)) + shift] = values
-    starts = new_offsets[:-1][lengths > 0]
-    if bos is not None:
-        out[starts] = bos
-    if eos is not None:
-        out[new_offsets[1:][lengths > 0] - 1] = eos
-    return large_lists(new_offsets, out, pa.int32())
 
 
 class TextEncoder:

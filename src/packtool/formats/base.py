@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from packtool.errors import PacktoolError
+from packtool.errors import InputError, PacktoolError
 from packtool.formats.options import OutputOptions
 from packtool.layout import rebuild, stored_columns
 from packtool.manifest import BASE_FORMAT_VERSION, SHARD_PREFIXES, Manifest, ShardEntry
@@ -43,6 +45,46 @@ from packtool.packs import PackArrays
 UNIT_ERRORS: tuple[type[BaseException], ...] = (
     OSError, ValueError, KeyError, IndexError, EOFError, PacktoolError, pa.ArrowException,
 )  # fmt: skip
+
+
+# the most bytes one stored image may take (256 MiB: beyond any image file a training set holds; Pillow
+# refuses over 89M pixels): the writers refuse a larger one and the readers a shard declaring one, so that
+# reading an image allocates at most a few times this
+MAX_IMAGE_BYTES = 256 << 20
+
+
+def oversized_image(images: pa.StructArray) -> tuple[int, str | None, int] | None:
+    """The first image of ``images`` (``struct<bytes, path>``, as ``PackArrays.images`` holds them) over
+    ``MAX_IMAGE_BYTES``, as ``(index, path, bytes)``; None when none is."""
+    if not len(images):
+        return None
+    sizes = pc.binary_length(images.field("bytes")).to_numpy(zero_copy_only=False)
+    over = np.flatnonzero(np.nan_to_num(sizes.astype(np.float64)) > MAX_IMAGE_BYTES)
+    if not len(over):
+        return None
+    k = int(over[0])
+    return k, images.field("path")[k].as_py(), int(sizes[k])
+
+
+def refuse_oversized_images(images: pa.StructArray | None) -> None:
+    """``InputError`` naming the first image of ``images`` over ``MAX_IMAGE_BYTES`` (what a writer checks
+    before storing them: a reader refuses such a shard)."""
+    found = oversized_image(images) if images is not None else None
+    if found is not None:
+        _, name, size = found
+        raise InputError(
+            f"image {name or '(bytes of a record)'}: {size:,} bytes, over the {MAX_IMAGE_BYTES:,} an image "
+            "may take in a shard"
+        )
+
+
+def output_root(path: Path, entry: ShardEntry) -> Path:
+    """The output directory of shard file ``path`` (``directory / entry.path``).
+
+    >>> output_root(Path("out/sub/a.tar"), ShardEntry("sub/a.tar", 0, 1, 1, 1, "")).as_posix()
+    'out'
+    """
+    return path.parents[len(Path(entry.path).parts) - 1]
 
 
 class ShardMismatch(ValueError):

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -31,18 +31,29 @@ import pyarrow.parquet as pq
 from packtool.arrays import arrow_array, list_parts
 from packtool.fileio import written_whole
 from packtool.formats.base import (
-    ProblemSink,
-    ShardChecker,
+    MAX_IMAGE_BYTES,
+    UNIT_ERRORS,
     ShardMeta,
     ShardMismatch,
     ShardReader,
     ShardWriter,
     UnitReader,
-    shard_meta_problems,
+    output_root,
+    oversized_image,
+    refuse_oversized_images,
 )
 from packtool.formats.options import OutputOptions
-from packtool.manifest import COLUMNS, IMAGE_COLUMNS, SHARD_FORMAT_VERSION, Manifest, ShardEntry
+from packtool.formats.parquet_content import CONTENT_KEY, ContentRecord, record_digest, table_digests
+from packtool.manifest import (
+    COLUMNS,
+    CONTENT_DIGEST_MINOR,
+    IMAGE_COLUMNS,
+    SHARD_FORMAT_VERSION,
+    Manifest,
+    ShardEntry,
+)
 from packtool.packs import PackArrays
+from packtool.safepath import open_output_file
 from packtool.schema import IMAGES
 from packtool.threads import prefetch
 
@@ -56,26 +67,37 @@ GATHER_TOKENS = 1 << 20
 class ParquetFields:
     """A Parquet shard entry's own fields (``ShardEntry.fields``): ``row_groups``, the packs of each row
     group (the loader's read units), and ``row_group_offsets``, the byte offset of each, then the end;
-    a vision-language shard's ``image_bytes``, what its ``images`` bytes take uncompressed (the bound
-    ``footer_problem`` holds the column to). Any may be absent (``None``); any other field there is not
+    a vision-language shard's ``image_bytes``, what its ``images`` bytes take uncompressed in its largest
+    row group (the bound ``footer_problem`` holds the column to: the footer's own figure); and
+    ``content_digest``, the digest of the shard's footer record of its row groups' digests
+    (``parquet_content``; format 5.2 / 6.1 on). Any may be absent (``None``); any other field there is not
     this format's and is left alone.
 
     >>> ParquetFields.of(ShardEntry("p", 0, 3, 9, 10, "ab", fields={"row_groups": [2, 1], "x": 1}))
-    ParquetFields(row_groups=[2, 1], row_group_offsets=None, image_bytes=None)
+    ParquetFields(row_groups=[2, 1], row_group_offsets=None, image_bytes=None, content_digest=None)
     """
 
     row_groups: list[int] | None = None
     row_group_offsets: list[int] | None = None
     image_bytes: int | None = None
+    content_digest: str | None = None
 
     @classmethod
     def of(cls, entry: ShardEntry) -> ParquetFields:
         f = entry.fields
-        return cls(f.get("row_groups"), f.get("row_group_offsets"), f.get("image_bytes"))
+        return cls(
+            f.get("row_groups"), f.get("row_group_offsets"), f.get("image_bytes"), f.get("content_digest")
+        )
 
     def to_dict(self) -> dict[str, Any]:
         images = {} if self.image_bytes is None else {"image_bytes": self.image_bytes}
-        return {"row_groups": self.row_groups, "row_group_offsets": self.row_group_offsets, **images}
+        content = {} if self.content_digest is None else {"content_digest": self.content_digest}
+        return {
+            "row_groups": self.row_groups,
+            "row_group_offsets": self.row_group_offsets,
+            **images,
+            **content,
+        }
 
 
 # --- writing -------------------------------------------------------------------------------------------
@@ -100,6 +122,7 @@ IMAGE_BYTES_PATH = f"{IMAGES}.list.element.bytes"  # the column chunk of the ima
 def packs_table(packs: PackArrays) -> pa.Table:
     """The packs as one Arrow table in the stored column order (one row per pack): every column held,
     ``images`` before the per-image columns when the packs have images."""
+    refuse_oversized_images(packs.images)
     cols = {}
     for name in packs.present():
         if name == IMAGE_COLUMNS[1] and packs.images is not None:
@@ -139,6 +162,8 @@ def write_parquet_shard(
     """
     path = Path(path)
     blocks = [packs] if isinstance(packs, PackArrays) else packs
+    digests: list[list[str]] = []  # of each row group's columns (parquet_content), as written
+    cut: list[int] = []  # the packs of each row group digested
     with written_whole(path) as tmp:
         writer = None
         try:
@@ -157,7 +182,15 @@ def write_parquet_shard(
                         store_schema=True,
                         write_page_checksum=True,  # CRC-32 per page: readers check what they decode
                     )
-                writer.write_table(table.cast(writer.schema), row_group_size=row_group_size)
+                table = table.cast(writer.schema)
+                digests.extend(table_digests(table, row_group_size))
+                cut.extend(
+                    min(row_group_size, table.num_rows - a) for a in range(0, table.num_rows, row_group_size)
+                )
+                writer.write_table(table, row_group_size=row_group_size)
+            if writer is not None:
+                record = ContentRecord(writer.schema.names, digests)
+                writer.add_key_value_metadata({CONTENT_KEY: record.to_bytes()})
         finally:
             if writer is not None:
                 writer.close()
@@ -165,7 +198,10 @@ def write_parquet_shard(
             raise ValueError("write_parquet_shard: no packs to write")
     md = pq.ParquetFile(path).metadata
     groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-    return ParquetFields(groups, row_group_offsets(md), image_bytes(md)).to_dict()
+    assert groups == cut, (groups, cut)  # Arrow cut the row groups where they were digested
+    return ParquetFields(
+        groups, row_group_offsets(md), image_bytes(md), record_digest(record.to_bytes())
+    ).to_dict()
 
 
 def image_bytes(md: pq.FileMetaData) -> int | None:
@@ -230,7 +266,7 @@ def shard_metadata(pf: pq.ParquetFile) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-def _column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+def column_parts(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     col = table.column(name)
     # a row group read is one chunk: combine_chunks would copy it anyway
     return list_parts(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
@@ -245,7 +281,7 @@ def table_packs(table: pa.Table, n: int) -> PackArrays:
     parts = {}
     for name in table.column_names:
         if name in COLUMNS:
-            offsets, values = _column(table, name)
+            offsets, values = column_parts(table, name)
             parts[name] = (values, offsets)
     packs = PackArrays.from_parts(parts, n)
     if IMAGES in table.column_names:
@@ -266,57 +302,145 @@ def with_images(packs: PackArrays, table: pa.Table) -> PackArrays:
         raise ValueError(f"column '{IMAGES}' does not hold one value per image in every row")
     packs.images = images.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     packs.image_sample_offsets = offsets - offsets[0]
+    if (found := oversized_image(packs.images)) is not None:
+        raise ValueError(
+            f"column '{IMAGES}': image {found[0]} takes {found[2]:,} bytes, over {MAX_IMAGE_BYTES:,}"
+        )
     return packs
 
 
+@dataclass
+class OpenShard:
+    """A Parquet shard of an output open for reading (``open_shard``): the file, Arrow's reader of it and
+    its content record (``None`` for a shard written before content digests, or read without checks)."""
+
+    file: BinaryIO
+    parquet: pq.ParquetFile
+    content: ContentRecord | None
+
+    def read(self, row_group: int, columns: list[str] | None = None) -> pa.Table:
+        """Row group ``row_group`` (``columns`` of it, all by default), checked against the content record:
+        ``ShardMismatch`` naming the row group and column that is not what was written."""
+        table = self.parquet.read_row_group(row_group, columns=columns, use_threads=False)
+        if self.content is not None and (problem := self.content.problem(table, row_group)) is not None:
+            raise ShardMismatch(problem)
+        return table
+
+    def close(self) -> None:
+        self.parquet.close()
+        self.file.close()
+
+
+def open_shard(directory: Path, manifest: Manifest, shard: int, verify_checksums: bool = True) -> OpenShard:
+    """Shard ``shard`` of the output ``directory`` open, once it is known to be the manifest's: a regular
+    file inside the directory (``safepath.open_output_file``, as it is opened), of this run, at its place
+    in the shard list, with a footer that declares no more than the manifest's packs hold
+    (``footer_problem``) and, with ``verify_checksums``, the content record the manifest's
+    ``content_digest`` names (``content_record``; each row group read is then checked against it, as
+    Arrow checks each page's CRC-32). Raises ``ShardMismatch`` (or ``InputError`` for the file) saying
+    what is wrong."""
+    entry = manifest.shards[shard]
+    f = open_output_file(directory, entry.path)
+    try:
+        pf = pq.ParquetFile(f, page_checksum_verification=verify_checksums)
+    except BaseException:
+        f.close()
+        raise
+    try:
+        meta = shard_metadata(pf)
+        if meta is not None and meta.get("run_id") != manifest.run_id:
+            raise ShardMismatch(f"shard of run {meta.get('run_id')}, the manifest is run {manifest.run_id}")
+        first = sum(e.num_packs for e in manifest.shards[:shard])
+        for key, want in (("shard", shard), ("first_pack", first)):
+            if meta is not None and meta.get(key, want) != want:  # a shard list duplicated or reordered
+                raise ShardMismatch(f"the shard's own {key} is {meta.get(key)}, the manifest's {want}")
+        if (problem := footer_problem(pf.metadata, entry, manifest.packed_sequence_size)) is not None:
+            raise ShardMismatch(problem)
+        record = content_record(pf.metadata, entry, manifest) if verify_checksums else None
+    except BaseException:
+        pf.close()
+        f.close()
+        raise
+    return OpenShard(f, pf, record)
+
+
+def content_record(md: pq.FileMetaData, entry: ShardEntry, manifest: Manifest) -> ContentRecord | None:
+    """The content record in a shard's footer (``parquet_content``), once it is the one the manifest entry's
+    ``content_digest`` names; None for a shard of an output written before content digests (its manifest
+    says an older format and records none). ``ShardMismatch`` when the two do not go together: one
+    without the other, or another record than the one named."""
+    raw = (md.metadata or {}).get(CONTENT_KEY)
+    named = ParquetFields.of(entry).content_digest
+    if named is None and (raw is not None or content_required(manifest)):
+        written = f", which format_version {manifest.version} writes" if content_required(manifest) else ""
+        carried = ", though the shard carries a content record" if raw is not None else ""
+        raise ShardMismatch(
+            f"the manifest records no content_digest for it{written}{carried} (an edited manifest)"
+        )
+    if named is None:
+        return None  # an output written before content digests
+    if raw is None:
+        raise ShardMismatch(
+            "it carries no content record of its row groups, the manifest's content_digest names one "
+            "(a shard rewritten or replaced)"
+        )
+    if record_digest(raw) != named:
+        raise ShardMismatch(
+            "its content record is not the one the manifest's content_digest names (a shard rewritten or "
+            "replaced, or an edited manifest)"
+        )
+    try:
+        record = ContentRecord.parse(raw)
+    except ValueError as e:
+        raise ShardMismatch(str(e)) from None
+    if len(record.row_groups) != md.num_row_groups:
+        raise ShardMismatch(
+            f"its content record digests {len(record.row_groups)} row groups, its footer declares "
+            f"{md.num_row_groups}"
+        )
+    return record
+
+
+def content_required(manifest: Manifest) -> bool:
+    """Whether every Parquet shard entry of ``manifest`` records a ``content_digest`` (its format_version:
+    5.2 or 6.1 on, ``manifest.CONTENT_DIGEST_MINOR``)."""
+    major, minor = manifest.format_version, manifest.format_minor
+    if major in CONTENT_DIGEST_MINOR:
+        return minor >= CONTENT_DIGEST_MINOR[major]
+    return major > max(CONTENT_DIGEST_MINOR)
+
+
 class ParquetUnitReader(UnitReader):
-    """Row groups of an output's Parquet shards; the last few files stay open."""
+    """Row groups of an output's Parquet shards (``open_shard``); the last few files stay open."""
 
     def __init__(
         self, directory: Path, manifest: Manifest, keep_open: int = 8, verify_checksums: bool = True
     ) -> None:
         self.directory, self.manifest, self.keep_open = Path(directory), manifest, keep_open
-        self.verify_checksums = verify_checksums  # pages' CRC-32, checked by Arrow as it decodes them
-        self.files: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self.verify_checksums = verify_checksums  # pages' CRC-32s and the row groups' content digests
+        self.files: OrderedDict[int, OpenShard] = OrderedDict()
 
-    def _file(self, shard: int) -> pq.ParquetFile:
+    def _file(self, shard: int) -> OpenShard:
         if shard in self.files:
             self.files.move_to_end(shard)
             return self.files[shard]
-        path = self.directory / self.manifest.shards[shard].path
-        pf = pq.ParquetFile(path, page_checksum_verification=self.verify_checksums)
-        meta = shard_metadata(pf)
-        if meta is not None and meta.get("run_id") != self.manifest.run_id:
-            pf.close()
-            raise ShardMismatch(
-                f"shard of run {meta.get('run_id')}, the manifest is run {self.manifest.run_id}"
-            )
-        first = sum(e.num_packs for e in self.manifest.shards[:shard])
-        for key, want in (("shard", shard), ("first_pack", first)):
-            if meta is not None and meta.get(key, want) != want:  # a shard list duplicated or reordered
-                pf.close()
-                raise ShardMismatch(f"the shard's own {key} is {meta.get(key)}, the manifest's {want}")
-        entry = self.manifest.shards[shard]
-        if (problem := footer_problem(pf.metadata, entry, self.manifest.packed_sequence_size)) is not None:
-            pf.close()
-            raise ShardMismatch(problem)
-        self.files[shard] = pf
+        self.files[shard] = open_shard(self.directory, self.manifest, shard, self.verify_checksums)
         while len(self.files) > self.keep_open:
             self.files.popitem(last=False)[1].close()
-        return pf
+        return self.files[shard]
 
     def read_stored(self, shard: int, part: int, columns: list[str]) -> PackArrays:
         entry = self.manifest.shards[shard]
         want = [c for c in [*self.manifest.columns, *(self.manifest.image_columns or ())] if c in columns]
-        table = self._file(shard).read_row_group(part, columns=want, use_threads=False)
+        table = self._file(shard).read(part, want)
         expected = (ParquetFields.of(entry).row_groups or [entry.num_packs])[part]
         if table.num_rows != expected:
             raise ShardMismatch(f"{table.num_rows} packs, the manifest says {expected}")
         return table_packs(table, self.manifest.packed_sequence_size)
 
     def close(self) -> None:
-        for pf in self.files.values():
-            pf.close()
+        for shard in self.files.values():
+            shard.close()
         self.files.clear()
 
 
@@ -326,28 +450,41 @@ def footer_problem(md: pq.FileMetaData, entry: ShardEntry, n: int, exact: bool =
     make a reader allocate them. Its rows must be the entry's packs (row group by row group when the entry
     lists them); no column chunk may declare more than ``rows * (n + 1)`` values (the most a column holds:
     a token column ``n`` a pack, the piece columns at most ``n + 1``) or more than 16 bytes a value
-    uncompressed (8 for the widest dtype, the rest for levels and page headers), plus 64 KiB; the images'
-    bytes of a vision-language shard may take the ``image_bytes`` its entry records more. With
-    ``exact=False`` (``verify``, which reports the counts itself) fewer rows than the entry's pass."""
+    uncompressed (8 for the widest dtype, the rest for levels and page headers), plus 64 KiB. The images'
+    bytes of a vision-language shard may take more: the ``image_bytes`` its entry records, and no more than
+    ``MAX_IMAGE_BYTES`` an image (a value of the column); that figure must be the footer's own
+    (``image_bytes_problem``). With ``exact=False`` (``verify``, which reports the counts and the figure
+    itself) fewer rows than the entry's pass, and another figure."""
     groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
     if sum(groups) > entry.num_packs or (exact and sum(groups) != entry.num_packs):
         return f"its footer declares {sum(groups):,} packs, the manifest {entry.num_packs:,}"
     recorded = ParquetFields.of(entry).row_groups
     if exact and recorded is not None and groups != list(recorded):
         return f"its footer declares row groups {groups}, the manifest {recorded}"
-    images = ParquetFields.of(entry).image_bytes or 0
+    images = ParquetFields.of(entry).image_bytes
     for i, rows in enumerate(groups):
         rg = md.row_group(i)
         most = rows * (n + 1)
         for j in range(rg.num_columns):
             col = rg.column(j)
-            extra = images if col.path_in_schema == IMAGE_BYTES_PATH else 0
+            extra = 0
+            if col.path_in_schema == IMAGE_BYTES_PATH:  # its values are images: each at most MAX_IMAGE_BYTES
+                extra = min(images or 0, col.num_values * (MAX_IMAGE_BYTES + 4))
             if col.num_values > most or col.total_uncompressed_size > 16 * most + (1 << 16) + extra:
                 return (
                     f"row group {i}, column {col.path_in_schema}: its footer declares {col.num_values:,} "
                     f"values ({col.total_uncompressed_size:,} bytes), more than {rows:,} packs of {n} hold"
                 )
-    return None
+    return image_bytes_problem(md, entry) if exact else None
+
+
+def image_bytes_problem(md: pq.FileMetaData, entry: ShardEntry) -> str | None:
+    """Why the entry's ``image_bytes`` is not its footer's own figure (``image_bytes``: an edited manifest,
+    or a shard written again), or None."""
+    recorded, found = ParquetFields.of(entry).image_bytes, image_bytes(md)
+    if recorded is None or recorded == found:
+        return None
+    return f"its footer's images take {found or 0:,} bytes, the manifest's image_bytes says {recorded:,}"
 
 
 class ParquetReader(ShardReader):
@@ -369,112 +506,35 @@ class ParquetReader(ShardReader):
     def read_stored_pack(
         self, path: Path, entry: ShardEntry, row: int, manifest: Manifest
     ) -> PackArrays | None:
+        """Pack ``row`` of the shard, its row group read and checked as readers read it (``open_shard``);
+        None when it cannot be (then read in order, ``ParquetChecker.check`` says why)."""
         row_groups = ParquetFields.of(entry).row_groups
         if not row_groups:
             return None
         bounds = np.cumsum([0, *row_groups])
         rg = int(np.searchsorted(bounds, row, side="right") - 1)
+        shard = next(i for i, e in enumerate(manifest.shards) if e is entry)
         try:
-            pf = pq.ParquetFile(path, page_checksum_verification=True)
-            if footer_problem(pf.metadata, entry, manifest.packed_sequence_size) is not None:
-                return None  # read in order, where check says what is wrong
-            table = pf.read_row_group(rg).slice(row - int(bounds[rg]), 1)
-            return table_packs(table, manifest.packed_sequence_size)
-        except (pa.ArrowException, OSError, ValueError, KeyError):  # damaged, or not the manifest's
+            opened = open_shard(output_root(path, entry), manifest, shard)
+        except UNIT_ERRORS:  # not the manifest's shard, or damaged
             return None
+        try:
+            table = opened.read(rg).slice(row - int(bounds[rg]), 1)
+            return table_packs(table, manifest.packed_sequence_size)
+        except UNIT_ERRORS:
+            return None
+        finally:
+            opened.close()
 
     def summary(self, path: Path) -> dict[str, Any]:
-        pf = pq.ParquetFile(path)
-        md = pf.metadata
-        meta = shard_metadata(pf) or {}
-        return {
-            "run_id": meta.get("run_id"),
-            "shard": meta.get("shard"),
-            "num_packs": md.num_rows,
-            "row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)],
-        }
-
-
-# --- checking ------------------------------------------------------------------------------------------
-def _rows_of(
-    offsets: np.ndarray, want: np.ndarray, what: str, first: int, name: str, col: str, report: ProblemSink
-) -> bool:
-    """Whether every row of a list column holds ``want`` values (an int, or one per row); the rows that
-    do not are reported (``what``: what the expected count is)."""
-    lens = np.diff(offsets)
-    bad = np.flatnonzero(lens != want)
-    expected = np.broadcast_to(want, lens.shape)
-    problems = ((f"has {lens[i]} values, expected {what} {expected[i]}", first + int(i)) for i in bad)
-    report.add_many("length", len(bad), problems, shard=name, field=col)
-    return not len(bad)
-
-
-class ParquetChecker(ShardChecker):
-    """``verify``'s checks of a Parquet shard: its footer before any page, then every row group's lists."""
-
-    def check(
-        self, path: Path, entry: ShardEntry, manifest: Manifest, report: ProblemSink, index: int, base: int
-    ) -> Iterator[tuple[int, PackArrays]]:
-        name, n = entry.path, manifest.packed_sequence_size
-        try:
-            pf = pq.ParquetFile(path, page_checksum_verification=True)
+        with open_output_file(path.parent, path.name) as f, pq.ParquetFile(f) as pf:
             md = pf.metadata
-        except Exception as e:  # any parse failure of a damaged file
-            report.add("parse", f"does not parse as Parquet: {str(e).splitlines()[0]}", shard=name)
-            return
-        shard_meta_problems(shard_metadata(pf), manifest, index, report, name)
-        if (problem := footer_problem(md, entry, n, exact=False)) is not None:  # nothing decoded past N
-            report.add("size", problem, shard=name, field="num_packs")
-            return
-        if md.num_rows != entry.num_packs:
-            report.add(
-                "num_packs",
-                f"holds {md.num_rows} packs, manifest says {entry.num_packs}",
-                shard=name,
-                field="num_packs",
-            )
-        groups = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
-        recorded = ParquetFields.of(entry).row_groups
-        if recorded is not None and groups != recorded:
-            report.add(
-                "index",
-                f"row groups {groups} differ from the manifest's index {recorded} (stale index)",
-                shard=name,
-                field="row_groups",
-            )
-        need = [
-            c for c in [*manifest.columns, *(manifest.image_columns or ())] if c not in pf.schema_arrow.names
-        ]
-        if need:
-            report.add("columns", f"missing column(s) {', '.join(need)}", shard=name)
-            return
-        first = 0
-        for rg, rows in enumerate(groups):
-            try:
-                table = pf.read_row_group(rg)
-            except Exception as e:
-                message = f"row group {rg} does not parse: {str(e).splitlines()[0]}"
-                report.add("parse", message, shard=name, pack=base + first)
-                first += rows
-                continue
-            parts = {c: _column(table, c)[::-1] for c in table.column_names if c in COLUMNS}
-            sound, at = True, base + first
-            for col, (_, offsets) in parts.items():
-                column = COLUMNS[col]
-                if (width := column.width(n)) is not None:
-                    what = "packed_sequence_size" if column.per == "token" else "ceil(N / 8) ="
-                    sound &= _rows_of(offsets, width, what, at, name, col, report)
-                elif column.per == "piece" and col != "sample_index" and "sample_index" in parts:
-                    pieces = np.diff(parts["sample_index"][1])  # as many values as sample_index entries
-                    sound &= _rows_of(offsets, pieces, "one per sample_index entry:", at, name, col, report)
-            if sound:
-                # every stored column as stored: sample_offset says where each piece starts in its sample
-                # (bfd shuffles packs, so pack order does not say)
-                packs = PackArrays.from_parts(parts, n)
-                if IMAGES in table.column_names:
-                    try:
-                        with_images(packs, table)
-                    except ValueError as e:
-                        report.add("images", str(e), shard=name, pack=at, field=IMAGES)
-                yield first, packs
-            first += rows
+            meta = shard_metadata(pf) or {}
+            content = (md.metadata or {}).get(CONTENT_KEY)
+            return {
+                "run_id": meta.get("run_id"),
+                "shard": meta.get("shard"),
+                "num_packs": md.num_rows,
+                "row_groups": [md.row_group(i).num_rows for i in range(md.num_row_groups)],
+                **({} if content is None else {"content_digest": record_digest(content)}),
+            }

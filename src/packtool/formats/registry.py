@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from packtool.errors import InputError
 from packtool.formats.base import ShardChecker, ShardFormat, ShardMeta, ShardReader, ShardWriter, UnitReader
-from packtool.formats.parquet import ParquetChecker, ParquetReader, ParquetWriter
+from packtool.formats.parquet import ParquetReader, ParquetWriter
+from packtool.formats.parquet_check import ParquetChecker
 from packtool.formats.webdataset import TarReader, TarWriter
 from packtool.formats.webdataset_check import TarChecker
 

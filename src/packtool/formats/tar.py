@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import os
 import re
 import tarfile
 import zlib
@@ -28,6 +29,7 @@ import numpy as np
 
 from packtool.errors import InputError
 from packtool.manifest import COLUMNS, Manifest, ShardEntry
+from packtool.safepath import open_output_file
 
 BLOCK = tarfile.BLOCKSIZE  # 512
 RECORD = tarfile.RECORDSIZE  # 10240: tarfile pads the archive to a multiple of this
@@ -419,7 +421,9 @@ def npy_view(path: Path, name: str, buf, offset: int, size: int) -> np.ndarray:
     """
     shape, dtype, start = npy_header(path, name, buf[offset : offset + min(size, MAX_NPY_HEADER)])
     count = math.prod(shape)  # exact: np.prod of (2**32, 2**32) overflows int64 to 0
-    if start + count * dtype.itemsize != size:
+    # a shape NumPy cannot make even empty: (0, 2**62) holds no value, yet its strides overflow
+    nonzero = math.prod(d for d in shape if d) * dtype.itemsize
+    if start + count * dtype.itemsize != size or nonzero >= 1 << 63:
         raise InputError(f"{path}: member {name} is not a plain C-order .npy array of its size")
     return np.frombuffer(buf, dtype=dtype, count=count, offset=offset + start).reshape(shape)
 
@@ -450,8 +454,34 @@ def record_head(path: Path, name: str, data) -> dict[str, np.ndarray]:
 
 def read_index(tar_path: str | Path) -> np.ndarray:
     """``(num_samples + 1,)`` uint64 byte offsets of the samples of ``tar_path`` (from its ``.tar.idx``:
-    Megatron-Energon's layout, each sample's first header, then where the last one ends)."""
+    Megatron-Energon's layout, each sample's first header, then where the last one ends). For a file
+    packtool wrote; one of an output being read goes through ``read_shard_index``."""
     return np.fromfile(str(tar_path) + INDEX_SUFFIX, dtype="<u8")
+
+
+def read_shard_index(directory: str | Path, name: str, num_packs: int | None, tar_bytes: int) -> np.ndarray:
+    """``(num_packs + 1,)`` int64: the offsets of the ``.tar.idx`` ``name`` of output ``directory`` (an
+    untrusted file: opened by ``safepath.open_output_file``) for a tar of ``tar_bytes`` bytes holding
+    ``num_packs`` packs (``None``: as many as it lists).
+
+    Raises ``InputError`` naming the file, before any pack is read by it, when it does not hold ``num_packs
+    + 1`` offsets of 8 bytes, or they do not rise from 0 to at most ``tar_bytes``: what a reader then reads
+    of the tar (``offsets[k]`` to ``offsets[k + 1]``) lies inside it."""
+    path = Path(directory) / name
+    with open_output_file(directory, name) as f:
+        size = os.fstat(f.fileno()).st_size
+        want = size if num_packs is None else (num_packs + 1) * 8
+        if size != want or size % 8 or size < 16:
+            raise InputError(
+                f"{path}: {size:,} bytes, where {num_packs} packs take {want:,} (8 per offset, one more "
+                "than the packs): a stale or damaged index"
+            )
+        raw = np.frombuffer(f.read(size), dtype="<u8")
+    if raw[0] != 0 or raw.max() > tar_bytes or np.any(raw[1:] < raw[:-1]):  # (uint64: none negative)
+        raise InputError(
+            f"{path}: its offsets do not rise from 0 inside the tar's {tar_bytes:,} bytes: a damaged index"
+        )
+    return raw.astype(np.int64)
 
 
 @dataclass(frozen=True)

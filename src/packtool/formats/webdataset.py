@@ -42,7 +42,16 @@ from packtool.arrays import concat_ragged
 from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.fileio import written_whole
 from packtool.formats import tar
-from packtool.formats.base import ShardMeta, ShardMismatch, ShardReader, ShardWriter, UnitReader
+from packtool.formats.base import (
+    MAX_IMAGE_BYTES,
+    ShardMeta,
+    ShardMismatch,
+    ShardReader,
+    ShardWriter,
+    UnitReader,
+    output_root,
+    refuse_oversized_images,
+)
 from packtool.formats.options import OutputOptions
 from packtool.formats.tar import (
     BLOCK,
@@ -67,6 +76,7 @@ from packtool.formats.webdataset_index import write_dataset_index
 from packtool.manifest import BASE_FORMAT_VERSION, COLUMNS, Column, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
+from packtool.safepath import open_output_file, output_file_problem
 from packtool.schema import IMAGES, pieces_per_pack
 
 
@@ -178,6 +188,7 @@ def write_tar_shard(
     a rename); return the shard entry's own fields (``tar.TarFields``: ``{"index":
     "packs-NNNNNN.tar.idx", "compression": "none"}``)."""
     path = Path(path)
+    refuse_oversized_images(packs.images)
     groups = pack_members(packs.present(), layout, compression)
     k = packs.num_packs
     num_samples = packs.pieces_per_pack()
@@ -280,7 +291,7 @@ def _stored_columns(
     what a pack of ``n`` tokens holds), as array copies by name (``buf`` may close after)."""
     out = {}
     if IMAGES in columns:
-        out[IMAGES] = image_members(key, found, buf)
+        out[IMAGES] = image_members(path, key, found, buf)
     for ext, (offset, size) in found.items():
         stored = tar.stored_name(ext)
         name = f"{key}.{ext}"
@@ -292,10 +303,17 @@ def _stored_columns(
     return out
 
 
-def image_members(key: str, found: dict[str, tuple[int, int]], buf) -> list[tuple[str, bytes]]:
+def image_members(path: Path, key: str, found: dict[str, tuple[int, int]], buf) -> list[tuple[str, bytes]]:
     """A vision-language pack's image members ``KEY.img{k}.{ext}`` (of ``found``, its members ``{ext:
-    (data offset, size)}`` in ``buf``) in image order: ``(member name, bytes)``."""
+    (data offset, size)}`` in ``buf``, of the tar ``path``) in image order: ``(member name, bytes)``;
+    ``InputError`` for one over ``MAX_IMAGE_BYTES``, before any is copied."""
     images = sorted((int(m[1]), ext) for ext in found if (m := IMAGE_MEMBER.fullmatch(ext)))
+    over = next((ext for _, ext in images if found[ext][1] > MAX_IMAGE_BYTES), None)
+    if over is not None:  # checked before its bytes are copied
+        raise InputError(
+            f"{path}: member {key}.{over} takes {found[over][1]:,} bytes, over the {MAX_IMAGE_BYTES:,} an "
+            "image may take"
+        )
     return [(f"{key}.{ext}", bytes(buf[found[ext][0] : sum(found[ext])])) for _, ext in images]
 
 
@@ -329,6 +347,7 @@ def read_tar_packs(
     run_id: str | None = None,
     crc32: int | None = None,
     first_pack: int | None = None,
+    directory: Path | None = None,
 ) -> list[dict]:
     """The packs of one tar shard in order, as dicts of the ``columns`` asked for.
 
@@ -336,11 +355,13 @@ def read_tar_packs(
     first pack's metadata (``pack_meta``) names another run raises ``InputError``; with ``crc32``, a shard
     whose bytes have another CRC-32 (a damaged or replaced file) raises ``ShardMismatch`` before any pack
     is parsed; with ``first_pack`` (the global index of its first pack in the manifest), so does a shard
-    whose first pack says another.
+    whose first pack says another. ``path`` is opened as a file of output ``directory`` (its folder by
+    default: ``safepath.open_output_file``): a FIFO or a link out put in its place is ``InputError``.
     """
     columns = set(columns)
     out = []
-    with open(path, "rb") as f:
+    directory = path.parent if directory is None else directory
+    with open_output_file(directory, path.relative_to(directory).as_posix()) as f:
         if os.fstat(f.fileno()).st_size == 0:
             return []
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -386,7 +407,7 @@ class TarUnitReader(UnitReader):
         first = sum(e.num_packs for e in m.shards[:shard])
         tar.check_compression(entry)  # one this packtool does not read is refused before any byte is read
         path = self.directory / entry.path
-        packs = read_tar_packs(path, m.packed_sequence_size, columns, m.run_id, crc, first)
+        packs = read_tar_packs(path, m.packed_sequence_size, columns, m.run_id, crc, first, self.directory)
         if len(packs) != entry.num_packs:
             raise ShardMismatch(f"{len(packs)} packs, the manifest says {entry.num_packs}")
         return stack_packs(packs, m.packed_sequence_size)
@@ -444,15 +465,17 @@ class TarReader(ShardReader):
     def read_stored_pack(
         self, path: Path, entry: ShardEntry, row: int, manifest: Manifest
     ) -> PackArrays | None:
-        """Pack ``row`` read alone through the shard's ``.tar.idx`` (only that pack's bytes)."""
-        try:
-            offsets = tar.read_index(path)
-        except OSError:
-            return None
-        if not 0 <= row < len(offsets) - 1:
-            return None
-        start, end = int(offsets[row]), int(offsets[row + 1])
-        with open(path, "rb") as f:
+        """Pack ``row`` read alone through the shard's ``.tar.idx`` (only that pack's bytes). The index is
+        untrusted: one that is not the shard's (``tar.read_shard_index``) raises ``InputError`` naming it."""
+        directory = output_root(path, entry)
+        if output_file_problem(directory, tar_index_name(entry)) == "missing":
+            return None  # read in order
+        with open_output_file(directory, entry.path) as f:
+            size = os.fstat(f.fileno()).st_size
+            offsets = tar.read_shard_index(directory, tar_index_name(entry), entry.num_packs, size)
+            if not 0 <= row < len(offsets) - 1:
+                return None
+            start, end = int(offsets[row]), int(offsets[row + 1])
             f.seek(start)
             data = f.read(end - start)
         if len(data) != end - start:
@@ -477,13 +500,15 @@ class TarReader(ShardReader):
     def summary(self, path: Path) -> dict[str, Any]:
         """run_id, shard number, first pack and pack count from the ``.tar.idx`` and the metadata
         (``pack_meta``) of the shard's first and last packs (two small reads, whatever the shard's size)."""
-        offsets = tar.read_index(path).astype(np.int64)
-        size = path.stat().st_size
-        if len(offsets) < 2 or size != -(-(int(offsets[-1]) + 2 * BLOCK) // RECORD) * RECORD:
-            raise InputError(
-                f"{path.name}{INDEX_SUFFIX} does not end where the tar's {size:,} bytes do (stale index?)"
-            )
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        with open_output_file(path.parent, path.name) as f:
+            size = os.fstat(f.fileno()).st_size
+            offsets = tar.read_shard_index(path.parent, path.name + INDEX_SUFFIX, None, size)
+            if size != -(-(int(offsets[-1]) + 2 * BLOCK) // RECORD) * RECORD:
+                raise InputError(
+                    f"{path.name}{INDEX_SUFFIX} does not end where the tar's {size:,} bytes do (stale index?)"
+                )
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        with buf:
             first = _pack_meta(path, buf, int(offsets[0]), int(offsets[1]))
             last = _pack_meta(path, buf, int(offsets[-2]), int(offsets[-1]))
         # a shard written before format_version 2 has no run_id or shard to compare (verify says so)

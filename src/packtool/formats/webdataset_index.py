@@ -14,10 +14,12 @@ from pathlib import Path
 
 import yaml
 
+from packtool.errors import PacktoolError
 from packtool.formats.base import ProblemSink
 from packtool.formats.energon_index import INDEX_UUID, SQLITE_INDEX, write_sqlite_index
 from packtool.formats.tar import INDEX_SUFFIX, member_compression, pack_members, stored_name, tar_index_name
-from packtool.manifest import MANIFEST, MINIMAL_TAR_RECORD_VERSION, Manifest
+from packtool.manifest import MANIFEST, MAX_MANIFEST_BYTES, MINIMAL_TAR_RECORD_VERSION, Manifest
+from packtool.safepath import open_output_file, output_file_problem
 
 WIDS_INDEX = "wids.json"  # the training shards only: a wids reader of it never sees held-out packs
 WIDS_VAL_INDEX = "wids-val.json"  # the --val-fraction shards, written when there are any
@@ -154,15 +156,21 @@ def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink
         )
     written = manifest.index_files
     for name, want in dataset_index_contents(manifest).items():
-        path = directory / name
         if written is not None and name not in written:  # an older packtool did not write this one
             continue
-        if not path.exists():
-            report.add("dataset index", "index file is missing", shard=name)
+        problem = output_file_problem(directory, name)  # a FIFO would block, a link may lead out
+        if problem is not None:
+            report.add(
+                "dataset index", "index file is missing" if problem == "missing" else problem, shard=name
+            )
             continue
         try:
-            got = json.loads(path.read_text()) if name.endswith(".json") else yaml.safe_load(path.read_text())
-        except (ValueError, yaml.YAMLError) as e:
+            with open_output_file(directory, name) as f:
+                text = f.read(MAX_MANIFEST_BYTES + 1).decode()  # (a few KiB: the shards' names)
+            if len(text) > MAX_MANIFEST_BYTES:
+                raise ValueError(f"over {MAX_MANIFEST_BYTES:,} bytes")
+            got = json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError, PacktoolError) as e:
             report.add("dataset index", f"does not parse ({str(e).splitlines()[0]})", shard=name)
             continue
         if name.endswith("split.yaml") and isinstance(got, dict) and "val" not in got.get("split_parts", {}):
@@ -188,11 +196,13 @@ def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink
 def _check_key_index(directory: Path, manifest: Manifest, report: ProblemSink) -> None:
     """Energon's key index must be there and index as many packs as the manifest lists."""
     rebuild = "`energon prepare DIR --tar-index-only` rebuilds it"
-    for name in (SQLITE_INDEX, INDEX_UUID):
-        if not (directory / name).exists():
-            report.add("dataset index", f"index file is missing ({rebuild})", shard=name)
+    problems = {name: output_file_problem(directory, name) for name in (SQLITE_INDEX, INDEX_UUID)}
+    for name, problem in problems.items():
+        if problem is not None:  # missing, or not to be opened (a FIFO would block SQLite)
+            why = f"index file is missing ({rebuild})" if problem == "missing" else problem
+            report.add("dataset index", why, shard=name)
     path = directory / SQLITE_INDEX
-    if not path.exists():
+    if problems[SQLITE_INDEX] is not None:
         return
     try:
         with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:

@@ -50,6 +50,9 @@ _TYPES = {
     "shuffle_buffer": int, "drop_last": bool, "rank": int, "stats": dict,
 }  # fmt: skip
 _OLDER = {"drop_last": True}  # fields a state of this version may lack (saved before they existed)
+INT64_MAX = (1 << 63) - 1  # a state's counts are used as NumPy int64
+# lanes: the DataLoader workers of the loader that saved the state (torch starts one process each)
+MAX_STATE_INT = {"lanes": 1 << 16}
 
 
 def shards_digest(manifest: Manifest, split: str | None) -> str:
@@ -89,6 +92,8 @@ def check_state(state: Any) -> dict:
             raise _field_error(
                 key, value, "positive" if key in ("lanes", "batch_size", "world_size") else "non-negative"
             )
+        if kinds == (int,) and value > MAX_STATE_INT.get(key, INT64_MAX):  # no loader runs that many
+            raise _field_error(key, value, f"at most {MAX_STATE_INT.get(key, INT64_MAX):,}")
     stats = state["stats"]
     for key in _STAT_COUNTS:
         value = stats.get(key, 0)

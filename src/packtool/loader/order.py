@@ -68,9 +68,11 @@ def epoch_plan(
         every = np.concatenate([every, every[: world_size * m - total]])
     mine = every[skip + rank * m : skip + (rank + 1) * m]
     out = np.empty((nb, batch_size), dtype=np.int64)
-    counts = np.maximum(0, -(-(nb - np.arange(lanes)) // lanes))  # batches of each lane
+    # batches of each lane; lanes past the nb-th have none, so only the first nb are built (a state's
+    # lanes is untrusted: memory and time follow the batches, not it)
+    counts = np.maximum(0, -(-(nb - np.arange(min(lanes, nb))) // lanes))
     seg = np.minimum(np.concatenate([[0], np.cumsum(counts)]) * batch_size, m)
-    for lane in range(lanes):
+    for lane in range(len(counts)):
         packs = mine[seg[lane] : seg[lane + 1]]
         if shuffle and shuffle_buffer > 1 and len(packs):
             rng = np.random.default_rng([seed, epoch, rank, lane, 1])

@@ -7,15 +7,13 @@ from typing import Literal
 
 import msgspec
 
-from packtool.conventions import MAX_PACKED_SEQUENCE_SIZE, POSITION_IDS
+from packtool.conventions import MAX_PACKED_SEQUENCE_SIZE, MAX_TOKEN_ID, POSITION_IDS
 from packtool.errors import ConfigError
 from packtool.option_types import Applies, OptionGroup, option
 from packtool.plugins import is_plugin_spec
 
 STRATEGIES = ("bfd", "sequential")  # built-in packing strategies (packtool.packing); or module:callable
 LONG_SAMPLE_POLICIES = ("error", "drop", "truncate", "split")
-# 16M tokens: 64 MiB per int32 column of one pack (a pack is built, written and read whole)
-MAX_TOKEN_ID = 2**31 - 1  # the packs' input_ids are int32
 
 
 def strategy_kind(strategy: str) -> str:

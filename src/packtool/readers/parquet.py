@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from packtool.errors import ErrorSink, InputError
@@ -29,9 +30,63 @@ BATCH_ROWS = 8192
 def _iter_groups(pf: pq.ParquetFile, groups: range, batch_rows: int) -> Iterator[pa.RecordBatch]:
     """The batches of row groups ``groups``, one row group's reader at a time: a reader over several
     decodes ahead of the batch it hands out, so a corrupt row group failed before the rows ahead of it were
-    read (errors said "after row 0" whatever row group it was)."""
+    read (errors said "after row 0" whatever row group it was). Columns of a view type come as their plain
+    type (``plain_batch``)."""
+    views = plain_type(pf.schema_arrow) != pf.schema_arrow
     for g in groups:
-        yield from pf.iter_batches(batch_size=batch_rows, row_groups=[g])
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[g]):
+            yield plain_batch(batch) if views else batch
+
+
+def plain_type(t: pa.DataType | pa.Schema) -> pa.DataType | pa.Schema:
+    """``t`` with every Arrow view type (``string_view``, ``binary_view``, ``list_view``, as Polars and
+    DuckDB write Parquet) replaced by the plain type the readers and encoders take (``large_string``,
+    ``large_binary``, ``large_list``), nested ones too.
+
+    >>> plain_type(pa.schema([("text", pa.string_view()), ("ids", pa.list_view(pa.int32()))]))
+    text: large_string
+    ids: large_list<item: int32>
+      child 0, item: int32
+    """
+    if isinstance(t, pa.Schema):
+        return pa.schema([f.with_type(plain_type(f.type)) for f in t], metadata=t.metadata)
+    if pa.types.is_string_view(t):
+        return pa.large_string()
+    if pa.types.is_binary_view(t):
+        return pa.large_binary()
+    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        return pa.large_list(t.value_field.with_type(plain_type(t.value_type)))
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and plain_type(t.value_type) != t.value_type:
+        return pa.large_list(t.value_field.with_type(plain_type(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(plain_type(f.type)) for f in t])
+    return t
+
+
+def plain_array(a: pa.Array) -> pa.Array:
+    """Array ``a`` as ``plain_type`` types it (unchanged when it holds no view type). A list view is
+    rebuilt from its values in view order and its lengths: Arrow's own cast of ``list_view`` to a list
+    (pyarrow 26) dropped the values of every list after the first."""
+    t = a.type
+    if plain_type(t) == t:
+        return a
+    if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
+        return a.cast(plain_type(t))
+    mask = a.is_null() if a.null_count else None
+    if pa.types.is_struct(t):
+        fields = [plain_array(f) for f in a.flatten()]
+        return pa.StructArray.from_arrays(fields, fields=list(plain_type(t)), mask=mask)
+    lengths = np.nan_to_num(pc.list_value_length(a).to_numpy(zero_copy_only=False)).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    values = plain_array(pc.list_flatten(a))
+    return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values, mask=mask)
+
+
+def plain_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with each column as ``plain_array`` gives it."""
+    return pa.RecordBatch.from_arrays(
+        [plain_array(c) for c in batch.columns], schema=plain_type(batch.schema)
+    )
 
 
 def _open(path: str) -> pq.ParquetFile:
@@ -54,7 +109,7 @@ def read_parquet(path: str, batch_rows: int = BATCH_ROWS, lazy: bool = False) ->
     rows are 0-based in error messages."""
     pf = _open(path)
     if lazy:
-        md, schema = pf.metadata, pf.schema_arrow
+        md, schema = pf.metadata, plain_type(pf.schema_arrow)
         row = 0
         for g in range(md.num_row_groups):
             n = md.row_group(g).num_rows

@@ -67,9 +67,9 @@ def test_overview_and_full_of_damaged_parquet_shards_warn(out: Path, tmp_path: P
 
 
 def test_tar_one_pack_is_read_through_the_index_and_without_it(tar_out: Path, out: Path, tmp_path: Path):
-    """``--pack I`` on a tar reads only pack I's bytes through the shard's .tar.idx; without the index, or
-    with one that points elsewhere, it reads the shard in order: the same pack either way (and the same
-    as the Parquet output's pack I)."""
+    """``--pack I`` on a tar reads only pack I's bytes through the shard's .tar.idx; without the index it
+    reads the shard in order: the same pack either way (and the same as the Parquet output's pack I). An
+    index that points elsewhere is damaged: refused, naming it."""
     import shutil
 
     from packtool.formats.registry import get_format
@@ -95,7 +95,8 @@ def test_tar_one_pack_is_read_through_the_index_and_without_it(tar_out: Path, ou
             np.testing.assert_array_equal(fast[k], want[k])
     offsets = np.fromfile(idx, dtype="<u8")
     (offsets + 512).astype("<u8").tofile(idx)  # every pack one block off
-    assert read_tar_pack(copy / "packs-000001.tar", 50) is None
+    with pytest.raises(InputError, match="packs-000001.tar.idx: its offsets do not rise from 0"):
+        read_tar_pack(copy / "packs-000001.tar", 50)
     idx.unlink()
     assert read_tar_pack(copy / "packs-000001.tar", 50) is None
     got, shard_name, row = read_one_pack(copy, manifest, 150)  # read in order, the slow way
