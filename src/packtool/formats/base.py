@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from packtool.conventions import MAX_IMAGE_BYTES
 from packtool.errors import InputError, PacktoolError
 from packtool.formats.options import OutputOptions
 from packtool.layout import rebuild, stored_columns
@@ -47,10 +48,6 @@ UNIT_ERRORS: tuple[type[BaseException], ...] = (
 )  # fmt: skip
 
 
-# the most bytes one stored image may take (256 MiB: beyond any image file a training set holds; Pillow
-# refuses over 89M pixels): the writers refuse a larger one and the readers a shard declaring one, so that
-# reading an image allocates at most a few times this
-MAX_IMAGE_BYTES = 256 << 20
 
 
 def oversized_image(images: pa.StructArray) -> tuple[int, str | None, int] | None:

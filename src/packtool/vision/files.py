@@ -1,9 +1,9 @@
 """An image file read as packtool reads its inputs, and what identifies its bytes (no Pillow needed).
 
 ``read_image_file(path)`` reads a regular file only (a FIFO or a device, also behind a symbolic link, is
-refused without blocking on it), of at most ``MAX_IMAGE_BYTES``, to its end and no further, and gives its
-``FileStamp``: a run compares the stamp again before it commits, so an image replaced while the run reads
-the images fails it instead of mixing old and new ones. ``image_digest`` is the XXH3-128 of the bytes: the
+refused without blocking on it), of at most ``conventions.MAX_IMAGE_BYTES``, to its end and no further,
+and gives its ``FileStamp``: a run compares the stamp again before it commits, so an image replaced while
+the run reads the images fails it instead of mixing old and new ones. ``image_digest`` is the XXH3-128 of the bytes: the
 run's identity is made from it, and a file read again when its pack is written must give it again.
 """
 
@@ -15,12 +15,9 @@ from dataclasses import dataclass
 
 import xxhash
 
+from packtool.conventions import MAX_IMAGE_BYTES
 from packtool.errors import InputError
 from packtool.safepath import file_kind
-
-# the most bytes one image file may hold (a 100-megapixel image is far less in every format Pillow reads
-# but uncompressed BMP/TIFF, and Pillow refuses more pixels than that: MAX_IMAGE_PIXELS)
-MAX_IMAGE_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packtool.conventions import MAX_IMAGE_BYTES
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, column_values
 from packtool.vision.files import FileStamp, image_digest, read_image_file
@@ -89,6 +90,9 @@ class ImageRef:
         stamp = None
         if self.data is not None:
             data = self.data
+            if len(data) > MAX_IMAGE_BYTES:
+                raise InputError(f"{len(data):,} bytes, over the {MAX_IMAGE_BYTES:,} an image may take",
+                                 field="image", code="image_too_large")  # fmt: skip
         else:
             data, stamp = read_image_file(self.path, self.name)
         size = image_size(data, self.name)
