@@ -284,6 +284,8 @@ class _NoVideo(dict):
     processor's ``to_dict`` writes it) with its values as attributes (a processor may read them when it is
     built), and an error if it is ever asked to process a video."""
 
+    model_input_names: list[str] = []  # it gives the model nothing
+
     def __getattr__(self, name: str) -> Any:
         try:
             return self[name]
