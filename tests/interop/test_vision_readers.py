@@ -73,8 +73,10 @@ def test_collate_packs_refuses_webdataset_and_wids_packs_of_a_vision_output(outp
     batched = wds.WebDataset(urls, shardshuffle=False).decode().batched(2, collation_fn=collate_packs)
     with pytest.raises(ValueError, match=REFUSED):
         next(iter(torch.utils.data.DataLoader(batched, batch_size=None)))
-    ds = wids.ShardListDataset(str(out / "wids.json"), cache_dir=str(tmp_path / "wids-cache"),
-                               transformations=[functools.partial(default_decoder, format="numpy")])  # fmt: skip
+    decode = functools.partial(default_decoder, format="numpy")
+    ds = wids.ShardListDataset(
+        str(out / "wids.json"), cache_dir=str(tmp_path / "cache"), transformations=[decode]
+    )
     with pytest.raises(ValueError, match=REFUSED):
         next(iter(torch.utils.data.DataLoader(ds, batch_size=2, collate_fn=collate_packs)))
     ds.close()
