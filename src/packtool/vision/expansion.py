@@ -76,7 +76,9 @@ class Expansion:
         text: the replacement text with each run of a repeated image token written once.
         runs: ``((char offset in text, token id, count), ...)``: the runs written once.
         span_start: char offset in ``text`` of the span's first token.
-        span_ids, span_counts: the span's token ids, run-length encoded (``(r,)`` int32 / int64).
+        span_ids, span_counts: the tokens of ``text`` the span covers and how many times each is repeated
+            (``(r,)`` int64: a run's count, else 1).
+        span_length: ``span_counts.sum()``, the span's tokens.
     """
 
     text: str
@@ -84,10 +86,7 @@ class Expansion:
     span_start: int
     span_ids: np.ndarray
     span_counts: np.ndarray
-
-    @property
-    def span_length(self) -> int:
-        return int(self.span_counts.sum())
+    span_length: int
 
     def span(self) -> np.ndarray:
         """``(span_length,)`` int32: the span's token ids."""
@@ -349,23 +348,20 @@ class Expander:
         enc = self.encode([collapsed])[0]
         ids = np.asarray(enc.ids, dtype=np.int64)
         starts = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
-        full = expand_runs(ids, starts, runs)
         repeats = run_repeats(len(ids), starts, runs)
-        where = np.flatnonzero(np.isin(full, self.image_ids))
+        where = np.flatnonzero(np.isin(ids, self.image_ids))  # the runs are of image tokens: same ends
         if not len(where):  # the processor writes no image token (a model without image tokens)
             raise ConfigError(
                 f"processor {type(self.processor).__name__}: it writes no image token for an image"
             )
-        span = full[where[0] : where[-1] + 1]
-        edges = np.flatnonzero(np.r_[True, span[1:] != span[:-1]])
-        counts = np.diff(np.r_[edges, len(span)])
-        first_token = int(np.searchsorted(np.cumsum(repeats), where[0], side="right"))
+        counts = repeats[where[0] : where[-1] + 1]
         return Expansion(
             text=collapsed,
             runs=tuple(runs),
-            span_start=int(starts[first_token]),
-            span_ids=span[edges].astype(np.int32),
-            span_counts=counts.astype(np.int64),
+            span_start=int(starts[where[0]]),
+            span_ids=ids[where[0] : where[-1] + 1],
+            span_counts=counts,
+            span_length=int(counts.sum()),
         )
 
     def collapse(self, text: str) -> tuple[str, list[tuple[int, int, int]]]:

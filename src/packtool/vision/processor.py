@@ -136,7 +136,10 @@ class VisionProcessor:
                 continue
             encodings = self.expander.encode([texts[i] for i in index], flag)
             for i, e in zip(index, encodings, strict=True):
-                in_text = np.fromiter((s is not None for s in e.sequence_ids), dtype=bool, count=len(e.ids))
+                if flag:  # the tokens the tokenizer added have no sequence
+                    in_text = np.fromiter((s is not None for s in e.sequence_ids), bool, count=len(e.ids))
+                else:
+                    in_text = np.ones(len(e.ids), dtype=bool)
                 out[i] = (e.ids, e.offsets, in_text)
         return out
 

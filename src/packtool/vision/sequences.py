@@ -179,20 +179,24 @@ def _expand(
             if i < 0 or ids[i] != token:
                 raise _not_as_written(r, k)
             repeats[i] = count
-        first.append(token_at(start + expansion.span_start))
-    expanded = np.repeat(ids, repeats).astype(np.int32)
-    begin = np.cumsum(repeats) - repeats
-    offsets_k = np.array([begin[i] if i >= 0 else -1 for i in first], dtype=np.int64)
+        i = token_at(start + expansion.span_start)
+        m = len(expansion.span_ids)
+        if i < 0 or not (
+            np.array_equal(ids[i : i + m], expansion.span_ids)
+            and np.array_equal(repeats[i : i + m], expansion.span_counts)
+        ):
+            raise _not_as_written(r, k)
+        first.append(i)
+    ends = np.cumsum(repeats)
+    offsets_k = (ends[first] - repeats[first]).astype(np.int64) if first else np.zeros(0, dtype=np.int64)
     lengths = np.array([e.span_length for e in r.expansions], dtype=np.int64)
     trained = np.zeros(len(ids), dtype=bool)
     for a, b in r.spans:  # tokens whose first character lies in [a, b)
         trained |= (starts >= a) & (starts < b)
     trained = np.repeat(trained & in_text, repeats)
-    for k, (a, n) in enumerate(zip(offsets_k.tolist(), lengths.tolist(), strict=True)):
-        if a < 0 or not np.array_equal(expanded[a : a + n], r.expansions[k].span()):
-            raise _not_as_written(r, k)
+    for a, n in zip(offsets_k.tolist(), lengths.tolist(), strict=True):
         trained[a : a + n] = False
-    return VisionSequence(expanded, trained, offsets_k, lengths, r.sizes)
+    return VisionSequence(np.repeat(ids, repeats).astype(np.int32), trained, offsets_k, lengths, r.sizes)
 
 
 def _not_as_written(r: _Rendered, k: int) -> InputError:
