@@ -167,3 +167,53 @@ def test_each_family_is_exact_or_refused(family_dirs, few_samples, family):
 def test_each_family_on_114_real_images(family_dirs, many_samples, family):
     vp = _load(family_dirs, family)
     assert exact_samples(vp, many_samples) == len(many_samples)
+
+
+# families whose model the loader cannot feed packs of several samples (their processors' token_type_ids
+# mark a prefix the model attends to both ways)
+LOADER_REFUSED = {"paligemma": "its token_type_ids are not 1 on its image tokens only"}
+
+
+@pytest.mark.parametrize("family", [f for f, refused in EXPECTED.items() if refused is None])
+def test_the_loader_gives_each_family_s_inputs_for_a_pack(family_dirs, few_samples, family):
+    """Three samples (images, none, images) in one pack: each span checked against the processor's tokens,
+    the image inputs those of the processor on each sample alone, concatenated in pack order."""
+    import torch
+
+    from packtool.vision.loader import VisionTaskEncoder
+    from packtool.vision.model_inputs import concat_padded
+
+    vp = _load(family_dirs, family)
+    if family in LOADER_REFUSED:
+        with pytest.raises(ValueError, match=LOADER_REFUSED[family]):
+            VisionTaskEncoder(vp, mask="dense")
+        return
+    chosen = [
+        next(s for s in few_samples if len(s.images) >= 2),
+        next(s for s in few_samples if not s.images),
+        next(s for s in few_samples if len(s.images) == 1),
+    ]
+    _, sequences = encode_samples(vp, chosen)
+    starts = np.cumsum([0, *(len(s) for s in sequences)])[:-1]
+    pack = {
+        "input_ids": np.concatenate([s.input_ids for s in sequences]),
+        "seq_lens": np.array([len(s) for s in sequences], np.int32),
+        "image_offset": np.concatenate([s.image_offsets + a for s, a in zip(sequences, starts, strict=True)]),
+        "image_length": np.concatenate([s.image_lengths for s in sequences]),
+        "images": [ref.read_bytes() for s in chosen for ref in s.images],
+        "pack_index": 0,
+    }
+    out = VisionTaskEncoder(vp, mask="dense").encode_sample(pack)
+    alone = []
+    for sample in chosen:
+        if sample.images:
+            images = [Image.open(ref.path) for ref in sample.images]
+            got = vp.processor(text=[vp.image_token * len(images)], images=[images], return_tensors="pt")
+            alone.append(got)
+    assert torch.equal(out["pixel_values"], concat_padded([a["pixel_values"] for a in alone]))
+    for name, value in out["image_inputs"].items():
+        assert torch.equal(value, concat_padded([torch.as_tensor(a[name]) for a in alone])), name
+    if out["token_type_ids"] is not None:  # Gemma 3: 1 on its image tokens
+        assert out["token_type_ids"].sum() == sum(
+            int(np.isin(s.input_ids, vp.image_token_ids).sum()) for s in sequences
+        )

@@ -74,7 +74,7 @@ def test_a_record_reads_back_as_the_pack_it_was_written_from(records, tmp_path, 
         for name in want.__dataclass_fields__:
             assert np.array_equal(getattr(got, name), getattr(want, name)), name
     row = next(r for r in rb.to_pylist() if len(r["images"]) >= 2)
-    inputs = image_inputs(vp, [image["bytes"] for image in row["images"]])
+    inputs = image_inputs(vp, [decode_images([image["bytes"] for image in row["images"]])])
     assert inputs["image_grid_thw"].prod(-1).div(4).tolist() == row["image_length"]
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # a stored image is untrusted: the bomb limit holds
     with pytest.raises(ValueError, match="image 0: decompression bomb"):
