@@ -79,6 +79,9 @@ class VisionProcessor:
         processor: the transformers processor.
         expander: its expansion, reproduced (``packtool.vision.expansion``).
         video: ``None``, or why its video processor was not loaded.
+        loaded_with: the arguments ``load_processor`` took (a pickled processor is loaded again from them,
+            as a DataLoader worker started with ``spawn`` does: the processor itself may hold a class built
+            at load time).
     """
 
     path: str
@@ -91,7 +94,11 @@ class VisionProcessor:
     processor: Any
     expander: Expander
     video: str | None = None
+    loaded_with: dict[str, Any] = field(default_factory=dict, repr=False)
     _config_sha256: str = field(default="", repr=False)
+
+    def __reduce__(self):
+        return _load_again, (self.loaded_with,)
 
     def expansion(self, height: int, width: int, images: int = 1) -> Expansion:
         """What the processor writes for an image of ``height x width`` pixels in a sample of ``images``
@@ -240,8 +247,15 @@ def load_processor(
         processor=processor,
         expander=expander,
         video=video,
+        loaded_with={"directory": str(directory), "chat_template": chat_template, "loss_on": loss_on},
         _config_sha256=_config_digest(path),
     )
+
+
+def _load_again(arguments: dict[str, Any]) -> VisionProcessor:
+    """``load_processor(**arguments)``: how a pickled ``VisionProcessor`` comes back."""
+    directory = arguments["directory"]
+    return load_processor(directory, chat_template=arguments["chat_template"], loss_on=arguments["loss_on"])
 
 
 def _without_video(path: Path, error: ImportError) -> tuple[Any, str]:

@@ -246,3 +246,18 @@ def test_an_arithmetic_count_that_disagrees_with_the_processor_is_found(tmp_path
     assert vp.image_tokens(480, 640) == 16
     with pytest.raises(ConfigError, match="disagrees with the text it writes for a 70x1000 image"):
         vp.expansion(70, 1000)
+
+
+def test_a_processor_travels_to_a_worker_by_its_load_arguments(tmp_path, processors):
+    """Pickled (a DataLoader worker under spawn, a pool task), a processor is loaded again from its
+    arguments: Qwen2-VL's is built with a class made at load time, which pickle cannot carry."""
+    import pickle
+
+    other = tmp_path / "t.jinja"
+    other.write_text(
+        "{% for m in messages %}{{ m['role'] }}: <|vision_start|><|image_pad|><|vision_end|>{% endfor %}"
+    )
+    vp = load_processor(processors["qwen2vl"].path, chat_template=str(other), loss_on="all")
+    again = pickle.loads(pickle.dumps(vp))
+    assert again.identity() == vp.identity() and again.chat.template == vp.chat.template
+    assert again.expansion(480, 640).span_length == vp.expansion(480, 640).span_length
