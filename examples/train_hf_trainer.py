@@ -11,8 +11,16 @@ and ``shift_labels``: packtool's labels are never shifted twice) and move with t
 * ``--via collator``: the Trainer's own sampler over ``datasets.load_dataset(DIR)``, with
   ``data_collator=collate_packs`` and ``remove_unused_columns=False`` (else the Trainer drops
   ``seq_lens``, which the model's signature does not name, and ``collate_packs`` says so);
-* ``--via loader``: ``get_train_dataloader`` returns packtool's loader (its order, exact resume
-  state, ``device=`` moving each batch where the model is).
+* ``--via loader``: ``get_train_dataloader`` returns packtool's loader through
+  ``packtool.loader.hf_trainer.trainer_dataloader`` (its order; each batch moved where the model is; its
+  state saved in every checkpoint and restored by ``train(resume_from_checkpoint=...)``, exactly).
+
+The masks honour the model's attention: ``attention=model.config`` gives them its sliding window
+(``--sliding-window W`` trains a tiny Mistral with one). Checkpoints every ``--save-steps`` steps;
+``--resume`` continues from the last one in ``--checkpoints``:
+
+    python examples/train_hf_trainer.py out/demo --via loader --steps 6 --save-steps 2
+    python examples/train_hf_trainer.py out/demo --via loader --steps 6 --save-steps 2 --resume
 """
 
 from __future__ import annotations
@@ -22,10 +30,18 @@ import functools
 
 import datasets
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Trainer,
+    TrainingArguments,
+)
 
 from packtool import load_manifest, read_packs
-from packtool.loader import PackedDataset, collate_packs, get_loader
+from packtool.loader import PackedDataset, collate_packs
+from packtool.loader.hf_trainer import trainer_dataloader
 
 
 class PackedTrainer(Trainer):
@@ -36,38 +52,51 @@ class PackedTrainer(Trainer):
         self.packed_dataset = packed_dataset
 
     def get_train_dataloader(self):
-        workers = self.args.dataloader_num_workers
-        return get_loader(self.packed_dataset, num_workers=workers, device=self.args.device)
+        return trainer_dataloader(self, self.packed_dataset)
 
 
-def make_trainer(output: str, model, checkpoints: str, steps: int, batch_size: int, via: str) -> Trainer:
-    """The Trainer over packtool output ``output`` (``via``: ``collator`` or ``loader``)."""
-    args = TrainingArguments(
-        output_dir=checkpoints, max_steps=steps, per_device_train_batch_size=batch_size,
-        learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-        disable_tqdm=True, dataloader_num_workers=0,
-        remove_unused_columns=False,  # keep seq_lens: collate_packs needs it
-    )  # fmt: skip
+def make_trainer(
+    output: str, model, checkpoints: str, steps: int, batch_size: int, via: str, **training: object
+) -> Trainer:
+    """The Trainer over packtool output ``output`` (``via``: ``collator`` or ``loader``); ``training``
+    overrides ``TrainingArguments`` (``save_steps``, ``gradient_accumulation_steps``...)."""
+    args = TrainingArguments(**{
+        "output_dir": checkpoints, "max_steps": steps, "per_device_train_batch_size": batch_size,
+        "learning_rate": 1e-3, "logging_steps": 1, "save_strategy": "no", "report_to": [], "use_cpu": True,
+        "disable_tqdm": True, "dataloader_num_workers": 0,
+        "remove_unused_columns": False,  # keep seq_lens: collate_packs needs it
+        **training,
+    })  # fmt: skip
     labels = load_manifest(output).labels  # shifted (packtool's default) or unshifted
     if via == "collator":
         train = datasets.load_dataset(output, split="train", cache_dir=f"{checkpoints}/hf-cache")
-        collator = functools.partial(collate_packs, mask="dense", labels=labels)  # sdpa: the bool mask
+        # sdpa: the bool mask; attention=model.config: inside the model's sliding window, if it has one
+        collator = functools.partial(collate_packs, mask="dense", labels=labels, attention=model.config)
         return Trainer(model=model, args=args, train_dataset=train, data_collator=collator)
-    packs = PackedDataset(output, batch_size=batch_size, shuffle=True, seed=0, mask="dense", infinite=True)
+    packs = PackedDataset(
+        output, batch_size=batch_size, shuffle=True, seed=0, infinite=True,
+        mask="dense", attention=model.config,  # sdpa: the bool mask, inside the model's window if it has one
+    )  # fmt: skip
     return PackedTrainer(model=model, args=args, packed_dataset=packs)
 
 
-def tiny_llama(output: str, attn: str = "sdpa", dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    """A tiny random Llama for the output's vocabulary and pack size."""
+def tiny_model(
+    output: str, attn: str = "sdpa", dtype: torch.dtype = torch.float32, sliding_window: int | None = None
+):
+    """A tiny random Llama for the output's vocabulary and pack size; with ``sliding_window``, a Mistral
+    whose every layer attends within that window."""
     manifest = load_manifest(output)
     # the tokenizer's vocabulary; pretokenized input has none recorded: the largest id in the packs
     vocab = manifest.vocab_size or 1 + max(int(p["input_ids"].max()) for p in read_packs(output))
-    config = LlamaConfig(
+    shape = dict(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=manifest.packed_sequence_size,
     )  # fmt: skip
     torch.manual_seed(0)
-    return LlamaForCausalLM._from_config(config, attn_implementation=attn, dtype=dtype)
+    if sliding_window is None:
+        return LlamaForCausalLM._from_config(LlamaConfig(**shape), attn_implementation=attn, dtype=dtype)
+    config = MistralConfig(**shape, sliding_window=sliding_window)
+    return MistralForCausalLM._from_config(config, attn_implementation=attn, dtype=dtype)
 
 
 def main(argv: list[str] | None = None) -> list[float]:
@@ -77,11 +106,16 @@ def main(argv: list[str] | None = None) -> list[float]:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--via", choices=["collator", "loader"], default="collator")
     parser.add_argument("--checkpoints", default="out/hf-trainer")
+    parser.add_argument("--sliding-window", type=int, help="train a Mistral with this attention window")
+    parser.add_argument("--save-steps", type=int, help="save a checkpoint every this many steps")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     args = parser.parse_args(argv)
+    model = tiny_model(args.output, sliding_window=args.sliding_window)
+    saving = {"save_strategy": "steps", "save_steps": args.save_steps} if args.save_steps else {}
     trainer = make_trainer(
-        args.output, tiny_llama(args.output), args.checkpoints, args.steps, args.batch_size, args.via
+        args.output, model, args.checkpoints, args.steps, args.batch_size, args.via, **saving
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=args.resume or None)
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     for step, loss in enumerate(losses):
         print(f"step {step}: loss {loss:.4f}")

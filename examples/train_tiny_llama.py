@@ -9,8 +9,9 @@ models"): eager the additive float mask, sdpa the bool mask, flex_attention the 
 where a GPU is: flex_attention has no backward on CPU); "flat" feeds the batch as one flattened row
 (``batch.flattened()``), whose boundaries sdpa finds from position_ids. ``model(**batch)`` gives the model
 the batch's keyword arguments (``PackedBatch.model_inputs``): the mask, and packtool's labels as
-``shift_labels`` too (the model must not shift them again). Resume with ``loader.state_dict()`` /
-``load_state_dict()``.
+``shift_labels`` too (the model must not shift them again). ``attention=model.config`` gives the masks
+the model's sliding window, for a model that has one (Mistral, Gemma 2/3...). Resume with
+``loader.state_dict()`` / ``load_state_dict()``.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def main(argv: list[str] | None = None) -> list[float]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     ds = PackedDataset(
-        args.output, batch_size=args.batch_size, shuffle=True, seed=0, mask=MASK[args.attn], infinite=True
-    )
+        args.output, batch_size=args.batch_size, shuffle=True, seed=0, infinite=True,
+        mask=MASK[args.attn], attention=model.config,  # the model's sliding window (a Llama has none)
+    )  # fmt: skip
     loader = get_loader(ds, num_workers=0)
     losses = []
     for step, batch in zip(range(args.steps), loader, strict=False):

@@ -17,7 +17,8 @@ Prints, for packs of N=4096 tokens written by ``packtool pack`` (Parquet, zstd, 
   row; the kernel zeroes each page it touches), the least a builder that takes fresh memory for each
   mask can do; and a memset of an existing buffer of the output's size (one write pass, no page faults),
   the least a builder that reuses memory (``block_causal_mask`` does, see ``masks.MASK_CACHE_SIZE``) can
-  do. As timed here each mask is dropped before the next is built, as in a training loop.
+  do. As timed here each mask is dropped before the next is built, as in a training loop. Rows with a
+  sliding window of N / 8, alone and beside the full mask (a model with sliding and full layers).
 
 A last row reads with the integrity checks on (Parquet page CRCs, the default) and off
 (``verify_checksums=False``), runs interleaved.
@@ -173,6 +174,14 @@ def bench_masks(n: int, batch: int, dense_batch: int, repeats: int, nemo) -> dic
         "flex_block_mask": (lambda: flex_block_mask(seq_lens, n), batch),
         "flex_block_mask@dense_B": (lambda: flex_block_mask(dseq, n), dense_batch),
         "block_causal_mask": (lambda: block_causal_mask(dseq, n), dense_batch),
+        # a sliding window of N / 8 (Mistral's 4096 in packs of 32768); both masks of a model with sliding
+        # and full layers (Gemma 2 and 3), built per batch as PackedBatch does
+        "block_causal_mask window=N/8": (lambda: block_causal_mask(dseq, n, window=n // 8), dense_batch),
+        "block_causal_mask sliding + full": (
+            lambda: (block_causal_mask(dseq, n, window=n // 8), block_causal_mask(dseq, n)),
+            dense_batch,
+        ),
+        "flex_block_mask window=N/8": (lambda: flex_block_mask(seq_lens, n, window=n // 8), batch),
         "create_block_mask": (
             lambda: create_block_mask(document_causal, dense_batch, 1, n, n, device="cpu"),
             dense_batch,

@@ -1,20 +1,21 @@
-"""Benchmark packtool.vision's pack-side path on a generated image set (issue 29; no download).
+"""Benchmark vision-language packing and loading on a generated image set (no download).
 
     python scripts/bench_vision.py [--samples 20000] [--size 4096] [--data DIR]
 
 Generates ``--samples`` LLaVA samples with ``scripts/make_vision_demo.py`` (kept in ``--data`` and reused
 when it is there), builds a Qwen2-VL processor at the released defaults (``min_pixels`` 56 * 56,
-``max_pixels`` 28 * 28 * 1280) from the demo chat tokenizer, then times on one core, in this process:
+``max_pixels`` 28 * 28 * 1280) from the demo chat tokenizer, then runs ``packtool pack --processor`` on
+them, each run a whole command in a process of its own (``measure.run_measured``: wall and CPU seconds of
+every process, peak RSS), with the run's steps timed from inside (``measure.STEPS_RUNNER``):
 
-* floor: reading every image's bytes (what any packer must do at least);
-* header: ``image_size`` of every image (the size from its header);
-* pack: ``read_vision_samples`` -> ``encode_samples`` (sizes, counts, template, tokenizer, expansion) ->
-  ``plan_packs`` (best-fit decreasing) -> ``sequence_columns``;
-* ``packtool pack --processor`` on the same samples, the whole command (its imports, and the images'
-  bytes written into Parquet shards), in a process of its own.
-
-Prints samples/s of each, pack time over the floor, and the fill rate: packed tokens over the tokens of the
-packs, and the packs against the lower bound ``ceil(tokens / N)``.
+* floor: reading every image's bytes, in this process (what any packer must do at least);
+* ``--num-proc 1`` and ``--num-proc 2``: encode + plan (from the first record read to the plan made)
+  in each, and their ratio (the workers: the target is 1.7x on 2 cores);
+* the same samples with their images removed (``image`` dropped, ``<image>`` placeholders gone), the
+  same processor's tokenizer and template: CPU seconds per sample of the whole command with images over
+  without (the images' own cost: read, header, digest, their bytes written; target at most 1.5x);
+* a ``--num-proc 2`` run interrupted with SIGINT (to its process group, as Ctrl-C is) once half its
+  chunks are encoded, then run again: the rerun's CPU over a whole run's (target at most 0.6).
 
 The loader (``--loader-samples``, 0 to skip; ``make bench`` runs it alone with ``--samples 0``): the first
 ``--loader-samples`` samples packed by ``packtool pack --processor`` (Parquet), then, alternating
@@ -29,7 +30,13 @@ The loader (``--loader-samples``, 0 to skip; ``make bench`` runs it alone with `
   main process; once with ``pixel_values`` in float32 (as the processor gives them), once cast to
   bfloat16 in the workers (``dtype=``, the training dtype: half the bytes to move).
 
-Prints images/s of each and their ratio. Figures belong in docs/performance.md.
+Prints images/s of each and their ratio.
+
+``--scale 100000,1000000`` (not in ``make bench``: minutes and gigabytes) packs that many synthetic LLaVA
+samples (``scale_input``: short turns, 0 to 2 images each drawn from 64 small images, reused) with
+``--num-proc 2`` and prints a markdown row per size: wall time, samples/s, the peak RSS of the whole process
+tree and of its largest process, the fill rate and the packs against the lower bound, the output's size.
+Figures belong in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -38,26 +45,31 @@ import argparse
 import importlib.util
 import json
 import math
+import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "scripts"), str(ROOT)])}
+CHUNK = 256  # records per chunk of a vision run (pipeline.encode.VISION_CHUNK_RECORDS)
+
+from measure import STEPS_RUNNER, run_measured, step_times  # noqa: E402 - scripts/ is on the path
 
 from packtool.loader import get_loader  # noqa: E402 - after the repository root is on the path
-from packtool.vision.images import image_size  # noqa: E402
-from packtool.vision.inputs import read_vision_samples  # noqa: E402
 from packtool.vision.loader import vision_dataset  # noqa: E402
 from packtool.vision.model_inputs import decode_images, image_inputs  # noqa: E402
-from packtool.vision.packs import plan_packs  # noqa: E402
 from packtool.vision.processor import load_processor  # noqa: E402
-from packtool.vision.sequences import encode_samples, sequence_columns  # noqa: E402
 from tests.fixtures.vision_processors import build_qwen2vl  # noqa: E402
 
 
@@ -151,7 +163,11 @@ def main() -> None:
     parser.add_argument("--loader-samples", type=int, default=2000, help="loader side; 0 skips it")
     parser.add_argument("--loader-repeats", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--scale", default="", help="sample counts of synthetic runs, e.g. 100000,1000000")
     args = parser.parse_args()
+    if args.scale:
+        scale([int(n) for n in args.scale.split(",")], Path(args.data) / "scale", args.size)
+        return
     wanted = max(args.samples, args.loader_samples)
     data = Path(args.data) / str(wanted)
     if not (data / "llava.jsonl").is_file():
@@ -160,11 +176,7 @@ def main() -> None:
         processor_dir = build_qwen2vl(Path(tmp) / "qwen2vl", 56 * 56, 28 * 28 * 1280)
         processor = load_processor(processor_dir)
         if args.samples:
-            bench_pack(data, processor, args)
-            start = time.perf_counter()  # the whole command: imports, encode, plan, images into shards
-            pack_with_cli(data, processor_dir, Path(tmp) / "pack", args.samples, args.size)
-            cli = time.perf_counter() - start
-            print(f"packtool pack --processor: {args.samples / cli:10.0f} samples/s {cli:7.2f} s (Parquet)")
+            bench_pack(data, processor_dir, Path(tmp), args)
         if args.loader_samples:
             out = pack_with_cli(data, processor_dir, Path(tmp) / "out", args.loader_samples, args.size)
             res = bench_loader(out, processor, args.workers, args.loader_repeats)
@@ -180,30 +192,139 @@ def main() -> None:
                 )
 
 
-def bench_pack(data: Path, processor, args) -> None:
+def without_images(data: Path, out: Path) -> Path:
+    """``data/llava.jsonl``'s samples with their images removed: no ``image``, no ``<image>``."""
+    rows = []
+    for line in (data / "llava.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        r.pop("image", None)
+        for turn in r["conversations"]:
+            turn["value"] = re.sub(r"<image>\n?", "", turn["value"])
+        rows.append(r)
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def pack_timed(source: Path, processor_dir: Path, tmp: Path, name: str, *flags: str):
+    """``packtool pack --processor`` as a whole command (``measure``): the measure, and the seconds from
+    the first record read to the plan made."""
+    out, steps = tmp / name, tmp / f"{name}.steps"
+    steps.unlink(missing_ok=True)
+    cmd = [sys.executable, "-c", STEPS_RUNNER, str(steps), "pack", str(source), "-o", str(out), "-q",
+           "--processor", str(processor_dir), "--overwrite", *flags]  # fmt: skip
+    m = run_measured(cmd, env=ENV, log=tmp / f"{name}.log")
+    assert m.rc == 0, m.log.read_text()
+    t = step_times(steps)
+    return m, t["plan"] - t["read"]
+
+
+def interrupted_then_rerun(source: Path, processor_dir: Path, tmp: Path, samples: int, *flags: str):
+    """A run interrupted with SIGINT once half its chunks are encoded, then the same command again:
+    the rerun's measure."""
+    out = tmp / "sigint"
+    cmd = [sys.executable, "-m", "packtool.cli", "pack", str(source), "-o", str(out), "-q",
+           "--processor", str(processor_dir), *flags]  # fmt: skip
+    env = {**os.environ, **ENV}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.DEVNULL)
+    work, half = out.with_name("sigint.partial") / "_work", math.ceil(samples / CHUNK) // 2
+    while len(list(work.glob("chunk-*/meta.json"))) < half:
+        assert proc.poll() is None, "the run ended before half its chunks"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    m = run_measured(cmd, env=ENV, log=tmp / "sigint.log")
+    assert m.rc == 0, m.log.read_text()
+    return m, len(list(work.glob("chunk-*/meta.json"))) if work.exists() else half
+
+
+def bench_pack(data: Path, processor_dir: Path, tmp: Path, args) -> None:
+    source = data / "llava.jsonl"
     images = sorted((data / "images").iterdir())
-
-    _, floor = timed(lambda: [p.read_bytes() for p in images])
-    _, header = timed(lambda: [image_size(p) for p in images])
-
-    def pack():
-        samples, sequences = encode_samples(processor, read_vision_samples([data / "llava.jsonl"]))
-        plan = plan_packs(sequences, args.size, samples=samples)
-        sequence_columns(sequences)
-        return samples, sequences, plan
-
-    (samples, sequences, plan), packing = timed(pack)
-    tokens = sum(len(s) for s in sequences)
-    image_tokens = sum(int(s.image_lengths.sum()) for s in sequences)
-    bound = math.ceil(tokens / args.size)
+    start = time.perf_counter()
+    total = sum(len(p.read_bytes()) for p in images)
+    floor = time.perf_counter() - start
+    size = ["--packed-sequence-size", str(args.size)]
+    one, one_plan = pack_timed(source, processor_dir, tmp, "one", *size, "--num-proc", "1")
+    two, two_plan = pack_timed(source, processor_dir, tmp, "two", *size, "--num-proc", "2")
+    text = without_images(data, tmp / "text.jsonl")
+    bare, _ = pack_timed(text, processor_dir, tmp, "text", *size, "--num-proc", "1")
+    rerun, _ = interrupted_then_rerun(source, processor_dir, tmp, args.samples, *size, "--num-proc", "2")
+    stats = json.loads((tmp / "one" / "manifest.json").read_text())["stats"]
+    tokens, packs = stats["num_tokens"], stats["num_packs"]
+    n = args.samples
+    print(f"{n} samples, {len(images)} images ({total / 1e6:.0f} MB), {tokens} tokens, N={args.size}")
+    print(f"floor (read the images' bytes):     {len(images) / floor:10.0f} images/s {floor:7.2f} s")
+    print(f"encode + plan, 1 process:           {n / one_plan:10.0f} samples/s {one_plan:7.2f} s")
+    print(f"encode + plan, 2 processes:         {n / two_plan:10.0f} samples/s {two_plan:7.2f} s"
+          f" = {one_plan / two_plan:.2f}x 1 process (target >= 1.7x)")  # fmt: skip
+    for label, m in (("whole command, 1 process", one), ("whole command, 2 processes", two),
+                     ("whole command, images removed", bare)):  # fmt: skip
+        print(f"{label + ':':36s}{n / m.wall:10.0f} samples/s {m.wall:7.2f} s wall, "
+              f"{m.cpu / n * 1e6:6.0f} us CPU a sample, peak RSS {m.tree_rss / 2**20:,.0f} MiB")  # fmt: skip
     print(
-        f"{len(samples)} samples, {len(images)} images, {tokens} tokens ({image_tokens / tokens:.1%} image)"
+        f"the images' own cost: {one.cpu / bare.cpu:.2f}x the CPU of the samples without them "
+        "(target <= 1.5x)"
     )
-    print(f"floor (read bytes):   {len(images) / floor:10.0f} images/s  {floor:7.2f} s")
-    print(f"header (image_size):  {len(images) / header:10.0f} images/s  {header:7.2f} s")
-    rate = len(samples) / packing
-    print(f"pack (encode + plan): {rate:10.0f} samples/s {packing:7.2f} s  = {packing / floor:.1f}x floor")
-    print(f"fill: {tokens / (plan.num_packs * args.size):.4f}; packs {plan.num_packs} vs lower bound {bound}")
+    print(
+        f"rerun after SIGINT at half way: {rerun.cpu / two.cpu:.2f}x a whole run's CPU "
+        f"({rerun.cpu:.1f} s against {two.cpu:.1f} s; target <= 0.6)"
+    )
+    print(f"fill: {stats['fill_rate']:.4f}; packs {packs} vs lower bound {stats['lower_bound_packs']}")
+
+
+def scale_input(work: Path, samples: int) -> Path:
+    """``samples`` LLaVA records over 64 small images (32 to 256 px, reused): one in eight text-only, one in
+    five with two images; written once and reused."""
+    from PIL import Image
+
+    path = work / f"llava-{samples}.jsonl"
+    if path.is_file():
+        return path
+    rng = np.random.default_rng(0)
+    (work / "images").mkdir(parents=True, exist_ok=True)
+    for k in range(64):
+        w, h = (int(x) for x in rng.integers(32, 257, 2))
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(work / "images" / f"{k}.png")
+    kinds = rng.random(samples)
+    picks = rng.integers(0, 64, (samples, 2))
+    words = rng.integers(3, 40, samples)
+    with open(path, "w") as f:
+        for i in range(samples):
+            n = 0 if kinds[i] < 0.125 else 2 if kinds[i] > 0.8 else 1
+            record = {"conversations": [
+                {"from": "human", "value": "<image>\n" * n + "Describe it. " * int(words[i] // 3)},
+                {"from": "gpt", "value": "A picture of noise. " * int(words[i])},
+            ]}  # fmt: skip
+            if n:
+                record["image"] = [f"images/{k}.png" for k in picks[i, :n]]
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def scale(counts: list[int], work: Path, size: int) -> None:
+    """A markdown row per sample count (``--scale``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        processor_dir = build_qwen2vl(Path(tmp) / "qwen2vl", 56 * 56, 28 * 28 * 1280)
+        print(
+            "| samples | wall | samples/s | peak RSS (tree) | peak RSS (largest process) | fill | packs "
+            "(lower bound) | output |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for samples in counts:
+            source = scale_input(work, samples)
+            out = work / f"out-{samples}"
+            cmd = [sys.executable, "-m", "packtool.cli", "pack", str(source), "-o", str(out), "-q",
+                   "--processor", str(processor_dir), "--packed-sequence-size", str(size), "--overwrite",
+                   "--num-proc", "2"]  # fmt: skip
+            m = run_measured(cmd, env=ENV, log=work / f"out-{samples}.log")
+            assert m.rc == 0, m.log.read_text()
+            stats = json.loads((out / "manifest.json").read_text())["stats"]
+            output = sum(p.stat().st_size for p in out.iterdir())
+            packs = f"{stats['num_packs']:,} ({stats['lower_bound_packs']:,})"
+            print(f"| {samples:,} | {m.wall:,.0f} s | {samples / m.wall:,.0f} | "
+                  f"{m.tree_rss / 2**20:,.0f} MiB | {m.rss / 2**20:,.0f} MiB | {stats['fill_rate']:.4f} | "
+                  f"{packs} | {output / 1e9:.2f} GB |")  # fmt: skip
+            shutil.rmtree(out)
 
 
 if __name__ == "__main__":

@@ -133,3 +133,28 @@ def run_measured(
         t0=t0_epoch,
         log=log,
     )
+
+
+# Runs ``packtool ARGS`` (argv[2:]) with ``record_step`` as ``progress.on_step``, appending each step of the
+# run (``read``, ``encode`` ..., ``plan``, ``write`` ...) and when it came to the file argv[1]; scripts/ on
+# PYTHONPATH, so that the local engine's workers find the hook by name.
+STEPS_RUNNER = (
+    "import functools, sys, measure; from packtool.pipeline import progress; "
+    "progress.on_step = functools.partial(measure.record_step, sys.argv[1]); "
+    "from packtool.cli import main; main(sys.argv[2:], prog_name='packtool')"
+)
+
+
+def record_step(path: str, step: str, n: int) -> None:
+    """``progress.on_step``: ``STEP N TIME`` (``time.perf_counter``) appended to ``path``."""
+    with open(path, "a") as f:
+        f.write(f"{step} {n} {time.perf_counter()}\n")
+
+
+def step_times(path: Path) -> dict[str, float]:
+    """Each step's last time in a ``record_step`` file: ``{"read": t, "plan": t, ...}``."""
+    out: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        step, _, t = line.split()
+        out[step] = float(t)
+    return out

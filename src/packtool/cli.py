@@ -175,7 +175,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
 
     INPUTS, --output and --packed-sequence-size are required (on the command line or in --config)."""
     # imported once the options are parsed (--help stays quick); os alone decides the workers' forkserver
-    from packtool.pipeline.engines import may_need_workers, resolve_num_proc
+    from packtool.pipeline.engines import may_need_workers, resolve_num_proc, worker_preload
     from packtool.pipeline.engines.local import keep_freed_memory, start_forkserver
 
     # keys without a flag (encoder_kwargs) come from the config file alone
@@ -187,7 +187,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
         given.add("inputs")
     num_proc = resolve_num_proc(values) if _positive(values.get("num_proc")) else 1  # (checked below)
     if values.get("engine") == "local" and may_need_workers(values):  # its imports then run beside ours
-        start_forkserver(num_proc)
+        start_forkserver(num_proc, worker_preload(values))
     # imported after the forkserver started: the two processes then import numpy and pyarrow side by side
     from packtool.options import PackOptions
     from packtool.pipeline.run import run_pack, summary_line

@@ -2,7 +2,10 @@
 
 A pack of ``N`` tokens holds several sequences end to end; ``seq_lens`` gives their lengths (the padding
 is one more "sequence", as in NeMo AutoModel's ``PackedSequence``, so every row sums to ``N``). Attention
-is *block-causal* (document-causal): a token sees the earlier tokens of its own sequence only.
+is *block-causal* (document-causal): a token sees the earlier tokens of its own sequence only, and with a
+sliding ``window`` only the last ``window`` of them (itself included: query ``q`` sees key ``k`` when
+``q - window < k <= q``, transformers' convention for ``config.sliding_window``). ``AttentionPattern`` says
+which layers of a model slide (``attention_pattern(model.config)``).
 
 ``seq_lens`` is accepted as a ``(B, S)`` integer tensor padded with ``0`` (the sentinel the loader uses),
 a 1-D tensor for one pack, or a list of 1-D tensors (NeMo's form). Three forms of the same mask:
@@ -27,7 +30,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,12 +43,12 @@ SEQ_LENS_PAD = 0
 
 SeqLens = torch.Tensor | Sequence[torch.Tensor]
 
-MASK_CACHE_SIZE = 2
+MASK_CACHE_SIZE = 4
 """Host buffers ``block_causal_mask`` keeps for reuse (CPU only). Once no tensor uses a kept buffer, the
 next mask of the same size is written into it after one ``memset``, instead of into fresh pages that the
-kernel must fault in and zero (which costs several times the memset; docs/performance.md). Two buffers
-cover a training loop that builds the next batch's mask while the last one is still referenced. ``0``
-turns the reuse off."""
+kernel must fault in and zero (which costs several times the memset; docs/performance.md). Four buffers
+cover a training loop that builds the next batch's masks while the last ones are still referenced, for a
+model with two layer types (a sliding and a full mask per batch). ``0`` turns the reuse off."""
 
 MASK_CACHE_BYTES = 1 << 30
 """Buffers larger than this (bytes, ``B * N * N``) are never kept."""
@@ -78,6 +83,114 @@ def _zeroed_host_bools(size: int) -> torch.Tensor:
             _MASK_BUFFERS.insert(0, buf)
             del _MASK_BUFFERS[MASK_CACHE_SIZE:]
         return torch.from_numpy(buf)
+
+
+FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
+LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
+"""The layer types (transformers' ``config.layer_types``) that packtool builds masks for."""
+
+
+def check_window(window: Any) -> int | None:
+    """``window`` as a positive int, or None (no window); ``ValueError`` otherwise."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(
+            f"window must be a positive integer (the keys a query sees, itself included), got {window!r}"
+        )
+    return int(window)
+
+
+@dataclass(frozen=True)
+class AttentionPattern:
+    """Which keys each layer of a model lets a query see inside its own sequence: every earlier one
+    (``"full_attention"``) or only the last ``sliding_window`` of them, itself included
+    (``"sliding_attention"``: query ``q`` sees key ``k`` when ``q - sliding_window < k <= q``, the meaning
+    of transformers' ``config.sliding_window``).
+
+    ``layer_types`` is transformers' ``config.layer_types``, one entry per layer (Gemma 2 and 3, Qwen2 with
+    ``use_sliding_window``...); ``None``: every layer alike, sliding when ``sliding_window`` is set (Mistral,
+    Phi-3), else full. ``attention_pattern(model.config)`` reads it from a model.
+
+    Example::
+
+        >>> AttentionPattern(48, ("sliding_attention", "full_attention")).windows()
+        {'sliding_attention': 48, 'full_attention': None}
+        >>> AttentionPattern(4096).windows()
+        {'sliding_attention': 4096}
+    """
+
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sliding_window", check_window(self.sliding_window))
+        if self.layer_types is None:
+            return
+        types = tuple(self.layer_types)
+        object.__setattr__(self, "layer_types", types)
+        unknown = {t: [i for i, u in enumerate(types) if u == t] for t in types if t not in LAYER_TYPES}
+        if unknown:
+            named = ", ".join(f"{t!r} (layers {', '.join(map(str, at))})" for t, at in unknown.items())
+            raise ValueError(
+                f"packtool builds masks for {' and '.join(map(repr, LAYER_TYPES))} layers only; this model "
+                f"also has {named}"
+            )
+        if SLIDING_ATTENTION in types and self.sliding_window is None:
+            raise ValueError("layer_types has 'sliding_attention' layers but sliding_window is not set")
+
+    def windows(self) -> dict[str, int | None]:
+        """Each layer type of the model, in order of first use, and its window (None: full attention)."""
+        if self.layer_types is None:
+            if self.sliding_window is None:
+                return {FULL_ATTENTION: None}
+            return {SLIDING_ATTENTION: self.sliding_window}
+        return {
+            t: self.sliding_window if t == SLIDING_ATTENTION else None
+            for t in dict.fromkeys(self.layer_types)
+        }
+
+
+def attention_pattern(source: Any) -> AttentionPattern:
+    """The ``AttentionPattern`` of a model, read as transformers' models read it from their config.
+
+    ``source``: a transformers config (``model.config``; a multimodal model's text config is read), a
+    mapping with the same keys (``sliding_window``, ``layer_types``, ...), an ``AttentionPattern``
+    (returned as is) or None (full attention on every layer). With ``layer_types`` the window applies to
+    the ``"sliding_attention"`` layers; without, to every layer when ``sliding_window`` is set (0 or
+    ``use_sliding_window=False``: no window). Refused (``ValueError``): attention that is not causal
+    (``use_bidirectional_attention``, ``is_causal=False``) and layer types other than full and sliding.
+
+    Example::
+
+        >>> from transformers import MistralConfig  # doctest: +SKIP
+        >>> attention_pattern(MistralConfig(sliding_window=4096)).windows()  # doctest: +SKIP
+        {'sliding_attention': 4096}
+    """
+    if source is None:
+        return AttentionPattern()
+    if isinstance(source, AttentionPattern):
+        return source
+    if isinstance(source, Mapping):
+        values = dict(source)
+    else:
+        text_config = getattr(source, "get_text_config", None)
+        config = text_config(decoder=True) if callable(text_config) else source
+        keys = ("model_type", "sliding_window", "layer_types", "use_sliding_window", "is_causal")
+        values = {k: getattr(config, k) for k in (*keys, "use_bidirectional_attention") if hasattr(config, k)}
+    name = values.get("model_type") or type(source).__name__
+    if values.get("use_bidirectional_attention") or values.get("is_causal", True) is False:
+        raise ValueError(f"{name}: its attention is bidirectional; packtool's masks are causal")
+    window, layer_types = values.get("sliding_window"), values.get("layer_types")
+    if layer_types is not None:
+        layer_types = tuple(layer_types)
+        window = window if SLIDING_ATTENTION in layer_types else None
+    elif not window or values.get("use_sliding_window", True) is False:
+        window = None
+    try:
+        return AttentionPattern(window, layer_types)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
 def padded_seq_lens(seq_lens: SeqLens, device: torch.device | str | None = None) -> torch.Tensor:
@@ -117,30 +230,42 @@ def sequence_starts(seq_lens: SeqLens, packed_sequence_size: int, device=None) -
 
 
 def block_causal_mask(
-    seq_lens: SeqLens, packed_sequence_size: int, device: torch.device | str | None = None
+    seq_lens: SeqLens,
+    packed_sequence_size: int,
+    device: torch.device | str | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Dense block-causal mask, bool ``[B, 1, N, N]``, ``True`` where query row may attend key column.
+    """Dense block-causal mask, bool ``[B, 1, N, N]``, ``True`` where query row may attend key column;
+    with ``window``, only the last ``window`` keys of the query's sequence up to itself (``q - window <
+    k <= q``, transformers' sliding window).
 
-    Equal to NeMo AutoModel's ``create_block_causal_mask`` for the same ``seq_lens`` (rows summing to
-    ``N``). Built on ``device`` (default: the device of ``seq_lens``).
+    Without a window, equal to NeMo AutoModel's ``create_block_causal_mask`` for the same ``seq_lens``
+    (rows summing to ``N``). Built on ``device`` (default: the device of ``seq_lens``).
 
     How: every ``True`` of row ``q`` lies in the band of the ``W`` columns ending at the diagonal
-    (``W`` = the longest sequence of the batch), so the output starts as zeros and only that band is
-    written: row ``q`` of the band is the length-``W`` window at offset ``within[q]`` (the query's index in
-    its sequence) of the small pattern ``zeros(W - 1) ones(W)``, gathered with one ``index_select`` per
-    pack into a strided view of the output. On CPU the zeros are a kept buffer of an earlier mask that
-    nothing references any more, cleared with one memset (see ``MASK_CACHE_SIZE``), or else NumPy's
-    ``calloc`` (pages the kernel zeroes on first touch).
+    (``W`` = the longest sequence of the batch, or the window if shorter), so the output starts as zeros
+    and only that band is written: row ``q`` of the band is the length-``W`` slice at offset
+    ``min(within[q], W - 1)`` (``within[q]``: the query's index in its sequence) of the small pattern
+    ``zeros(W - 1) ones(W)``, gathered with one ``index_select`` per pack into a strided view of the
+    output. On CPU the zeros are a kept buffer of an earlier mask that nothing references any more,
+    cleared with one memset (see ``MASK_CACHE_SIZE``), or else NumPy's ``calloc`` (pages the kernel
+    zeroes on first touch).
 
     Example::
 
         >>> block_causal_mask(torch.tensor([[2, 1]]), 3)[0, 0].int().tolist()
         [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+        >>> block_causal_mask(torch.tensor([[3]]), 3, window=2)[0, 0].int().tolist()
+        [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
     """
+    window = check_window(window)
     _, start = sequence_starts(seq_lens, packed_sequence_size, device)
     n, b, dev = packed_sequence_size, start.shape[0], start.device
     within = torch.arange(n, device=dev) - start  # (B, N): index of each query inside its sequence
     w = int(within.max()) + 1 if within.numel() else 1  # longest sequence: the band's width
+    if window is not None and window < w:
+        w = window  # a query sees at most the window: the band narrows, its rows saturate at W - 1
+        within = within.clamp(max=w - 1)
     if dev.type == "cpu":
         flat = _zeroed_host_bools(b * n * n)
     else:
@@ -166,17 +291,19 @@ def additive_mask(
     packed_sequence_size: int,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Block-causal mask to add to attention scores, ``[B, 1, N, N]`` of ``dtype``: ``0`` where the query
-    row may attend the key column, ``-inf`` elsewhere (every row attends at least itself, so no row is all
-    ``-inf``). What transformers' eager attention takes as ``attention_mask``.
+    row may attend the key column (``block_causal_mask``, ``window`` included), ``-inf`` elsewhere (every
+    row attends at least itself, so no row is all ``-inf``). What transformers' eager attention takes as
+    ``attention_mask``.
 
     Example::
 
         >>> additive_mask(torch.tensor([[2, 1]]), 3)[0, 0].tolist()
         [[0.0, -inf, -inf], [0.0, 0.0, -inf], [-inf, -inf, 0.0]]
     """
-    allowed = block_causal_mask(seq_lens, packed_sequence_size, device)
+    allowed = block_causal_mask(seq_lens, packed_sequence_size, device, window)
     out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return out.masked_fill_(~allowed, float("-inf"))
 
@@ -186,17 +313,20 @@ def flex_block_mask(
     packed_sequence_size: int,
     block_size: int = 128,
     device: torch.device | str | None = None,
+    window: int | None = None,
 ):
-    """Document-causal ``flex_attention`` ``BlockMask`` from sequence boundaries, on ``device``.
+    """Document-causal ``flex_attention`` ``BlockMask`` from sequence boundaries, on ``device``; with
+    ``window``, each query sees only the last ``window`` keys of its sequence up to itself.
 
     Each ``block_size x block_size`` tile is classified from the sequence ids of its first and last
-    tokens: *empty* (above the diagonal, or no sequence shared), *full* (below the diagonal, both tiles
-    complete and inside one sequence: the kernel skips the mask function there) or *partial* (the
-    ``mask_mod`` ``same sequence & q >= kv`` decides per element). Cost ``O(B * (N / block_size)^2)``.
+    tokens: *empty* (above the diagonal, no sequence shared, or its nearest pair farther apart than the
+    window), *full* (below the diagonal, both tiles complete and inside one sequence, its farthest pair
+    within the window: the kernel skips the mask function there) or *partial* (the ``mask_mod`` ``same
+    sequence & q >= kv`` (``& q - kv < window``) decides per element). Cost ``O(B * (N / block_size)^2)``.
     The result has one head (``H=1``, broadcast over heads) and matches what
-    ``create_block_mask(document_causal_mask_mod, B, 1, N, N, BLOCK_SIZE=block_size)`` builds. Build it on
-    the device attention runs on: ``BlockMask.to(device)`` moves the block tensors but not the sequence ids
-    its ``mask_mod`` captured (``PackedBatch.to`` builds the mask again on the new device instead).
+    ``create_block_mask(mask_mod, B, 1, N, N, BLOCK_SIZE=block_size)`` builds from that mask function.
+    Build it on the device attention runs on: ``BlockMask.to(device)`` moves the block tensors but not the
+    sequence ids its ``mask_mod`` captured (``PackedBatch.to`` builds the mask again on the new device).
 
     Example::
 
@@ -204,6 +334,7 @@ def flex_block_mask(
         >>> bm.kv_num_blocks.shape, bm.full_kv_num_blocks[0, 0].tolist()
         (torch.Size([1, 1, 4]), [0, 1, 0, 0])
     """
+    window = check_window(window)
     n = packed_sequence_size
     doc, _ = sequence_starts(seq_lens, n, device)
     dev = doc.device
@@ -222,6 +353,10 @@ def flex_block_mask(
         & complete.view(1, nb)
         & complete.view(nb, 1)
     )
+    if window is not None:
+        # a tile's token distances q - kv: nearest first[i] - last[j], farthest last[i] - first[j]
+        nonempty &= (first.view(nb, 1) - last.view(1, nb)) < window
+        full &= (last.view(nb, 1) - first.view(1, nb)) < window
     partial = nonempty & ~full
 
     def ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,6 +376,9 @@ def flex_block_mask(
     def document_causal(b, h, q_idx, kv_idx):
         return (doc_mod[b, q_idx] == doc_mod[b, kv_idx]) & (q_idx >= kv_idx)
 
+    def document_causal_window(b, h, q_idx, kv_idx):
+        return (doc_mod[b, q_idx] == doc_mod[b, kv_idx]) & (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+
     # the q-side (column) view of the same tiles, for the backward pass: computed here from the tiles
     # directly, which is much cheaper than from_kv_blocks' generic transpose of the index lists
     block_mask = BlockMask.from_kv_blocks(
@@ -249,7 +387,7 @@ def flex_block_mask(
         full_num,
         full_idx,
         BLOCK_SIZE=block_size,
-        mask_mod=document_causal,
+        mask_mod=document_causal if window is None else document_causal_window,
         seq_lengths=(n, n),
         compute_q_blocks=False,
     )

@@ -635,14 +635,17 @@ PARTS = [
 ]
 
 
-def test_conflicting_values_in_a_field_read_name_their_line_and_skip(tmp_path):
+def test_a_content_list_the_template_drops_names_its_line_and_skips(tmp_path):
+    """Contents given as a string in some records and as a list of parts in others are read (the messages
+    are any JSON); a template that renders string contents only would drop the parts' text without a
+    word, as apply_chat_template does: that record is a bad one, named."""
     plain = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
     src = write_jsonl(tmp_path / "parts.jsonl", [plain, {"messages": PARTS}, plain])
     line = assert_clean_failure(pack(tmp_path, src, "--tokenizer", CHAT_TOKENIZER), tmp_path)
-    assert f"{src}, line 2, field 'messages'" in line
+    assert f"{src}, line 2, field 'messages': the chat template does not render message 0's text" in line
     pack(tmp_path, src, "--tokenizer", CHAT_TOKENIZER, "--on-error", "skip", check=True)
     stats = manifest(tmp_path)["stats"]
-    assert stats["skipped_by_reason"] == {"wrong_type": 1} and stats["packed_samples"] == 2
+    assert stats["skipped_by_reason"] == {"invalid": 1} and stats["packed_samples"] == 2
     (entry,) = errors_log(tmp_path)
     assert entry["row"] == 2 and entry["field"] == "messages"
 

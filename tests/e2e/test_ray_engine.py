@@ -19,6 +19,8 @@ import pytest
 import ray  # noqa: E402  (a dev dependency: the Ray engine is tested in CI, never skipped)
 
 from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
+from tests.fixtures.vision_inputs import llava_rows, write_llava_input
+from tests.fixtures.vision_processors import build_qwen2vl
 
 # one local Ray for the module: its tests run on one xdist worker
 pytestmark = pytest.mark.xdist_group("ray")
@@ -285,5 +287,14 @@ def test_ray_on_a_two_node_cluster_equals_local(tmp_path):
             "pack", *args, "-o", tmp_path / "where", "-q", "--engine", "ray", "--ray-address", cluster.address
         )
         assert len(set(nodes.read_text().split())) == 2
+        # vision-language samples: the same packs and images on the cluster (the processor loaded once per
+        # Ray worker, the images read by the tasks)
+        data = write_llava_input(tmp_path / "vision")
+        write_jsonl(data, llava_rows() * 4)
+        processor = build_qwen2vl(tmp_path / "qwen2vl")
+        args = [str(data), "--processor", str(processor), "--packed-sequence-size", "256"]
+        args += ["--chunk-size", "4"]
+        local, on_ray = local_then_ray(tmp_path / "vout", args, ["--ray-address", cluster.address])
+        assert local == on_ray and json.loads(local["manifest.json"])["vision"]["packed_images"] == 20
     finally:
         cluster.shutdown()

@@ -441,7 +441,7 @@ def test_a_damaged_scratch_chunk_is_encoded_again(tmp_path: Path):
     data[-4:] = np.array([66190], np.int32).tobytes()  # an id past the 1,300-id vocabulary
     chunk.write_bytes(bytes(data))
     again = run_cli(*args, "-o", tmp_path / "out")
-    assert "1 scratch chunk(s) of the interrupted run are damaged (chunk 1" in again.stderr
+    assert "1 scratch chunk(s) of the interrupted run are not what was encoded (chunk 1" in again.stderr
     run_cli(*args, "-o", tmp_path / "whole", "-q")
     assert packs_of(tmp_path / "out") == packs_of(tmp_path / "whole")
 

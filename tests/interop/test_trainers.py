@@ -6,14 +6,17 @@ with ``packtool.loader.trl.trl_dataset``) and a plain ``torch.utils.data.DataLoa
 ``PackedDataset`` each train a tiny random Llama (CPU, float64, sdpa) a few steps. During every training
 forward, ``PerTokenCheck`` takes the model's hidden states of the batch the trainer built, and for every
 sequence of every row compares (a) the targets the trainer scores with the sample's own next tokens and
-(b) each token's loss with that of the sample run alone on the same weights: within 1e-9. The example
-functions are the exact code of docs/loader.md's sections.
+(b) each token's loss with that of the sample run alone on the same weights: within 1e-9; also for a
+Mistral whose sliding window is shorter than the samples. The example functions are the exact code of
+docs/loader.md's sections. ``PackedTrainer`` resumed from its checkpoints (``trainer_dataloader``) trains
+on the same batches with the same losses and ends with the same parameters as the run that never stopped.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import warnings
 from pathlib import Path
 
@@ -31,6 +34,16 @@ N = 64
 B = 2
 STEPS = 3
 TOL = 1e-9
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models on one thread: under `make test`'s two workers on two cores, torch's intra-op threads
+    contend and a tiny model's step takes ~20x longer (0.39 s against 0.017 s, measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _example(name: str):
@@ -118,11 +131,16 @@ def _trained(trainer, check: PerTokenCheck) -> None:
     assert check.worst < TOL and check.tokens > STEPS * B * 15
 
 
-# each way into the Trainer, and each labels convention (the two in one run each keep the test short)
-@pytest.mark.parametrize(("via", "labels"), [("collator", "shifted"), ("loader", "unshifted")])
-def test_hf_trainer_trains_on_each_sample_alone(outputs, via, labels, tmp_path):
+# each way into the Trainer, and each labels convention (the two in one run each keep the test short); a
+# Mistral whose window (16) is shorter than most samples (4-49 tokens), through each way in
+HF_TRAINER = [("collator", "shifted", None), ("loader", "unshifted", None), ("loader", "shifted", 16),
+              ("collator", "unshifted", 16)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("via", "labels", "window"), HF_TRAINER)
+def test_hf_trainer_trains_on_each_sample_alone(outputs, via, labels, window, tmp_path):
     example = _example("train_hf_trainer")
-    model = example.tiny_llama(str(outputs[labels]), "sdpa", torch.float64)
+    model = example.tiny_model(str(outputs[labels]), "sdpa", torch.float64, sliding_window=window)
     check = PerTokenCheck(model)
     _trained(example.make_trainer(str(outputs[labels]), model, str(tmp_path), STEPS, B, via), check)
 
@@ -152,7 +170,7 @@ def test_trl_rows_are_refused_by_collate_packs_and_trainer_columns_named(outputs
     with pytest.raises(ValueError, match="trl_dataset"):
         collate_packs(rows)
     example = _example("train_hf_trainer")
-    model = example.tiny_llama(str(outputs["shifted"]), "sdpa", torch.float64)
+    model = example.tiny_model(str(outputs["shifted"]), "sdpa", torch.float64)
     trainer = example.make_trainer(str(outputs["shifted"]), model, str(tmp_path), STEPS, B, "collator")
     trainer.args.remove_unused_columns = True
     with pytest.raises(ValueError, match=r"remove_unused_columns=False"):
@@ -173,7 +191,7 @@ def test_a_plain_dataloader_over_packed_dataset_trains_on_each_sample_alone(outp
     seen = [batch.pack_index.tolist() for batch in loader if isinstance(batch, PackedBatch)]
     assert seen == want and len(seen) > STEPS
     example = _example("train_hf_trainer")
-    model = example.tiny_llama(str(directory), "sdpa", torch.float64)
+    model = example.tiny_model(str(directory), "sdpa", torch.float64)
     check = PerTokenCheck(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     accelerator = Accelerator(cpu=True)
@@ -193,7 +211,7 @@ def test_flattened_is_complete_whatever_the_models_cache_default(outputs):
     use_cache=False transformers builds a cache and attends across the row's samples."""
     directory = outputs["shifted"]
     example = _example("train_hf_trainer")
-    model = example.tiny_llama(str(directory), "sdpa", torch.float64).train()
+    model = example.tiny_model(str(directory), "sdpa", torch.float64).train()
     assert model.config.use_cache
     check = PerTokenCheck(model)
     batch = next(iter(PackedDataset(directory, batch_size=B, shuffle=False)))
@@ -203,3 +221,134 @@ def test_flattened_is_complete_whatever_the_models_cache_default(outputs):
     )
     model(**kwargs).loss.backward()
     assert check.worst < TOL and check.tokens > 20
+
+
+# --- resuming a Trainer from its checkpoints ---------------------------------------------------------
+class Recorder:
+    """Every training forward's ``input_ids`` and loss (float64, exact)."""
+
+    def __init__(self, model) -> None:
+        self.seen: list[tuple[torch.Tensor, float]] = []
+        model.register_forward_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs, output):
+        if module.training:
+            self.seen.append((kwargs["input_ids"].clone(), output.loss.item()))
+
+
+def _packed_trainer(directory: Path, checkpoints: Path, infinite: bool, workers: int = 0, **training):
+    """``examples/train_hf_trainer.py``'s ``PackedTrainer`` on a tiny float64 Llama: 8 steps of 3 batches
+    (``ACCUMULATE``), a checkpoint every 2 steps."""
+    from transformers import TrainingArguments
+
+    example = _example("train_hf_trainer")
+    model = example.tiny_model(str(directory), "sdpa", torch.float64)
+    args = TrainingArguments(**{
+        "output_dir": str(checkpoints), "max_steps": 8, "per_device_train_batch_size": B,
+        "gradient_accumulation_steps": ACCUMULATE, "learning_rate": 1e-3, "logging_steps": 1,
+        "save_strategy": "steps", "save_steps": 2, "report_to": [], "use_cpu": True, "disable_tqdm": True,
+        "dataloader_num_workers": workers, "remove_unused_columns": False, **training,
+    })  # fmt: skip
+    packs = PackedDataset(directory, batch_size=B, shuffle=True, seed=3, mask="dense", infinite=infinite)
+    trainer = example.PackedTrainer(model=model, args=args, packed_dataset=packs)
+    return trainer, Recorder(model)
+
+
+ACCUMULATE = 3
+EPOCH = 8  # batches: an epoch is 2 steps of 3 batches and a short one of 2
+# (infinite loader, checkpoint, DataLoader workers): checkpoint 2 resumes 6 batches into the first epoch,
+# 4 one step (3 batches) into the second, after the first epoch's short step
+RESUMES = [(True, 2, 0), (False, 4, 0), (True, 4, 2)]
+
+
+def _batches_before(step: int) -> int:
+    """The batches the Trainer has trained on after ``step`` steps."""
+    per_epoch = -(-EPOCH // ACCUMULATE)
+    return step // per_epoch * EPOCH + step % per_epoch * ACCUMULATE
+
+
+@pytest.mark.parametrize(("infinite", "checkpoint", "workers"), RESUMES)
+def test_packed_trainer_resumes_from_a_checkpoint_as_if_never_stopped(
+    outputs, tmp_path, infinite, checkpoint, workers
+):
+    """``trainer.train(resume_from_checkpoint=...)``, no other argument: the same batches, the same losses
+    (float64, exactly) and the same parameters at the end as the run that never stopped."""
+    directory = outputs["shifted"]
+    assert len(PackedDataset(directory, batch_size=B)) == EPOCH
+    whole, seen = _packed_trainer(directory, tmp_path / "whole", infinite, workers)
+    whole.train()
+    resumed, again = _packed_trainer(directory, tmp_path / "resumed", infinite, workers)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / f"checkpoint-{checkpoint}"))
+    after = seen.seen[_batches_before(checkpoint) :]
+    assert len(seen.seen) == _batches_before(8) and len(again.seen) == len(after) > 0
+    for (ids, loss), (want_ids, want_loss) in zip(again.seen, after, strict=True):
+        assert torch.equal(ids, want_ids) and loss == want_loss
+    for (name, p), q in zip(resumed.model.named_parameters(), whole.model.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert resumed.state.global_step == whole.state.global_step == 8
+
+
+def test_resuming_without_the_loader_state_is_refused(outputs, tmp_path):
+    """A checkpoint that holds no loader state, and a loader the Trainer's skip cannot handle: one line each,
+    never a loader that starts its order again."""
+    directory = outputs["shifted"]
+    whole, _ = _packed_trainer(directory, tmp_path / "whole", infinite=True, max_steps=2)
+    whole.train()
+    state_file = tmp_path / "whole" / "checkpoint-2" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["stateful_callbacks"]["LoaderStateCallback"]  # as a checkpoint of the earlier recipe
+    state_file.write_text(json.dumps(state))
+    resumed, _ = _packed_trainer(directory, tmp_path / "resumed", infinite=True)
+    with pytest.raises(ValueError, match="without packtool's loader state"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
+    # the earlier recipe, packtool's loader given to the Trainer as it is: accelerate's skip cannot rebuild it
+    resumed.get_train_dataloader = lambda: get_loader(resumed.packed_dataset, num_workers=0)
+    with pytest.raises(AttributeError, match=r"not a torch DataLoader.*hf_trainer.trainer_dataloader"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"))
+
+
+def test_packed_trainer_refuses_masks_that_do_not_fit_the_model(outputs, tmp_path):
+    """The model's sliding window missing from the dataset's masks, or a mask its attention ignores."""
+    from transformers import TrainingArguments
+
+    from packtool.loader.hf_trainer import trainer_dataloader
+
+    directory = outputs["shifted"]
+    example = _example("train_hf_trainer")
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=1)
+    sliding = example.tiny_model(str(directory), "sdpa", torch.float64, sliding_window=16)
+    trainer = example.PackedTrainer(
+        model=sliding, args=args, packed_dataset=PackedDataset(directory, batch_size=B, mask="dense")
+    )
+    with pytest.raises(ValueError, match=r"window 16\).*attention=model.config"):
+        trainer_dataloader(trainer, trainer.packed_dataset)
+    eager = example.tiny_model(str(directory), "eager", torch.float64)
+    with pytest.raises(ValueError, match="mask='dense' does not fit attn_implementation='eager'"):
+        PackedDataset(directory, batch_size=B, mask="dense", attention=eager.config)
+    trainer = example.PackedTrainer(
+        model=eager, args=args, packed_dataset=PackedDataset(directory, batch_size=B, mask="dense")
+    )
+    with pytest.raises(ValueError, match="use mask='additive'"):
+        trainer_dataloader(trainer, trainer.packed_dataset)
+
+
+def test_the_trainers_skip_gets_placeholders_that_cannot_train(outputs):
+    """After a restore the stream first yields what the Trainer skips, then the batch after the checkpoint's;
+    a placeholder the Trainer did not skip stops training."""
+    from packtool.loader.hf_trainer import SkippedBatch, TrainerStream
+
+    def dataset():
+        return PackedDataset(outputs["shifted"], batch_size=B, shuffle=True, seed=3, infinite=True)
+
+    before = get_loader(dataset(), num_workers=0)
+    assert len(list(itertools.islice(before, 3))) == 3
+    state = before.state_dict()  # a checkpoint after 3 batches
+    want = [b.pack_index.tolist() for b in itertools.islice(before, 3)]  # the uninterrupted continuation
+    stream = TrainerStream(get_loader(dataset(), num_workers=0))
+    stream.restore(state, skip=2)
+    items = list(itertools.islice(stream, 5))
+    assert all(isinstance(item, SkippedBatch) for item in items[:2])
+    assert [b.pack_index.tolist() for b in items[2:]] == want
+    with pytest.raises(RuntimeError, match="a batch the Trainer was to skip on resume reached training"):
+        len(items[0])
+    assert not isinstance(next(iter(stream)), SkippedBatch)  # placeholders once, after the restore only

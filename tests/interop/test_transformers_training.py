@@ -34,6 +34,16 @@ B = 4
 TOL = {"sdpa": 1e-9, "eager": 1e-6}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models on one thread: under `make test`'s two workers on two cores, torch's intra-op threads
+    contend and a tiny model's step takes ~20x longer (0.39 s against 0.017 s, measured)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _pack(tmp: Path, rows: list[dict], name: str, n: int = N, **config) -> Path:
     out = tmp / name
     inputs = [str(write_jsonl(tmp / f"{name}.jsonl", rows))]
@@ -110,8 +120,10 @@ def _vocab(directory: Path) -> int:
     return max(int(p["input_ids"].max()) for p in read_packs(directory)) + 1
 
 
-def _batches(directory: Path, mask: str) -> list:
-    ds = PackedDataset(directory, batch_size=B, shuffle=False, mask=mask, drop_last=False)
+def _batches(directory: Path, mask: str, attention=None) -> list:
+    ds = PackedDataset(
+        directory, batch_size=B, shuffle=False, mask=mask, drop_last=False, attention=attention
+    )
     return [batch.to("cpu") for batch in get_loader(ds, num_workers=0)]
 
 
@@ -129,10 +141,18 @@ PATHS = [
 def test_packed_loss_and_gradient_equal_each_sample_alone(outputs, data, attn, mask, how):
     directory = outputs[data]
     model = _model(attn, _vocab(directory), torch.float64)
+    taken = _train_and_compare(model, directory, mask, how, TOL[attn])
+    assert taken > 100
+
+
+def _train_and_compare(model, directory: Path, mask: str, how: str, tol: float, attention=None) -> int:
+    """Each batch of ``directory`` through ``model`` (``how``: its ``mask`` as ``attention_mask``, or
+    ``batch.flattened()``): every token's loss and the gradient of the first layer's ``q_proj`` equal
+    those of each piece run alone, within ``tol``. Returns the number of targets compared."""
     param = model.model.layers[0].self_attn.q_proj.weight
     pieces = _pieces(directory)
     taken = 0
-    for batch in _batches(directory, mask):
+    for batch in _batches(directory, mask, attention):
         want_loss, want_grad = _reference(model, batch, pieces, param)
         model.zero_grad()
         if how == "mask":
@@ -148,9 +168,9 @@ def test_packed_loss_and_gradient_equal_each_sample_alone(outputs, data, attn, m
             assert abs(out.loss.item() - loss.sum().item() / int((labels != -100).sum())) < 1e-6
         loss.sum().backward()
         taken += int((batch.labels != -100).sum())
-        assert (loss.detach() - want_loss).abs().max().item() < TOL[attn]
-        assert (param.grad - want_grad).abs().max().item() < TOL[attn]
-    assert taken > 100
+        assert (loss.detach() - want_loss).abs().max().item() < tol
+        assert (param.grad - want_grad).abs().max().item() < tol
+    return taken
 
 
 def test_flex_attention_forward_equals_each_sample_alone(outputs, monkeypatch):
@@ -208,3 +228,120 @@ def test_flattened_batch_is_what_data_collator_with_flattening_gives(outputs):
         for key in ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx"):
             assert torch.equal(got[key], want[key]) and got[key].dtype == want[key].dtype, key
         assert (got["max_length_q"], got["max_length_k"]) == (want["max_length_q"], want["max_length_k"])
+
+
+# --- sliding-window attention --------------------------------------------------------------------------
+# Mistral slides on every layer; Gemma 2 and Gemma 3 alternate sliding and full layers (one mask per layer
+# type, given to the model as a dict). Samples of 100-180 tokens against a window of 48: most tokens have
+# more of their sample behind them than the window lets them see.
+WINDOW = 48
+LONG_N = 192
+
+
+@pytest.fixture(scope="module")
+def long_samples(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("sliding")
+    rng = np.random.default_rng(11)
+    rows = [{"input_ids": rng.integers(1, 100, int(n)).tolist()} for n in rng.integers(100, 180, 8)]
+    rows += [{"input_ids": rng.integers(1, 100, int(n)).tolist()} for n in rng.integers(10, 60, 4)]
+    return _pack(tmp, rows, "long", LONG_N)
+
+
+def _sliding_model(family: str, attn: str, vocab: int, dtype: torch.dtype = torch.float64):
+    """A tiny random Mistral (window on every layer), Gemma 2 or Gemma 3 text model (a sliding layer, then a
+    full one), window ``WINDOW``."""
+    import transformers
+
+    config = dict(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=LONG_N, sliding_window=WINDOW,
+    )  # fmt: skip
+    if family != "mistral":
+        config["layer_types"] = ["sliding_attention", "full_attention"]
+    config_class, model_class = {
+        "mistral": ("MistralConfig", "MistralForCausalLM"),
+        "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+        "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    }[family]
+    torch.manual_seed(0)
+    model_type = getattr(transformers, model_class)
+    config = getattr(transformers, config_class)(**config)
+    return model_type._from_config(config, attn_implementation=attn, dtype=dtype).eval()
+
+
+# model, attn_implementation, the loader's mask: each row attends past the window without attention=
+SLIDING_PATHS = [
+    ("mistral", "eager", "additive"),
+    ("mistral", "sdpa", "dense"),
+    ("gemma2", "eager", "additive"),  # Gemma 2 has no sdpa in transformers
+    ("gemma3", "sdpa", "dense"),
+    ("gemma3", "eager", "additive"),
+]
+
+
+@pytest.mark.parametrize(("family", "attn", "mask"), SLIDING_PATHS, ids=["-".join(p) for p in SLIDING_PATHS])
+def test_sliding_window_training_equals_each_sample_alone(long_samples, family, attn, mask):
+    """``PackedDataset(..., attention=model.config)``: the masks keep each query inside the window."""
+    model = _sliding_model(family, attn, _vocab(long_samples))
+    taken = _train_and_compare(model, long_samples, mask, "mask", TOL[attn], attention=model.config)
+    assert taken > 1000
+
+
+@pytest.mark.parametrize(("family", "attn"), [("mistral", "sdpa"), ("gemma2", "eager"), ("gemma3", "sdpa")])
+def test_sliding_window_flattened_equals_each_sample_alone(long_samples, family, attn):
+    """The flattened batch needs no window from packtool: transformers finds the sequences from the
+    position_ids and applies each layer's window inside them (flash_attention_2: its kernel's window)."""
+    model = _sliding_model(family, attn, _vocab(long_samples))
+    taken = _train_and_compare(model, long_samples, "varlen", "flattened", TOL[attn])
+    assert taken > 1000
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3"])
+def test_sliding_window_flex_attention_forward_equals_each_sample_alone(long_samples, family, monkeypatch):
+    """The BlockMask per layer type (forward only, unfused: flex_attention has no backward on CPU)."""
+    import torch.nn.attention.flex_attention as flex
+    import transformers.integrations.flex_attention as hf_flex
+
+    monkeypatch.setattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
+    monkeypatch.setattr(
+        hf_flex,
+        "compile_friendly_flex_attention",
+        lambda q, k, v, training=False, **kw: flex.flex_attention(q, k, v, **kw),
+    )
+    model = _sliding_model(family, "flex_attention", _vocab(long_samples))
+    alone_model = _sliding_model(family, "eager", _vocab(long_samples))  # the same weights (same seed)
+    pieces = _pieces(long_samples)
+    compared = 0
+    with torch.no_grad():
+        for batch in _batches(long_samples, "flex", model.config):
+            logits = model(
+                input_ids=batch.input_ids, attention_mask=batch.block_mask, position_ids=batch.position_ids,
+                use_cache=False,
+            ).logits  # fmt: skip
+            for j, p in enumerate(batch.pack_index.tolist()):
+                for a, b in pieces[p]:
+                    alone = alone_model(input_ids=batch.input_ids[j : j + 1, a:b], use_cache=False).logits
+                    assert (logits[j, a:b] - alone[0]).abs().max().item() < 1e-6
+                    compared += b - a
+    assert compared > 1000
+
+
+@pytest.mark.parametrize(
+    ("family", "attn", "mask"), [("mistral", "sdpa", "dense"), ("gemma2", "eager", "additive")]
+)
+def test_without_the_models_attention_a_mask_sees_past_the_window(long_samples, family, attn, mask):
+    """Why the loader takes the model's attention: block-causal masks alone attend past the window."""
+    model = _sliding_model(family, attn, _vocab(long_samples))
+    pieces = _pieces(long_samples)
+    worst = 0.0
+    with torch.no_grad():
+        for batch in _batches(long_samples, mask):
+            logits = model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids, use_cache=False,
+            ).logits  # fmt: skip
+            for j, p in enumerate(batch.pack_index.tolist()):
+                for a, b in pieces[p]:
+                    alone = model(input_ids=batch.input_ids[j : j + 1, a:b], use_cache=False).logits
+                    worst = max(worst, (logits[j, a:b] - alone[0]).abs().max().item())
+    assert worst > 1e-3

@@ -46,10 +46,9 @@ from packtool.reading import read_packs
 from packtool.vision.loader import VisionBatch, vision_dataset
 from packtool.vision.model_inputs import decode_images
 from packtool.vision.processor import load_processor
-from packtool.vision.samples import read_json_samples
 from packtool.vision.sequences import encode_samples
 from tests.fixtures.vision_families import build_gemma3, build_idefics3, build_llava_next
-from tests.fixtures.vision_inputs import write_alpha_input
+from tests.fixtures.vision_inputs import read_samples, write_alpha_input
 from tests.fixtures.vision_processors import LLAVA_CROP, build_llava, build_qwen2vl
 
 TOL = 1e-9
@@ -239,7 +238,7 @@ def _alone(vp, sample) -> dict:
 def data(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vision_training")
     source = write_alpha_input(tmp / "input")
-    return {"tmp": tmp, "source": source, "samples": list(read_json_samples(source)), "processors": {},
+    return {"tmp": tmp, "source": source, "samples": read_samples([source]), "processors": {},
             "outputs": {}}  # fmt: skip
 
 

@@ -40,7 +40,7 @@ DEFERRED = {
     },
     "packtool.readers.inputs": {"packtool.readers.hf"},  # datasets is slow to import
     "packtool.pipeline.engines": {"packtool.pipeline.engines.ray"},  # the ray extra
-    "packtool.pipeline.run": {"packtool.vision.run"},  # the vision extra: Pillow, transformers
+    "packtool.encoders.registry": {"packtool.encoders.vision"},  # the vision extra: Pillow, transformers
     "packtool.verify": {"packtool.vision.checks"},  # the vision extra, for image outputs only
 }
 # importer -> third-party modules it may import inside a function (each site says why)
@@ -247,10 +247,7 @@ DRIVER_READS = {
         "encoding.text_field",
         "encoding.labels",  # bound into the run_id (binding.reading_fields); given labels equal to the ids
         "encoding.tokens",  # the BOS/EOS the user named: one the tokenizer had to guess is warned of
-        "encoding.is_vision",  # vision-language samples go to packtool.vision.run
-        "packing.cp_size",  # refused for vision samples: no context-parallel padding around image spans
-        "packing.long_samples",  # truncate/split refused for vision samples: an image is never cut
-        "output.webdataset",  # --shard-max-bytes refused for vision samples: the plan knows no image bytes
+        "encoding.vision",  # --balance-visual-tokens orders the packs
         "output.columns",
         "output.format",
         "output.output",
@@ -280,20 +277,15 @@ DRIVER_READS = {
         "packing.packed_sequence_size",
         "packing.pad_token_id",
     },
-    # the vision-language driver (packtool pack --processor): what pipeline.run reads, for its own run
-    "packtool.vision.run": {
-        "encoding.labels",
-        "encoding.vision",  # the processor, --balance-visual-tokens
-        "output.columns",
+    # the checks before a run: the writers' memory; the options that would cut an image
+    "packtool.pipeline.preflight": {
         "output.format",
-        "packing.max_packs",
+        "output.shard_size",
+        "output.webdataset",  # --shard-max-bytes refused for vision samples: the plan knows no image bytes
         "packing.packed_sequence_size",
-        "packing.pad_token_id",
-        "packing.seed",
-        "packing.val_fraction",
-        "reading.inputs",
-        "running.on_error",
-        "running.strict",
+        "packing.cp_size",  # refused for vision samples: no context-parallel padding around image spans
+        "packing.long_samples",  # truncate/split refused for vision samples: an image is never cut
+        "packing.split_across_pack",
     },
     "packtool.verify.source": {"encoding.text_field", "reading.inputs", "reading.split", "running.on_error"},
     "packtool.vision.checks": {"reading.inputs", "running.on_error"},  # verify --source of an image output
@@ -379,3 +371,42 @@ def test_declaring_the_options_imports_neither_numpy_nor_pyarrow():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode == 0 and "--packed-sequence-size" in run.stdout, run.stderr
     assert run.stderr.splitlines()[-1] == "[]", run.stderr
+
+
+# what users import: the CLI, the package's API, the loader and its task encoders, the masks, the readers
+# of NeMo's and Energon's layouts, the vision loader
+ENTRY_POINTS = (
+    "packtool",
+    "packtool.cli",
+    "packtool.loader",
+    "packtool.loader.trl",
+    "packtool.masks",
+    "packtool.energon",
+    "packtool.nemo",
+    "packtool.vision.loader",
+    "packtool.vision.energon",
+)
+
+
+def test_every_module_is_reached_from_what_users_import():
+    """No module that only tests import: code the product never runs is deleted, not kept beside it."""
+    edges, seen = graph(), set()
+    todo = [m for m in ENTRY_POINTS]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(edges[name])
+    packages = {name for name, path in MODULES.items() if path.name == "__init__.py"}  # imported with any
+    unreached = sorted(set(MODULES) - seen - packages - {"packtool.version"})
+    assert not unreached, f"modules no entry point imports: {unreached}"
+
+
+def test_one_definition_of_the_image_columns():
+    definitions = [
+        f"{path.relative_to(ROOT)}:{i}"
+        for path in MODULES.values()
+        for i, line in enumerate(path.read_text().splitlines(), start=1)
+        if line.startswith("IMAGE_COLUMNS =")
+    ]
+    assert definitions == ["src/packtool/schema.py:110"], definitions

@@ -11,6 +11,9 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from packtool import masks
 from packtool.masks import (
+    AttentionPattern,
+    additive_mask,
+    attention_pattern,
     block_causal_mask,
     clear_mask_cache,
     flex_block_mask,
@@ -35,8 +38,8 @@ def random_seq_lens(batch: int, n: int, max_len: int, seed: int) -> list[torch.T
     return rows
 
 
-def slow_mask(rows: list[torch.Tensor], n: int) -> torch.Tensor:
-    """The definition, element by element: q sees k iff same sequence and k <= q."""
+def slow_mask(rows: list[torch.Tensor], n: int, window: int | None = None) -> torch.Tensor:
+    """The definition, element by element: q sees k iff same sequence and k <= q (and q - k < window)."""
     out = torch.zeros(len(rows), 1, n, n, dtype=torch.bool)
     for b, lens in enumerate(rows):
         seq = []
@@ -44,7 +47,7 @@ def slow_mask(rows: list[torch.Tensor], n: int) -> torch.Tensor:
             seq += [i] * length
         for q in range(n):
             for k in range(q + 1):
-                out[b, 0, q, k] = seq[q] == seq[k]
+                out[b, 0, q, k] = seq[q] == seq[k] and (window is None or q - k < window)
     return out
 
 
@@ -258,8 +261,6 @@ def varlen_reference(q, k, v, cu_seqlens, n):
 
 
 def test_additive_mask_is_the_bool_mask_as_zero_and_minus_inf():
-    from packtool.masks import additive_mask
-
     rows = random_seq_lens(3, 40, 12, seed=7)
     want = slow_mask(rows, 40)
     got = additive_mask(padded_seq_lens(rows), 40, dtype=torch.float64)
@@ -282,3 +283,98 @@ def test_flattening_kwargs_count_sequences_over_the_batch():
     assert kw["position_ids"].tolist() == [positions] and kw["position_ids"].dtype == torch.int64
     assert kw["cu_seq_lens_q"].tolist() == kw["cu_seq_lens_k"].tolist() == cu
     assert kw["max_length_q"] == kw["max_length_k"] == max(lens)
+
+
+# --- sliding windows ----------------------------------------------------------------------------------
+# (batch, n, longest sequence, seed, window): windows shorter than most sequences, of one token, equal to the
+# longest sequence and longer than the pack
+WINDOWED = [
+    (3, 40, 12, 1, 5),
+    (2, 130, 100, 2, 48),
+    (2, 64, 64, 3, 1),
+    (2, 64, 64, 4, 64),
+    (4, 130, 25, 5, 500),
+]
+
+
+@pytest.mark.parametrize("batch,n,max_len,seed,window", WINDOWED)
+def test_windowed_masks_match_definition(batch, n, max_len, seed, window):
+    rows = random_seq_lens(batch, n, max_len, seed)
+    expected = slow_mask(rows, n, window)
+    assert torch.equal(block_causal_mask(rows, n, window=window), expected)
+    added = additive_mask(padded_seq_lens(rows), n, dtype=torch.float64, window=window)
+    assert torch.equal(added == 0, expected) and torch.isneginf(added[~expected]).all()
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 128])
+@pytest.mark.parametrize("batch,n,max_len,seed,window", WINDOWED)
+def test_windowed_flex_block_mask_equals_dense_and_create_block_mask(
+    batch, n, max_len, seed, window, block_size
+):
+    """Tiles farther apart than the window are empty, tiles wholly inside it (and one sequence) full."""
+    rows = random_seq_lens(batch, n, max_len, seed)
+    bm = flex_block_mask(rows, n, block_size=block_size, window=window)
+    doc, _ = sequence_starts(rows, n)
+    assert torch.equal(dense_of(bm, doc, n), slow_mask(rows, n, window))
+
+    def windowed(b, h, q, k):
+        return (doc[b, q] == doc[b, k]) & (q >= k) & (q - k < window)
+
+    ref = create_block_mask(windowed, batch, 1, n, n, device="cpu", BLOCK_SIZE=block_size)
+    for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+        assert torch.equal(getattr(bm, name), getattr(ref, name)), name
+    assert torch.equal(bm.to_dense(), ref.to_dense())
+
+
+@pytest.mark.parametrize("window", [0, -3, 2.5, True, "48"])
+def test_a_window_is_a_positive_int(window):
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        block_causal_mask([torch.tensor([4])], 4, window=window)
+
+
+def test_attention_pattern_reads_transformers_configs_as_their_models_do():
+    from transformers import (
+        Gemma2Config,
+        Gemma3Config,
+        Gemma3TextConfig,
+        LlamaConfig,
+        MistralConfig,
+        Phi3Config,
+        Qwen2Config,
+    )
+
+    sliding, full = "sliding_attention", "full_attention"
+    cases = [
+        (MistralConfig(sliding_window=48), {sliding: 48}),  # every layer slides
+        (MistralConfig(sliding_window=None), {full: None}),
+        (Phi3Config(sliding_window=2047), {sliding: 2047}),
+        (LlamaConfig(), {full: None}),
+        (Gemma2Config(sliding_window=48, num_hidden_layers=4), {sliding: 48, full: None}),  # alternating
+        (Gemma3TextConfig(sliding_window=48, num_hidden_layers=6), {sliding: 48, full: None}),  # 5 then 1
+        (Gemma3TextConfig(sliding_window=48, num_hidden_layers=2), {sliding: 48}),  # both slide
+        (Gemma3Config(text_config={"sliding_window": 48, "num_hidden_layers": 6}), {sliding: 48, full: None}),
+        (Qwen2Config(sliding_window=48), {full: None}),  # use_sliding_window=False: no window anywhere
+        (
+            Qwen2Config(use_sliding_window=True, sliding_window=48, max_window_layers=1, num_hidden_layers=3),
+            {full: None, sliding: 48},
+        ),  # fmt: skip
+        ({"sliding_window": 48, "layer_types": [full, sliding]}, {full: None, sliding: 48}),
+        (None, {full: None}),
+    ]
+    for config, windows in cases:
+        assert attention_pattern(config).windows() == windows, config
+    pattern = AttentionPattern(16)
+    assert attention_pattern(pattern) is pattern
+
+
+def test_attention_pattern_refuses_what_no_mask_here_honours():
+    from transformers import Gemma3TextConfig
+
+    with pytest.raises(ValueError, match="bidirectional; packtool's masks are causal"):
+        attention_pattern(Gemma3TextConfig(use_bidirectional_attention=True))
+    with pytest.raises(ValueError, match=r"only; this model also has 'chunked_attention' \(layers 1, 3\)"):
+        attention_pattern({"layer_types": ["full_attention", "chunked_attention"] * 2})
+    with pytest.raises(ValueError, match="'sliding_attention' layers but sliding_window is not set"):
+        AttentionPattern(None, ("sliding_attention",))
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        AttentionPattern(-1)

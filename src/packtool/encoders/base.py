@@ -4,7 +4,8 @@ An encoder turns one ``SourceBatch`` into an Arrow record batch with, per record
 
 * ``input_ids``: ``large_list<int32>``, the sample's tokens;
 * ``labels``: ``large_list<int32>``, same lengths as ``input_ids``; ``-100`` where no loss is taken;
-* ``loss_mask`` (optional): ``large_list<int8>``, same lengths, 1 where the loss is taken.
+* ``loss_mask`` (optional): ``large_list<int8>``, same lengths, 1 where the loss is taken;
+* ``images`` (vision-language samples): ``large_list<IMAGE_STRUCT>``, the sample's images in order.
 
 The output has exactly one row per input record, in order. A record that yields no tokens gets an empty
 list; packtool counts it as empty and leaves it out of the packs.
@@ -30,6 +31,27 @@ from packtool.readers.base import SourceBatch
 
 TOKENS = pa.large_list(pa.int32())
 MASK = pa.large_list(pa.int8())
+
+# one image of an encoded vision-language sample (the ``images`` column's items): its span of tokens in
+# the sample, its size, its bytes' digest and name, and where the bytes are: a file (read again when its
+# pack is written) with its stamp, or the bytes the record held
+IMAGE_STRUCT = pa.struct(
+    [
+        ("offset", pa.int64()),  # where its span starts in the sample
+        ("length", pa.int64()),  # its tokens
+        ("height", pa.int32()),
+        ("width", pa.int32()),
+        ("digest", pa.binary(16)),  # XXH3-128 of its bytes
+        ("name", pa.string()),  # as the record names it
+        ("path", pa.string()),  # the file it was read from, or null: its bytes are ``data``
+        ("data", pa.large_binary()),  # bytes the record held, or null: read again from ``path``
+        ("file_size", pa.int64()),  # the file's stamp when it was read (null for bytes)
+        ("mtime_ns", pa.int64()),
+        ("ctime_ns", pa.int64()),
+        ("inode", pa.int64()),
+    ]
+)
+IMAGE_FILE_STAMP = ("file_size", "mtime_ns", "ctime_ns", "inode")
 
 
 class Encoder(Protocol):

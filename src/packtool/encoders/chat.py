@@ -59,7 +59,7 @@ from packtool.arrays import token_lists
 from packtool.encoders.masking import apply_empty_loss, loss_columns
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError
-from packtool.readers.base import SourceBatch
+from packtool.readers.base import SourceBatch, column_values
 
 SHAREGPT_ROLES = {
     "human": "user",
@@ -148,6 +148,41 @@ def _drop_nulls(value: Any) -> Any:
     return value
 
 
+def unrendered_part(messages: list[dict], text: str) -> str | None:
+    """What a template left out: ``message j's text part k`` when a text part of a message's content
+    list does not appear in the rendered ``text`` (a template written for string contents drops a list
+    of parts without a word, as ``apply_chat_template`` would), else ``None``.
+
+    >>> unrendered_part([{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "<|user|>\\n")
+    "message 0's text part 0"
+    """
+    at = 0
+    for j, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for k, part in enumerate(content):
+            piece = part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None
+            if not isinstance(piece, str) or not piece.strip():
+                continue
+            found = text.find(piece.strip(), at)
+            if found < 0:
+                return f"message {j}'s text part {k}"
+            at = found
+    return None
+
+
+def _checked(messages: list[dict], text: str) -> str:
+    """``text``, or ``ValueError`` when the template left out a text part (``unrendered_part``)."""
+    missing = unrendered_part(messages, text)
+    if missing is not None:
+        raise ValueError(
+            f"the chat template does not render {missing} (it renders string contents only?): give the "
+            "content as a string, or a template that renders content parts"
+        )
+    return text
+
+
 def load_chat_template(tokenizer: HFTokenizer, chat_template: str | None) -> tuple[str, str]:
     """The template text and where it came from (the file, or the tokenizer). A ``.json`` file holds it
     under ``chat_template``, as a processor directory's ``chat_template.json`` does."""
@@ -231,15 +266,16 @@ class ChatEncoder:
     ) -> tuple[str, list[tuple[int, int]]]:
         """The rendered conversation and the ``[start, end)`` character spans whose tokens are trained.
 
-        Raises ``ValueError`` when the template does not render the conversation prefix by prefix.
+        Raises ``ValueError`` when the template does not render the conversation prefix by prefix, or
+        leaves out the text of a message's content parts (``unrendered_part``).
         """
         if self.loss_on == "all":
             text, _ = self.render(messages, tools)
-            return text, [(0, len(text))]
+            return text, [(0, len(_checked(messages, text)))]
         if self.span_method == "generation":
             text, spans = self.render(messages, tools, with_spans=True)
-            return text, spans[-1:] if self.loss_on == "last" else spans
-        text, _ = self.render(messages, tools)
+            return _checked(messages, text), spans[-1:] if self.loss_on == "last" else spans
+        text, _ = _checked(messages, self.render(messages, tools)[0]), None
         turns = [j for j, m in enumerate(messages) if m.get("role") == "assistant"]
         if self.loss_on == "last":
             turns = turns[-1:]
@@ -269,7 +305,7 @@ class ChatEncoder:
                 f"missing field (record has: {', '.join(names) or 'nothing'}); chat records need "
                 "messages (role/content) or conversations (ShareGPT from/value)",
             )
-        columns = {f: batch.batch.column(f).to_pylist() for f in present}
+        columns = {f: column_values(batch.batch, f) for f in present}
         fields, out = [], []
         for i in range(batch.num_rows):
             field = next((f for f in present if columns[f][i] is not None), present[0])
@@ -308,7 +344,7 @@ class ChatEncoder:
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         fields, convs = self.conversations(batch)
         tools = (
-            _drop_nulls(batch.batch.column("tools").to_pylist())
+            _drop_nulls(column_values(batch.batch, "tools"))
             if "tools" in batch.batch.schema.names
             else [None] * batch.num_rows
         )

@@ -57,10 +57,11 @@ class PromptCompletionOptions(OptionGroup):
 
 
 class ChatOptions(OptionGroup):
-    """``--sample-format chat``'s own options (``packtool.encoders.chat``)."""
+    """``--sample-format chat``'s own options (``packtool.encoders.chat``), which vision-language
+    conversations honour too."""
 
     section = "encoding"
-    applies = Applies("sample_format", ("chat",))
+    applies = Applies("sample_format", ("chat", "vision"))
 
     chat_template: option(str | None, "Jinja template file [default: the tokenizer directory's own].") = None
     loss_on: option(Literal[LOSS_ON], "Train on every assistant turn, the last one only, or all tokens.") = (
@@ -69,10 +70,11 @@ class ChatOptions(OptionGroup):
 
 
 class FineTuningOptions(OptionGroup):
-    """The fine-tuning formats' options (prompt_completion and chat: samples may have nothing to learn)."""
+    """The fine-tuning formats' options (prompt_completion, chat and vision: samples may have nothing to
+    learn)."""
 
     section = "encoding"
-    applies = Applies("sample_format", ("prompt_completion", "chat"))
+    applies = Applies("sample_format", ("prompt_completion", "chat", "vision"))
 
     empty_loss: option(
         Literal[EMPTY_LOSS_POLICIES], "Samples with nothing to learn: drop (counted), keep, or error."

@@ -9,6 +9,8 @@
   through a chat template, loss on the assistant's turns (``packtool.encoders.chat``);
 * ``sample_format: prompt_completion`` (or ``auto`` with ``prompt_field`` and ``completion_field``, or a
   ``prompt_template``): loss on the completion only (``packtool.encoders.prompt_completion``);
+* ``sample_format: vision`` (or ``auto`` with a ``--processor``): vision-language records through the
+  model's processor (``packtool.encoders.vision``, the ``vision`` extra);
 * ``sample_format: text`` (or ``auto`` otherwise): ``text_field`` through ``--tokenizer``.
 """
 
@@ -29,9 +31,12 @@ __all__ = ["Encoder", "build_encoder", "fields_read", "resolve_sample_format"]
 
 
 def resolve_sample_format(options: EncodingOptions, field_names: list[str]) -> str:
-    """Decide ``auto``: pretokenized when the input has ``input_ids`` and no tokenizer is given."""
+    """Decide ``auto``: vision with a ``--processor``; pretokenized when the input has ``input_ids`` and no
+    tokenizer is given; chat, prompt_completion or text by the fields."""
     if options.sample_format != "auto":
         return options.sample_format
+    if options.vision.processor is not None:
+        return "vision"
     if "input_ids" in field_names and (not options.tokenizer or options.text_field not in field_names):
         return "pretokenized"
     if "messages" in field_names or "conversations" in field_names:
@@ -46,6 +51,9 @@ def resolve_sample_format(options: EncodingOptions, field_names: list[str]) -> s
 
 # the per-token fields the pretokenized encoder reads; any other list field is named in a warning
 PRETOKENIZED_FIELDS = ("input_ids", "labels", "loss_mask", "attention_mask")
+# what the vision encoder reads: LLaVA, chat and WebDataset captioning records (``vision.samples``)
+VISION_FIELDS = frozenset({"conversations", "messages", "image", "images", "__key__", "txt", "json",
+                           "jpg", "jpeg", "png", "webp"})  # fmt: skip
 
 
 def fields_read(options: EncodingOptions, sample_format: str) -> frozenset[str] | None:
@@ -58,6 +66,8 @@ def fields_read(options: EncodingOptions, sample_format: str) -> frozenset[str] 
         return frozenset(PRETOKENIZED_FIELDS)
     if sample_format == "chat":
         return frozenset({"messages", "conversations", "tools"})
+    if sample_format == "vision":
+        return VISION_FIELDS
     if sample_format == "prompt_completion":
         fields = {
             options.prompt_completion.prompt_field,
@@ -74,8 +84,26 @@ def fields_read(options: EncodingOptions, sample_format: str) -> frozenset[str] 
     return frozenset({options.text_field})
 
 
-def build_encoder(options: EncodingOptions, sample_format: str) -> Encoder:
-    """Build the encoder named by ``options`` for records of ``sample_format``."""
+def build_encoder(options: EncodingOptions, sample_format: str, packed_sequence_size: int = 0) -> Encoder:
+    """Build the encoder named by ``options`` for records of ``sample_format`` (``packed_sequence_size``:
+    the most tokens one image may take, for vision samples)."""
+    if sample_format == "vision":
+        try:  # the vision extra (Pillow, transformers): imported by runs of images only
+            from packtool.encoders.vision import VisionEncoder
+        except ImportError as e:
+            raise ConfigError(
+                f"--processor needs transformers and Pillow (pip install 'packtool[vision]'): {e}"
+            ) from None
+
+        return VisionEncoder(
+            options.vision.processor,
+            packed_sequence_size,
+            chat_template=options.chat.chat_template,
+            loss_on=options.chat.loss_on,
+            labels=options.labels,
+            empty_loss=options.fine_tuning.empty_loss,
+            fields=VISION_FIELDS,
+        )
     if is_plugin_spec(options.tokenizer):
         obj = load_plugin(options.tokenizer, "tokenizer")
         if inspect.isclass(obj):

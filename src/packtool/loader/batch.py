@@ -18,6 +18,7 @@ import torch
 
 from packtool.masks import (
     SEQ_LENS_PAD,
+    AttentionPattern,
     additive_mask,
     block_causal_mask,
     cu_seqlens_of,
@@ -31,6 +32,16 @@ LABELS = ("shifted", "unshifted")  # the manifest's ``labels``: how labels[i] re
 # varlen: cu_seqlens only (FlashAttention varlen, TE THD, flattening_kwargs); dense: bool, for SDPA;
 # additive: 0 / -inf floats, for eager attention (it adds the mask to the scores); flex: a BlockMask
 MASKS = ("varlen", "dense", "additive", "flex")
+# transformers' attn_implementation -> the masks it takes exactly (the first is the one to use): eager adds
+# the mask to the scores (a bool mask masks nothing there), flash attention reads no 4-D mask, flex_attention
+# takes a BlockMask; every one finds the sequences of a flattened batch ("varlen") from its position_ids
+MASKS_FOR_ATTENTION = {
+    "eager": ("additive", "varlen"),
+    "sdpa": ("dense", "additive", "varlen"),
+    "flex_attention": ("flex", "varlen"),
+    "flash_attention_2": ("varlen",),
+    "flash_attention_3": ("varlen",),
+}
 WIDE_FIELDS = TOKEN_COLUMNS  # kept as stored (int32 / int8) on the host, widened to int64 by PackedBatch.to
 
 
@@ -44,6 +55,32 @@ class SkipSample(Exception):
 
 
 IgnoreSample = SkipSample  # Megatron-Energon's other name for it
+
+
+def check_mask_for_model(mask: str, config: Any) -> None:
+    """Refuse (``ValueError``) a ``mask`` that the attention implementation of the model behind transformers
+    ``config`` (``config._attn_implementation``) does not apply exactly; other implementations, or a config
+    not yet bound to one, pass.
+
+    >>> eager = type("Config", (), {"_attn_implementation": "eager"})()
+    >>> check_mask_for_model("additive", eager)
+    >>> check_mask_for_model("dense", eager)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: mask='dense' does not fit attn_implementation='eager' (...): use mask='additive' (or 'varlen')
+    """
+    implementation = getattr(config, "_attn_implementation", None)
+    fits = MASKS_FOR_ATTENTION.get(implementation) if isinstance(implementation, str) else None
+    if fits is None or mask in fits:
+        return
+    why = {
+        "eager": " (its attention adds the mask to the scores)",
+        "flex_attention": " (it takes a BlockMask)",
+    }.get(implementation, " (it reads no 4-D mask)" if implementation.startswith("flash") else "")
+    others = f" (or {', '.join(map(repr, fits[1:]))})" if len(fits) > 1 else ""
+    raise ValueError(
+        f"mask={mask!r} does not fit attn_implementation={implementation!r}{why}: "
+        f"use mask={fits[0]!r}{others}"
+    )
 
 
 # --- batching helpers --------------------------------------------------------------------------------
@@ -154,6 +191,12 @@ class PackedBatch:
       ``[B, 1, N, N]``, for SDPA), ``"additive"`` (``attention_mask``, float32 ``[B, 1, N, N]``, ``0`` /
       ``-inf``, for eager attention, which adds it to the scores) or ``"flex"`` (``block_mask``, a
       ``flex_attention.BlockMask``);
+    * ``attention``: the model's ``AttentionPattern`` (``masks.attention_pattern(model.config)``; None:
+      full attention): the masks keep each query inside its sequence and inside the sliding window of the
+      layers that have one. With one layer type ``attention_mask`` / ``block_mask`` is one mask; with
+      several (Gemma 2 and 3: sliding and full layers) a dict of masks keyed by layer type
+      (``{"sliding_attention": ..., "full_attention": ...}``), which transformers' models take as
+      ``attention_mask`` and give to each layer by its type;
     * ``labels_convention``: the output's ``labels`` (manifest): ``"shifted"`` (``labels[i]`` is the
       target of ``input_ids[i]``) or ``"unshifted"`` (``labels == input_ids``, -100 where no loss).
 
@@ -188,6 +231,7 @@ class PackedBatch:
     block_mask: Any = None
     extra: dict = field(default_factory=dict)
     labels_convention: str = "shifted"
+    attention: AttentionPattern | None = None
     _inputs: dict | None = field(default=None, init=False, repr=False, compare=False)  # model_inputs() cache
 
     @property
@@ -221,24 +265,42 @@ class PackedBatch:
             return t.to(torch.int64) if name in WIDE_FIELDS else t
 
         moved = self._map(move)
+        if isinstance(self.attention_mask, dict):  # one mask per layer type (a mask two types share once)
+            on_device = {id(m): m.to(device, non_blocking=non_blocking) for m in self.attention_mask.values()}
+            moved.attention_mask = {kind: on_device[id(m)] for kind, m in self.attention_mask.items()}
         # built again on the device, not moved: BlockMask.to moves its block tensors but not the tensors
         # its mask_mod captured (the per-token sequence ids), which flex_attention would index on the host
         moved.block_mask = None
         return moved.build_mask()
 
     def build_mask(self) -> PackedBatch:
-        """Build the ``dense``, ``additive`` or ``flex`` mask (if not built yet) on the batch's device;
-        returns self."""
+        """Build the ``dense``, ``additive`` or ``flex`` mask (if not built yet) on the batch's device, one
+        per layer type of ``attention`` (a dict keyed by layer type when there are several); returns self.
+        """
         if self.mask not in MASKS:
             raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {self.mask!r}")
-        n = self.packed_sequence_size
+        n, seq_lens = self.packed_sequence_size, self.seq_lens
         if self.mask == "dense" and self.attention_mask is None:
-            self.attention_mask = block_causal_mask(self.seq_lens, n)
+            self.attention_mask = self._per_layer_type(lambda w: block_causal_mask(seq_lens, n, window=w))
         elif self.mask == "additive" and self.attention_mask is None:
-            self.attention_mask = additive_mask(self.seq_lens, n)
+            self.attention_mask = self._per_layer_type(lambda w: additive_mask(seq_lens, n, window=w))
         elif self.mask == "flex" and self.block_mask is None:
-            self.block_mask = flex_block_mask(self.seq_lens, n)
+            self.block_mask = self._per_layer_type(lambda w: flex_block_mask(seq_lens, n, window=w))
         return self
+
+    def _per_layer_type(self, build: Callable[[int | None], Any]) -> Any:
+        """``build(window)`` for each layer type of ``attention``: the mask alone for one type, else a dict
+        by type. A window no shorter than the batch's longest sequence (``max_seqlen``) cuts nothing: that
+        type shares the full mask."""
+        windows = (self.attention or AttentionPattern()).windows()
+        longest = self.max_seqlen
+        built: dict[int | None, Any] = {}
+        for window in windows.values():
+            key = None if window is None or window >= longest else window
+            if key not in built:
+                built[key] = build(key)
+        masks = {kind: built[None if w is None or w >= longest else w] for kind, w in windows.items()}
+        return next(iter(masks.values())) if len(masks) == 1 else masks
 
     def shift_labels(self) -> torch.Tensor:
         """``(B, N)`` int64: the target of each token, ``-100`` where none; what a transformers model takes
@@ -396,10 +458,13 @@ def host_cu_seqlens(seq_lens: torch.Tensor) -> tuple[torch.Tensor, int]:
     return torch.from_numpy(cu_seqlens(lengths)), int(lengths.max(initial=0))
 
 
-def packed_batch(raw: dict, mask: str, labels_convention: str = "shifted") -> PackedBatch:
+def packed_batch(
+    raw: dict, mask: str, labels_convention: str = "shifted", attention: AttentionPattern | None = None
+) -> PackedBatch:
     """A ``PackedBatch`` from a raw batch (``default_batch``'s dict: ``(B, N)`` token tensors, ``(B, S)``
     ``seq_lens`` padded with ``SEQ_LENS_PAD``, ``pack_index`` a list or None); other keys go to
-    ``extra``; ``labels_convention`` is the output's ``labels`` (manifest)."""
+    ``extra``; ``labels_convention`` is the output's ``labels`` (manifest); ``attention`` the model's
+    ``AttentionPattern`` (None: full attention)."""
     seq_lens = raw["seq_lens"]
     cu, max_seqlen = host_cu_seqlens(seq_lens)
     pack_index = raw.get("pack_index")
@@ -418,6 +483,7 @@ def packed_batch(raw: dict, mask: str, labels_convention: str = "shifted") -> Pa
         mask=mask,
         extra={k: v for k, v in raw.items() if k not in _BATCH_KEYS},
         labels_convention=labels_convention,
+        attention=attention,
     )
 
 

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from packtool.loader.batch import LABELS, MASKS, PackedBatch, packed_batch
+from packtool.loader.batch import LABELS, MASKS, PackedBatch, check_mask_for_model, packed_batch
 from packtool.manifest import IMAGE_COLUMNS, TOKEN_COLUMNS
-from packtool.masks import SEQ_LENS_PAD
+from packtool.masks import SEQ_LENS_PAD, attention_pattern
 
 REQUIRED = ("input_ids", "labels", "position_ids", "seq_lens")
 PACK_FIELDS = (*TOKEN_COLUMNS, "seq_lens", "cp_padding")  # what a pack of any reader may give
@@ -94,7 +94,12 @@ def _array(value: Any) -> np.ndarray:
 
 
 def collate_packs(
-    samples: Sequence[Any], *, mask: str = "varlen", int64: bool = True, labels: str = "shifted"
+    samples: Sequence[Any],
+    *,
+    mask: str = "varlen",
+    int64: bool = True,
+    labels: str = "shifted",
+    attention: Any = None,
 ) -> PackedBatch:
     """Collate packs, as any reader gives them, into one ``PackedBatch``.
 
@@ -108,6 +113,9 @@ def collate_packs(
             embeddings and ``F.cross_entropy`` take); ``False`` keeps the stored int32 / int8.
         labels: the output's ``labels`` convention (its manifest's ``labels``: ``shifted``, packtool's
             default, or ``unshifted``), which the batch's ``shift_labels()`` / ``model_inputs()`` follow.
+        attention: the model's transformers config (``model.config``) or a ``masks.AttentionPattern``:
+            the masks keep each query inside its sliding window too, one per layer type (as
+            ``PackedDataset(attention=...)``); None: full attention.
     """
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {mask!r}")
@@ -120,6 +128,8 @@ def collate_packs(
             "collate_packs: the packs hold images, which a text batch would drop (the model would train on "
             f"its image tokens as text): read a vision-language output with {VISION_READERS}"
         )
+    pattern = attention_pattern(attention) if attention is not None else None
+    check_mask_for_model(mask, attention)
     fields = [_fields(s) for s in samples]
     missing = [k for k in REQUIRED if any(k not in f for f in fields)]
     if missing:
@@ -151,7 +161,7 @@ def collate_packs(
         raw["cp_padding"] = torch.zeros((len(cp), max(1, *(len(c) for c in cp))), dtype=torch.int32)
         for j, values in enumerate(cp):
             raw["cp_padding"][j, : len(values)] = torch.from_numpy(values)
-    batch = packed_batch(raw, mask, labels)
+    batch = packed_batch(raw, mask, labels, pattern)
     return batch.build_mask()
 
 

@@ -44,6 +44,7 @@ from packtool.loader.batch import (
     MASKS,
     PackedBatch,
     SkipSample,
+    check_mask_for_model,
     default_batch,
     gather_batch,
     pack_dict,
@@ -51,6 +52,7 @@ from packtool.loader.batch import (
 )
 from packtool.loader.order import epoch_plan, epoch_size, units_of
 from packtool.manifest import TRAINING_COLUMNS, Manifest
+from packtool.masks import attention_pattern
 from packtool.packs import PackArrays
 from packtool.reading import require_shard_files
 
@@ -161,6 +163,12 @@ class PackedDataset(IterableDataset):
             ``{"bytes", "path"}``; ``image_offset``, ``image_length``, ...: ``(num_images,)`` int32
             tensors); it needs a task encoder with ``encode_sample`` (``packtool.vision.loader``).
         mask: ``"varlen"`` (default), ``"dense"``, ``"additive"`` or ``"flex"``: built by ``PackedBatch.to``.
+        attention: the model's attention, for the masks: its transformers config (``model.config``), or
+            a ``masks.AttentionPattern`` (``sliding_window``, ``layer_types``); None (default): full
+            attention on every layer. With a sliding window the masks keep each query inside it too, one
+            mask per layer type (``PackedBatch.attention``); a config also checks that ``mask`` fits its
+            ``attn_implementation`` (``eager`` takes ``"additive"``, ``sdpa`` ``"dense"``...). The
+            ``"varlen"`` path needs no window here: the model's attention applies its own to each sequence.
         shuffle_buffer: how far (in packs) the shuffle moves a pack inside its lane.
         infinite: iterate epochs forever (one ``iter``) instead of one epoch per ``iter``.
         rank, world_size: default from ``torch.distributed`` when initialized, else 0 and 1.
@@ -193,6 +201,7 @@ class PackedDataset(IterableDataset):
         drop_last: bool = True,
         verify_checksums: bool = True,
         split: str | None = "train",
+        attention: Any = None,
     ) -> None:
         super().__init__()
         self.directory = Path(directory)
@@ -209,6 +218,8 @@ class PackedDataset(IterableDataset):
             raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
         if mask not in MASKS:
             raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {mask!r}")
+        self.attention = attention_pattern(attention) if attention is not None else None
+        check_mask_for_model(mask, attention)
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
         if lanes is not None and (not isinstance(lanes, int) or lanes <= 0):
@@ -435,6 +446,8 @@ class _UnitDecoder:
                 batch = self.encode_batch(raw)
             except SkipSample:
                 batch = None
+        if isinstance(batch, PackedBatch) and batch.attention is None:  # a task encoder's batch: the model's
+            batch.attention = ds.attention
         if batch is None:
             counts["skipped_batches"] += 1
         names = [self._unit_name(u) for u in self.new_bad]
@@ -446,4 +459,4 @@ class _UnitDecoder:
         return f"{self.ds.manifest.shards[unit.shard].path}#{unit.part}"
 
     def default_encode_batch(self, raw: dict) -> PackedBatch:
-        return packed_batch(raw, self.ds.mask, self.ds.manifest.labels)
+        return packed_batch(raw, self.ds.mask, self.ds.manifest.labels, self.ds.attention)

@@ -141,6 +141,17 @@ class PackedLoader:
         """Batches per epoch on this rank (also in infinite mode: what an LR schedule counts in)."""
         return self.dataset.batches_per_epoch
 
+    @property
+    def drop_last(self):
+        """Not a torch ``DataLoader`` setting: what asks for it (accelerate's ``skip_first_batches``, which
+        ``Trainer.train(resume_from_checkpoint=...)`` calls) would rebuild a torch ``DataLoader`` over the
+        dataset and read the skipped batches again instead of resuming from this loader's state."""
+        raise AttributeError(
+            "PackedLoader is not a torch DataLoader that accelerate's skip_first_batches can rebuild: give "
+            "transformers.Trainer packtool.loader.hf_trainer.trainer_dataloader(trainer, dataset), which "
+            "resumes from the checkpoint's loader state"
+        )
+
     def __iter__(self) -> Iterator[Any]:
         ds = self.dataset
         ds.lanes = self.lanes

@@ -41,8 +41,20 @@ from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
 from packtool.fileio import written_whole
 from packtool.layout import labels_follow_rule
+from packtool.manifest import IGNORE_INDEX
 from packtool.options import PackOptions
 from packtool.pipeline.content import DIGESTED, chunk_digest, labels_equal_input_ids
+from packtool.pipeline.images import (
+    IMAGE_FILE,
+    ChunkImages,
+    chunk_images,
+    first_changed,
+    flat_images,
+    images_digest,
+    read_chunk_images,
+    write_chunk_images,
+)
+from packtool.pipeline.policy_chunks import policy_chunk
 from packtool.readers.base import SourceBatch
 
 
@@ -76,6 +88,9 @@ def write_chunk(
             _save_parts(tmp / "offsets.npy", offsets, dtype)
         elif name != "loss_mask" or meta["has_loss_mask"]:
             _save_parts(tmp / f"{name}.npy", [p[name] for p in parts], dtype)
+    images = chunk_images(encoded)
+    if images is not None:  # a vision-language chunk: its samples' images beside the tokens
+        meta.update(write_chunk_images(tmp, images))
     meta = {"index": index, **meta, **(extra or {})}
     (tmp / "meta.json").write_text(json.dumps(meta))
     # A chunk's bytes depend only on its records, so if another writer finished it meanwhile (a task of a
@@ -111,7 +126,8 @@ def chunk_parts(
     A part holds the ``CHUNK_ARRAYS`` of its batch in their dtypes: views of the encoder's Arrow buffers
     where they already are, ``offsets`` from 0 (``num_samples + 1``), ``source_ids`` indexing the meta's
     ``sources``. A chunk has a ``loss_mask`` when any of its batches has one; the batches without one then
-    get ``labels != -100`` (a chunk without any has none: every token is trained). With ``labels_rule`` (a
+    get ``labels != -100`` (a chunk without any has none; read into a store where other chunks have one,
+    its tokens get the same rule, so the packs do not depend on where chunks start). With ``labels_rule`` (a
     ``labels`` convention) the meta says whether every sample's labels follow the rule of
     ``layout.labels_follow_rule`` under it (what ``--columns minimal`` rebuilds).
     """
@@ -163,7 +179,8 @@ def chunk_parts(
 
 def chunk_intact(work_dir: str | Path, meta: dict) -> bool:
     """Whether the scratch chunk of ``meta`` (a ``meta.json`` read back) still holds what was written: its
-    arrays give ``meta["digest"]`` (a chunk without one, of an older packtool, is not trusted)."""
+    arrays give ``meta["digest"]`` (a chunk without one, of an older packtool, is not trusted), and a
+    vision-language chunk's images give ``images_digest`` with their files as they were when read."""
     path = chunk_dir(work_dir, meta["index"])
     try:
         arrays = {
@@ -171,8 +188,13 @@ def chunk_intact(work_dir: str | Path, meta: dict) -> bool:
             for name in (*DIGESTED, "offsets")
             if (path / f"{name}.npy").exists()
         }
-        return "digest" in meta and chunk_digest([arrays], CHUNK_ARRAYS) == meta["digest"]
-    except (OSError, ValueError):
+        if "digest" not in meta or chunk_digest([arrays], CHUNK_ARRAYS) != meta["digest"]:
+            return False
+        if "images_digest" not in meta:
+            return True
+        images = read_chunk_images(path / IMAGE_FILE)  # and its image files as they were when read
+        return images_digest(images) == meta["images_digest"] and first_changed(flat_images(images)) is None
+    except (OSError, ValueError, pa.ArrowException):
         return False
 
 
@@ -213,46 +235,6 @@ def labels_rule(options: PackOptions) -> str | None:
     """The ``labels`` convention whose rule a run checks its encoded labels against (``--columns minimal``
     stores labels only where they do not follow it: ``packtool.layout``); ``None`` for ``full``."""
     return options.encoding.labels if options.output.columns == "minimal" else None
-
-
-def policy_chunk(
-    packs: list[dict[str, np.ndarray]], labels_rule: str | None = None
-) -> tuple[dict[str, np.ndarray], dict]:
-    """The arrays and meta (less ``index``) of the chunk that holds packs made by a custom
-    ``pack_selected_samples``, one sample per ``seq_lens`` entry (with ``labels_rule``, as
-    ``chunk_parts``: whether the policy's labels follow that rule too).
-
-    Each pack is a dict of ``input_ids``, ``labels`` (and ``loss_mask``), ``seq_lens`` and ``origin``
-    (the input index of each ``seq_lens`` entry, what ``sample_index`` says in the output).
-    """
-    seq = np.concatenate([p["seq_lens"] for p in packs]).astype(np.int64)
-    has_mask = any("loss_mask" in p for p in packs)
-    arrays = {
-        "input_ids": np.concatenate([p["input_ids"] for p in packs]).astype(np.int32),
-        "labels": np.concatenate([p["labels"] for p in packs]).astype(np.int32),
-    }
-    if has_mask:
-        masks = [p.get("loss_mask", (p["labels"] != -100).astype(np.int8)) for p in packs]
-        arrays["loss_mask"] = np.concatenate(masks).astype(np.int8)
-    arrays["offsets"] = np.concatenate([[0], np.cumsum(seq)]).astype(np.int64)
-    arrays["rows"] = np.repeat(np.arange(len(packs)), [len(p["seq_lens"]) for p in packs])
-    arrays["source_ids"] = np.zeros(len(seq), dtype=np.int32)
-    arrays["origin"] = np.concatenate([p["origin"] for p in packs]).astype(np.int64)
-    meta = {
-        "num_samples": len(seq),
-        "num_tokens": int(seq.sum()),
-        "has_loss_mask": has_mask,
-        "sources": ["pack_selected_samples output"],
-        "row_kinds": ["pack"],
-        "origin": True,
-    }
-    if labels_rule is not None:
-        mask = arrays.get("loss_mask")
-        follow = labels_follow_rule(
-            arrays["input_ids"], arrays["labels"], mask, arrays["offsets"], labels_rule == "shifted"
-        )
-        meta.update(labels_rule=labels_rule, labels_follow_rule=follow)
-    return arrays, meta
 
 
 MAX_OPEN = 8192  # chunks mapped at once at most: 33M samples at the default chunk_size of 4096
@@ -320,6 +302,18 @@ class ChunkStore:
         self.labels_rule = next((m["labels_rule"] for m in self.metas if "labels_rule" in m), None)
         if self.max_open is None:
             self.max_open = _default_max_open()
+        self._images: ChunkImages | None = None
+
+    @property
+    def images(self) -> ChunkImages | None:
+        """The images of a vision-language run's samples (``pipeline.images``); ``None`` for text."""
+        if self._images is None and any("num_images" in m for m in self.metas):
+            files = [
+                chunk_dir(self.work_dir, m["index"]) / IMAGE_FILE if "num_images" in m else None
+                for m in self.metas
+            ]
+            self._images = ChunkImages(files, self.sample_starts, self.locate)
+        return self._images
 
     def append_packs(self, packs: list[dict[str, np.ndarray]]) -> np.ndarray:
         """Store packs made by a custom ``pack_selected_samples`` as one more chunk, one new sample per
@@ -352,8 +346,8 @@ class ChunkStore:
             for key in self.keys:
                 if key in a:
                     d[key] = a[key][begin : begin + length]
-                else:  # a chunk without loss_mask in a store with one: every token is trained
-                    d[key] = np.ones(length, dtype=np.int8)
+                else:  # a chunk without loss_mask in a store with one: trained where a label is
+                    d[key] = (a["labels"][begin : begin + length] != IGNORE_INDEX).astype(np.int8)
             out.append(d)
         return out
 
@@ -407,6 +401,10 @@ class ChunkStore:
             _, old = self._offsets.popitem(last=False)
             self._offsets_bytes -= old.nbytes
         return o
+
+    def rows(self, c: int) -> np.ndarray:
+        """``(num_samples,)`` int64: the input row (or line) of each of chunk ``c``'s samples."""
+        return self._small(c, "rows")
 
     def _small(self, c: int, name: str) -> np.ndarray:
         """A chunk's per-sample array (``offsets``, ``rows``, ``source_ids``, ``origin``), read whole."""
@@ -530,9 +528,10 @@ class ChunkStore:
             copies = []
             for key, dst in out.items():
                 src = a.get(key)
-                if src is None:  # a chunk without loss_mask: every token is trained
-                    for p, q in zip(runs[0], runs[1], strict=True):
-                        dst[p:q] = 1
+                if src is None:  # a chunk without loss_mask: trained where a label is (chunk_parts' rule)
+                    labels = a["labels"]
+                    for p, q, b, e in zip(*runs, strict=True):
+                        dst[p:q] = labels[b:e] != IGNORE_INDEX
                 elif src.dtype == dst.dtype:  # slices of memoryviews cost less than NumPy views
                     copies.append((memoryview(dst), memoryview(src)))
                 else:

@@ -1,10 +1,10 @@
 """The encode step: records -> encoded chunks on disk, by the engine's workers.
 
-The driver groups the input stream into chunks of exactly ``chunk_size`` records (``chunked``), in input
-order; each chunk is one task. A worker loads its chunk (the row, line and file ranges the readers hand
+The driver groups the input stream into chunks of exactly ``chunk_records`` records (``chunked``), in
+input order; each chunk is one task. A worker loads its chunk (the row, line and file ranges the readers hand
 out lazily are read here, by the process that encodes them), encodes it batch by batch and writes it to
-the scratch directory (``chunks.write_chunk``). Chunk boundaries depend only on the options, so the output
-does not depend on the number of workers or the engine.
+the scratch directory (``chunks.write_chunk``). Chunk boundaries depend only on the options, and the packs
+not even on them, so the output does not depend on the number of workers, the engine or the chunk size.
 
 A worker's state (the config and the encoder) is built once per process and run, by ``worker(spec)``:
 every task carries the small ``RunSpec``, so any process (the driver, a pool worker, a Ray worker) can run
@@ -70,13 +70,16 @@ def worker(spec: RunSpec) -> Worker:
     """This process's state for ``spec``'s run, built on first use (the driver builds it first, so a bad
     tokenizer fails there, before any worker starts)."""
     options = PackOptions.from_dict(json.loads(spec.config), given=set())  # checked by the driver
-    return Worker(options, build_encoder(options.encoding, spec.sample_format))
+    encoder = build_encoder(options.encoding, spec.sample_format, options.packing.packed_sequence_size)
+    return Worker(options, encoder)
 
 
-def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir: str) -> dict:
-    """Encode one chunk and write it to ``work_dir``; returns its meta. Every engine runs this function."""
+def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir: str, start: int = 0) -> dict:
+    """Encode one chunk (its first record the input's ``start``-th) and write it to ``work_dir``; returns
+    its meta. Every engine runs this function."""
     progress.step_done("encode_chunk", index)  # a test may kill the worker here (out of memory)
     kept, encoded, extra = encode_records(spec, pieces)
+    extra["input_start"] = start
     return write_chunk(work_dir, index, kept, encoded, extra, labels_rule=labels_rule(worker(spec).options))
 
 
@@ -154,7 +157,7 @@ def _precut_pieces(
     return out, cut
 
 
-def encode_chunks(tasks: list[tuple[RunSpec, int, list[SourceBatch], str]]) -> list[dict]:
+def encode_chunks(tasks: list[tuple[RunSpec, int, list[SourceBatch], str, int]]) -> list[dict]:
     """Several consecutive chunks in one task: a worker reading lazy Parquet rows then continues one
     stream through them instead of decoding the row groups that other workers' chunks share."""
     return [encode_chunk(*task) for task in tasks]
@@ -218,6 +221,18 @@ def encode_checked(
     return good, (encoder(good) if len(keep) else None)
 
 
+CHUNK_RECORDS = 4096  # records per chunk by default
+VISION_CHUNK_RECORDS = 256  # a vision-language chunk's images (bytes held in records) stay in memory
+
+
+def chunk_records(options: PackOptions, sample_format: str) -> int:
+    """Records per encoding chunk: ``--chunk-size``, else ``CHUNK_RECORDS`` (``VISION_CHUNK_RECORDS`` for
+    vision samples). It cuts the work only: the packs and the run id are the same for any."""
+    if options.running.chunk_size is not None:
+        return options.running.chunk_size
+    return VISION_CHUNK_RECORDS if sample_format == "vision" else CHUNK_RECORDS
+
+
 def chunked(batches: Iterator[SourceBatch], chunk_size: int) -> Iterator[list[SourceBatch]]:
     """Group batches into chunks of exactly ``chunk_size`` records (the last may be smaller)."""
     chunk: list[SourceBatch] = []
@@ -254,7 +269,7 @@ def chunks_per_task(options: PackOptions, workers: int) -> int:
         if kind != "parquet":
             return 1
         rows += pq.ParquetFile(source).metadata.num_rows
-    chunks = -(-rows // options.running.chunk_size)
+    chunks = -(-rows // chunk_records(options, "pretokenized"))
     return max(1, min(8, -(-chunks // (4 * workers))))
 
 
@@ -277,15 +292,18 @@ def encode_to_chunks(
 
     handed: dict[int, int] = {}  # chunk -> bytes of input it covers, where known (progress)
 
-    def tasks() -> Iterator[tuple[RunSpec, int, list[SourceBatch], str]]:
-        for i, chunk in enumerate(chunked(batches, options.running.chunk_size)):
+    def tasks() -> Iterator[tuple[RunSpec, int, list[SourceBatch], str, int]]:
+        start = 0  # input rows before the chunk: a kept chunk must cover the same rows
+        for i, chunk in enumerate(chunked(batches, chunk_records(options, spec.sample_format))):
+            rows = sum(b.num_rows for b in chunk)
             meta = done.get(i)
-            if meta is not None and meta.get("input_rows") == sum(b.num_rows for b in chunk):
+            if meta is not None and (meta.get("input_start"), meta.get("input_rows")) == (start, rows):
                 reused[i] = meta
                 on_chunk({**meta, "input_bytes": sum(piece_bytes(b) for b in chunk)}, False)
-                continue
-            handed[i] = sum(piece_bytes(b) for b in chunk)
-            yield (spec, i, chunk, work)
+            else:
+                handed[i] = sum(piece_bytes(b) for b in chunk)
+                yield (spec, i, chunk, work, start)
+            start += rows
 
     metas = []
     group = chunks_per_task(options, engine.workers)

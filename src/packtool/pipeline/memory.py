@@ -34,8 +34,9 @@ import pyarrow.parquet as pq
 
 from packtool.errors import ConfigError
 from packtool.options import PackOptions
-from packtool.pipeline.chunks import ChunkStore, chunk_parts, labels_rule, policy_chunk
-from packtool.pipeline.encode import RunSpec, chunked, encode_records
+from packtool.pipeline.chunks import ChunkStore, chunk_parts, labels_rule
+from packtool.pipeline.encode import RunSpec, chunk_records, chunked, encode_records
+from packtool.pipeline.policy_chunks import policy_chunk
 from packtool.plugins import is_plugin_spec
 from packtool.readers.base import SourceBatch
 from packtool.readers.inputs import expand_inputs
@@ -177,11 +178,14 @@ def encode_in_memory(
     metas = []
     # a thread reads the next chunk's rows (Arrow, without the GIL) while this one is encoded
     loaded = prefetch(
-        ((pieces, _load(pieces)) for pieces in chunked(batches, options.running.chunk_size)), depth=2
+        ((pieces, _load(pieces)) for pieces in chunked(batches, chunk_records(options, spec.sample_format))),
+        depth=2,
     )
+    start = 0  # input rows before the chunk (as a scratch chunk's meta records it)
     for index, (pieces, records) in enumerate(loaded):
         kept, encoded, extra = encode_records(spec, records)
         extra["input_rows"] = sum(p.num_rows for p in pieces)
+        extra["input_start"], start = start, start + extra["input_rows"]
         parts, meta = chunk_parts(kept, encoded, labels_rule(options))
         meta = {"index": index, **meta, **extra}
         rule = {k: meta[k] for k in ("labels_rule", "labels_follow_rule") if k in meta}

@@ -35,7 +35,13 @@ class RunningOptions(OptionGroup):
         gt=0,
     ) = None
     engine: option(Literal[ENGINES], "Where encoding and writing run.", runtime=True) = "local"
-    chunk_size: option(int, "Samples per encoding chunk.", gt=0) = 4096
+    chunk_size: option(
+        int | None,
+        "Records per encoding chunk: how the work is cut, never what is written [default: 4096; 256 for "
+        "vision-language samples, whose images a worker holds while it encodes them].",
+        runtime=True,
+        gt=0,
+    ) = None
     on_error: option(
         Literal[ON_ERROR],
         "Bad records: fail (stop, exit code 3) or skip (count by reason, log errors.jsonl).",

@@ -1,29 +1,37 @@
-"""``packtool pack`` as four steps: read -> encode -> plan -> write.
+"""``packtool pack`` as four steps: read -> encode -> plan -> write, for every sample format.
 
-* **read** (the driver): inputs are streamed as ``SourceBatch`` objects and grouped into chunks of
-  ``chunk_size`` records, in input order. Parquet rows, JSON Lines and text lines, text files and Hugging
-  Face datasets' rows are handed out as ranges that the process encoding them reads, so a chunk of them
-  counts rows, lines or files, not records.
-* **encode** (the engine, parallel by chunk; ``pipeline.encode``): each chunk is encoded and written to
-  the scratch directory as flat token arrays (``pipeline.chunks``).
+* **read** (the driver): inputs are streamed as ``SourceBatch`` objects and grouped into chunks
+  (``encode.chunk_records`` records), in input order. Parquet rows, JSON Lines and text lines, text files,
+  WebDataset samples and Hugging Face datasets' rows are handed out as ranges that the process encoding
+  them reads, so a chunk of them counts rows, lines, files or samples, not records.
+* **encode** (the engine, parallel by chunk; ``pipeline.encode``): each chunk is encoded by the sample
+  format's encoder (built once per worker process) and written to the scratch directory as flat token
+  arrays (``pipeline.chunks``); a vision-language chunk keeps its samples' images beside them (each
+  image's span, size, digest, and its bytes or its file: ``pipeline.images``).
 * **plan** (the driver; ``packing``): sample lengths are read from the chunks' offsets and packed by the
-  strategy into a ``PackPlan``; no token is touched.
-* **write** (the engine, parallel by shard; ``pipeline.write``): each shard gathers its packs' tokens from
-  the chunks and is written by its format; the manifest is written last and the directory renamed.
+  strategy into a ``PackPlan``; no token is touched. ``--balance-visual-tokens`` orders the packs.
+* **write** (the engine, parallel by shard; ``pipeline.write``): each shard gathers its packs' tokens (and
+  images) from the chunks and is written by its format; the manifest is written last and the directory
+  renamed.
 
-Chunk and shard boundaries depend only on the options, never on the number of processes, so the output
-is byte-identical for every ``num_proc`` and engine.
+Chunk and shard boundaries depend only on the options, and the packs and the run id not even on the chunk
+size, so the output is byte-identical for every ``num_proc``, engine and ``chunk_size``.
 
 **Pretokenized Parquet** that fits in memory skips the scratch chunks (``pipeline.memory``): the driver
 reads and encodes the chunks itself and keeps them in a ``MemoryStore``, and ``num_proc`` threads of the
-driver write the shards from it; the same chunk boundaries and plan give the same bytes. Which store a
-run uses is chosen once (``pipeline.stores.open_store``); the steps below it do not ask.
+driver write the shards from it; the same plan gives the same bytes. Which store a run uses is chosen once
+(``pipeline.stores.open_store``); the steps below it do not ask.
 
-**Resuming.** The run's identity (``run_id``, plus the input files' sizes and modification times and
-packtool's version) is recorded in ``<output>.partial/_work/run.json``. A run started again with the same
-command after being killed (SIGKILL included) or interrupted finds it, skips the chunks whose ``meta.json``
-exists (it still streams past their records; a run in memory reads them all again) and the shards whose
-record exists, and writes the same bytes as an uninterrupted run.
+**The run's identity.** ``run_id`` binds what the output is made from (options, tokenizer or processor,
+the inputs' names and sizes: ``identity.make_run_id``), what it encoded (``identity.content_key``: every
+token, and every image's digest) and the manifest's reading fields (``identity.bind_run_id``).
+
+**Resuming.** The run's identity key, the input files' stamps and packtool's version are recorded in
+``<output>.partial/_work/run.json``. A run started again with the same command after being killed
+(SIGKILL included) or interrupted finds it, keeps the chunks whose ``meta.json`` exists, covers the same
+input rows and still holds what was written (images included), skips the shards whose record exists,
+and writes the same bytes as an uninterrupted run. Before the output is committed, every input file and
+image file is checked against its stamp: one that changed while the run read it fails the run.
 """
 
 from __future__ import annotations
@@ -33,15 +41,18 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from packtool.binding import content_run_key
-from packtool.encoders.registry import PRETOKENIZED_FIELDS, fields_read, resolve_sample_format
+from packtool.encoders.registry import fields_read, resolve_sample_format
 from packtool.errors import (
     MAX_LOGGED,
     ConfigError,
@@ -53,30 +64,40 @@ from packtool.errors import (
 )
 from packtool.formats.card import write_dataset_card
 from packtool.formats.registry import ShardMeta, get_format
-from packtool.manifest import ERRORS_LOG, Manifest
+from packtool.manifest import ERRORS_LOG, IMAGE_COLUMNS, Manifest, ShardEntry
 from packtool.options import PackOptions
+from packtool.packing.balance import balance_visual_tokens
+from packtool.packing.plan import PackPlan
 from packtool.packing.planner import hold_out, make_plan, resolve_position_ids
 from packtool.pipeline import progress
+from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.content import labels_as_given
 from packtool.pipeline.encode import RunSpec, first_bad_record, precut_limit, worker
-from packtool.pipeline.engines import make_engine, resolve_num_proc
+from packtool.pipeline.engines import make_engine, resolve_num_proc, worker_preload
 from packtool.pipeline.identity import (
     bind_run_id,
     check_inputs_unchanged,
+    content_key,
     input_fingerprint,
     input_stamps,
     make_run_id,
     shard_numbers,
 )
+from packtool.pipeline.images import vision_record
 from packtool.pipeline.interrupt import stop_on_interrupt
 from packtool.pipeline.output import OutputDir
+from packtool.pipeline.preflight import check_memory, check_vision_options, unread_token_fields
 from packtool.pipeline.report import name_special_tokens
 from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
-from packtool.pipeline.stores import open_store
+from packtool.pipeline.stores import EncodedStore, open_store
 from packtool.pipeline.summary import build_manifest, input_entries, lowest_version, run_stats, with_path
-from packtool.pipeline.write import finished_shard, output_columns, split_shard_ranges
+from packtool.pipeline.write import ShardTask, finished_shard, output_columns, split_shard_ranges
+from packtool.readers.base import SourceBatch
 from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs
+from packtool.schema import per_pack_sum
 from packtool.version import __version__
+
+DEFAULT_RANKS = 8  # the step the image statistics' spread is measured over without --balance-visual-tokens
 
 
 def run_pack(
@@ -103,10 +124,9 @@ def run_pack(
     try:
         with stop_on_interrupt():  # Ctrl-C: "stopping" at once, a second one stops at once
             try:
-                run = _run_vision if options.encoding.is_vision else _run
-                manifest = run(options, out, show, _Say(say, options.running.quiet))
-            except InputError as e:  # a vision sample's error names its record already
-                raise (e if options.encoding.is_vision else first_bad_record(options, e)) from None
+                manifest = _run(options, out, show, _Say(say, options.running.quiet))
+            except InputError as e:
+                raise first_bad_record(options, e) from None
             manifest = lowest_version(manifest)
             out.commit(manifest)
         return manifest
@@ -130,22 +150,6 @@ def run_pack(
         raise
 
 
-def unread_token_fields(schema: pa.Schema) -> list[str]:
-    """A warning naming the list fields of pretokenized input that are not packed (per-token columns beside
-    ``input_ids`` such as ``token_type_ids``); empty when there are none."""
-    unread = [
-        f.name
-        for f in schema
-        if f.name not in PRETOKENIZED_FIELDS and (pa.types.is_list(f.type) or pa.types.is_large_list(f.type))
-    ]
-    if not unread:
-        return []
-    return [
-        f"field(s) {', '.join(unread)} hold a list per record and are not packed (the packs hold "
-        f"{', '.join(PRETOKENIZED_FIELDS[:3])}; attention_mask strips padding)"
-    ]
-
-
 class _Say:
     """A run's lines for its user as it goes (``run_pack``'s ``say``): warnings always, notes unless
     ``quiet``."""
@@ -162,38 +166,6 @@ class _Say:
     def note(self, text: str) -> None:
         if self.say is not None and not self.quiet:
             self.say(text)
-
-
-# bytes a writer holds per token of the packs it builds: the token columns (3 x int32, an int8 mask), the
-# encoded table beside them, and the next block gathered while this one is written
-WRITE_BYTES_PER_TOKEN = 40
-
-
-def check_memory(options: PackOptions) -> None:
-    """``ConfigError`` before any work when one writer's block of packs (``packed_sequence_size`` times
-    the packs written at once: a row group's worth for Parquet, a shard for tar) would not fit in a
-    quarter of this machine's memory, with each of ``num_proc`` writers holding one."""
-    fmt = get_format(options.output.format)
-    block = fmt.writer.block_packs(options.output, options.packing.packed_sequence_size)
-    packs = block or options.output.shard_size
-    need = (
-        packs
-        * options.packing.packed_sequence_size
-        * WRITE_BYTES_PER_TOKEN
-        * resolve_num_proc(options.to_dict())
-    )
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # not known here: nothing to check against
-        return
-    if need > memory // 4:
-        fewer = "--row-group-size" if fmt.reader.unit_kind else "--shard-size (or --shard-max-bytes)"
-        raise ConfigError(
-            f"--packed-sequence-size {options.packing.packed_sequence_size:,} with {packs:,} packs written "
-            "at once "
-            f"needs about {need / 2**30:,.1f} GiB, more than a quarter of this machine's "
-            f"{memory / 2**30:,.1f} GiB: lower {fewer} or --num-proc"
-        )
 
 
 def _input_rows(inputs: list[str]) -> int | None:
@@ -233,34 +205,72 @@ def start_run(options: PackOptions, sample_format: str) -> RunSpec:
     return spec
 
 
-def check_vision_options(options: PackOptions) -> None:
-    """``ConfigError`` for a packing option that would cut a vision-language sample, and so possibly an
-    image (checked before the vision extra is imported): an image is never split across packs nor
-    truncated through, and context-parallel padding is not laid out around image spans."""
-    packing = options.packing
-    if packing.split_across_pack:
-        raise ConfigError("--split-across-pack would cut images between packs: not available with images")
-    if packing.long_samples not in ("error", "drop"):
-        raise ConfigError(
-            f"--long-samples {packing.long_samples} would cut through images: use error or drop"
-        )
-    if packing.cp_size > 1:
-        raise ConfigError("--cp-size is not available with images (pack with --cp-size 1)")
-    if options.output.webdataset.shard_max_bytes is not None:  # (set only with --format webdataset)
-        raise ConfigError(  # the tar shards are cut from the plan alone, which does not know image bytes
-            "--shard-max-bytes is not available with images: cut tar shards with --shard-size"
-        )
+@dataclass
+class _Started:
+    """What a run knows once its first records are read: the sample format they turned out to be, the
+    input stream (the first batch again at its head), the readers' bad records so far (``sink``), the
+    task spec every worker builds its encoder from, and the run's identity."""
+
+    sample_format: str
+    records: Iterator[SourceBatch]
+    first_schema: pa.Schema
+    sink: ErrorSink
+    spec: RunSpec
+    identity: dict  # the encoder's (tokenizer or processor), special tokens named
+    identity_key: str  # make_run_id: options, identity, inputs' names and sizes
+    fingerprint: list[dict]
+    warnings: list[str]
 
 
-def _run_vision(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
-    """A run of vision-language samples (``packtool.vision.run``)."""
-    check_vision_options(options)
-    from packtool.vision.run import run_vision  # the vision extra (Pillow, transformers): for images only
+@dataclass
+class _Planned:
+    """The plan of a run and what follows from it: the stats, the stored columns, the shards' ranges and
+    the run's content key and id."""
 
-    return run_vision(options, out, show, say)
+    plan: PackPlan
+    lengths: np.ndarray
+    stats: Any
+    skipped: ErrorSink
+    columns: list[str]
+    ranges: list[tuple[int, int, str]]
+    run_key: str
+    run_id: str
+    warnings: list[str]
 
 
 def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
+    started = _start(options, say)
+    stamps = input_stamps(options.reading.inputs)  # the inputs as the run starts reading them
+    resume = out.begin({"run_id": started.identity_key, "inputs": stamps, "packtool": __version__})
+    if resume is not None and not resume["resumed"]:
+        say.note(
+            f"{out.partial} holds an interrupted run of another job (options, inputs or tokenizer differ); "
+            "starting afresh"
+        )
+    resumed = bool(resume and resume["resumed"])
+    if resumed:
+        say.note(f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
+    work = str(out.work)
+    values = options.to_dict()
+    with make_engine(options.running, resolve_num_proc(values), worker_preload(values)) as engine:
+        store = open_store(started.spec, options, started.sample_format, work, engine, resumed)
+        for line in store.resume_notes():
+            say.note(line)
+        progress.step_done("read", 0)  # (a test or a benchmark may time the steps from here)
+        _encode(store, started.records, options, engine, show)
+        planned = _plan(store, started, options, say)
+        progress.step_done("plan", planned.plan.num_packs)
+        shards = _write(planned, store, started.spec, options, out, resumed, show, say)
+    check_inputs_unchanged(options.reading.inputs, stamps)  # nothing is committed from an input that changed
+    if store.chunks.images is not None and (changed := store.chunks.images.changed_file()) is not None:
+        raise changed  # an image file replaced while the run read the images: no mix of old and new
+    return _manifest(planned, shards, store.chunks, store.metas, started, options, out)
+
+
+def _start(options: PackOptions, say: _Say) -> _Started:
+    """Read the first records, resolve and check the options for the sample format they are, build this
+    process's encoder (a bad tokenizer or processor fails here, before any worker starts) and the run's
+    identity; say what the user should know before the work."""
     sink = ErrorSink(options.running.on_error)  # bad records met while reading
     fields = _FieldsRead(options)
     # workers (local processes or Ray tasks) read their own rows and lines: the driver hands out ranges
@@ -279,214 +289,256 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
         fields.sample_format = resolve_sample_format(options.encoding, first.schema.names)
     sample_format = fields.sample_format
     options.check(sample_format)  # the options set for the sample format the input turned out to be
+    if sample_format == "vision":
+        check_vision_options(options)
     run_warnings = unread_token_fields(first.schema) if sample_format == "pretokenized" else []
-    if resolve_position_ids(options.packing) == "nemo":
-        say.note(
-            "note: position_ids follow NeMo's convention (they run on over a split sample and through the "
-            "padding): give attention seq_lens or cu_seqlens, not position_ids alone (transformers' "
-            "position-id packing would join samples); --position-ids restart makes them safe for it",
-        )
-        if options.packing.split_across_pack:  # said even under --quiet: it changes what training sees
-            say.warning(
-                "--split-across-pack with --position-ids nemo: the positions of a piece "
-                "that continues a sample in the next pack wrap around at the pack size instead of going on "
-                "(e.g. 1223..2999 then 0..1222), and every attention mask trains on them; keep nemo for "
-                "parity with NeMo AutoModel, else pass --position-ids restart (each piece from 0) or train "
-                "with batch.flattened()"
-            )
+    _say_positions(options, say)
     spec = start_run(options, sample_format)
-    identity = worker(spec).encoder.identity()
+    encoder = worker(spec).encoder
+    identity = encoder.identity()
     vocab = identity.get("vocab_size")
     if vocab is not None and options.packing.pad_token_id >= vocab:
         raise ConfigError(
             f"pad_token_id {options.packing.pad_token_id} is not a token id of the tokenizer "
             f"(vocabulary of {vocab:,})"
         )
-    work = str(out.work)
     fingerprint = input_fingerprint(options.reading.inputs)
     identity_key = make_run_id(options, identity, fingerprint)  # the run_id is bound to content below
     # the special tokens by name, in the manifest (not the run_id: the ids are in it already)
     tokens = options.encoding.tokens
-    identity, guesses = name_special_tokens(
-        identity,
-        worker(spec).encoder,
-        {"bos": tokens.bos_token, "eos": tokens.eos_token},
-        options.packing.pad_token_id,
-    )
+    named = {"bos": tokens.bos_token, "eos": tokens.eos_token}
+    identity, guesses = name_special_tokens(identity, encoder, named, options.packing.pad_token_id)
     for line in guesses:  # said before the work, even with --quiet: not a loss, so not in manifest.warnings
         say.warning(line)
+    records = itertools.chain([first], batches)
+    return _Started(
+        sample_format, records, first.schema, sink, spec, identity, identity_key, fingerprint, run_warnings
+    )
 
-    stamps = input_stamps(options.reading.inputs)  # the inputs as the run starts reading them
-    resume = out.begin({"run_id": identity_key, "inputs": stamps, "packtool": __version__})
-    if resume is not None and not resume["resumed"]:
-        say.note(
-            f"{out.partial} holds an interrupted run of another job (options, inputs or "
-            "tokenizer differ); starting afresh",
+
+def _say_positions(options: PackOptions, say: _Say) -> None:
+    """The note on NeMo's position ids, and the warning when a split sample's positions wrap around."""
+    if resolve_position_ids(options.packing) != "nemo":
+        return
+    say.note(
+        "note: position_ids follow NeMo's convention (they run on over a split sample and through the "
+        "padding): give attention seq_lens or cu_seqlens, not position_ids alone (transformers' "
+        "position-id packing would join samples); --position-ids restart makes them safe for it",
+    )
+    if options.packing.split_across_pack:  # said even under --quiet: it changes what training sees
+        say.warning(
+            "--split-across-pack with --position-ids nemo: the positions of a piece "
+            "that continues a sample in the next pack wrap around at the pack size instead of going on "
+            "(e.g. 1223..2999 then 0..1222), and every attention mask trains on them; keep nemo for "
+            "parity with NeMo AutoModel, else pass --position-ids restart (each piece from 0) or train "
+            "with batch.flattened()"
         )
-    resumed = bool(resume and resume["resumed"])
-    if resumed:
-        say.note(f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
-    fmt = get_format(options.output.format)
 
-    with make_engine(options.running, resolve_num_proc(options.to_dict())) as engine:
-        encoded_store = open_store(spec, options, sample_format, work, engine, resumed)
-        for line in encoded_store.resume_notes():
-            say.note(line)
-        encoded, records_done = 0, 0
-        # a total from the start, for the percentage and the ETA: the input's bytes for line and file
-        # ranges (known as they are handed out), else Parquet's rows from the footers, else none
-        size = input_bytes(options.reading.inputs) if show else None
-        rows = _input_rows(options.reading.inputs) if show and size is None else None
-        kw = dict(unit="B", unit_scale=True, unit_divisor=1024, total=size) if size else {"total": rows}
-        with _progress(show, desc="encode", **({"unit": " records"} | kw)) as bar:
-            # bytes move the bar as the encoding reads them (pipeline.progress): in this process at
-            # once, from a local pool's workers through their shared counter while the driver waits;
-            # else (Ray) as each chunk is finished
-            counter = getattr(engine, "progress", None) if size else None
-            live = bool(size) and engine.name == "local"
-            if live and counter is None:
-                progress.set_sink(bar.update)
-            elif live:
-                engine.on_wait = lambda: counter.value > bar.n and bar.update(counter.value - bar.n)
 
-            def on_chunk(meta: dict, new: bool) -> None:
-                nonlocal encoded, records_done
-                records = meta.get("input_rows", meta["num_samples"])
-                if size:
-                    records_done += records
-                    bar.set_postfix_str(f"{records_done:,} records", refresh=False)
-                    # the first records of a file, read by the driver to learn its fields, have no byte
-                    # range: the bar catches up with the end of the file at its last chunk
-                    if counter is not None and live and counter.value > bar.n:
-                        bar.update(counter.value - bar.n)
-                    if not live or not new:  # a chunk a resumed run keeps is not read again
-                        bar.update(meta.get("input_bytes", 0))
-                        if counter is not None and not new:
-                            counter.value += meta.get("input_bytes", 0)
-                else:
-                    bar.update(records)
-                if new:
-                    encoded += 1
-                    progress.step_done("encode", encoded)
+def _encode(
+    store: EncodedStore, records: Iterator[SourceBatch], options: PackOptions, engine, show: bool
+) -> None:
+    """Encode the input into ``store``, with the encode bar: the input's bytes where they are known as
+    ranges are handed out, else Parquet's rows from the footers, else records."""
+    size = input_bytes(options.reading.inputs) if show else None
+    rows = _input_rows(options.reading.inputs) if show and size is None else None
+    kw = dict(unit="B", unit_scale=True, unit_divisor=1024, total=size) if size else {"total": rows}
+    encoded, records_done = 0, 0
+    with _progress(show, desc="encode", **({"unit": " records"} | kw)) as bar:
+        # bytes move the bar as the encoding reads them (pipeline.progress): in this process at once, from
+        # a local pool's workers through their shared counter while the driver waits; else (Ray) as each
+        # chunk is finished
+        counter = getattr(engine, "progress", None) if size else None
+        live = bool(size) and engine.name == "local"
+        if live and counter is None:
+            progress.set_sink(bar.update)
+        elif live:
+            engine.on_wait = lambda: counter.value > bar.n and bar.update(counter.value - bar.n)
 
-            records = itertools.chain([first], batches)
-            try:
-                encoded_store.encode(records, on_chunk)
-            finally:
-                progress.set_sink(None)
-                engine.on_wait = None
+        def on_chunk(meta: dict, new: bool) -> None:
+            nonlocal encoded, records_done
+            done = meta.get("input_rows", meta["num_samples"])
             if size:
-                bar.update(size - bar.n)  # the bytes of pieces the driver read itself
-        store, metas = encoded_store.chunks, encoded_store.metas
-        skipped = _merge_skipped(options, sink, metas)
-        if store.num_samples == 0:
-            raise InputError(
-                _nothing_left(skipped), source=", ".join(options.reading.inputs), code="empty_input"
-            )
-        lengths = store.lengths()
-        # a too-long sample is named by the field it was read from
-        field = {"text": options.encoding.text_field, "pretokenized": "input_ids"}.get(sample_format)
-        plan = make_plan(
-            lengths,
-            options.packing,
-            lambda i, f, m: store.locate(i, field or f, m),
-            fetch=store.samples,
-            store_packs=store.append_packs,
+                records_done += done
+                bar.set_postfix_str(f"{records_done:,} records", refresh=False)
+                # the first records of a file, read by the driver to learn its fields, have no byte range:
+                # the bar catches up with the end of the file at its last chunk
+                if counter is not None and live and counter.value > bar.n:
+                    bar.update(counter.value - bar.n)
+                if not live or not new:  # a chunk a resumed run keeps is not read again
+                    bar.update(meta.get("input_bytes", 0))
+                    if counter is not None and not new:
+                        counter.value += meta.get("input_bytes", 0)
+            else:
+                bar.update(done)
+            if new:
+                encoded += 1
+                progress.step_done("encode", encoded)
+
+        try:
+            store.encode(records, on_chunk)
+        finally:
+            progress.set_sink(None)
+            engine.on_wait = None
+        if size:
+            bar.update(size - bar.n)  # the bytes of pieces the driver read itself
+
+
+def _plan(store: EncodedStore, started: _Started, options: PackOptions, say: _Say) -> _Planned:
+    """Plan the packs from the samples' lengths, account for every sample, stop here under ``--strict``
+    when one is not packed whole, order and split the packs, and bind the run's id."""
+    chunks, metas, sample_format = store.chunks, store.metas, started.sample_format
+    skipped = _merge_skipped(options, started.sink, metas)
+    if chunks.num_samples == 0:
+        raise InputError(_nothing_left(skipped), source=", ".join(options.reading.inputs), code="empty_input")
+    lengths = chunks.lengths()
+    run_key = content_run_key(started.identity_key, [content_key(chunks)])  # what the run encoded
+    # a too-long sample is named by the field it was read from
+    field = {"text": options.encoding.text_field, "pretokenized": "input_ids"}.get(sample_format)
+    plan = make_plan(
+        lengths,
+        options.packing,
+        lambda i, f, m: chunks.locate(i, field or f, m),
+        fetch=chunks.samples,  # a custom select_samples_to_pack sees the samples' tokens
+        store_packs=chunks.append_packs if chunks.images is None else _no_policy_packs,
+    )
+    empty_loss = [sum(m.get(k, 0) for m in metas) for k in ("empty_loss_samples", "empty_loss_tokens")]
+    stats = run_stats(options, plan, lengths, empty_loss=tuple(empty_loss), skipped=skipped)
+    n, max_packs = options.packing.packed_sequence_size, options.packing.max_packs
+    if plan.num_packs == 0:  # an empty output would look like a finished dataset
+        raise InputError(
+            f"nothing to pack: all {stats.input_samples:,} samples were left out ("
+            + "; ".join(stats.losses(n, max_packs))
+            + ")",
+            source=", ".join(options.reading.inputs),
+            code="empty_input",
         )
-        stats = run_stats(
-            options,
-            plan,
-            lengths,
-            empty_loss=(
-                sum(m.get("empty_loss_samples", 0) for m in metas),
-                sum(m.get("empty_loss_tokens", 0) for m in metas),
-            ),
-            skipped=skipped,
+    if options.running.strict and (losses := stats.losses(n, max_packs)):
+        raise DataLossError(
+            "--strict: not every sample would be packed whole, so no shard was written: " + "; ".join(losses)
         )
-        if plan.num_packs == 0:  # an empty output would look like a finished dataset
-            raise InputError(
-                f"nothing to pack: all {stats.input_samples:,} samples were left out ("
-                + "; ".join(stats.losses(options.packing.packed_sequence_size, options.packing.max_packs))
-                + ")",
-                source=", ".join(options.reading.inputs),
-                code="empty_input",
-            )
-        if options.running.strict and (
-            losses := stats.losses(options.packing.packed_sequence_size, options.packing.max_packs)
-        ):
-            raise DataLossError(
-                "--strict: not every sample would be packed whole, so no shard was written: "
-                + "; ".join(losses)
-            )
-        run_warnings += labels_as_given(
-            options.encoding.labels, options.running.strict, sample_format, first.schema.names, metas
+    warnings = started.warnings + labels_as_given(
+        options.encoding.labels, options.running.strict, sample_format, started.first_schema.names, metas
+    )
+    columns = output_columns(options, chunks)
+    if options.output.columns == "minimal" and "labels" in columns:
+        say.note(
+            "note: --columns minimal stores labels: the input's own labels are not the ones packtool "
+            "rebuilds (input_ids shifted, -100 where no loss is taken), so they carry information",
         )
-        columns = output_columns(options, store)
-        if options.output.columns == "minimal" and "labels" in columns:
-            say.note(
-                "note: --columns minimal stores labels: the input's own labels are not the ones packtool "
-                "rebuilds (input_ids shifted, -100 where no loss is taken), so they carry information",
-            )
-        plan, num_train = hold_out(plan, options.packing.val_fraction, options.packing.seed)
-        ranges = split_shard_ranges(fmt, plan, num_train, options, columns)
-        shard_ranges, numbers = list(enumerate(ranges)), shard_numbers(ranges)
-        # the run's identity: what it is made from, what it encoded, and what readers rely on
-        run_key = content_run_key(identity_key, [m["digest"] for m in metas])
-        run_id = bind_run_id(run_key, options, fmt, ranges, plan.position_ids, columns, sample_format)
-        finished = {}
-        if resumed:
-            finished = {i: e for i, _ in shard_ranges if (e := finished_shard(work, str(out.partial), i))}
-            shards = f"{len(finished)} of {len(shard_ranges)} shards were already done"
-            say.note(encoded_store.resumed_note(shards))
-        (Path(work) / "shards").mkdir(exist_ok=True)
-        written = []
-        with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
-            bar.update(sum(e.num_packs for e in finished.values()))
-            tasks = (
-                (
-                    spec,
-                    ShardMeta(run_id, i, a, options.packing.packed_sequence_size),
-                    plan.slice(a, b),
-                    work,
-                    str(out.partial),
-                    split,
-                    numbers[i],  # numbered within its split: val-000000 is the first val shard
-                )
-                for i, (a, b, split) in shard_ranges
-                if i not in finished
-            )
-            for entry in encoded_store.write_shards(tasks):
-                written.append(entry)
-                bar.update(entry.num_packs)
-                progress.step_done("write", len(written))
-        shards = sorted([*written, *finished.values()], key=lambda e: e.path)
-    check_inputs_unchanged(options.reading.inputs, stamps)  # nothing is committed from an input that changed
-    if skipped.total:
+    ranks = options.encoding.vision.balance_visual_tokens
+    if ranks is not None:  # consecutive packs (one step of `ranks` ranks) get similar image tokens
+        tokens = per_pack_sum(chunks.images.tokens_per_sample()[plan.sample], plan.pack_offsets)
+        plan = plan.permute(balance_visual_tokens(tokens, ranks, options.packing.seed))
+    plan, num_train = hold_out(plan, options.packing.val_fraction, options.packing.seed)
+    fmt = get_format(options.output.format)
+    ranges = split_shard_ranges(fmt, plan, num_train, options, columns)
+    images = IMAGE_COLUMNS if chunks.images is not None else None
+    run_id = bind_run_id(run_key, options, fmt, ranges, plan.position_ids, columns, sample_format, images)
+    return _Planned(plan, lengths, stats, skipped, columns, ranges, run_key, run_id, warnings)
+
+
+def _no_policy_packs(packs: list) -> None:
+    """A custom strategy's ``pack_selected_samples`` makes new samples of its own: their images' spans
+    would not be known."""
+    raise ConfigError(
+        "a custom strategy's pack_selected_samples is not available with images (the packs it makes would "
+        "lose their images' spans): give select_samples_to_pack alone"
+    )
+
+
+def _write(
+    planned: _Planned,
+    store: EncodedStore,
+    spec: RunSpec,
+    options: PackOptions,
+    out: OutputDir,
+    resumed: bool,
+    show: bool,
+    say: _Say,
+) -> list[ShardEntry]:
+    """Write the shards (those a killed attempt of this run finished are kept); their entries in order."""
+    work, plan, numbers = str(out.work), planned.plan, shard_numbers(planned.ranges)
+    finished = {}
+    if resumed:
+        finished = {
+            i: e for i in range(len(planned.ranges)) if (e := finished_shard(work, str(out.partial), i))
+        }
+        say.note(store.resumed_note(f"{len(finished)} of {len(planned.ranges)} shards were already done"))
+    (Path(work) / "shards").mkdir(exist_ok=True)
+    n = options.packing.packed_sequence_size
+    tasks = (
+        ShardTask(
+            spec,
+            ShardMeta(planned.run_id, i, a, n),
+            plan.slice(a, b),
+            work,
+            str(out.partial),
+            split,
+            numbers[i],
+        )  # fmt: skip
+        for i, (a, b, split) in enumerate(planned.ranges)
+        if i not in finished
+    )
+    written = []
+    with _progress(show, desc="write", unit=" packs", total=plan.num_packs) as bar:
+        bar.update(sum(e.num_packs for e in finished.values()))
+        for entry in store.write_shards(tasks):
+            written.append(entry)
+            bar.update(entry.num_packs)
+            progress.step_done("write", len(written))
+    return sorted([*written, *finished.values()], key=lambda e: e.path)
+
+
+def _manifest(
+    planned: _Planned,
+    shards: list[ShardEntry],
+    chunks: ChunkStore,
+    metas: list[dict],
+    started: _Started,
+    options: PackOptions,
+    out: OutputDir,
+) -> Manifest:
+    """The finished run's errors log, manifest, dataset index and card (the manifest is committed last)."""
+    if planned.skipped.total:
         with open(out.partial / ERRORS_LOG, "w") as f:
-            f.writelines(json.dumps(e) + "\n" for e in skipped.entries)
+            f.writelines(json.dumps(e) + "\n" for e in planned.skipped.entries)
+    identity = {k: v for k, v in started.identity.items() if k != "processor"}  # (its own record below)
     manifest = build_manifest(
         options,
-        plan,
-        lengths,
-        stats,
+        planned.plan,
+        planned.lengths,
+        planned.stats,
         shards,
         with_path(identity),
-        sample_format,
-        run_id,
-        input_entries(fingerprint, store.samples_per_source()),
-        columns=columns,
+        started.sample_format,
+        planned.run_id,
+        input_entries(started.fingerprint, chunks.samples_per_source()),
+        columns=planned.columns,
     )
-    manifest.run_key = run_key
+    manifest.run_key = planned.run_key
+    if chunks.images is not None:
+        processor = started.identity["processor"]
+        manifest.image_columns = list(IMAGE_COLUMNS)
+        manifest.vision = vision_record(
+            {**processor, "path": os.path.abspath(processor["path"])},  # found from anywhere
+            chunks.images,
+            sum(m.get("num_images", 0) for m in metas),
+            planned.plan,
+            options.encoding.vision.balance_visual_tokens or DEFAULT_RANKS,
+        )
+    fmt = get_format(options.output.format)
     manifest.index_files = fmt.writer.write_dataset_index(out.partial, manifest, options.output)
+    warnings = planned.warnings
     precut = sum(m.get("precut_samples", 0) for m in metas)
     if precut:  # recorded: what of the input was never tokenized
-        limit = precut_limit(options, sample_format)
-        run_warnings = [
-            *run_warnings,
+        limit = precut_limit(options, started.sample_format)
+        warnings = [
+            *warnings,
             f"{precut:,} text sample(s) longer than {limit:,} characters were cut to that length before "
             "tokenizing (--long-samples truncate keeps only their first tokens)",
         ]
-    manifest.warnings = run_warnings
+    manifest.warnings = warnings
     write_dataset_card(out.partial, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
     return manifest
 

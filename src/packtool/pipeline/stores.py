@@ -5,7 +5,7 @@ Two stores do the same three things for the driver (``run._run``), so the driver
 * ``encode(records, on_chunk)``: encode the input in chunks of ``chunk_size`` records; afterwards
   ``metas`` holds every chunk's meta in order and ``chunks`` the ``ChunkStore`` the plan reads lengths
   from and the writers gather packs from;
-* ``write_shards(tasks)``: write the shards of ``write.write_shard``'s task tuples, entries in task order;
+* ``write_shards(tasks)``: write the shards of ``write.ShardTask`` tasks, entries in task order;
 * ``resumed_note(shards)``: what a resumed run says it kept; ``resume_notes()``: what it found damaged
   (scratch chunks whose arrays do not give their digest, encoded again).
 
@@ -36,7 +36,7 @@ from packtool.pipeline.chunks import ChunkStore, chunk_dir, chunk_intact, read_c
 from packtool.pipeline.encode import RunSpec, encode_to_chunks
 from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.memory import encode_in_memory, use_memory_store
-from packtool.pipeline.write import write_shard
+from packtool.pipeline.write import ShardTask, write_shard
 from packtool.readers.base import SourceBatch
 
 OnChunk = Callable[[dict, bool], None]  # (a chunk's meta, encoded now rather than kept from a killed run)
@@ -50,7 +50,7 @@ class EncodedStore(Protocol):
 
     def encode(self, records: Iterator[SourceBatch], on_chunk: OnChunk) -> None: ...
 
-    def write_shards(self, tasks: Iterable[tuple]) -> Iterator[ShardEntry]: ...
+    def write_shards(self, tasks: Iterable[ShardTask]) -> Iterator[ShardEntry]: ...
 
     def resumed_note(self, shards: str) -> str: ...
 
@@ -76,7 +76,7 @@ class ScratchChunks:
         )
         self.chunks = ChunkStore(Path(self.work), self.metas)
 
-    def write_shards(self, tasks: Iterable[tuple]) -> Iterator[ShardEntry]:
+    def write_shards(self, tasks: Iterable[ShardTask]) -> Iterator[ShardEntry]:
         return self.engine.map(_write_shard_task, tasks)
 
     def resumed_note(self, shards: str) -> str:
@@ -86,8 +86,9 @@ class ScratchChunks:
         if not self.damaged:
             return []
         return [
-            f"{len(self.damaged)} scratch chunk(s) of the interrupted run are damaged (chunk "
-            f"{self.damaged[0]}: its arrays do not give its digest); encoding them again"
+            f"{len(self.damaged)} scratch chunk(s) of the interrupted run are not what was encoded (chunk "
+            f"{self.damaged[0]}: its arrays do not give its digest, or an image file changed since); "
+            "encoding them again"
         ]
 
 
@@ -102,9 +103,9 @@ class InMemory:
     def encode(self, records: Iterator[SourceBatch], on_chunk: OnChunk) -> None:
         self.chunks, self.metas = encode_in_memory(self.spec, self.options, records, self.work, on_chunk)
 
-    def write_shards(self, tasks: Iterable[tuple]) -> Iterator[ShardEntry]:
+    def write_shards(self, tasks: Iterable[ShardTask]) -> Iterator[ShardEntry]:
         workers = self.options.running.num_proc
-        return thread_map(lambda task: write_shard(*task, store=self.chunks), tasks, workers)
+        return thread_map(lambda task: write_shard(task, store=self.chunks), tasks, workers)
 
     def resumed_note(self, shards: str) -> str:
         return f"resumed: {shards} (the input was read into memory again)"
@@ -123,8 +124,8 @@ def open_store(
     return ScratchChunks(spec, options, work, engine, resumed)
 
 
-def _write_shard_task(task: tuple) -> ShardEntry:
-    return write_shard(*task)
+def _write_shard_task(task: ShardTask) -> ShardEntry:
+    return write_shard(task)
 
 
 def _chunk_metas(work: str) -> list[dict]:

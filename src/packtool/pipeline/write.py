@@ -9,6 +9,7 @@ leaves a record in ``_work/shards/`` so that a resumed run keeps it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,8 @@ def build_pack_arrays(
     plan: PackPlan, store: ChunkStore, pad_token_id: int = 0, columns: list[str] | None = None
 ) -> PackArrays:
     """Materialize the packs of ``plan`` (usually a ``plan.slice`` of one row group), with the stored
-    ``columns`` (default: the ``full`` layout's).
+    ``columns`` (default: the ``full`` layout's), and a vision-language run's images with their columns
+    (``pipeline.images``).
 
     Tokens are copied by ``store.pieces_into`` straight from the chunks' maps into the ``(k, N)`` arrays
     (one slice per run of pieces contiguous in a chunk and in the pack), over arrays filled with the
@@ -93,23 +95,35 @@ def build_pack_arrays(
         cp_padding=None if plan.span is None else (plan.span - plan.length).astype(np.int32),
         next_label=next_label,
     )
-    return to_stored(packs, columns)
+    packs = to_stored(packs, columns)
+    if store.images is not None:  # vision-language packs: each image's columns, and its bytes
+        image_columns, where = store.images.pack_columns(plan)
+        for name, values in image_columns.items():
+            setattr(packs, name, values)
+        packs.images = store.images.read(where)
+    return packs
 
 
-def write_shard(
-    spec: RunSpec,
-    meta: ShardMeta,
-    plan: PackPlan,
-    work_dir: str,
-    out_dir: str,
-    split: str = "train",
-    number: int | None = None,
-    store: ChunkStore | None = None,
-) -> ShardEntry:
-    """Write shard ``meta.shard`` (the packs of ``plan``, of ``split``) into ``out_dir``; returns its
-    manifest entry. The tokens come from ``store`` (a ``MemoryStore`` the caller holds), else from the
-    chunks in ``work_dir``. ``number``: the shard's number among those of its split, in its file name
-    (``val-000000`` is the first validation shard); default ``meta.shard``."""
+@dataclass(frozen=True)
+class ShardTask:
+    """One shard to write: the run (``spec``), the shard (``meta``: the run id, its index, its first pack),
+    its packs (``plan``), where the encoded samples (``work_dir``) and the output (``out_dir``) are, its
+    ``split`` and its ``number`` among the shards of its split (``val-000000`` is the first validation
+    shard)."""
+
+    spec: RunSpec
+    meta: ShardMeta
+    plan: PackPlan
+    work_dir: str
+    out_dir: str
+    split: str = "train"
+    number: int = 0
+
+
+def write_shard(task: ShardTask, store: ChunkStore | None = None) -> ShardEntry:
+    """Write ``task``'s shard into its output directory; returns its manifest entry. The tokens come from
+    ``store`` (a ``MemoryStore`` the caller holds), else from the chunks in ``task.work_dir``."""
+    spec, meta, plan, work_dir = task.spec, task.meta, task.plan, task.work_dir
     w = worker(spec)
     options = w.options
     store = store if store is not None else w.store(work_dir)
@@ -122,9 +136,8 @@ def write_shard(
         )
         for a in range(0, plan.num_packs, step)
     )
-    name = writer.shard_name(meta.shard if number is None else number, split)
-    path = Path(out_dir) / name
-    entry = shard_entry(path, meta, plan, split, writer.write(path, blocks, meta, options.output))
+    path = Path(task.out_dir) / writer.shard_name(task.number, task.split)
+    entry = shard_entry(path, meta, plan, task.split, writer.write(path, blocks, meta, options.output))
     write_json_atomic(_record(work_dir, meta.shard), entry.to_dict())  # done: a resumed run skips it
     return entry
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -14,6 +15,13 @@ from packtool.errors import ErrorSink, InputError
 # otherwise blamed on the rows whose kind differs from most rows'.
 _LIST_OF_NUMBERS = "list of number"
 KNOWN_KINDS = {"input_ids": _LIST_OF_NUMBERS, "labels": _LIST_OF_NUMBERS, "loss_mask": _LIST_OF_NUMBERS}
+
+# packtool's own fields whose values may be any JSON (conversations, content parts, an image or a list of
+# images): in a batch where they cannot be one Arrow column (a string in one record, a list in the next, as
+# LLaVA's ``image`` and chat ``content`` are), they are kept as each value's JSON text, in a field whose
+# metadata says so (``JSON_METADATA``), and ``column_values`` reads them back.
+JSON_FIELDS = frozenset({"messages", "conversations", "tools", "image", "images"})
+JSON_METADATA = {b"packtool.value": b"json"}
 
 # The fields the caller (the encoder) reads: a set of names, or a function of the fields a batch holds
 # that returns one (called only when a field's values cannot be one column); None reads every field.
@@ -133,6 +141,7 @@ def _columnarize(
         for key, value in rec.items():
             columns[key][i] = value
     arrays = {}
+    as_json = set()  # JSON_FIELDS kept as JSON text
     unresolved = object()
     used = unresolved  # resolved at the first field whose values cannot be one column
     for key, values in columns.items():
@@ -145,6 +154,10 @@ def _columnarize(
             used = resolve_used(used_fields, list(columns))
         if used is not None and key not in used:
             continue  # never read: left out rather than stop the run or skip records over it
+        if key in JSON_FIELDS and not bad_unicode:  # any JSON: each value as its JSON text
+            arrays[key] = pa.array([None if v is None else json.dumps(v) for v in values], pa.large_string())
+            as_json.add(key)
+            continue
         if bad_unicode:
             i = next(i for i, v in enumerate(values) if not _valid_unicode(v))
             raise _locate(
@@ -159,7 +172,27 @@ def _columnarize(
                 f"column): {str(values[i])[:40]!r}"
             )
         raise _locate(source, rows, row_kind, i, key, message, "wrong_type")
-    return SourceBatch(source, pa.RecordBatch.from_pydict(arrays), rows, row_kind)
+    fields = [
+        pa.field(k, a.type, metadata=JSON_METADATA if k in as_json else None) for k, a in arrays.items()
+    ]
+    batch = pa.RecordBatch.from_arrays(list(arrays.values()), schema=pa.schema(fields))
+    return SourceBatch(source, batch, rows, row_kind)
+
+
+def column_values(batch: pa.RecordBatch, name: str) -> list:
+    """Field ``name`` of every record as Python values: a field kept as JSON text (``JSON_FIELDS``) parsed
+    back, any other converted by Arrow.
+
+    >>> b = batch_from_pylist([{"image": "a.png"}, {"image": ["b.png", "c.png"]}], "x.jsonl",
+    ...                       np.array([1, 2]), "line").batch
+    >>> b.schema.field("image").type, column_values(b, "image")
+    (DataType(large_string), ['a.png', ['b.png', 'c.png']])
+    """
+    field = batch.schema.field(name)
+    values = batch.column(name).to_pylist()
+    if field.metadata and field.metadata.get(b"packtool.value") == b"json":
+        return [None if v is None else json.loads(v) for v in values]
+    return values
 
 
 def _locate(

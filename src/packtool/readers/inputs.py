@@ -9,6 +9,8 @@ Supported inputs:
 * those and ``*.txt`` compressed (``.gz``, ``.bz2``, ``.zst``, ``.lz4``; ``readers.compressed``), read by
   the driver;
 * ``*.parquet``;
+* ``*.tar``: WebDataset shards, a record per sample key and a field per member extension
+  (``readers.webdataset``);
 * ``*.txt``: one sample per non-blank line; a directory of ``.txt`` files: one sample per file (files of
   no known format in it, e.g. a README, are ignored, as in any directory);
 * a directory written by ``datasets``' ``save_to_disk``;
@@ -30,6 +32,7 @@ from packtool.readers.compressed import input_format, is_compressed
 from packtool.readers.jsonl import read_jsonl
 from packtool.readers.parquet import read_parquet
 from packtool.readers.text import read_text_dir, read_text_lines
+from packtool.readers.webdataset import read_webdataset
 from packtool.safepath import file_kind
 
 __all__ = ["SourceBatch", "expand_inputs", "input_bytes", "piece_bytes", "read_inputs"]
@@ -40,6 +43,7 @@ _FILE_READERS = {
     ".ndjson": "jsonl",
     ".parquet": "parquet",
     ".txt": "text",
+    ".tar": "webdataset",
 }
 
 
@@ -104,14 +108,15 @@ def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
             return [("text_dir", str(path), [str(p) for p in known])]
         if not known:
             raise InputError(
-                "directory holds no file of a known format (.jsonl .json .parquet .txt)", source=str(path)
+                "directory holds no file of a known format (.jsonl .json .parquet .txt .tar)",
+                source=str(path),
             )
         return [(_reader_of(p), str(p), []) for p in known]
     if not _reader_of(path):
         suffix, codec = input_format(path)
         raise InputError(
             f"unknown input format '{path.suffix if codec is None else suffix + path.suffix}' (known: .jsonl "
-            ".json .parquet .txt, compressed .jsonl .json .txt (.gz .bz2 .zst .lz4), a save_to_disk "
+            ".json .parquet .txt .tar, compressed .jsonl .json .txt (.gz .bz2 .zst .lz4), a save_to_disk "
             "directory, hf:NAME)",
             source=str(path),
         )
@@ -127,10 +132,11 @@ def _expand_path(path: Path) -> list[tuple[str, str, list[str]]]:
 
 def _reader_of(path: Path) -> str | None:
     """The reader of a file by its suffixes, None if none: a compressed file's inner suffix decides
-    (Parquet compresses its own pages: a compressed Parquet file is not read)."""
+    (Parquet compresses its own pages: a compressed Parquet file is not read; a compressed tar has no
+    member offsets to hand out)."""
     suffix, codec = input_format(path)
     kind = _FILE_READERS.get(suffix)
-    return None if codec is not None and kind == "parquet" else kind
+    return None if codec is not None and kind in ("parquet", "webdataset") else kind
 
 
 def read_inputs(
@@ -166,6 +172,8 @@ def read_inputs(
             batches = read_text_lines(source, text_field=text_field, sink=sink, lazy=lazy)
         elif kind == "text_dir":
             batches = read_text_dir(files, source, text_field=text_field, sink=sink, lazy=lazy)
+        elif kind == "webdataset":
+            batches = read_webdataset(source, sink=sink, lazy=lazy)
         else:  # datasets is slow to import: only a run that reads a dataset pays for it
             from packtool.readers import hf
 

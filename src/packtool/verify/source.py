@@ -48,11 +48,13 @@ class SourceCheck:
         report: VerifyReport,
         progress: bool,
         tokenizer: str | None = None,
+        processor: str | None = None,
     ) -> SourceCheck:
         """Re-encode the source with the run's config, the tokenizer replaced by ``tokenizer`` when the
-        user gives one (``verify --tokenizer``). A manifest is untrusted input: a tokenizer it names that
-        is code (a ``module:callable`` or ``file.py:callable`` plugin) is never imported on its word, only
-        when the user names it (``ConfigError`` otherwise); a tokenizer file or model folder is data."""
+        user gives one (``verify --tokenizer``), a vision-language run's processor by ``processor``. A
+        manifest is untrusted input: a tokenizer it names that is code (a ``module:callable`` or
+        ``file.py:callable`` plugin) is never imported on its word, only when the user names it
+        (``ConfigError`` otherwise); a tokenizer file or model folder is data."""
         if manifest.stats.policy_packs:
             raise ConfigError(
                 f"--source cannot check this output: its {manifest.stats.policy_packs:,} packs hold what the "
@@ -68,8 +70,9 @@ class SourceCheck:
                 f"--source: the run's tokenizer is code ({recorded_tokenizer}), and verify runs only "
                 "code named on its command line: pass --tokenizer SPEC (that plugin, if you trust it)"
             )
+        replaced = {"processor": processor} if processor else {"tokenizer": tokenizer or recorded_tokenizer}
         options = PackOptions.from_provenance(
-            {**manifest.provenance, "tokenizer": tokenizer or recorded_tokenizer},
+            {**manifest.provenance, **replaced},
             inputs=list(inputs) or recorded_inputs or manifest.option("inputs") or [],
         )
         # bad records are left out as the run left them (its on_error), fields it did not read ignored

@@ -12,34 +12,28 @@ the spans' first tokens are compared (one image token for all), and a note says 
 the images read with the manifest's ``vision.packed_images``.
 
 ``VisionSourceCheck`` is ``verify --source`` for such outputs: the inputs read and encoded again with the
-run's processor and options (``vision.run``'s readers, encoder and bad-record rules), every piece compared
-token by token (``verify.source.SourceCheck``), and every image of every packed sample found in its pack
-with the source's bytes, every image accounted for.
+run's processor and options (the pipeline's readers, vision encoder and bad-record rules), every piece
+compared token by token (``verify.source.SourceCheck``), and every image of every packed sample found in
+its pack with the source's bytes (their digests), every image accounted for.
 """
 
 from __future__ import annotations
 
-import hashlib
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from packtool.arrays import ranges
-from packtool.errors import ErrorSink, InputError
+from packtool.errors import InputError
 from packtool.manifest import IGNORE_INDEX, MANIFEST, Manifest
-from packtool.options import PackOptions
 from packtool.packs import PackArrays
 from packtool.schema import piece_starts
 from packtool.verify.report import VerifyReport
 from packtool.verify.source import SourceCheck
+from packtool.vision.files import image_digest
 from packtool.vision.images import image_size
-from packtool.vision.inputs import read_vision_samples
 from packtool.vision.processor import VisionProcessor, load_processor
-from packtool.vision.run import fitting, memory_store
-from packtool.vision.sequences import encode_samples
-from packtool.vision.storage import ImageTable
 
 
 def recorded_processor(manifest: Manifest) -> dict:
@@ -189,9 +183,10 @@ class ImageCheck:
 
 @dataclass
 class VisionSourceCheck(SourceCheck):
-    """``verify --source`` of a vision-language output (module docstring)."""
+    """``verify --source`` of a vision-language output (module docstring): the source encoded again by
+    the pipeline's own readers and vision encoder (``SourceCheck.start``), whose chunks keep each image's
+    digest, so the packs' images are compared with the source's without reading an image twice."""
 
-    table: ImageTable | None = None
     images_seen: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @classmethod
@@ -199,33 +194,14 @@ class VisionSourceCheck(SourceCheck):
         cls, manifest: Manifest, inputs: list[str], report: VerifyReport, processor: VisionProcessor
     ) -> VisionSourceCheck:
         """Read and encode the source again as the run did (its options from the provenance)."""
-        recorded = [i.path if i.path and Path(i.path).exists() else i.source for i in manifest.inputs]
-        options = PackOptions.from_provenance(
-            {**manifest.provenance, "processor": processor.path},
-            inputs=list(inputs) or recorded or manifest.option("inputs") or [],
-        )
-        sink = ErrorSink(options.running.on_error)
-        kept, sequences = encode_samples(processor, read_vision_samples(options.reading.inputs, sink), sink)
-        kept, sequences = fitting(kept, sequences, manifest.packed_sequence_size, sink)
-        if sink.total != manifest.stats.skipped_samples:
-            report.add(
-                "source",
-                f"the source has {sink.total:,} bad records to skip, the manifest says "
-                f"{manifest.stats.skipped_samples:,}",
-                shard=MANIFEST,
-                field="skipped_samples",
-            )
-        tmp = tempfile.TemporaryDirectory(prefix="packtool-verify-")
-        store, _ = memory_store(kept, sequences, options, Path(tmp.name))
-        lengths = store.lengths().astype(np.int64)
-        table = ImageTable.of(kept, sequences)
-        zeros = np.zeros(len(lengths), dtype=np.int64)
-        return cls(manifest, report, store, lengths, zeros, tmp, 0, table, np.zeros(len(lengths), np.int64))
+        check = cls.start(manifest, inputs, report, progress=False, processor=processor.path)
+        check.images_seen = np.zeros(len(check.lengths), dtype=np.int64)
+        return check
 
     def add(self, packs: PackArrays, used: np.ndarray, first: int, name: str) -> None:
-        """The tokens (``SourceCheck.add``), then every image against its source image."""
+        """The tokens (``SourceCheck.add``), then every image against its source image's digest."""
         super().add(packs, used, first, name)
-        if packs.images is None or packs.image_sample_offsets is None:
+        if packs.images is None or packs.image_sample_offsets is None or self.store.images is None:
             return  # (ImageCheck reports it)
         offsets = packs.image_sample_offsets
         pack = np.repeat(np.arange(packs.num_packs), np.diff(offsets))
@@ -235,23 +211,24 @@ class VisionSourceCheck(SourceCheck):
         sample = packs.sample_index.astype(np.int64)[piece]
         group = np.flatnonzero(np.r_[True, piece[1:] != piece[:-1]]) if len(piece) else np.zeros(0, int)
         index = np.arange(len(piece)) - np.repeat(group, np.diff(np.r_[group, len(piece)]))
+        inside = (sample >= 0) & (sample < len(self.lengths))
+        source = self.store.images.digests(np.where(inside, sample, 0), index)
         data = packs.images.field("bytes").to_pylist()
-        table = self.table
         for j, (s, k) in enumerate(zip(sample.tolist(), index.tolist(), strict=True)):
-            if not 0 <= s < len(self.lengths) or k >= table.first[s + 1] - table.first[s]:
+            if not inside[j] or source[j] is None:
                 message = f"image {k} of sample {s} is not an image of the source"
                 self.report.add("source", message, shard=name, pack=first + int(pack[j]), field="images")
                 continue
             self.images_seen[s] += 1
-            ref = table.refs[int(table.first[s]) + k]
-            if hashlib.sha256(data[j] or b"").digest() != hashlib.sha256(ref.read_bytes()).digest():
-                message = f"image {k} of sample {s} ({self.where(s)}): bytes differ from {ref.name}'s"
+            digest, image = source[j]
+            if image_digest(data[j] or b"") != digest:
+                message = f"image {k} of sample {s} ({self.where(s)}): bytes differ from {image}'s"
                 self.report.add("source", message, shard=name, pack=first + int(pack[j]), field="images")
 
     def finish(self) -> None:
         """Every sample (``SourceCheck.finish``), and every image of a packed sample found once."""
         super().finish()
-        per_sample = np.diff(self.table.first)
+        per_sample = self.store.images.counts() if self.store.images is not None else self.images_seen * 0
         packed = self.seen > 0
         wrong = np.flatnonzero(packed & (self.images_seen != per_sample))
         problems = (

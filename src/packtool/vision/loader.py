@@ -63,6 +63,7 @@ from packtool.errors import InputError
 from packtool.loader.batch import PackedBatch, batch_stack, default_batch, packed_batch
 from packtool.loader.dataset import PackedDataset
 from packtool.manifest import Manifest
+from packtool.masks import AttentionPattern
 from packtool.schema import IMAGE_COLUMNS
 from packtool.vision.model_inputs import concat_padded, decode_images, image_inputs, token_type_rule
 from packtool.vision.positions import GetRopeIndex, pack_mrope_position_ids
@@ -112,19 +113,30 @@ class VisionBatch(PackedBatch):
 
     def build_mask(self) -> VisionBatch:
         """``PackedBatch.build_mask``; with ``token_type_ids``, the tokens of one image (a run of 1s) see
-        each other both ways in the ``dense`` and ``additive`` masks (Gemma 3's rule)."""
+        each other both ways in the ``dense`` and ``additive`` masks (Gemma 3's rule), inside the sliding
+        window of a layer type that has one (transformers' Gemma 3: the window AND the image blocks)."""
         built = self.attention_mask is not None
         super().build_mask()
         if self.token_type_ids is None or built or self.mask not in ("dense", "additive"):
             return self
-        image = self.token_type_ids.to(self.attention_mask.device) == 1
+        masks = self.attention_mask
+        device = (next(iter(masks.values())) if isinstance(masks, dict) else masks).device
+        image = self.token_type_ids.to(device) == 1
         start = image & ~torch.nn.functional.pad(image, (1, 0))[:, :-1]
         block = torch.where(image, torch.cumsum(start.to(torch.int64), dim=1), 0)
         same = (block[:, :, None] == block[:, None, :]) & image[:, :, None]
-        if self.mask == "dense":
-            self.attention_mask = self.attention_mask | same[:, None]
+        distance = torch.arange(image.shape[1], device=device)
+        distance = distance[:, None] - distance[None, :]
+
+        def with_blocks(mask: torch.Tensor, window: int | None) -> torch.Tensor:
+            both = same if window is None else same & (distance < window)  # q - window < k, as its window
+            return mask | both[:, None] if self.mask == "dense" else mask.masked_fill(both[:, None], 0.0)
+
+        windows = (self.attention or AttentionPattern()).windows()
+        if isinstance(masks, dict):
+            self.attention_mask = {kind: with_blocks(m, windows.get(kind)) for kind, m in masks.items()}
         else:
-            self.attention_mask = self.attention_mask.masked_fill(same[:, None], 0.0)
+            self.attention_mask = with_blocks(masks, next(iter(windows.values())))
         return self
 
     def model_inputs(self) -> dict[str, Any]:

@@ -1,7 +1,9 @@
-"""Vision-language inputs -> ``VisionSample``: a conversation whose image parts name their images.
+"""Vision-language records -> ``VisionSample``: a conversation whose image parts name their images.
 
-Every input becomes the same thing: ``messages`` in the Hugging Face chat format, each ``content`` a list of
-parts, ``{"type": "text", "text": ...}`` and ``{"type": "image"}`` in reading order, and ``images``, one
+The readers (``packtool.readers``) give records of any input kind: JSON Lines and JSON (compressed too),
+Parquet, ``save_to_disk`` datasets and ``hf:NAME``, WebDataset tar shards. Every record becomes the same
+thing: ``messages`` in the Hugging Face chat format, each ``content`` a list of parts,
+``{"type": "text", "text": ...}`` and ``{"type": "image"}`` in reading order, and ``images``, one
 ``ImageRef`` per image part, in that order. The model's chat template renders the image parts
 (``packtool.vision.sequences``). Text-only samples have no image part and an empty ``images``.
 
@@ -16,26 +18,26 @@ Records (``sample_from_record``), told apart by their fields:
   downloaded) as a string, or holds its bytes
   (``image``/``bytes``: bytes, or ``{"bytes": ..., "path": ...}`` as a ``datasets.Image`` column stores
   them); a part without one takes the next of the record's ``images`` list (TRL's layout).
-* Hugging Face datasets (``packtool.vision.hf_samples``): records of either kind whose ``image``/``images``
-  columns are ``datasets.Image`` features, read undecoded (``{"bytes", "path"}``).
-* WebDataset captioning shards (Energon's ``CaptioningSample`` layout): per sample key one image member
-  (``.jpg``, ``.jpeg``, ``.png``, ``.webp``) and a ``.txt`` caption or a ``.json`` with a ``caption``; the
-  sample is a user turn holding the image and an assistant turn holding the caption.
+* captioning (a WebDataset shard's sample in Energon's ``CaptioningSample`` layout): one image member
+  (``jpg``, ``jpeg``, ``png``, ``webp``) and a ``txt`` caption or a ``json`` with a ``caption``; the sample
+  is a user turn holding the image and an assistant turn holding the caption.
 
-Paths resolve against the directory of the input file that names them (absolute paths stay). Errors are
-``InputError`` naming the file, the line or row, the field and the image.
+Paths resolve against the directory of the input file that names them (absolute paths stay). An image is
+read once, when its sample is encoded (``ImageRef.load``): its bytes, their digest and its size from its
+header. Errors are ``InputError`` naming the file, the line or row, the field and the image.
 """
 
 from __future__ import annotations
 
 import json
-import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packtool.errors import ErrorSink, InputError
+from packtool.readers.base import SourceBatch, column_values
+from packtool.vision.files import FileStamp, image_digest, read_image_file
 from packtool.vision.images import ImageSize, image_size
 
 LLAVA_ROLES = {
@@ -46,7 +48,20 @@ LLAVA_ROLES = {
     "system": "system",
 }
 PLACEHOLDER = "<image>"
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # a captioning sample's image member
+
+
+@dataclass(frozen=True)
+class LoadedImage:
+    """An image as read for its sample: its bytes, their XXH3-128 ``digest``, its ``size`` from the header,
+    and for a file its resolved ``path`` and ``stamp`` (an image held in the record has neither)."""
+
+    name: str
+    data: bytes
+    digest: bytes
+    size: ImageSize
+    path: str | None = None
+    stamp: FileStamp | None = None
 
 
 @dataclass(frozen=True)
@@ -56,29 +71,41 @@ class ImageRef:
     path: str | None = None
     data: bytes | None = None
     name: str = ""
-    remote: bool = False  # an http(s):// or other URL: never fetched, refused when its size is asked
+    remote: bool = False  # an http(s):// or other URL: never fetched, refused when it is read
 
-    def read_bytes(self) -> bytes:
-        """The image's encoded bytes, unchanged."""
-        return self.data if self.data is not None else Path(self.path).read_bytes()
+    def load(self) -> LoadedImage:
+        """The image read once: a file as inputs are read (``images.read_image_file``: a regular file, of
+        bounded size), its digest, and its size from its header (``images.image_size``).
 
-    def size(self) -> ImageSize:
-        """Its size from the header (``image_size``)."""
+        >>> import io; from PIL import Image
+        >>> buffer = io.BytesIO(); Image.new("RGB", (4, 3)).save(buffer, format="PNG")
+        >>> loaded = ImageRef(data=buffer.getvalue(), name="a.png").load()
+        >>> (loaded.size.height, loaded.size.width, len(loaded.digest))
+        (3, 4, 16)
+        """
         if self.remote:
             raise InputError("a URL: packtool reads local files and bytes only, nothing is downloaded",
                              field="image", code="missing_image")  # fmt: skip
-        return image_size(self.data if self.data is not None else self.path, self.name)
+        stamp = None
+        if self.data is not None:
+            data = self.data
+        else:
+            data, stamp = read_image_file(self.path, self.name)
+        size = image_size(data, self.name)
+        return LoadedImage(self.name, data, image_digest(data), size, self.path, stamp)
 
 
 @dataclass
 class VisionSample:
-    """A conversation with its images. ``source``, ``row`` and ``row_kind`` locate it for errors."""
+    """A conversation with its images. ``source``, ``row`` and ``row_kind`` locate it for errors;
+    ``loaded``: its images once read (``load_images``)."""
 
     messages: list[dict]
     images: list[ImageRef] = field(default_factory=list)
     source: str = ""
     row: int = 0
     row_kind: str = "row"
+    loaded: list[LoadedImage] | None = None
 
     def error(self, message: str, field: str | None = None, code: str = "invalid") -> InputError:
         """An ``InputError`` naming this sample's file, row and ``field``; ``code`` is the reason counted
@@ -87,20 +114,26 @@ class VisionSample:
             message, source=self.source, row=self.row, field=field, row_kind=self.row_kind, code=code
         )
 
+    def load_images(self) -> list[LoadedImage]:
+        """Read every image once (``ImageRef.load``); a bad image's error names this sample and the image."""
+        if self.loaded is None:
+            loaded = []
+            for k, ref in enumerate(self.images):
+                try:
+                    loaded.append(ref.load())
+                except InputError as e:
+                    raise self.error(f"image {k} ({ref.name}): {e.reason}", "image", e.code) from None
+            self.loaded = loaded
+        return self.loaded
+
     def image_sizes(self) -> list[ImageSize]:
-        """Each image's size, read from its header; a bad image's error names this sample and the image."""
-        sizes = []
-        for k, ref in enumerate(self.images):
-            try:
-                sizes.append(ref.size())
-            except InputError as e:
-                raise self.error(f"image {k} ({ref.name}): {e.reason}", "image", e.code) from None
-        return sizes
+        """Each image's size from its header (the images are read once, ``load_images``)."""
+        return [image.size for image in self.load_images()]
 
 
 def sample_from_record(record: dict, source: str, row: int, row_kind: str = "row") -> VisionSample:
-    """A LLaVA or chat record (see the module docstring) as a ``VisionSample``; paths resolve against the
-    directory of ``source``.
+    """A LLaVA, chat or captioning record (see the module docstring) as a ``VisionSample``; paths resolve
+    against the directory of ``source``.
 
     >>> turns = [{"from": "human", "value": "<image>\\nWhat?"}, {"from": "gpt", "value": "A cat."}]
     >>> s = sample_from_record({"image": "a.png", "conversations": turns}, "data/x.jsonl", 1, "line")
@@ -109,13 +142,29 @@ def sample_from_record(record: dict, source: str, row: int, row_kind: str = "row
     """
     sample = VisionSample([], [], source, row, row_kind)
     base = Path(source).parent
-    if "conversations" in record:
+    if record.get("conversations") is not None:
         _llava(record, sample, base)
-    elif "messages" in record:
+    elif record.get("messages") is not None:
         _chat(record, sample, base)
+    elif any(record.get(ext) is not None for ext in IMAGE_EXTENSIONS):
+        _captioning(record, sample)
     else:
-        raise sample.error("a record needs 'conversations' (LLaVA) or 'messages' (chat)")
+        raise sample.error(
+            "a record needs 'conversations' (LLaVA), 'messages' (chat), or an image and a caption "
+            "(WebDataset captioning)"
+        )
     return sample
+
+
+def batch_samples(batch: SourceBatch, fields: Collection[str]) -> list[VisionSample]:
+    """The records of a reader's batch as ``VisionSample`` objects (``sample_from_record``), reading only
+    ``fields`` (``encoders.registry.VISION_FIELDS``); a record that is none raises, naming its row."""
+    names = [n for n in batch.schema.names if n in fields]
+    columns = {n: column_values(batch.batch, n) for n in names}
+    return [
+        sample_from_record({n: columns[n][i] for n in names}, batch.source, row, batch.row_kind)
+        for i, row in enumerate(batch.rows.tolist())
+    ]
 
 
 def _image_ref(value: Any, base: Path, name: str) -> ImageRef | None:
@@ -136,7 +185,7 @@ def _image_ref(value: Any, base: Path, name: str) -> ImageRef | None:
 
 
 def _llava(record: dict, sample: VisionSample, base: Path) -> None:
-    images = record.get("image", record.get("images"))
+    images = record.get("image") if record.get("image") is not None else record.get("images")
     images = [] if images is None else images if isinstance(images, list) else [images]
     for k, value in enumerate(images):
         ref = _image_ref(value, base, f"image {k}")
@@ -214,39 +263,28 @@ def _chat(record: dict, sample: VisionSample, base: Path) -> None:
         raise sample.error(message, "images", "image_count")
 
 
-def read_json_samples(path: str | Path, sink: ErrorSink | None = None) -> Iterator[VisionSample]:
-    """The samples of a JSON Lines file (rows named by line, from 1) or a JSON array (rows from 0). A bad
-    record goes to ``sink`` (``--on-error``: raise, or count it and go on); without one it raises."""
-    source = str(path)
-    text = Path(path).read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
+def _captioning(record: dict, sample: VisionSample) -> None:
+    images = [ext for ext in IMAGE_EXTENSIONS if record.get(ext) is not None]
+    key = record.get("__key__", sample.row)
+    if len(images) != 1:
+        raise sample.error(f"sample {key!r} has {len(images)} image members ({', '.join(images)})", "image")
+    if record.get("txt") is not None:
+        caption = record["txt"]
+    elif record.get("json") is not None:
         try:
-            records = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(f"malformed JSON: {e}", source=source) from None
-        for i, record in enumerate(records):
-            yield from _or_sink(sink, _record, record, source, i, "row")
-        return
-    for i, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            error = InputError(
-                f"malformed JSON: {e.msg}", source=source, row=i, row_kind="line", code="malformed_json"
-            )
-            report(sink, error)
-            continue
-        yield from _or_sink(sink, _record, record, source, i, "line")
-
-
-def _or_sink(sink: ErrorSink | None, make: Callable[..., VisionSample], *args: Any) -> Iterator[VisionSample]:
-    """``make(*args)``'s sample, or nothing when it raised an ``InputError`` that ``sink`` counts."""
-    try:
-        yield make(*args)
-    except InputError as e:
-        report(sink, e)
+            meta = json.loads(record["json"])
+        except ValueError:
+            raise sample.error(f"sample {key!r}: its .json is not JSON", "json") from None
+        caption = meta.get("caption") if isinstance(meta, dict) else None
+        if not isinstance(caption, str):
+            raise sample.error(f"sample {key!r}: its .json has no string 'caption'", "json")
+    else:
+        raise sample.error(f"sample {key!r} has no .txt or .json caption", "txt")
+    sample.images.append(ImageRef(data=bytes(record[images[0]]), name=f"{key}.{images[0]}"))
+    sample.messages = [
+        {"role": "user", "content": [{"type": "image"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": caption}]},
+    ]
 
 
 def report(sink: ErrorSink | None, error: InputError) -> None:
@@ -254,55 +292,3 @@ def report(sink: ErrorSink | None, error: InputError) -> None:
     if sink is None:
         raise error
     sink.bad(error)
-
-
-def _record(record: Any, source: str, row: int, row_kind: str) -> VisionSample:
-    if not isinstance(record, dict):
-        raise InputError("a record must be a JSON object", source=source, row=row, row_kind=row_kind)
-    return sample_from_record(record, source, row, row_kind)
-
-
-def read_webdataset_samples(shard: str | Path, sink: ErrorSink | None = None) -> Iterator[VisionSample]:
-    """The captioning samples of a WebDataset tar shard: members grouped by key (the name up to the first
-    dot of its last path part), one image and a ``.txt`` or ``.json`` caption each. Rows count samples
-    from 0 in the shard's order. A bad sample goes to ``sink`` (see ``read_json_samples``)."""
-    source = str(shard)
-    with tarfile.open(shard) as tar:
-        key, group, row = None, {}, 0
-        for member in tar:
-            if not member.isfile():
-                continue
-            folder, _, base = member.name.rpartition("/")
-            name, _, ext = base.partition(".")
-            member_key = f"{folder}/{name}" if folder else name
-            if member_key != key and group:
-                yield from _or_sink(sink, _captioning, group, key, source, row)
-                row, group = row + 1, {}
-            key = member_key
-            group["." + ext.lower()] = tar.extractfile(member).read()
-        if group:
-            yield from _or_sink(sink, _captioning, group, key, source, row)
-
-
-def _captioning(group: dict[str, bytes], key: str, source: str, row: int) -> VisionSample:
-    sample = VisionSample([], [], source, row, "sample")
-    images = [ext for ext in group if ext in IMAGE_EXTENSIONS]
-    if len(images) != 1:
-        raise sample.error(
-            f"sample {key!r} has {len(images)} image members (one of {IMAGE_EXTENSIONS})", "image"
-        )
-    if ".txt" in group:
-        caption = group[".txt"].decode("utf-8")
-    elif ".json" in group:
-        meta = json.loads(group[".json"])
-        caption = meta.get("caption") if isinstance(meta, dict) else None
-        if not isinstance(caption, str):
-            raise sample.error(f"sample {key!r}: its .json has no string 'caption'", "json")
-    else:
-        raise sample.error(f"sample {key!r} has no .txt or .json caption", "txt")
-    sample.images.append(ImageRef(data=group[images[0]], name=f"{key}{images[0]}"))
-    sample.messages = [
-        {"role": "user", "content": [{"type": "image"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": caption}]},
-    ]
-    return sample

@@ -17,39 +17,31 @@ from packtool.loader.dataset import _Item, _Parcel
 from packtool.reading import read_packs
 from packtool.vision.loader import IMAGE_COLUMNS, VisionBatch, VisionTaskEncoder, vision_dataset
 from packtool.vision.model_inputs import decode_images
-from packtool.vision.packs import plan_packs
 from packtool.vision.processor import load_processor
-from packtool.vision.records import pack_records
-from packtool.vision.samples import read_json_samples
-from packtool.vision.sequences import encode_sample, sequence_columns
 from tests.fixtures.vision_inputs import image_bytes, write_llava_input
 from tests.fixtures.vision_processors import build_llava
 
 
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
-    """The LLaVA processor and the four demo samples' packs (two or more), as the loader's pack dicts."""
+    """The LLaVA processor and the four demo samples packed by ``packtool pack --processor`` (``run_pack`` in
+    this process) into packs of 90 tokens (one or two samples each), as the loader's pack dicts, and the
+    output directory."""
+    from packtool.options import PackOptions
+    from packtool.pipeline.run import run_pack
+
     tmp = tmp_path_factory.mktemp("vision_loader")
     vp = load_processor(build_llava(tmp / "llava"))
-    samples = list(read_json_samples(write_llava_input(tmp / "input")))
-    sequences = [encode_sample(vp, s) for s in samples]
-    lengths = [len(s) for s in sequences]
-    plan = plan_packs(sequences, max(max(lengths), (sum(lengths) + 1) // 2) + 5)
-    rows = pack_records(sequence_columns(sequences), plan, samples, pad_id=0).to_pylist()
-    names = ("input_ids", "labels", "position_ids", "seq_lens", *IMAGE_COLUMNS[1:])
-    packs = [
-        {
-            **{name: np.asarray(row[name], np.int32) for name in names},
-            "images": row["images"],
-            "pack_index": k,
-        }
-        for k, row in enumerate(rows)
-    ]
-    return vp, packs
+    options = PackOptions.of(inputs=[str(write_llava_input(tmp / "input"))], output=str(tmp / "out"),
+                             processor=vp.path, packed_sequence_size=90, num_proc=1, quiet=True)  # fmt: skip
+    run_pack(options)
+    packs = [{**pack, "pack_index": k} for k, pack in enumerate(read_packs(tmp / "out"))]
+    assert len(packs) >= 2 and all(name in packs[0] for name in IMAGE_COLUMNS)
+    return vp, packs, tmp / "out"
 
 
 def test_a_batch_holds_each_packs_images_in_order_and_travels_whole(stored):
-    vp, packs = stored
+    vp, packs, _ = stored
     encoder = VisionTaskEncoder(vp, mask="varlen")
     encoded = [encoder.encode_sample(p) for p in packs]
     batch = encoder.encode_batch(encoder.batch(encoded))
@@ -105,7 +97,7 @@ BAD_PACKS = {
 
 @pytest.mark.parametrize("case", list(BAD_PACKS))
 def test_a_bad_pack_is_one_line_naming_it(stored, case):
-    vp, packs = stored
+    vp, packs, _ = stored
     pack = next(p for p in packs if len(p["images"]))
     damage, message = BAD_PACKS[case]
     with pytest.raises(InputError, match=message) as e:
@@ -116,7 +108,7 @@ def test_a_bad_pack_is_one_line_naming_it(stored, case):
 def test_a_decompression_bomb_is_refused(stored, monkeypatch):
     from PIL import Image
 
-    vp, packs = stored
+    vp, packs, _ = stored
     pack = next(p for p in packs if len(p["images"]))
     big = image_bytes(300, 300)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 300 * 300 // 2)
@@ -127,24 +119,14 @@ def test_a_decompression_bomb_is_refused(stored, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def output(stored, tmp_path_factory):
-    """The demo samples packed by ``packtool pack --processor`` (``run_pack`` in this process) into packs
-    of 90 tokens: one or two samples each."""
-    from packtool.options import PackOptions
-    from packtool.pipeline.run import run_pack
-
-    vp, _ = stored
-    tmp = tmp_path_factory.mktemp("vision_output")
-    options = PackOptions.of(inputs=[str(write_llava_input(tmp / "input"))], output=str(tmp / "out"),
-                             processor=vp.path, packed_sequence_size=90, num_proc=1, quiet=True)  # fmt: skip
-    run_pack(options)
-    return tmp / "out"
+def output(stored):
+    return stored[2]
 
 
 def test_workers_give_the_images_of_each_pack_and_resume_exactly(stored, output):
     """2 DataLoader workers: every pack once, its images in pack order (what processing its stored bytes
     alone gives); a loader restored from the state after the first batch gives the rest, equal."""
-    vp, _ = stored
+    vp, _, _ = stored
     want = {}
     for k, pack in enumerate(read_packs(output)):  # the processor on each sample of the pack alone
         images = decode_images([image["bytes"] for image in pack["images"]])
@@ -188,7 +170,7 @@ def test_pixel_values_are_the_processors_on_each_image_as_opened(stored):
 
     from packtool.vision.model_inputs import image_inputs
 
-    vp, _ = stored
+    vp, _, _ = stored
     rgba = Image.new("RGBA", (40, 30), (0, 0, 0, 0))
     rgba.paste((200, 30, 30, 255), (10, 10, 30, 20))
     palette = rgba.convert("RGB").quantize(colors=8)

@@ -1,5 +1,6 @@
-"""Inputs -> ``VisionSample``: LLaVA JSON / JSON Lines, chat messages with image parts, Hugging Face
-datasets with ``Image`` features, WebDataset captioning shards; and the bad rows, as a table."""
+"""Records -> ``VisionSample``, read by the pipeline's readers: LLaVA JSON / JSON Lines, chat messages with
+image parts, Hugging Face datasets with ``Image`` features, WebDataset captioning shards; and the bad
+rows, as a table."""
 
 from __future__ import annotations
 
@@ -11,19 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from packtool.errors import ConfigError, InputError
-from packtool.vision.hf_samples import read_hf_samples
-from packtool.vision.inputs import read_vision_samples
-from packtool.vision.samples import (
-    read_json_samples,
-    read_webdataset_samples,
-    sample_from_record,
+from packtool.errors import InputError
+from packtool.vision.samples import sample_from_record
+from tests.fixtures.vision_inputs import (
+    image_bytes,
+    llava_rows,
+    read_samples,
+    write_image,
+    write_jsonl,
+    write_llava_input,
 )
-from tests.fixtures.vision_inputs import image_bytes, llava_rows, write_image, write_jsonl, write_llava_input
 
 
 def test_llava_json_lines(tmp_path):
-    samples = list(read_json_samples(write_llava_input(tmp_path)))
+    samples = read_samples([write_llava_input(tmp_path)])
     assert [len(s.images) for s in samples] == [1, 2, 0, 2]
     assert [s.row for s in samples] == [1, 2, 3, 4] and samples[0].row_kind == "line"
     assert samples[1].images[1].path == str(tmp_path / "images" / "c.webp")
@@ -39,7 +41,7 @@ def test_llava_json_array_resolves_against_its_own_directory(tmp_path):
     write_llava_input(tmp_path / "d")
     array = tmp_path / "d" / "data.json"
     array.write_text(json.dumps(llava_rows()))
-    samples = list(read_json_samples(array))
+    samples = read_samples([array])
     assert samples[0].row == 0 and samples[0].row_kind == "row"
     assert samples[0].image_sizes()[0].width == 60
 
@@ -78,10 +80,10 @@ def test_hugging_face_dataset_with_image_features(tmp_path):
     }
     dataset = datasets.Dataset.from_dict(rows).cast_column("images", datasets.List(datasets.Image()))
     dataset.save_to_disk(str(tmp_path / "ds"))
-    first, second = read_hf_samples(tmp_path / "ds")
+    first, second = read_samples([tmp_path / "ds"])
     assert first.images[0].data == (tmp_path / "p.png").read_bytes()
     assert (first.image_sizes()[0].height, first.image_sizes()[0].width) == (44, 33)
-    assert second.images == [] and first.source.endswith("ds/dataset") and second.row == 1
+    assert second.images == [] and first.source == str(tmp_path / "ds") and second.row == 1
 
 
 def _tar(path: Path, members: dict[str, bytes]) -> Path:
@@ -103,9 +105,10 @@ def test_webdataset_captioning_shard(tmp_path):
             "s/001.json": json.dumps({"caption": "blocks", "id": 1}).encode(),
         },
     )
-    samples = list(read_webdataset_samples(shard))
+    samples = read_samples([shard])
     assert [s.messages[1]["content"][0]["text"] for s in samples] == ["a red square", "blocks"]
     assert [s.images[0].name for s in samples] == ["s/000.jpg", "s/001.png"]
+    assert [(s.row, s.row_kind) for s in samples] == [(0, "sample"), (1, "sample")]
     assert [s.image_sizes()[0].width for s in samples] == [64, 20]
 
 
@@ -128,7 +131,7 @@ BAD_ROWS = [
      "line 1, field 'image'", r"image 0 \(body\.png\): broken image: image file is truncated"),
     ("unknown role", {"conversations": [{"from": "robot", "value": "x"}]},
      "line 1, field 'conversations'", r"turn 0 needs 'from'"),
-    ("neither kind", {"text": "x"}, "line 1", r"needs 'conversations' \(LLaVA\) or 'messages'"),
+    ("neither kind", {"text": "x"}, "line 1", r"needs 'conversations' \(LLaVA\), 'messages' \(chat\)"),
     ("image part naming nothing", {"messages": [{"role": "user", "content": [{"type": "image"}]}]},
      "line 1, field 'messages'", r"image 0 names no image"),
     ("unknown part type", {"messages": [{"role": "user", "content": [{"type": "video", "path": "v"}]}]},
@@ -156,7 +159,7 @@ def test_bad_rows_are_one_line_errors_naming_file_line_and_field(tmp_path, what,
     else:
         write_jsonl(path, [record])
     with pytest.raises(InputError) as caught:
-        for sample in read_json_samples(path):
+        for sample in read_samples([path]):
             sample.image_sizes()
     text = str(caught.value)
     assert "\n" not in text and text.startswith(f"{path}, {where}"), text
@@ -175,10 +178,11 @@ def test_every_kind_of_input_through_one_entry(tmp_path):
             "images": [[str(tmp_path / "llava/images/a.png")]],
         }
     ).cast_column("images", datasets.List(datasets.Image())).save_to_disk(str(tmp_path / "ds"))
-    samples = list(read_vision_samples([jsonl, shard, tmp_path / "ds"]))
-    assert [s.source for s in samples] == [str(jsonl)] * 4 + [str(shard), str(tmp_path / "ds" / "dataset")]
-    with pytest.raises(ConfigError, match="vision input .*nope.csv: expected"):
-        list(read_vision_samples([tmp_path / "nope.csv"]))
+    samples = read_samples([jsonl, shard, tmp_path / "ds"])
+    assert [s.source for s in samples] == [str(jsonl)] * 4 + [str(shard), str(tmp_path / "ds")]
+    (tmp_path / "nope.csv").write_text("a,b\n")
+    with pytest.raises(InputError, match="nope.csv: unknown input format '.csv'"):
+        read_samples([tmp_path / "nope.csv"])
 
 
 def test_the_demo_script_writes_inputs_every_reader_takes(tmp_path, processors):
@@ -191,9 +195,9 @@ def test_the_demo_script_writes_inputs_every_reader_takes(tmp_path, processors):
     root = Path(__file__).resolve().parents[3]
     script = root / "scripts" / "make_vision_demo.py"
     subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--samples", "24"], check=True)
-    llava = list(read_vision_samples([tmp_path / "llava.jsonl"]))
-    chat = list(read_vision_samples([tmp_path / "chat.jsonl"]))
-    shard = list(read_vision_samples([tmp_path / "captions-000000.tar"]))
+    llava = read_samples([tmp_path / "llava.jsonl"])
+    chat = read_samples([tmp_path / "chat.jsonl"])
+    shard = read_samples([tmp_path / "captions-000000.tar"])
     assert len(llava) == len(chat) == 24 and 0 < len(shard) < 24
     assert {len(s.images) for s in llava} == {0, 1, 2}
     vp = processors["qwen2vl"]
@@ -222,11 +226,13 @@ def test_on_error_skip_counts_every_bad_row_and_keeps_the_good_ones(tmp_path, pr
     path = tmp_path / "mixed.jsonl"
     path.write_text("\n".join(lines) + "\n")
     sink = ErrorSink("skip")
-    kept, sequences = encode_samples(processors["llava"], read_vision_samples([path], sink), sink)
+    kept, sequences = encode_samples(processors["llava"], read_samples([path], sink), sink)
     assert len(kept) == len(sequences) == 2 * len(llava_rows())
     assert sink.total == len(BAD_ROWS)
     assert sink.counts["missing_image"] == 2 and sink.counts["bad_image"] == 3
     assert sink.counts["image_count"] == 4 and sink.counts["malformed_json"] == 1
-    assert [e["row"] for e in sink.entries] == list(range(5, 5 + len(BAD_ROWS)))
+    assert sorted(e["row"] for e in sink.entries) == list(range(5, 5 + len(BAD_ROWS)))
+    first_bad = tmp_path / "first_bad.jsonl"  # (the pipeline finds the first of several: first_bad_record)
+    first_bad.write_text("\n".join(lines[:5]) + "\n")
     with pytest.raises(InputError, match=r"line 5, field 'image': .*--on-error skip leaves bad records"):
-        encode_samples(processors["llava"], read_vision_samples([path], ErrorSink("fail")), ErrorSink("fail"))
+        encode_samples(processors["llava"], read_samples([first_bad], ErrorSink("fail")), ErrorSink("fail"))

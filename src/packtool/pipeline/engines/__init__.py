@@ -19,7 +19,7 @@ from packtool.errors import ConfigError
 from packtool.pipeline.engines.local import LocalEngine
 from packtool.pipeline.options import RunningOptions
 
-__all__ = ["LocalEngine", "make_engine", "may_need_workers", "resolve_num_proc"]
+__all__ = ["LocalEngine", "make_engine", "may_need_workers", "resolve_num_proc", "worker_preload"]
 
 # below it one process, for inputs that need worker processes: starting them and moving the chunks
 # between them costs more than the second core saves (docs/performance.md, "Default --num-proc")
@@ -75,10 +75,19 @@ def _paths(spec: str) -> list[str]:
     return [spec] if os.path.lexists(spec) else glob.glob(spec)
 
 
-def make_engine(running: RunningOptions, num_proc: int):
-    """The engine ``running.engine`` names, running ``num_proc`` tasks at once."""
+def worker_preload(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """What a local run's worker processes import before their first task besides the pipeline, from the
+    flat option ``values`` (with ``os`` alone, as ``resolve_num_proc``): a vision run's encoder (Pillow,
+    transformers: seconds to import), imported once by the forkserver, beside the driver's own imports."""
+    vision = values.get("processor") is not None or values.get("sample_format") == "vision"
+    return ("packtool.encoders.vision",) if vision else ()
+
+
+def make_engine(running: RunningOptions, num_proc: int, preload: tuple[str, ...] = ()):
+    """The engine ``running.engine`` names, running ``num_proc`` tasks at once (``preload``: what a local
+    engine's workers import first, ``worker_preload``)."""
     if running.engine == "local":
-        return LocalEngine(num_proc)
+        return LocalEngine(num_proc, preload)
     if running.engine == "ray":
         try:  # ray is an optional extra (packtool[ray]): imported only by a run that asks for it
             from packtool.pipeline.engines.ray import RayEngine

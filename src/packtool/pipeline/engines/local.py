@@ -43,8 +43,8 @@ TASK_NAMES = {"encode_chunks": "encoding chunks", "_write_shard_task": "writing 
 class LocalEngine:
     name = "local"
 
-    def __init__(self, num_proc: int = 1) -> None:
-        self.num_proc = num_proc
+    def __init__(self, num_proc: int = 1, preload: tuple[str, ...] = ()) -> None:
+        self.num_proc, self.preload = num_proc, preload
         self.workers = max(1, num_proc)  # how many tasks run at once
         self._pool: ProcessPoolExecutor | None = None
         # bytes of input the workers have read (pipeline.progress), and what the driver calls about every
@@ -69,7 +69,7 @@ class LocalEngine:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 self.num_proc,
-                mp_context=_context(),
+                mp_context=_context(self.preload),
                 initializer=_start_worker,
                 initargs=(os.getpid(), self.progress, progress.on_step),
             )
@@ -161,25 +161,28 @@ def _exit_reason(code: int) -> str:
     return f"killed by {name} (signal {-code}{oom})"
 
 
-def start_forkserver(num_proc: int) -> None:
+def start_forkserver(num_proc: int, preload: tuple[str, ...] = ()) -> None:
     """Start the workers' forkserver now (Linux, ``num_proc > 1``), before the caller imports the pipeline.
 
     The forkserver imports ``packtool.pipeline`` (numpy, pyarrow, tokenizers) before it can fork a worker.
     Started here, from a caller that has not imported them yet, it does that beside the caller's own
     imports instead of after them, so ``packtool pack --num-proc 2`` starts encoding sooner.
     The pool made later uses this server; it stops with the engine (``close``) or when this process exits.
+    ``preload``: modules it imports too (``engines.worker_preload``: a vision run's encoder).
     """
     if num_proc <= 1:
         return
-    ctx = _context()
+    ctx = _context(preload)
     if ctx.get_start_method() == "forkserver":
         forkserver.ensure_running()
 
 
-def _context() -> mp.context.BaseContext:
+def _context(preload: tuple[str, ...] = ()) -> mp.context.BaseContext:
+    """The workers' start method: a forkserver that has imported the pipeline (and ``preload``), else
+    spawn."""
     if "forkserver" in mp.get_all_start_methods() and sys.platform.startswith("linux"):
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["packtool.pipeline.run"])
+        ctx.set_forkserver_preload(["packtool.pipeline.run", *preload])
         return ctx
     return mp.get_context("spawn")
 

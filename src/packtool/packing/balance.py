@@ -13,24 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from packtool.packing.planner import PackPlan
 from packtool.stats import step_spread as step_spread  # the measure, beside the image statistics
-from packtool.vision.sequences import VisionSequence
-
-
-def image_tokens_per_pack(plan: PackPlan, sequences: list[VisionSequence]) -> np.ndarray:
-    """``(num_packs,)`` int64: the image tokens of each pack (its samples' images; samples are whole).
-
-    >>> plan = PackPlan(8, np.array([0, 2, 3]), np.array([0, 2, 1]), np.zeros(3, int), np.array([3, 4, 5]))
-    >>> seqs = [VisionSequence(np.zeros(3), np.zeros(3), np.array([0]), np.array([n]), np.zeros((1, 2)))
-    ...         for n in (2, 1, 3)]
-    >>> image_tokens_per_pack(plan, seqs).tolist()
-    [5, 1]
-    """
-    per_sample = np.array([int(s.image_lengths.sum()) for s in sequences], dtype=np.int64)
-    if plan.num_packs == 0:
-        return np.zeros(0, dtype=np.int64)
-    return np.add.reduceat(per_sample[plan.sample], plan.pack_offsets[:-1]).astype(np.int64)
 
 
 def balance_visual_tokens(image_tokens: np.ndarray, ranks: int, seed: int) -> np.ndarray:

@@ -1,0 +1,126 @@
+"""``vision`` encoder: vision-language records -> tokens, labels and each image's span and bytes' reference.
+
+A record of any input kind (LLaVA ``conversations`` + ``image``, chat ``messages`` with image parts, a
+WebDataset captioning sample: ``packtool.vision.samples``) becomes the tokens the model's own processor
+writes for it (``packtool.vision.sequences.encode_samples``), with the labels and ``loss_mask`` of its
+trained turns (``--loss-on``, ``--chat-template``, ``--empty-loss`` as for ``chat``). Each image is read
+once, here (``ImageRef.load``): its bytes' XXH3-128 digest, its size from its header.
+
+Besides ``input_ids``, ``labels`` and ``loss_mask``, the output has ``images``
+(``encoders.base.IMAGE_STRUCT``), a list per sample, one entry per image in order: where its span of
+tokens starts in the sample and how long it is, its height and width, its digest and name, and where its
+bytes are: ``path`` and ``stamp`` fields for a file (read again when its pack is written, and checked
+against the digest), or ``data`` for bytes the record held. An image that alone takes more than
+``packed_sequence_size`` tokens makes its record a bad one (``image_too_large``): no long-sample policy
+packs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from packtool.arrays import token_lists
+from packtool.encoders.base import IMAGE_STRUCT
+from packtool.encoders.masking import apply_empty_loss, loss_columns
+from packtool.readers.base import SourceBatch
+from packtool.schema import IMAGES
+from packtool.vision.processor import VisionProcessor, load_processor
+from packtool.vision.samples import VisionSample, batch_samples
+from packtool.vision.sequences import VisionSequence, encode_samples
+
+
+class VisionEncoder:
+    """Encodes vision-language records with a model's processor (module docstring).
+
+    Args:
+        processor: the model's processor directory (``--processor``), loaded once per process.
+        packed_sequence_size: N, the most tokens one image may take.
+        chat_template: a Jinja file rendering the conversations instead of the directory's own.
+        loss_on: ``assistant``, ``last`` or ``all`` (``packtool.encoders.chat``).
+        labels: the labels convention (``shifted`` or ``unshifted``).
+        empty_loss: samples with nothing to learn: ``drop``, ``keep`` or ``error``.
+        fields: the record fields it reads (``encoders.registry.VISION_FIELDS``).
+    """
+
+    def __init__(
+        self,
+        processor: str,
+        packed_sequence_size: int,
+        chat_template: str | None = None,
+        loss_on: str = "assistant",
+        labels: str = "shifted",
+        empty_loss: str = "drop",
+        fields: frozenset[str] = frozenset(),
+    ) -> None:
+        self.fields = fields
+        self.processor: VisionProcessor = load_processor(
+            processor, chat_template=chat_template, loss_on=loss_on
+        )
+        self.n, self.labels, self.empty_loss = packed_sequence_size, labels, empty_loss
+
+    def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
+        samples = batch_samples(batch, self.fields)
+        _, sequences = encode_samples(self.processor, samples)  # raises on the first bad record
+        for sample, seq in zip(samples, sequences, strict=True):
+            over = np.flatnonzero(seq.image_lengths > self.n)
+            if len(over):
+                k = int(over[0])
+                raise sample.error(
+                    f"image {k} ({sample.images[k].name}) alone takes {int(seq.image_lengths[k])} tokens, "
+                    f"more than packed_sequence_size {self.n}",
+                    "image",
+                    "image_too_large",
+                )
+        ids = token_lists([s.input_ids for s in sequences])
+        trained = np.concatenate([s.trained for s in sequences]) if sequences else np.zeros(0, bool)
+        labels, loss_mask = loss_columns(ids, trained, self.labels)
+        fields = ["conversations" if "conversations" in batch.schema.names else "messages"] * len(samples)
+        rb = apply_empty_loss(batch, ids, labels, loss_mask, self.empty_loss, fields)
+        # a sample dropped for having nothing to learn leaves with its images
+        kept = np.diff(np.asarray(rb.column("input_ids").offsets, dtype=np.int64)) > 0
+        images = image_column(samples, sequences, kept)
+        return rb.append_column(pa.field(IMAGES, images.type), images)
+
+    def identity(self) -> dict[str, Any]:
+        """The tokenizer's identity, named by the processor directory, with the processor's and the chat
+        template's (the run's identity and the manifest's ``tokenizer``)."""
+        chat = self.processor.chat
+        return {
+            **self.processor.tokenizer.identity(),
+            "name": self.processor.path,
+            "processor": self.processor.identity(),
+            "chat_template": chat.template_source,
+            "chat_template_sha256": chat.identity()["chat_template_sha256"],
+        }
+
+
+def image_column(
+    samples: list[VisionSample], sequences: list[VisionSequence], kept: np.ndarray
+) -> pa.LargeListArray:
+    """``large_list<IMAGE_STRUCT>``: each kept sample's images (an empty list for the others)."""
+    rows: list[list[dict]] = []
+    for sample, seq, keep in zip(samples, sequences, kept.tolist(), strict=True):
+        images = sample.load_images() if keep else []
+        rows.append(
+            [
+                {
+                    "offset": int(seq.image_offsets[k]),
+                    "length": int(seq.image_lengths[k]),
+                    "height": image.size.height,
+                    "width": image.size.width,
+                    "digest": image.digest,
+                    "name": image.name,
+                    "path": image.path,
+                    "data": image.data if image.path is None else None,
+                    "file_size": None if image.stamp is None else image.stamp.size,
+                    "mtime_ns": None if image.stamp is None else image.stamp.mtime_ns,
+                    "ctime_ns": None if image.stamp is None else image.stamp.ctime_ns,
+                    "inode": None if image.stamp is None else image.stamp.inode,
+                }
+                for k, image in enumerate(images)
+            ]
+        )
+    return pa.array(rows, type=pa.large_list(IMAGE_STRUCT))

@@ -1,0 +1,94 @@
+"""An image file read as packtool reads its inputs, and what identifies its bytes (no Pillow needed).
+
+``read_image_file(path)`` reads a regular file only (a FIFO or a device, also behind a symbolic link, is
+refused without blocking on it), of at most ``MAX_IMAGE_BYTES``, to its end and no further, and gives its
+``FileStamp``: a run compares the stamp again before it commits, so an image replaced while the run reads
+the images fails it instead of mixing old and new ones. ``image_digest`` is the XXH3-128 of the bytes: the
+run's identity is made from it, and a file read again when its pack is written must give it again.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+import xxhash
+
+from packtool.errors import InputError
+from packtool.safepath import file_kind
+
+# the most bytes one image file may hold (a 100-megapixel image is far less in every format Pillow reads
+# but uncompressed BMP/TIFF, and Pillow refuses more pixels than that: MAX_IMAGE_PIXELS)
+MAX_IMAGE_BYTES = 512 << 20
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """What says an image file is the one that was read: its size, modification and change times, inode
+    (a file rewritten at the same size with its modification time set back still changes its ctime)."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    inode: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStamp:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def read_image_file(path: str, name: str | None = None) -> tuple[bytes, FileStamp]:
+    """The bytes of the image file ``path`` and its ``FileStamp``, read as packtool reads its inputs: a
+    regular file only (a FIFO or a device, behind a symbolic link too, is refused without blocking on it),
+    of at most ``MAX_IMAGE_BYTES``, read to its end and no further.
+
+    Raises ``InputError`` naming ``name`` (default: the path), field ``image``.
+    """
+    where = name if name is not None else path
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)  # O_NONBLOCK: opening a FIFO does not wait for a writer
+    except OSError as e:
+        raise InputError(
+            f"cannot read image: {e.strerror or e}", source=where, field="image", code="missing_image"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(
+                f"is {file_kind(st.st_mode)}, not a regular file",
+                source=where,
+                field="image",
+                code="bad_image",
+            )
+        if st.st_size > MAX_IMAGE_BYTES:
+            raise InputError(
+                f"{st.st_size:,} bytes, over the {MAX_IMAGE_BYTES:,} an image may take",
+                source=where, field="image", code="image_too_large",
+            )  # fmt: skip
+        chunks, left = [], st.st_size
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left or os.read(fd, 1):  # shorter or longer than its size said: written while read
+            raise InputError("changed while it was read", source=where, field="image", code="input_changed")
+    except OSError as e:
+        raise InputError(
+            f"cannot read image: {e.strerror or e}", source=where, field="image", code="missing_image"
+        ) from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks), FileStamp.of(st)
+
+
+def image_digest(data: bytes) -> bytes:
+    """The 16-byte XXH3-128 digest of an image's bytes (what the run's identity and its checks use).
+
+    >>> len(image_digest(b"\\x89PNG"))
+    16
+    """
+    return xxhash.xxh3_128_digest(data)

@@ -1,0 +1,43 @@
+"""An image file read as inputs are (``vision.files.read_image_file``): regular files only, never a wait
+on a FIFO or an endless read of a device, a bounded size, and a stamp that tells a replaced file."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from packtool.errors import InputError
+from packtool.vision import files
+from packtool.vision.files import FileStamp, image_digest, read_image_file
+
+
+def test_a_regular_file_is_read_whole_with_its_stamp(tmp_path):
+    path = tmp_path / "a.png"
+    path.write_bytes(b"\x89PNG" * 100)
+    data, stamp = read_image_file(str(path))
+    assert data == path.read_bytes() and stamp == FileStamp.of(os.stat(path))
+    assert image_digest(data) != image_digest(data[:-1])
+
+
+@pytest.mark.parametrize(("make", "what"), [
+    (lambda p: os.mkfifo(p), "is a FIFO, not a regular file"),
+    (lambda p: p.symlink_to("/dev/zero"), "is a character device, not a regular file"),
+    (lambda p: p.mkdir(), "is a directory|Is a directory"),
+    (lambda p: None, "No such file"),
+])  # fmt: skip
+def test_what_is_no_regular_file_is_refused_at_once(tmp_path, make, what):
+    path = tmp_path / "a.png"
+    make(path)
+    with pytest.raises(InputError, match=what) as e:
+        read_image_file(str(path), "a.png")
+    assert e.value.field == "image" and e.value.source == "a.png"
+
+
+def test_a_file_over_the_bound_is_not_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "MAX_IMAGE_BYTES", 100)
+    path = tmp_path / "big.png"
+    path.write_bytes(b"x" * 101)
+    with pytest.raises(InputError, match="101 bytes, over the 100 an image may take") as e:
+        read_image_file(str(path))
+    assert e.value.code == "image_too_large"
