@@ -222,10 +222,10 @@ def interrupted_then_rerun(source: Path, processor_dir: Path, tmp: Path, samples
     """A run interrupted with SIGINT once half its chunks are encoded, then the same command again:
     the rerun's measure."""
     out = tmp / "sigint"
-    cmd = [sys.executable, "-m", "packtool.cli", "pack", str(source), "-o", str(out), "-q",
+    cmd = [sys.executable, "-m", "packtool.cli", "pack", str(source), "-o", str(out),
            "--processor", str(processor_dir), *flags]  # fmt: skip
     env = {**os.environ, **ENV}
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([*cmd, "-q"], env=env, start_new_session=True, stderr=subprocess.DEVNULL)
     work, half = out.with_name("sigint.partial") / "_work", math.ceil(samples / CHUNK) // 2
     while len(list(work.glob("chunk-*/meta.json"))) < half:
         assert proc.poll() is None, "the run ended before half its chunks"
@@ -234,7 +234,9 @@ def interrupted_then_rerun(source: Path, processor_dir: Path, tmp: Path, samples
     assert proc.wait(timeout=120) == 130
     m = run_measured(cmd, env=ENV, log=tmp / "sigint.log")
     assert m.rc == 0, m.log.read_text()
-    return m, len(list(work.glob("chunk-*/meta.json"))) if work.exists() else half
+    kept = re.search(r"resumed: (\d+) of (\d+) chunks", m.log.read_text())
+    assert kept, "the rerun did not resume:\n" + m.log.read_text()[-2000:]
+    return m, f"{kept[1]} of {kept[2]} chunks kept"
 
 
 def bench_pack(data: Path, processor_dir: Path, tmp: Path, args) -> None:
@@ -248,7 +250,7 @@ def bench_pack(data: Path, processor_dir: Path, tmp: Path, args) -> None:
     two, two_plan = pack_timed(source, processor_dir, tmp, "two", *size, "--num-proc", "2")
     text = without_images(data, tmp / "text.jsonl")
     bare, _ = pack_timed(text, processor_dir, tmp, "text", *size, "--num-proc", "1")
-    rerun, _ = interrupted_then_rerun(source, processor_dir, tmp, args.samples, *size, "--num-proc", "2")
+    rerun, kept = interrupted_then_rerun(source, processor_dir, tmp, args.samples, *size, "--num-proc", "2")
     stats = json.loads((tmp / "one" / "manifest.json").read_text())["stats"]
     tokens, packs = stats["num_tokens"], stats["num_packs"]
     n = args.samples

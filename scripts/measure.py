@@ -148,13 +148,13 @@ STEPS_RUNNER = (
 def record_step(path: str, step: str, n: int) -> None:
     """``progress.on_step``: ``STEP N TIME`` (``time.perf_counter``) appended to ``path``."""
     with open(path, "a") as f:
-        f.write(f"{step} {n} {time.perf_counter()}\n")
+        f.write(f"{step} {n} {time.perf_counter()} {os.getpid()}\n")
 
 
 def step_times(path: Path) -> dict[str, float]:
     """Each step's last time in a ``record_step`` file: ``{"read": t, "plan": t, ...}``."""
     out: dict[str, float] = {}
     for line in path.read_text().splitlines():
-        step, _, t = line.split()
+        step, _, t, *_ = line.split()
         out[step] = float(t)
     return out

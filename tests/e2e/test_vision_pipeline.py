@@ -180,6 +180,20 @@ def test_every_input_kind_of_the_text_path_packs_vision_samples(vision, tmp_path
         assert images == expected, source
 
 
+def test_the_first_bad_record_is_named_when_a_later_line_is_not_json(vision, tmp_path):
+    """The reader meets the malformed line 3 first; the error is still the first bad record's (line 2)."""
+    data = write_llava_input(tmp_path / "in")
+    rows = [json.dumps(r) for r in llava_rows()[:1]]
+    rows += [
+        json.dumps({"image": "images/nope.png", "conversations": [{"from": "human", "value": "<image>"}]})
+    ]
+    data.write_text("\n".join([*rows, "{not json", *rows[:1]]) + "\n")
+    values = {"inputs": [str(data)], "output": str(tmp_path / "out"), "quiet": True,
+              "processor": vision["processor"], "packed_sequence_size": N}  # fmt: skip
+    with pytest.raises(InputError, match=r"line 2, field 'image': image 0 \(images/nope.png\)"):
+        run_pack(PackOptions.from_dict(values), progress=False)
+
+
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_an_image_that_is_no_regular_file_is_refused_at_once(vision, tmp_path, kind):
     images = tmp_path / "images"

@@ -380,6 +380,7 @@ ENTRY_POINTS = (
     "packtool.cli",
     "packtool.loader",
     "packtool.loader.trl",
+    "packtool.loader.hf_trainer",
     "packtool.masks",
     "packtool.energon",
     "packtool.nemo",

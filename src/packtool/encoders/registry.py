@@ -84,7 +84,7 @@ def fields_read(options: EncodingOptions, sample_format: str) -> frozenset[str] 
     return frozenset({options.text_field})
 
 
-def build_encoder(options: EncodingOptions, sample_format: str, packed_sequence_size: int = 0) -> Encoder:
+def build_encoder(options: EncodingOptions, sample_format: str, packed_sequence_size: int) -> Encoder:
     """Build the encoder named by ``options`` for records of ``sample_format`` (``packed_sequence_size``:
     the most tokens one image may take, for vision samples)."""
     if sample_format == "vision":

@@ -22,6 +22,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+# imported at the top, not when the first processor loads: a local run's forkserver imports this module
+# (engines.worker_preload), so transformers' processor classes (seconds) are imported once, beside the
+# driver's own imports, and every worker forked from it has them
+from transformers import AutoImageProcessor, AutoProcessor  # noqa: F401
+
 from packtool.arrays import token_lists
 from packtool.encoders.base import IMAGE_STRUCT
 from packtool.encoders.masking import apply_empty_loss, loss_columns

@@ -347,7 +347,7 @@ def first_bad_record(options: PackOptions, err: InputError) -> InputError:
         return err
     try:
         sample_format = resolve_sample_format(options.encoding, batches[0].schema.names)
-        encoder = build_encoder(options.encoding, sample_format)
+        encoder = build_encoder(options.encoding, sample_format, options.packing.packed_sequence_size)
         for b in batches:
             encode_checked(encoder, b.take(np.flatnonzero(b.rows < err.row)), probe)
     except PacktoolError:  # the encoder cannot be built here, or no record alone is bad: err stands
