@@ -21,8 +21,9 @@ The loader (``--loader-samples``, 0 to skip; ``make bench`` runs it alone with `
 ``--loader-samples`` samples packed by ``packtool pack --processor`` (Parquet), then, alternating
 ``--loader-repeats`` times:
 
-* alone: every pack's stored images decoded (``decode_images``) and run through the image processor
-  (``pixel_inputs``), one pack after the other in this process: the work the loader's workers do, alone;
+* alone: every pack's stored images decoded (``decode_images``) and run through the processor
+  (``image_inputs``, a pack's images as one group), one pack after the other in this process: the work
+  the loader's workers do, alone;
 * loader: one epoch of ``get_loader(vision_dataset(OUT, processor, rule), num_workers=2)`` (batch 4): the
   same images, decoded and processed in 2 DataLoader workers, the runs checked, the M-RoPE ids computed by
   Qwen2-VL's own rule (a model on the ``meta`` device), batched with the packs' tokens and moved to the
@@ -67,7 +68,7 @@ from measure import STEPS_RUNNER, run_measured, step_times  # noqa: E402 - scrip
 
 from packtool.loader import get_loader  # noqa: E402 - after the repository root is on the path
 from packtool.vision.loader import vision_dataset  # noqa: E402
-from packtool.vision.model_inputs import decode_images, pixel_inputs  # noqa: E402
+from packtool.vision.model_inputs import decode_images, image_inputs  # noqa: E402
 from packtool.vision.processor import load_processor  # noqa: E402
 from tests.fixtures.vision_processors import build_qwen2vl  # noqa: E402
 
@@ -139,7 +140,7 @@ def bench_loader(out: Path, processor, workers: int, repeats: int) -> dict:
     for _ in range(repeats):
         start = time.perf_counter()
         for pack in encoded:
-            pixel_inputs(processor, decode_images(pack))
+            image_inputs(processor, [decode_images(pack)])
         times["alone"].append(time.perf_counter() - start)
         for name, dtype in (("float32", None), ("bfloat16", torch.bfloat16)):
             ds = vision_dataset(

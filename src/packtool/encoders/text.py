@@ -66,20 +66,24 @@ class HFTokenizer:
                     f"tokenizer {spec}: a directory without tokenizer.json needs transformers "
                     "(pip install 'packtool[transformers]')"
                 )
-            self.hash_file = next(
-                (
-                    path / n
-                    for n in ("tokenizer.json", "tokenizer.model", "vocab.json")
-                    if (path / n).exists()
-                ),
-                None,
-            )
+            self.hash_file = _hash_file(path)
         else:
             raise ConfigError(
                 f"tokenizer {spec}: no such file or directory (expected a tokenizer.json, a "
                 "local model directory, or module:callable)"
             )
         self.switched_off = self._switch_off_truncation_and_padding()
+
+    @classmethod
+    def of_loaded(cls, directory: str, tokenizer: Any) -> HFTokenizer:
+        """An ``HFTokenizer`` over a transformers tokenizer already loaded from ``directory``: a processor's
+        own, which holds what the processor changed when it was built (tokens it added, a BOS it turned
+        off), so that packtool tokenizes as that processor does."""
+        self = cls.__new__(cls)
+        self.spec, self._hf, self._fast = directory, tokenizer, getattr(tokenizer, "_tokenizer", None)
+        self.hash_file = _hash_file(Path(directory))
+        self.switched_off = self._switch_off_truncation_and_padding()
+        return self
 
     def _switch_off_truncation_and_padding(self) -> dict[str, Any]:
         """Turn off what a tokenizer as shipped may do to every call: cut to ``max_length`` and pad to a
@@ -206,6 +210,12 @@ class HFTokenizer:
         if self.switched_off:  # the tokenizer's own truncation / padding / length limit, not applied
             ident["switched_off"] = self.switched_off
         return ident
+
+
+def _hash_file(directory: Path) -> Path | None:
+    """The file of a tokenizer directory whose hash identifies the tokenizer."""
+    names = ("tokenizer.json", "tokenizer.model", "vocab.json")
+    return next((directory / n for n in names if (directory / n).exists()), None)
 
 
 def _load_tokenizer_file(path: Path) -> tokenizers.Tokenizer:

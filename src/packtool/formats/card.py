@@ -8,6 +8,12 @@ so that the directory can also be uploaded to the Hub as it is.
 
 Written last by ``packtool pack``, beside the format's dataset index (``pipeline.run``); the text depends
 only on the manifest, so the output stays byte-identical for any ``num_proc`` and engine.
+
+The tar shards of a vision-language output are not offered to ``load_dataset``: its WebDataset builder
+fixes each row's members from the first packs of the first shard, so a pack with more images than those
+(``KEY.img4.png``) would come back without them. Their card's data files name the readers instead
+(``NOT_FOR_DATASETS``: ``load_dataset`` stops on them, naming ``vision_dataset``), and its body says so.
+A Parquet vision output loads whole (its ``images`` column is a list per pack).
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ from packtool.formats.tar import (
 from packtool.manifest import COLUMNS, MANIFEST, SHARD_PREFIXES, Manifest
 
 CARD = "README.md"
+# the data files of a vision tar output's card: none match, so load_dataset stops with this path in its error
+NOT_FOR_DATASETS = (
+    "datasets-cannot-load-these-tar-packs-whole-read-them-with-packtool.vision.loader.vision_dataset"
+)
 
 
 def member_name(column: str, manifest: Manifest) -> str:
@@ -48,6 +58,8 @@ def card_yaml(manifest: Manifest, suffix: str) -> dict:
     files = [{"split": "train", "path": f"{SHARD_PREFIXES['train']}*{suffix}"}]
     if manifest.split_shards("val"):
         files.append({"split": "validation", "path": f"{SHARD_PREFIXES['val']}*{suffix}"})
+    if manifest.image_columns is not None and manifest.shard_format == "webdataset":
+        files = [{"split": "train", "path": NOT_FOR_DATASETS}]
     return {
         "configs": [{"config_name": "default", "data_files": files}],
         "tags": ["packtool", "packed-sequences"],
@@ -98,10 +110,7 @@ def dataset_card(manifest: Manifest, suffix: str) -> str:
         f"- {fmt} shards `{SHARD_PREFIXES['train']}NNNNNN{suffix}`{val}; `{MANIFEST}` says how they were "
         "made and what happened to every input sample",
         "",
-        "```python",
-        "import datasets",
-        'ds = datasets.load_dataset("path/to/this/directory", split="train")  # or streaming=True',
-        "```",
+        *(VISION_TAR_READING if m.image_columns is not None and fmt == "webdataset" else LOADING),
         "",
         "Each row is one pack. Several samples sit in a pack one after the other; `seq_lens` gives their",
         "lengths (then the padding's, when the pack is not full), so attention must stay inside each sample:",
@@ -120,6 +129,24 @@ def dataset_card(manifest: Manifest, suffix: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+LOADING = [
+    "```python",
+    "import datasets",
+    'ds = datasets.load_dataset("path/to/this/directory", split="train")  # or streaming=True',
+    "```",
+]
+# a vision tar output: datasets would drop a pack's images beyond those of the first packs it sees
+VISION_TAR_READING = [
+    "`datasets.load_dataset` cannot read these tar packs whole (it fixes each row's image members from the",
+    "first packs it reads, so a pack with more images would lose some); read them with packtool:",
+    "",
+    "```python",
+    "from packtool.vision.loader import vision_dataset  # or packtool.vision.energon.VisionPackTaskEncoder",
+    "from packtool.vision.processor import load_processor",
+    "",
+    'ds = vision_dataset("path/to/this/directory", load_processor("path/to/the/model"), batch_size=4)',
+    "```",
+]
 # the card of a minimal output says where the columns it leaves out went (a full one says nothing more)
 LAYOUT_NOTE = {
     "minimal": [

@@ -5,6 +5,9 @@
 collate function: torch's ``default_collate`` and webdataset's fail on ``seq_lens``, the one ragged field,
 and the token columns come back as stored (int32), which ``F.cross_entropy`` refuses as targets.
 
+A vision-language output's packs (images beside the tokens) are refused: a text batch would drop the
+images; ``packtool.vision.loader.vision_dataset`` reads them.
+
 ``collate_packs`` takes the packs as each library gives them (field names ``input_ids``,
 ``input_ids.npy`` from webdataset, ``.input_ids.npy`` from wids; NumPy arrays, tensors or lists; or
 objects with the fields as attributes, e.g. Energon's ``PackSample``) and returns a ``PackedBatch``:
@@ -33,12 +36,17 @@ import numpy as np
 import torch
 
 from packtool.loader.batch import LABELS, MASKS, PackedBatch, check_mask_for_model, packed_batch
-from packtool.manifest import TOKEN_COLUMNS
+from packtool.manifest import IMAGE_COLUMNS, TOKEN_COLUMNS
 from packtool.masks import SEQ_LENS_PAD, attention_pattern
 
 REQUIRED = ("input_ids", "labels", "position_ids", "seq_lens")
 PACK_FIELDS = (*TOKEN_COLUMNS, "seq_lens", "cp_padding")  # what a pack of any reader may give
 _KEY = re.compile(r"^\.?(?P<name>[A-Za-z_]+)(?:\.npy)?$")
+_IMAGE_MEMBER = re.compile(r"^\.?img\d+\.[A-Za-z0-9]+$")  # a vision tar pack's KEY.img{k}.{ext}
+VISION_READERS = (
+    "packtool.vision.loader.vision_dataset (or, with Megatron-Energon, "
+    "packtool.vision.energon.VisionPackTaskEncoder)"
+)
 
 
 def _fields(sample: Any) -> dict[str, Any]:
@@ -51,6 +59,18 @@ def _fields(sample: Any) -> dict[str, Any]:
         if match and match["name"] in PACK_FIELDS and value is not None:
             out[match["name"]] = value
     return out
+
+
+def _has_images(sample: Any) -> bool:
+    """Whether a pack holds images: an image column (``images``, ``image_offset``, ...), a tar pack's
+    ``img{k}.{ext}`` member, or such an attribute."""
+    if not isinstance(sample, Mapping):
+        return any(getattr(sample, name, None) is not None for name in IMAGE_COLUMNS)
+    for key in sample:
+        match = _KEY.match(str(key))
+        if (match and match["name"] in IMAGE_COLUMNS) or _IMAGE_MEMBER.match(str(key)):
+            return True
+    return False
 
 
 def _pack_index(sample: Any) -> int | None:
@@ -103,6 +123,11 @@ def collate_packs(
         raise ValueError("collate_packs: no packs to collate")
     if labels not in LABELS:
         raise ValueError(f"labels must be one of {', '.join(LABELS)}, got {labels!r}")
+    if any(_has_images(s) for s in samples):
+        raise ValueError(
+            "collate_packs: the packs hold images, which a text batch would drop (the model would train on "
+            f"its image tokens as text): read a vision-language output with {VISION_READERS}"
+        )
     pattern = attention_pattern(attention) if attention is not None else None
     check_mask_for_model(mask, attention)
     fields = [_fields(s) for s in samples]

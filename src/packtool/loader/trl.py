@@ -12,7 +12,8 @@ alone, token for token (tests/interop/test_trainers.py).
 
 What it cannot give exactly it refuses (``ValueError``): shifted labels whose sequence ends on a target
 (a piece of a sample split across packs targets the first token of the next pack's piece; TRL has no
-place for it). Pack with ``--labels unshifted`` for TRL, or train such outputs through ``packtool.loader``.
+place for it): pack with ``--labels unshifted`` for TRL, or train such outputs through ``packtool.loader``;
+and a vision-language output (TRL's rows would hold its image tokens without its images).
 
 Example::
 
@@ -94,6 +95,12 @@ def trl_dataset(directory: str | Path, split: str | None = "train", cache_dir: s
     """
     directory = str(directory)
     manifest = Manifest.load(directory)
+    if manifest.image_columns:
+        raise ValueError(
+            f"{directory}: the packs hold images, which TRL's text rows would drop (the model would train on "
+            "its image tokens as text): read a vision-language output with packtool.vision.loader."
+            "vision_dataset (or packtool.vision.energon.VisionPackTaskEncoder)"
+        )
     features = datasets.Features(
         {
             "input_ids": datasets.Sequence(datasets.Value("int32")),

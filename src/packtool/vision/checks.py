@@ -2,13 +2,14 @@
 manifest lists ``image_columns``).
 
 ``ImageCheck`` looks at every batch of packs as readers give them: each pack holds one image per
-``image_*`` value; each image's run of image tokens lies inside its sample, is one token id throughout
-(the processor's image token when the processor is given) and takes no loss; each image's bytes are
-there and their header, read again under Pillow's decompression-bomb limit (``images.image_size``: the
-bytes of an output are untrusted), gives the stored height and width; and with the model's processor
-(``verify --processor DIR``; ``--source`` takes the run's recorded one) ``image_length`` is its count for
-that size. Without a processor the counts are not checked, and a note says so. ``finish`` compares the
-images read with the manifest's ``vision.packed_images``.
+``image_*`` value; each image's span (``packtool.vision.sequences``: from the first to the last image
+token written for it) lies inside its sample and takes no loss; each image's bytes are there and their
+header, read again under Pillow's decompression-bomb limit (``images.image_size``: the bytes of an output
+are untrusted), gives the stored height and width; and with the model's processor (``verify --processor
+DIR``, loaded with the run's chat template and loss rule; ``--source`` takes the run's recorded one) the
+span's tokens are the processor's for that size (``VisionProcessor.expansion``). Without a processor only
+the spans' first tokens are compared (one image token for all), and a note says so. ``finish`` compares
+the images read with the manifest's ``vision.packed_images``.
 
 ``VisionSourceCheck`` is ``verify --source`` for such outputs: the inputs read and encoded again with the
 run's processor and options (the pipeline's readers, vision encoder and bad-record rules), every piece
@@ -19,6 +20,7 @@ its pack with the source's bytes (their digests), every image accounted for.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -42,25 +44,35 @@ def recorded_processor(manifest: Manifest) -> dict:
 
 
 def open_processor(manifest: Manifest, report: VerifyReport, directory: str | None) -> VisionProcessor | None:
-    """The processor of ``directory`` (``None``: no counts checked, a note says so), a problem reported
-    when it is not the run's (its config files' hash differs from the manifest's)."""
+    """The processor of ``directory`` (``None``: no counts checked, a note says so), with the run's chat
+    template and loss rule (``--chat-template``, ``--loss-on``: the manifest's record), a problem reported
+    when it is not the run's (its config files' or template's hash differs from the manifest's)."""
     recorded = recorded_processor(manifest)
     if directory is None:
         report.notes.append(
-            "image_length not checked against the processor's counts: pass --processor DIR (the run's: "
+            "image spans not checked against the processor's tokens: pass --processor DIR (the run's: "
             f"{recorded.get('path', 'not recorded')})"
         )
         return None
-    processor = load_processor(directory)
-    digest = processor.identity()["config_sha256"]
-    if digest != recorded.get("config_sha256"):
-        report.add(
-            "processor",
-            f"processor {directory} is not the run's (config_sha256 {digest[:12]}, the manifest's "
-            f"{str(recorded.get('config_sha256'))[:12]})",
-            shard=MANIFEST,
-            field="vision.processor",
-        )
+    template = recorded.get("chat_template")
+    own = (
+        isinstance(template, str)
+        and Path(template).is_file()
+        and Path(directory) not in Path(template).parents
+    )
+    processor = load_processor(
+        directory, chat_template=template if own else None, loss_on=str(recorded.get("loss_on", "assistant"))
+    )
+    identity = processor.identity()
+    for key in ("config_sha256", "chat_template_sha256"):
+        if key in recorded and identity[key] != recorded[key]:
+            report.add(
+                "processor",
+                f"processor {directory} is not the run's ({key} {identity[key][:12]}, the manifest's "
+                f"{str(recorded.get(key))[:12]})",
+                shard=MANIFEST,
+                field="vision.processor",
+            )
     return processor
 
 
@@ -106,24 +118,25 @@ class ImageCheck:
         inside = np.flatnonzero(~outside)
         cells = ranges(pack[inside] * n + start[inside], length[inside])
         of_cell = np.repeat(inside, length[inside])
-        ids = packs.input_ids.reshape(-1)[cells]
-        if self.token_id is None and len(ids):
-            self.token_id = self.processor.image_token_id if self.processor is not None else int(ids[0])
-        for kind, wrong, what in (
-            ("image tokens", ids != self.token_id, f"are not all the image token (id {self.token_id})"),
-            (
-                "image labels",
-                packs.labels.reshape(-1)[cells] != IGNORE_INDEX,
-                "take a loss (labels not -100)",
-            ),
-        ):
-            bad = np.unique(of_cell[wrong])
+        firsts = packs.input_ids.reshape(-1)[pack[inside] * n + start[inside]]
+        if self.token_id is None and len(firsts):
+            self.token_id = int(firsts[0])
+        checks = [("image labels", of_cell[packs.labels.reshape(-1)[cells] != IGNORE_INDEX],
+                   "take a loss (labels not -100)")]  # fmt: skip
+        if self.processor is None:  # without it: every span starts with the same token
+            what = f"do not start with the image token of the others (id {self.token_id})"
+            checks.append(("image tokens", inside[firsts != self.token_id], what))
+        for kind, wrong, what in checks:
+            bad = np.unique(wrong)
             problems = ((f"image {index[j]}: its tokens {what}", first + int(pack[j])) for j in bad)
             report.add_many(kind, len(bad), problems, shard=name, field="input_ids")
-        self._headers(packs, pack, index, length, first, name)
+        per_sample = np.unique(pack * (k + 1) + sample, return_inverse=True, return_counts=True)
+        in_sample = per_sample[2][per_sample[1]]  # images of each image's sample
+        self._headers(packs, pack, index, start, length, in_sample, ~outside, first, name)
 
-    def _headers(self, packs, pack, index, length, first: int, name: str) -> None:
-        """Each image's header read again from its bytes: present, intact, the stored size, the count."""
+    def _headers(self, packs, pack, index, start, length, in_sample, inside, first: int, name: str) -> None:
+        """Each image's header read again from its bytes: present, intact, the stored size; with the
+        processor, its span the processor's tokens for that size."""
         data = packs.images.field("bytes").to_pylist()
         paths = packs.images.field("path").to_pylist()
         for j, (raw, path) in enumerate(zip(data, paths, strict=True)):
@@ -139,10 +152,24 @@ class ImageCheck:
                     f"image {index[j]} is {size.height}x{size.width}, the pack says {stored[0]}x{stored[1]}"
                 )
                 self.report.add("image size", message, shard=name, pack=at, field="image_height")
-            elif self.processor is not None and self.processor.image_tokens(*stored) != length[j]:
-                count = self.processor.image_tokens(*stored)
-                message = f"image {index[j]} has image_length {length[j]}, the processor counts {count}"
-                self.report.add("image length", message, shard=name, pack=at, field="image_length")
+            elif self.processor is not None and inside[j]:
+                self._span(packs, j, stored, int(in_sample[j]), pack, index, start, length, at, name)
+
+    def _span(self, packs, j, stored, images, pack, index, start, length, at: int, name: str) -> None:
+        """Image ``j``'s span against the processor's tokens for its size (in a sample of ``images``)."""
+        where = f"image {index[j]} ({stored[0]}x{stored[1]})"
+        try:
+            want = self.processor.expansion(*stored, images)
+        except ValueError as e:
+            self.report.add("image", f"{where}: the processor refuses it: {e}", shard=name, pack=at)
+            return
+        if length[j] != want.span_length:
+            message = f"{where} has image_length {length[j]}, the processor writes {want.span_length}"
+            self.report.add("image length", message, shard=name, pack=at, field="image_length")
+        got = packs.input_ids[pack[j], start[j] : start[j] + length[j]]
+        if not np.array_equal(got, want.span()):
+            message = f"{where}: its tokens are not the processor's for its size"
+            self.report.add("image tokens", message, shard=name, pack=at, field="input_ids")
 
     def finish(self, all_read: bool) -> None:
         """The images read against the manifest's count (when every shard was read)."""

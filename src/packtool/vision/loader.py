@@ -3,16 +3,20 @@
 ``VisionTaskEncoder`` is a task encoder for ``packtool.loader.PackedDataset`` (its Energon-style
 ``encode_sample`` / ``batch`` / ``encode_batch`` stages, which run in the DataLoader workers):
 
-* ``encode_sample(pack)``: the pack's stored image bytes (``images``, in pack order) decoded (Pillow, under
-  its decompression-bomb limit: an output directory is untrusted input) and run through the model's image
-  processor (``model_inputs.pixel_inputs``): ``pixel_values`` and, for Qwen2-VL, ``image_grid_thw``; each
-  image's stored run of image tokens checked against the processor's count for the decoded image and
-  against the tokens it covers; with ``get_rope_index``, the pack's M-RoPE position ids ``(3, N)``
-  (``positions.pack_mrope_position_ids``: the model's own rule on each sample alone).
-* ``batch(packs)``: the text columns as the default stage stacks them (``default_batch``),
-  ``pixel_values`` and ``image_grid_thw`` concatenated over the batch's packs in order (the order in
-  which LLaVA and Qwen2-VL fill the runs of image tokens of a ``(B, N)`` batch, row after row), the M-RoPE
-  ids stacked to ``(3, B, N)``.
+* ``encode_sample(pack)``: the pack's stored image bytes (``images``, in pack order) decoded as
+  ``Image.open`` gives them (Pillow, under its decompression-bomb limit: an output directory is untrusted
+  input); each image's stored span checked against the processor's ids for the decoded image's size
+  (``VisionProcessor.expansion``), and every image token of the pack inside a span; the images of each
+  sample of the pack run through the model's processor as that sample alone would be
+  (``model_inputs.image_inputs``): ``pixel_values`` and the family's other image inputs
+  (``image_grid_thw``, ``image_sizes``, ``pixel_attention_mask``, ``batch_num_images``); for a model that
+  takes ``token_type_ids`` marking its image tokens (Gemma 3), those of the pack; with ``get_rope_index``,
+  the pack's M-RoPE position ids ``(3, N)`` (``positions.pack_mrope_position_ids``: the model's own rule
+  on each sample alone).
+* ``batch(packs)``: the text columns as the default stage stacks them (``default_batch``), the image
+  inputs concatenated over the batch's packs in order (the order in which the models fill the image
+  tokens of a ``(B, N)`` batch, row after row; shorter ones padded with zeros: ``concat_padded``), the
+  M-RoPE ids stacked to ``(3, B, N)``.
 * ``encode_batch(raw)``: a ``VisionBatch``: a ``PackedBatch`` (masks, ``cu_seqlens``, ``to(device)``,
   the mapping trainers read) whose ``model_inputs()`` add the image inputs and the M-RoPE ids.
 
@@ -24,6 +28,12 @@ changes it for videos). The bound method is passed instead: with the DataLoader'
 method the workers share the model's memory, nothing is copied; under ``spawn`` it would pickle the model,
 so pass the rule of a model built on the ``meta`` device there (its ``get_rope_index`` needs no weights).
 LLaVA uses plain positions: no rule, the text ``position_ids`` are the model's.
+
+**Attention inside an image.** Gemma 3 attends both ways among the tokens of one image (its
+``token_type_ids``); the ``dense`` and ``additive`` masks of such a batch hold those blocks. ``varlen``
+and ``flex`` are refused for it: flattened, transformers' Gemma 3 builds the image blocks itself but its
+sliding-window layers then attend across the packed samples. A processor whose ``token_type_ids`` mark
+something a pack of several samples cannot hold (PaliGemma's prefix) is refused.
 
 Example::
 
@@ -40,7 +50,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +60,17 @@ from torch.utils.data import get_worker_info
 
 from packtool.arrays import ranges
 from packtool.errors import InputError
-from packtool.loader.batch import PackedBatch, default_batch, packed_batch
+from packtool.loader.batch import PackedBatch, batch_stack, default_batch, packed_batch
 from packtool.loader.dataset import PackedDataset
 from packtool.manifest import Manifest
-from packtool.schema import IMAGE_COLUMNS  # a pack's stored image columns: what encode_sample replaces
-from packtool.vision.model_inputs import decode_images, pixel_inputs
+from packtool.masks import AttentionPattern
+from packtool.schema import IMAGE_COLUMNS
+from packtool.vision.model_inputs import concat_padded, decode_images, image_inputs, token_type_rule
 from packtool.vision.positions import GetRopeIndex, pack_mrope_position_ids
 from packtool.vision.processor import VisionProcessor
 
 # what encode_sample adds and batch / encode_batch carry
-VISION_FIELDS = ("pixel_values", "image_grid_thw", "mrope_position_ids", "images_per_pack")
+VISION_FIELDS = ("pixel_values", "image_inputs", "token_type_ids", "mrope_position_ids", "images_per_pack")
 
 
 @dataclass
@@ -67,25 +78,66 @@ class VisionBatch(PackedBatch):
     """A ``PackedBatch`` of vision-language packs, with the model's image inputs.
 
     Attributes (beyond ``PackedBatch``'s):
-        pixel_values: the batch's images in pack order, packs in batch order, as the image processor gives
-            them: LLaVA ``(num_images, 3, H, W)``, Qwen2-VL ``(num_patches, C * T * P * P)``; ``None`` when
-            no pack of the batch has an image.
-        image_grid_thw: ``(num_images, 3)`` int64 (Qwen2-VL), else ``None``.
+        pixel_values: the batch's images in pack order, packs in batch order, as the processor gives
+            them: LLaVA ``(num_images, 3, H, W)``, Qwen2-VL ``(num_patches, C * T * P * P)``, Idefics3
+            ``(num_samples, max_tiles, 3, H, W)``; ``None`` when no pack of the batch has an image.
+        image_inputs: the family's other image inputs, in the same order (``image_grid_thw``,
+            ``image_sizes``, ``pixel_attention_mask``, ``batch_num_images``, ...).
+        token_type_ids: ``(B, N)`` int8, 1 on the image tokens, for a model that takes them (Gemma 3).
         mrope_position_ids: ``(3, B, N)`` int32 on the host (int64 in ``model_inputs()``), the M-RoPE ids of
             every pack (each sample's through the model's rule), or ``None`` for a model without M-RoPE.
         images_per_pack: ``(B,)`` int32, how many of the images belong to each pack.
 
     ``model_inputs()`` (and so ``model(**batch)``): the text batch's inputs (``PackedBatch.model_inputs``)
-    with ``pixel_values`` and ``image_grid_thw``; ``position_ids`` become the M-RoPE ids ``(3, B, N)``
+    with the image inputs and ``token_type_ids``; ``position_ids`` become the M-RoPE ids ``(3, B, N)``
     (``dense``, ``additive``, ``flex``), or, flattened (``varlen``: one row of ``B * N`` tokens), the text
     positions in front of them, ``(4, 1, B * N)``: the layout from which transformers' Qwen2-VL finds the
     sequence boundaries.
     """
 
     pixel_values: torch.Tensor | None = None
-    image_grid_thw: torch.Tensor | None = None
+    image_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    token_type_ids: torch.Tensor | None = None
     mrope_position_ids: torch.Tensor | None = None
     images_per_pack: torch.Tensor | None = None
+
+    @property
+    def image_grid_thw(self) -> torch.Tensor | None:
+        """``(num_images, 3)`` int64 (Qwen2-VL), else ``None``."""
+        return self.image_inputs.get("image_grid_thw")
+
+    def _map(self, fn):
+        out = super()._map(fn)
+        out.image_inputs = {name: fn(name, t) for name, t in self.image_inputs.items()}
+        return out
+
+    def build_mask(self) -> VisionBatch:
+        """``PackedBatch.build_mask``; with ``token_type_ids``, the tokens of one image (a run of 1s) see
+        each other both ways in the ``dense`` and ``additive`` masks (Gemma 3's rule), inside the sliding
+        window of a layer type that has one (transformers' Gemma 3: the window AND the image blocks)."""
+        built = self.attention_mask is not None
+        super().build_mask()
+        if self.token_type_ids is None or built or self.mask not in ("dense", "additive"):
+            return self
+        masks = self.attention_mask
+        device = (next(iter(masks.values())) if isinstance(masks, dict) else masks).device
+        image = self.token_type_ids.to(device) == 1
+        start = image & ~torch.nn.functional.pad(image, (1, 0))[:, :-1]
+        block = torch.where(image, torch.cumsum(start.to(torch.int64), dim=1), 0)
+        same = (block[:, :, None] == block[:, None, :]) & image[:, :, None]
+        distance = torch.arange(image.shape[1], device=device)
+        distance = distance[:, None] - distance[None, :]
+
+        def with_blocks(mask: torch.Tensor, window: int | None) -> torch.Tensor:
+            both = same if window is None else same & (distance < window)  # q - window < k, as its window
+            return mask | both[:, None] if self.mask == "dense" else mask.masked_fill(both[:, None], 0.0)
+
+        windows = (self.attention or AttentionPattern()).windows()
+        if isinstance(masks, dict):
+            self.attention_mask = {kind: with_blocks(m, windows.get(kind)) for kind, m in masks.items()}
+        else:
+            self.attention_mask = with_blocks(masks, next(iter(windows.values())))
+        return self
 
     def model_inputs(self) -> dict[str, Any]:
         if self._inputs is not None:
@@ -93,8 +145,10 @@ class VisionBatch(PackedBatch):
         inputs = super().model_inputs()
         if self.pixel_values is not None:
             inputs["pixel_values"] = self.pixel_values
-        if self.image_grid_thw is not None:
-            inputs["image_grid_thw"] = self.image_grid_thw
+        inputs.update(self.image_inputs)
+        if self.token_type_ids is not None:
+            types = self.token_type_ids.to(torch.int64)
+            inputs["token_type_ids"] = types
         if self.mrope_position_ids is not None:
             mrope = self.mrope_position_ids.to(torch.int64)
             if self.mask == "varlen":
@@ -111,12 +165,10 @@ def _image_bytes(value: Any) -> bytes:
 
 
 def _concat(parts: list[torch.Tensor], shared: bool) -> torch.Tensor:
-    """``torch.cat(parts)``; with ``shared``, inside a DataLoader worker, written into shared memory, so that
-    the batch goes to the main process without another copy (a parcel sends a shared tensor as it is)."""
-    if not shared or get_worker_info() is None:
-        return torch.cat(parts)
-    out = torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype)
-    return torch.cat(parts, out=out.share_memory_())
+    """``concat_padded(parts)``; with ``shared``, inside a DataLoader worker, moved into shared memory, so
+    that the batch goes to the main process without another copy (a parcel sends a shared tensor as is)."""
+    out = concat_padded(parts)
+    return out.share_memory_() if shared and get_worker_info() is not None else out
 
 
 class VisionTaskEncoder:
@@ -131,7 +183,11 @@ class VisionTaskEncoder:
 
     A pack (the dict ``encode_sample`` takes) holds the text columns, ``pack_index`` and the stored image
     columns: ``images`` (bytes, or ``{"bytes", "path"}``), ``image_offset`` and ``image_length`` (each
-    image's run of image tokens in the pack), in pack order.
+    image's span in the pack), in pack order.
+
+    Raises ``ValueError`` for a processor whose ``token_type_ids`` the loader cannot build per pack
+    (PaliGemma's), and for ``varlen`` and ``flex`` masks with a model that attends both ways inside
+    images (Gemma 3).
     """
 
     def __init__(
@@ -145,10 +201,18 @@ class VisionTaskEncoder:
     ) -> None:
         self.processor, self.get_rope_index = processor, get_rope_index
         self.mask, self.labels_convention, self.dtype = mask, labels_convention, dtype
+        self.token_types = token_type_rule(processor)
+        if self.token_types and mask not in ("dense", "additive"):
+            raise ValueError(
+                f"{processor.family} attends both ways inside each image: its packs need mask dense or "
+                f"additive, which hold those blocks (with {mask}, transformers' Gemma 3 sliding-window "
+                "layers attend across the packed samples)"
+            )
 
     def encode_sample(self, pack: dict) -> dict:
         """``pack`` with its image columns replaced by ``pixel_values`` (``None`` without images),
-        ``image_grid_thw`` (or ``None``), ``mrope_position_ids`` ``(3, N)`` (with ``get_rope_index``)."""
+        ``image_inputs``, ``token_type_ids`` (or ``None``), ``mrope_position_ids`` ``(3, N)`` (with
+        ``get_rope_index``)."""
         encoded = [_image_bytes(v) for v in pack.get("images") or []]
         offsets = np.asarray(pack.get("image_offset", ()), dtype=np.int64)
         lengths = np.asarray(pack.get("image_length", ()), dtype=np.int64)
@@ -162,43 +226,83 @@ class VisionTaskEncoder:
             images = decode_images(encoded)
         except (OSError, ValueError) as e:  # Pillow's UnidentifiedImageError is an OSError
             raise InputError(f"{where}: cannot decode image: {e}") from None
-        self._check_spans(where, input_ids, images, offsets, lengths)
+        ends = np.cumsum(np.asarray(pack["seq_lens"], dtype=np.int64))
+        sample = np.searchsorted(ends, offsets, side="right")  # the sample of the pack each image is in
+        self._check_spans(where, input_ids, images, offsets, lengths, sample)
         out = {k: v for k, v in pack.items() if k not in IMAGE_COLUMNS}
-        inputs = pixel_inputs(self.processor, images, self.dtype)
-        out["pixel_values"] = inputs.get("pixel_values")
-        out["image_grid_thw"] = inputs.get("image_grid_thw")
+        groups = [[images[k] for k in np.flatnonzero(sample == s)] for s in dict.fromkeys(sample.tolist())]
+        try:
+            inputs = image_inputs(self.processor, groups, self.dtype)
+        except (OSError, ValueError) as e:
+            raise InputError(f"{where}: the processor fails on its images: {e}") from None
+        out["pixel_values"] = inputs.pop("pixel_values", None)
+        out["image_inputs"] = inputs
+        out["token_type_ids"] = (
+            np.isin(input_ids, self.processor.image_token_ids).astype(np.int8) if self.token_types else None
+        )
         out["images_per_pack"] = len(images)
         if self.get_rope_index is not None:
             out["mrope_position_ids"] = pack_mrope_position_ids(
-                self.get_rope_index, input_ids, pack["seq_lens"], offsets, lengths, out["image_grid_thw"]
+                self.get_rope_index,
+                input_ids,
+                pack["seq_lens"],
+                offsets,
+                lengths,
+                inputs.get("image_grid_thw"),
+                self.processor.image_token_ids,
             ).to(torch.int32)
         return out
 
     def _check_spans(
-        self, where: str, input_ids: np.ndarray, images: list, offsets: np.ndarray, lengths: np.ndarray
+        self,
+        where: str,
+        input_ids: np.ndarray,
+        images: list,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        sample: np.ndarray,
     ) -> None:
-        """Each image's run: the processor's count for the decoded image, inside the pack, on image tokens
-        only, and every image token of the pack in one run (else the model would take features elsewhere)."""
+        """Each image's span: inside the pack, the processor's ids for the decoded image's size (in a sample
+        of as many images); every image token of the pack in a span (else the model would take features
+        elsewhere)."""
         n = len(input_ids)
+        per_sample = np.bincount(sample, minlength=int(sample.max()) + 1) if len(sample) else sample
         for k, image in enumerate(images):
-            want = self.processor.image_tokens(image.height, image.width)
-            if lengths[k] != want or offsets[k] < 0 or offsets[k] + lengths[k] > n:
+            try:
+                want = self.processor.expansion(image.height, image.width, int(per_sample[sample[k]]))
+            except ValueError as e:
+                raise InputError(f"{where}: image {k} ({image.width}x{image.height}): {e}") from None
+            a, b = int(offsets[k]), int(offsets[k] + lengths[k])
+            if lengths[k] != want.span_length or a < 0 or b > n:
                 raise InputError(
-                    f"{where}: image {k} ({image.width}x{image.height}) has a run of {lengths[k]} tokens at "
-                    f"{offsets[k]}; the processor makes {want}, in a pack of {n}"
+                    f"{where}: image {k} ({image.width}x{image.height}) has a span of {lengths[k]} tokens at "
+                    f"{offsets[k]}; the processor makes {want.span_length}, in a pack of {n}"
                 )
-        covered = np.zeros(n, dtype=bool)
-        covered[ranges(offsets, lengths)] = True
-        if not np.array_equal(covered, input_ids == self.processor.image_token_id):
-            raise InputError(f"{where}: the image runs do not cover the pack's image tokens exactly")
+            if not np.array_equal(input_ids[a:b], want.span()):
+                raise InputError(
+                    f"{where}: image {k} ({image.width}x{image.height}): the tokens of its span are not the "
+                    "processor's for its size"
+                )
+        covered = np.zeros(n, dtype=np.int64)
+        np.add.at(covered, ranges(offsets, lengths), 1)
+        stray = np.isin(input_ids, self.processor.image_token_ids) & (covered == 0)
+        if covered.max(initial=0) > 1 or stray.any():
+            raise InputError(f"{where}: the image spans do not cover the pack's image tokens exactly")
 
     def batch(self, packs: list[dict]) -> dict:
-        """The default stage's batch of the text columns, ``pixel_values`` / ``image_grid_thw`` concatenated
-        in order, ``mrope_position_ids`` stacked to ``(3, B, N)``, ``images_per_pack`` ``(B,)`` int32."""
+        """The default stage's batch of the text columns, the image inputs concatenated in order,
+        ``token_type_ids`` stacked to ``(B, N)``, ``mrope_position_ids`` to ``(3, B, N)``,
+        ``images_per_pack`` ``(B,)`` int32."""
         raw = default_batch([{k: v for k, v in p.items() if k not in VISION_FIELDS} for p in packs])
-        for name in ("pixel_values", "image_grid_thw"):
-            parts = [p[name] for p in packs if p.get(name) is not None]
-            raw[name] = _concat(parts, shared=name == "pixel_values") if parts else None
+        parts = [p["pixel_values"] for p in packs if p.get("pixel_values") is not None]
+        raw["pixel_values"] = _concat(parts, shared=True) if parts else None
+        names = dict.fromkeys(name for p in packs for name in p.get("image_inputs", {}))
+        raw["image_inputs"] = {
+            name: _concat([p["image_inputs"][name] for p in packs if name in p["image_inputs"]], shared=False)
+            for name in names
+        }
+        with_types = packs[0].get("token_type_ids") is not None
+        raw["token_type_ids"] = batch_stack([p["token_type_ids"] for p in packs]) if with_types else None
         with_mrope = "mrope_position_ids" in packs[0]
         raw["mrope_position_ids"] = (
             torch.stack([p["mrope_position_ids"] for p in packs], dim=1) if with_mrope else None
@@ -211,7 +315,9 @@ class VisionTaskEncoder:
             {k: v for k, v in raw.items() if k not in VISION_FIELDS}, self.mask, self.labels_convention
         )
         fields = {f.name: getattr(text, f.name) for f in dataclasses.fields(text) if f.init}
-        return VisionBatch(**fields, **{name: raw.get(name) for name in VISION_FIELDS})
+        vision = {name: raw.get(name) for name in VISION_FIELDS}
+        vision["image_inputs"] = vision["image_inputs"] or {}
+        return VisionBatch(**fields, **vision)
 
 
 def vision_dataset(

@@ -1,33 +1,31 @@
-"""The model's own processor, from a local directory: how many tokens each image becomes, and which.
+"""The model's own processor, from a local directory: what it writes for each image, exactly, or a refusal.
 
 ``load_processor(DIR)`` loads what ``AutoProcessor.from_pretrained(DIR)`` loads, offline
-(``local_files_only``; nothing is downloaded), with the PIL/NumPy image-processor backend (``backend="pil"``,
-what ``use_fast=False`` was before transformers 5): the torchvision backend needs a torchvision wheel that
-matches torch, and packing needs no image tensor at all. Where ``AutoProcessor`` cannot be built (Qwen2-VL's
-processor also loads a video processor, which needs torchvision), the same directory's tokenizer and image
-processor are loaded alone (``AutoTokenizer``, ``AutoImageProcessor``) and counted by the same rule.
+(``local_files_only``; nothing is downloaded), with the image processor on the PIL/NumPy backend
+(``backend="pil"``): the torchvision backend needs a torchvision wheel that matches torch. A processor
+whose only part that needs torchvision is its *video* processor (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM,
+LLaVA-OneVision, InternVL) is built by its own class with the video processor left out (packtool packs
+images, not videos; the identity says so). A processor that cannot be built without torchvision (Pixtral,
+Mistral 3: their processor class itself requires it) is refused, with transformers' own reason.
 
-An image of ``height x width`` pixels becomes ``image_tokens`` copies of the image token (``<image>`` for
-LLaVA, ``<|image_pad|>`` for Qwen2-VL); the chat template writes one copy per image (Qwen2-VL's between
-``<|vision_start|>`` and ``<|vision_end|>``) and ``packtool.vision.sequences`` repeats it. Two families:
+What the processor writes for each image comes from the processor itself (``packtool.vision.expansion``:
+its replacement text for each image size, its layout of the text, its tokenizer), checked at load time on
+probe images; a processor whose text packtool cannot reproduce exactly is refused in one line naming the
+family and why (``ConfigError``, exit 2). So is a configuration with a value no image can be counted with
+(``patch_size: 0``, a negative size or ``num_additional_image_tokens``, an unknown
+``vision_feature_select_strategy``), naming the file and the field.
 
-* fixed count (LLaVA-1.5: CLIP's resize and center crop to ``crop_size``): ``(crop_h // patch) *
-  (crop_w // patch) + num_additional_image_tokens``, less one when ``vision_feature_select_strategy`` is
-  ``default`` (the CLS feature dropped): 576 for LLaVA-1.5 (336 / 14 = 24; 24 * 24 + 1 - 1).
-* dynamic resolution (Qwen2-VL, Qwen2.5-VL): the image is resized by the *smart-resize* rule to sides that
-  are multiples of ``patch_size * merge_size`` (28) with ``min_pixels <= h * w <= max_pixels``, then cut
-  into 14 x 14 patches merged 2 x 2: ``(h / 14) * (w / 14) / 4`` tokens.
-
-The counts come from the processor's own code: its ``_get_num_multimodal_tokens(image_sizes=...)`` (what
-vLLM calls), or, for the image processor alone, its ``get_number_of_image_patches`` divided by
-``merge_size ** 2`` (the line Qwen2-VL's processor runs). ``tests/unit/vision`` checks both against the
-processor run on real images.
+The conversation is rendered with ``chat_template`` (``--chat-template``) when given, else the
+processor's own template (``chat_template.jinja`` / ``.json`` of the directory), else the tokenizer's.
+As ``processor.apply_chat_template(..., tokenize=True)`` does, the tokenizer adds its own special tokens
+(a BOS) unless the rendered text already starts with its BOS.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,15 +35,31 @@ import numpy as np
 from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError
+from packtool.vision.expansion import Expander, Expansion, Refused
 
 CONFIG_FILES = (
     "processor_config.json",
     "preprocessor_config.json",
+    "video_preprocessor_config.json",
     "tokenizer_config.json",
     "tokenizer.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
     "chat_template.jinja",
     "chat_template.json",
+    "config.json",
 )
+CHECKED_CONFIGS = ("processor_config.json", "preprocessor_config.json")
+# a processor config's fields that count pixels or tokens: > 0 (a size of 0 divides by zero or gives no
+# image), or >= 0 for those that may be 0
+POSITIVE = re.compile(
+    r"(patch_size|merge_size|downsample_factor|image_seq_len|image_seq_length|num_image_tokens|img_size|height"
+    r"|width|shortest_edge|longest_edge|max_image_tiles|max_patches|min_patches|max_pixels"
+    r"|pan_and_scan_min_crop_size|pan_and_scan_max_num_crops|image_grid_pinpoints)"
+)
+NON_NEGATIVE = re.compile(r"(num_additional_image_tokens|min_pixels)")
+SELECT_STRATEGIES = ("default", "full")
 
 
 @dataclass
@@ -54,77 +68,129 @@ class VisionProcessor:
 
     Attributes:
         path: the directory it was loaded from.
-        family: ``"fixed"`` (one count per image) or ``"dynamic"`` (the count follows the image's size).
-        image_token: the token the template writes once per image and the processor repeats.
-        image_token_id: its id.
-        tokenizer: packtool's ``HFTokenizer`` of the directory.
-        chat: the ``ChatEncoder`` of the directory's chat template (renders image parts, finds trained spans).
-        image_processor: the transformers image processor (PIL backend), for the loader and the tests.
-        processor: the transformers processor when ``AutoProcessor`` could build it, else ``None``.
+        family: the model family and processor class, e.g. ``"gemma3 (Gemma3Processor)"``.
+        image_token: the placeholder the chat template writes once per image and the processor replaces
+            (``<image>``, ``<|image_pad|>``, Gemma 3's ``<start_of_image>``).
+        image_token_ids: ``(m,)`` int64, the processor's image tokens (``image_token_ids``: what its
+            ``mm_token_type_ids`` marks); an image's span runs from the first to the last of them.
+        tokenizer: packtool's ``HFTokenizer`` over the processor's own tokenizer.
+        chat: the ``ChatEncoder`` of the template (renders image parts, finds trained spans).
+        image_processor: the transformers image processor (PIL backend), for the loader.
+        processor: the transformers processor.
+        expander: its expansion, reproduced (``packtool.vision.expansion``).
+        video: ``None``, or why its video processor was not loaded.
+        loaded_with: the arguments ``load_processor`` took (a pickled processor is loaded again from them,
+            as a DataLoader worker started with ``spawn`` does: the processor itself may hold a class built
+            at load time).
     """
 
     path: str
     family: str
     image_token: str
-    image_token_id: int
+    image_token_ids: np.ndarray
     tokenizer: HFTokenizer
     chat: ChatEncoder
     image_processor: Any
-    processor: Any = None
-    _counts: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+    processor: Any
+    expander: Expander
+    video: str | None = None
+    loaded_with: dict[str, Any] = field(default_factory=dict, repr=False)
+    _config_sha256: str = field(default="", repr=False)
 
-    def image_tokens(self, height: int, width: int) -> int:
-        """How many image tokens an image of ``height x width`` pixels becomes (a fixed-count model's count
-        is the same for every size)."""
-        key = (0, 0) if self.family == "fixed" else (int(height), int(width))
-        if key not in self._counts:
-            self._counts[key] = self._count(int(height), int(width))
-        return self._counts[key]
+    def __reduce__(self):
+        return _load_again, (self.loaded_with,)
 
-    def image_tokens_of(self, sizes: np.ndarray) -> np.ndarray:
-        """``(k,)`` int64 counts of ``(k, 2)`` ``(height, width)`` sizes."""
-        sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
-        return np.array([self.image_tokens(h, w) for h, w in sizes.tolist()], dtype=np.int64)
+    def expansion(self, height: int, width: int, images: int = 1) -> Expansion:
+        """What the processor writes for an image of ``height x width`` pixels in a sample of ``images``
+        images (``Expansion``: its text, its span's ids); ``ValueError`` for a size the processor refuses.
 
-    def _count(self, height: int, width: int) -> int:
-        try:
-            if self.processor is not None and hasattr(self.processor, "_get_num_multimodal_tokens"):
-                data = self.processor._get_num_multimodal_tokens(image_sizes=[(height, width)])
-                return int(data["num_image_tokens"][0])
-            patches = self.image_processor.get_number_of_image_patches(height, width, {})
-            return int(patches) // int(self.image_processor.merge_size) ** 2
-        except ValueError as e:  # Qwen's smart-resize refuses aspect ratios over 200
-            raise ValueError(f"{height}x{width} image: {e}") from None
+        >>> vp.expansion(480, 640).span_length  # doctest: +SKIP
+        576
+        """
+        return self.expander.expansion(height, width, images)
+
+    @property
+    def image_token_id(self) -> int:
+        """The processor's ``image_token_id`` (the token LLaVA, Qwen2-VL, Idefics3 repeat; Gemma 3's
+        ``<start_of_image>``)."""
+        return int(self.processor.image_token_id)
+
+    def image_tokens(self, height: int, width: int, images: int = 1) -> int:
+        """How many tokens the span of an image of ``height x width`` takes (``expansion().span_length``)."""
+        return self.expansion(height, width, images).span_length
+
+    def layout(self, text: str, images: int) -> str:
+        """``text`` as the processor lays it out before it replaces the placeholders
+        (``prepare_inputs_layout``)."""
+        return self.expander.layout(text, images)
+
+    def adds_special_tokens(self, text: str) -> bool:
+        """Whether the tokenizer adds its special tokens to ``text`` (``apply_chat_template``'s rule: unless
+        the rendered text starts with the BOS)."""
+        bos = self.tokenizer.declared_token("bos")
+        return not (bos is not None and text.startswith(bos))
+
+    def encode_rendered(
+        self, texts: list[str], special: list[bool]
+    ) -> list[tuple[list[int], list[tuple[int, int]], np.ndarray]]:
+        """Each text tokenized by the processor's tokenizer, with its special tokens where ``special``:
+        ``(ids, (start, end) character offsets, (L,) bool: the token is of the text, not a special token
+        the tokenizer added)``."""
+        out: list[Any] = [None] * len(texts)
+        for flag in (False, True):
+            index = [i for i, s in enumerate(special) if s == flag]
+            if not index:
+                continue
+            encodings = self.expander.encode([texts[i] for i in index], flag)
+            for i, e in zip(index, encodings, strict=True):
+                if flag:  # the tokens the tokenizer added have no sequence
+                    in_text = np.fromiter((s is not None for s in e.sequence_ids), bool, count=len(e.ids))
+                else:
+                    in_text = np.ones(len(e.ids), dtype=bool)
+                out[i] = (e.ids, e.offsets, in_text)
+        return out
 
     def identity(self) -> dict[str, Any]:
-        """What a manifest records of the processor: its path, family, image token and a hash of its config
-        files (the files of ``CONFIG_FILES`` that exist, in that order)."""
-        digest = hashlib.sha256()
-        for name in CONFIG_FILES:
-            file = Path(self.path) / name
-            if file.is_file():
-                digest.update(name.encode() + b"\0" + file.read_bytes() + b"\0")
+        """What a manifest records of the processor (and the run id hashes): everything the ids depend on.
+        ``config_sha256`` hashes the directory's files of ``CONFIG_FILES`` that exist, in that order."""
+        import transformers  # noqa: PLC0415 - loaded already by load_processor; only its version is read
+
+        mode = "per image size"
+        if self.expander.arithmetic is not None:
+            mode = "arithmetic (the processor's _get_num_multimodal_tokens), spot-checked"
+        elif self.expander.per_image_count:
+            mode = "per image size and images per sample"
         return {
             "path": self.path,
             "family": self.family,
             "image_token": self.image_token,
+            "image_token_ids": self.image_token_ids.tolist(),
             "image_processor": type(self.image_processor).__name__,
-            "config_sha256": digest.hexdigest(),
+            "video_processor": self.video or type(getattr(self.processor, "video_processor", None)).__name__,
+            "expansion": mode,
+            "chat_template": self.chat.template_source,
+            "chat_template_sha256": hashlib.sha256(self.chat.template.encode()).hexdigest(),
+            "loss_on": self.chat.loss_on,
+            "transformers": transformers.__version__,
+            "config_sha256": self._config_sha256,
         }
 
 
 def load_processor(
     directory: str | Path, *, chat_template: str | None = None, loss_on: str = "assistant"
 ) -> VisionProcessor:
-    """The processor of a local model directory; nothing is downloaded. ``chat_template``: a Jinja file
-    rendering the conversations instead of the directory's own (``--chat-template``); ``loss_on``: which
-    turns are trained (``--loss-on``: ``packtool.encoders.chat``).
+    """The processor of a local model directory; nothing is downloaded (module docstring).
 
-    Raises ``ConfigError`` for a directory that is missing, has no image processor, or whose tokenizer
-    lacks the image token.
+    Args:
+        directory: the model directory.
+        chat_template: a Jinja template file (``--chat-template``) used instead of the directory's.
+        loss_on: ``assistant``, ``last`` or ``all`` (``--loss-on``; ``packtool.encoders.chat``).
+
+    Raises ``ConfigError``: a directory that is missing or holds no processor, a bad configuration value,
+    a family packtool refuses (one line naming it and why).
     """
     try:  # transformers is the vision extra's (packtool[vision]), and slow to import
-        from transformers import AutoImageProcessor, AutoProcessor
+        from transformers import AutoProcessor
     except ImportError:
         raise ConfigError(
             "--processor needs transformers and Pillow (pip install 'packtool[vision]')"
@@ -132,53 +198,250 @@ def load_processor(
     path = Path(directory)
     if not path.is_dir():
         raise ConfigError(f"processor {directory}: no such directory (expected a local model directory)")
+    check_config_values(path)
+    video = None
     try:
         processor = AutoProcessor.from_pretrained(str(path), local_files_only=True, backend="pil")
-    except ImportError:  # a part of it needs torchvision (Qwen2-VL's video processor): load the parts
-        processor = None
-    except (OSError, ValueError) as e:
+    except ImportError as e:  # a part needs torchvision: without the video processor, else refused
+        processor, video = _without_video(path, e)
+    except (OSError, ValueError, TypeError, KeyError) as e:
         raise ConfigError(
             f"processor {directory}: cannot load with AutoProcessor: {_first_line(e)}"
         ) from None
-    image_processor = getattr(processor, "image_processor", None)
-    if image_processor is None:
-        try:
-            image_processor = AutoImageProcessor.from_pretrained(
-                str(path), local_files_only=True, backend="pil"
-            )
-        except (OSError, ValueError, ImportError) as e:
-            raise ConfigError(f"processor {directory}: no image processor: {_first_line(e)}") from None
-    family = "dynamic" if hasattr(image_processor, "merge_size") else "fixed"
-    if family == "fixed" and processor is None:
-        raise ConfigError(f"processor {directory}: a fixed-count model needs its processor (AutoProcessor)")
-    image_token = getattr(processor, "image_token", None) or _config_image_token(path, family)
-    tokenizer = HFTokenizer(str(path))
-    token_id = tokenizer.token_to_id(image_token)
-    if token_id is None:
+    family = _family(processor)
+    if not hasattr(processor, "image_processor"):
+        raise ConfigError(f"processor {directory}: {family} has no image processor")
+    image_token = getattr(processor, "image_token", None)
+    backend = getattr(getattr(processor, "tokenizer", None), "_tokenizer", None)
+    if not isinstance(image_token, str) or backend is None:
+        what = "no image token" if not isinstance(image_token, str) else "no fast tokenizer (tokenizer.json)"
+        raise ConfigError(f"processor {directory}: {family} is refused: its processor has {what}")
+    if backend.token_to_id(image_token) is None:
         raise ConfigError(f"processor {directory}: the tokenizer has no image token {image_token!r}")
-    # the template: the tokenizer's own, else the processor's file (chat_template.jinja or .json)
-    files = [path / "chat_template.jinja", path / "chat_template.json"]
-    template = None if tokenizer.chat_template else next((str(f) for f in files if f.is_file()), None)
-    chat = ChatEncoder(tokenizer, chat_template or template, loss_on=loss_on)
+    tokenizer = HFTokenizer.of_loaded(str(path), processor.tokenizer)
+    backend.encode_special_tokens = bool(getattr(processor.tokenizer, "split_special_tokens", False))
+    expander = Expander(processor, backend)
+    try:
+        expander.probe()
+    except Refused as e:
+        raise ConfigError(f"processor {directory}: {family} is refused: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a configuration no image can be processed with: the user's to fix
+        raise ConfigError(
+            f"processor {directory}: {family} fails on a probe image: {type(e).__name__}: {_first_line(e)}"
+        ) from None
+    if expander.cross_attention:
+        raise ConfigError(
+            f"processor {directory}: {family} is refused for now: a cross-attention model (its images are "
+            "not in the token sequence) needs a cross_attention_mask per pack, which the loader does not "
+            "build"
+        )
+    chat = ChatEncoder(tokenizer, chat_template or _processor_template(path), loss_on)
     return VisionProcessor(
         path=str(path),
         family=family,
         image_token=image_token,
-        image_token_id=int(token_id),
+        image_token_ids=expander.image_ids,
         tokenizer=tokenizer,
         chat=chat,
-        image_processor=image_processor,
+        image_processor=processor.image_processor,
         processor=processor,
+        expander=expander,
+        video=video,
+        loaded_with={"directory": str(directory), "chat_template": chat_template, "loss_on": loss_on},
+        _config_sha256=_config_digest(path),
     )
 
 
-def _config_image_token(path: Path, family: str) -> str:
-    """The image token a directory's ``processor_config.json`` names, else the family's usual one."""
-    file = path / "processor_config.json"
-    config = json.loads(file.read_text()) if file.is_file() else {}
-    return config.get("image_token") or ("<|image_pad|>" if family == "dynamic" else "<image>")
+def _load_again(arguments: dict[str, Any]) -> VisionProcessor:
+    """``load_processor(**arguments)``: how a pickled ``VisionProcessor`` comes back."""
+    directory = arguments["directory"]
+    return load_processor(directory, chat_template=arguments["chat_template"], loss_on=arguments["loss_on"])
+
+
+def _without_video(path: Path, error: ImportError) -> tuple[Any, str]:
+    """The directory's processor built by its own class with the parts AutoProcessor loads, but its video
+    processor (which needs torchvision) left out; ``ConfigError`` naming ``error`` if that is not the part."""
+    import transformers  # noqa: PLC0415 - imported by load_processor already
+    from transformers import AutoImageProcessor, AutoTokenizer  # noqa: PLC0415 - as above
+
+    name = _processor_class_name(path)
+    try:  # a class that needs torchvision is a stand-in whose every attribute raises ImportError
+        cls = getattr(transformers, name, None) if name else None
+        attributes = cls.get_attributes() if cls is not None else []
+    except ImportError:
+        cls, attributes = None, []
+    family = f"{_model_type_of(name, path)} ({name})" if name else "an unknown family"
+    reason = f"processor {path}: {family} is refused: it cannot be built here ({_first_sentence(error)})"
+    if cls is None or "video_processor" not in attributes:
+        raise ConfigError(reason) from None
+    try:
+        processor_dict, init_kwargs = cls.get_processor_dict(str(path), local_files_only=True)
+        args = []
+        for attribute in attributes:
+            if attribute == "tokenizer":
+                args.append(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+            elif attribute == "image_processor":
+                args.append(
+                    AutoImageProcessor.from_pretrained(str(path), local_files_only=True, backend="pil")
+                )
+            elif attribute == "video_processor":
+                args.append(_NoVideo(**_video_config(path, processor_dict)))
+            else:
+                raise ImportError(f"its {attribute} is not loaded by packtool")
+        processor = _images_only(cls).from_args_and_dict(args, processor_dict, **init_kwargs)
+    except ImportError as e:
+        raise ConfigError(f"{reason[: reason.rindex('(')]}({_first_sentence(e)})") from None
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"processor {path}: cannot load {family}: {_first_line(e)}") from None
+    return processor, "not loaded (needs torchvision; packtool packs images only)"
+
+
+class _NoVideo(dict):
+    """Stands for a video processor that needs torchvision: its configuration (a dict, so that the
+    processor's ``to_dict`` writes it) with its values as attributes (a processor may read them when it is
+    built), and an error if it is ever asked to process a video."""
+
+    model_input_names: list[str] = []  # it gives the model nothing
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConfigError("packtool did not load this processor's video processor (it needs torchvision)")
+
+
+def _images_only(cls: type) -> type:
+    """``cls`` (a processor class, its name and module kept) taking ``_NoVideo`` as its video processor."""
+
+    def check_argument_for_proper_class(self: Any, argument_name: str, argument: Any) -> Any:
+        if argument_name == "video_processor" and isinstance(argument, _NoVideo):
+            return _NoVideo
+        return cls.check_argument_for_proper_class(self, argument_name, argument)
+
+    members = {
+        "check_argument_for_proper_class": check_argument_for_proper_class,
+        "__module__": cls.__module__,
+    }
+    return type(cls.__name__, (cls,), members)
+
+
+def _video_config(path: Path, processor_dict: dict) -> dict:
+    file = path / "video_preprocessor_config.json"
+    config = json.loads(file.read_text()) if file.is_file() else processor_dict.get("video_processor", {})
+    return {k: v for k, v in config.items() if isinstance(k, str) and k.isidentifier()}
+
+
+def _processor_class_name(path: Path) -> str | None:
+    """The processor class a directory names (``processor_class`` of its configs, else its model type's)."""
+    for name in ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
+                 "tokenizer_config.json"):  # fmt: skip
+        config = _json(path / name)
+        if isinstance(config.get("processor_class"), str):
+            return config["processor_class"]
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES  # noqa: PLC0415
+
+    return PROCESSOR_MAPPING_NAMES.get(_json(path / "config.json").get("model_type"))
+
+
+def _model_type_of(name: str, path: Path) -> str:
+    """The model type of a processor class name: the directory's ``config.json``'s, else the first model
+    type transformers maps to that class."""
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES  # noqa: PLC0415
+
+    own = _json(path / "config.json").get("model_type")
+    return own or next((t for t, n in PROCESSOR_MAPPING_NAMES.items() if n == name), "unknown")
+
+
+def _model_type(cls: type | None) -> str:
+    """``gemma3`` of ``transformers.models.gemma3.processing_gemma3.Gemma3Processor``."""
+    parts = (cls.__module__ if cls is not None else "").split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "models" else "unknown"
+
+
+def _family(processor: Any) -> str:
+    return f"{_model_type(type(processor))} ({type(processor).__name__})"
+
+
+def _processor_template(path: Path) -> str | None:
+    """The file of the processor's own chat template (``None``: the tokenizer's; ``ChatEncoder`` refuses
+    when neither has one)."""
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (path / name).is_file():
+            return str(path / name)
+    if isinstance(_json(path / "processor_config.json").get("chat_template"), str):
+        return str(path / "processor_config.json")
+    return None
+
+
+def check_config_values(path: Path) -> None:
+    """``ConfigError`` naming the file and field of a value no image can be counted with."""
+    for name in CHECKED_CONFIGS:
+        file = path / name
+        if not file.is_file():
+            continue
+        try:
+            config = json.loads(file.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ConfigError(f"processor {path}: {name} is not valid JSON: {_first_line(e)}") from None
+        if not isinstance(config, dict):
+            raise ConfigError(f"processor {path}: {name} is not a JSON object")
+        for where, value in _numbers(config, ""):
+            key = where.rsplit(".", 1)[-1].split("[")[0]
+            if isinstance(value, str) and (POSITIVE.fullmatch(key) or NON_NEGATIVE.fullmatch(key)):
+                raise ConfigError(f"processor {path}: {name} field {where!r} is {value!r}: expected a number")
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            if POSITIVE.fullmatch(key) and value <= 0:
+                raise ConfigError(f"processor {path}: {name} field {where!r} is {value}: must be positive")
+            if NON_NEGATIVE.fullmatch(key) and value < 0:
+                raise ConfigError(
+                    f"processor {path}: {name} field {where!r} is {value}: must not be negative"
+                )
+        strategy = config.get("vision_feature_select_strategy")
+        if strategy is not None and strategy not in SELECT_STRATEGIES:
+            raise ConfigError(
+                f"processor {path}: {name} field 'vision_feature_select_strategy' is {strategy!r}: expected "
+                + " or ".join(SELECT_STRATEGIES)
+            )
+
+
+def _numbers(value: Any, where: str):
+    """``(dotted path, value)`` of every leaf of a JSON value (list items as ``name[i]``)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _numbers(v, f"{where}[{i}]")
+    else:
+        yield where, value
+
+
+def _json(file: Path) -> dict:
+    try:
+        value = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _config_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    for name in CONFIG_FILES:
+        file = path / name
+        if file.is_file():
+            digest.update(name.encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def _first_sentence(e: BaseException) -> str:
+    """The first sentence of an error's first line (transformers' import errors go on with instructions)."""
+    return _first_line(e).split(". ")[0].rstrip(".")

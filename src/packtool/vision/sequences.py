@@ -1,27 +1,35 @@
-"""A vision-language sample as the model sees it: image tokens expanded, labels, each image's span.
+"""A vision-language sample as the model sees it: the processor's tokens for it, labels, each image's span.
 
-``encode_sample(processor, sample)``:
+``encode_samples(processor, samples)`` gives, for each sample, exactly the ids of
+``processor.apply_chat_template(messages, tokenize=True)`` with the sample's images (the processor's
+``__call__`` on the rendered conversation), without running the image processor on the sample's pixels:
 
-1. reads each image's size from its header and asks the processor how many tokens it becomes;
-2. renders the conversation with the model's chat template (the image parts become the template's
-   placeholder: ``<image>`` for LLaVA, ``<|vision_start|><|image_pad|><|vision_end|>`` for Qwen2-VL) and
-   finds the trained characters as the ``chat`` encoder does (assistant turns: ``{% generation %}`` spans
-   or prefix renders; ``packtool.encoders.chat``);
-3. tokenizes the text (``encode_samples``: the texts of ``CHUNK_SIZE`` samples in one call; the image
-   token is a special token, so one image is one token id here), and
-   repeats the k-th image token id ``image_tokens(k)`` times, in NumPy: the same ids the processor writes
-   when it replaces each placeholder by that many image tokens before tokenizing. The vision start/end
-   tokens the template writes stay around each run; image tokens are never trained.
+1. each image's size is read from its header (``sample.image_sizes()``) and the processor's expansion for
+   that size taken (``VisionProcessor.expansion``: the processor's own text for such an image, run once
+   per distinct size; ``packtool.vision.expansion``);
+2. the conversation is rendered with the chat template and the trained characters found as the ``chat``
+   encoder finds them (assistant turns: ``{% generation %}`` spans or prefix renders;
+   ``packtool.encoders.chat``); the text is laid out by the processor's ``prepare_inputs_layout``
+   (characters it inserts are not trained);
+3. each image placeholder is replaced by the processor's text for its image, with every run of one image
+   token written once; the texts of ``CHUNK_SIZE`` samples are tokenized in one call by the processor's
+   tokenizer (with its special tokens unless the text starts with its BOS, as ``apply_chat_template``
+   does), and each run's token id is repeated, in NumPy.
 
-``VisionSequence.image_offsets`` / ``image_lengths`` give each image's run of image tokens (the positions the
-vision tower's features replace). ``sequence_columns`` turns sequences into the columns the text path uses
-(``input_ids``, ``labels``, ``loss_mask`` under a labels convention) plus the image columns;
-``sample_lengths`` is what ``packtool.packing.planner.make_plan`` plans from. ``check_plannable`` refuses
-the options that would cut a sample, and so possibly an image, between packs.
+``VisionSequence.image_offsets`` / ``image_lengths`` give each image's span: the tokens from the first to
+the last of the processor's image tokens written for it (``packtool.vision.expansion``: for LLaVA and
+Qwen2-VL the run of ``<image>`` / ``<|image_pad|>``; for Idefics3 from the first tile's first ``<image>``
+to the global image's last, tile tags between; Gemma 3's ``<start_of_image>`` and ``<end_of_image>`` are
+outside). Each span is checked against the processor's ids for that size; no token of a span is trained.
+``sequence_columns`` turns sequences into the columns the text path uses (``input_ids``, ``labels``,
+``loss_mask`` under a labels convention) plus the image columns; ``sample_lengths`` is what
+``packtool.packing.planner.make_plan`` plans from. ``check_plannable`` refuses the options that would cut a
+sample, and so possibly an image, between packs.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -31,6 +39,7 @@ import pyarrow as pa
 from packtool.arrays import large_lists, token_lists
 from packtool.encoders.masking import loss_columns
 from packtool.errors import ConfigError, ErrorSink, InputError
+from packtool.vision.expansion import Expansion
 from packtool.vision.processor import VisionProcessor
 from packtool.vision.samples import VisionSample, report
 
@@ -42,10 +51,10 @@ class VisionSequence:
     """One sample's tokens.
 
     Attributes:
-        input_ids: ``(L,)`` int32, image tokens expanded.
-        trained: ``(L,)`` bool, the tokens the loss is on (never an image token).
-        image_offsets: ``(k,)`` int64, where image ``i``'s run of image tokens starts.
-        image_lengths: ``(k,)`` int64, its length (the processor's count for the image's size).
+        input_ids: ``(L,)`` int32, the processor's ids for the sample.
+        trained: ``(L,)`` bool, the tokens the loss is on (never a token of an image's span).
+        image_offsets: ``(k,)`` int64, where image ``i``'s span starts (module docstring).
+        image_lengths: ``(k,)`` int64, its length in tokens.
         image_sizes: ``(k, 2)`` int64, ``(height, width)`` from each image's header.
     """
 
@@ -59,7 +68,7 @@ class VisionSequence:
         return len(self.input_ids)
 
     def image_token_mask(self) -> np.ndarray:
-        """``(L,)`` bool, True on image tokens (Qwen2-VL's ``mm_token_type_ids == 1``)."""
+        """``(L,)`` bool, True on the tokens of the images' spans."""
         mask = np.zeros(len(self.input_ids), dtype=bool)
         for a, n in zip(self.image_offsets.tolist(), self.image_lengths.tolist(), strict=True):
             mask[a : a + n] = True
@@ -68,23 +77,20 @@ class VisionSequence:
 
 @dataclass
 class _Rendered:
-    """A sample rendered, before tokenizing: its text, trained character spans and images."""
+    """A sample rendered, before tokenizing: the text to tokenize, its trained character spans, and for
+    each image its expansion and where its replacement starts in the text."""
 
     sample: VisionSample
     text: str
     spans: list[tuple[int, int]]
-    counts: np.ndarray  # (k,) int64 image tokens per image
+    expansions: list[Expansion]
+    starts: list[int]
     sizes: np.ndarray  # (k, 2) int64 (height, width)
+    special: bool  # the tokenizer adds its special tokens
 
 
 def _render(processor: VisionProcessor, sample: VisionSample) -> _Rendered:
     sizes = sample.image_sizes()
-    counts = np.zeros(len(sizes), dtype=np.int64)
-    for k, size in enumerate(sizes):
-        try:
-            counts[k] = processor.image_tokens(size.height, size.width)
-        except ValueError as e:  # the processor refuses the size (Qwen: an aspect ratio over 200)
-            raise sample.error(f"image {k} ({sample.images[k].name}): {e}", "image", "bad_image") from None
     try:
         text, spans = processor.chat.trained_spans(sample.messages)
     except ValueError as e:
@@ -92,34 +98,114 @@ def _render(processor: VisionProcessor, sample: VisionSample) -> _Rendered:
     except Exception as e:  # the template raised (raise_exception, an undefined variable, ...)
         reason = str(e).splitlines()[0] if str(e) else ""
         raise sample.error(f"chat template failed: {type(e).__name__}: {reason}", "messages") from None
-    shape = np.array([(s.height, s.width) for s in sizes], dtype=np.int64).reshape(-1, 2)
-    return _Rendered(sample, text, spans, counts, shape)
-
-
-def _expand(processor: VisionProcessor, r: _Rendered, ids: list[int], starts: np.ndarray) -> VisionSequence:
-    """The tokenized text with the k-th image token repeated ``r.counts[k]`` times."""
-    ids = np.asarray(ids, dtype=np.int32)
-    trained = np.zeros(len(ids), dtype=bool)
-    for a, b in r.spans:  # tokens whose first character lies in [a, b)
-        trained[np.searchsorted(starts, a, side="left") : np.searchsorted(starts, b, side="left")] = True
-    where = np.flatnonzero(ids == processor.image_token_id)
-    if len(where) != len(r.counts):
-        raise r.sample.error(
-            f"the rendered text has {len(where)} image token(s) {processor.image_token!r} for "
-            f"{len(r.counts)} image(s) (is an image token written in the text?)",
+    found = len(processor.expander.pattern.findall(text))
+    if found != len(sizes):
+        raise sample.error(
+            f"the rendered text has {found} image token(s) {processor.image_token!r} for {len(sizes)} "
+            "image(s) (is an image token written in the text?)",
             "messages",
             "image_count",
         )
+    expansions = []
+    for k, size in enumerate(sizes):
+        try:
+            expansions.append(processor.expansion(size.height, size.width, len(sizes)))
+        except ValueError as e:  # the processor refuses the size (Qwen: an aspect ratio over 200)
+            message = f"image {k} ({sample.images[k].name}): {size.height}x{size.width} image: {e}"
+            raise sample.error(message, "image", "bad_image") from None
+    special = processor.adds_special_tokens(text)
+    laid = processor.layout(text, len(sizes))
+    if laid != text:
+        try:
+            spans = _follow(text, laid, spans)
+        except ValueError as e:
+            raise sample.error(str(e), "messages") from None
+    pieces, starts, shifts, at, last = [], [], [], 0, 0
+    for m, expansion in zip(processor.expander.pattern.finditer(laid), expansions, strict=True):
+        pieces.append(laid[last : m.start()])
+        at += m.start() - last
+        starts.append(at)
+        shifts.append((m.end(), len(expansion.text) - (m.end() - m.start())))
+        pieces.append(expansion.text)
+        at += len(expansion.text)
+        last = m.end()
+    pieces.append(laid[last:])
+    shape = np.array([(s.height, s.width) for s in sizes], dtype=np.int64).reshape(-1, 2)
+    moved = [(_shifted(a, shifts), _shifted(b, shifts)) for a, b in spans]
+    return _Rendered(sample, "".join(pieces), moved, expansions, starts, shape, special)
+
+
+def _shifted(position: int, shifts: list[tuple[int, int]]) -> int:
+    """A character position of the laid-out text in the text with its placeholders replaced."""
+    return position + sum(delta for end, delta in shifts if end <= position)
+
+
+def _follow(old: str, new: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``spans`` of ``old`` in ``new``, a copy of it with characters inserted (a layout that deletes or
+    changes characters is refused): inserted characters are outside every span."""
+    where = np.full(len(old) + 1, -1, dtype=np.int64)
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    for op, a0, a1, b0, _ in matcher.get_opcodes():
+        if op not in ("equal", "insert"):
+            raise ValueError(
+                "the processor's layout of the text changes it (packtool follows insertions only)"
+            )
+        if op == "equal":
+            where[a0:a1] = np.arange(b0, b0 + a1 - a0)
+    where[len(old)] = len(new)
+    return [
+        (int(where[a]), int(where[b - 1]) + 1) if b > a else (int(where[a]), int(where[a])) for a, b in spans
+    ]
+
+
+def _expand(
+    r: _Rendered, ids: list[int], offsets: list[tuple[int, int]], in_text: np.ndarray
+) -> VisionSequence:
+    """The tokenized text with each image's runs repeated, its images' spans found and checked."""
+    ids = np.asarray(ids, dtype=np.int64)
+    starts = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+    text_tokens = np.flatnonzero(in_text)
+    text_starts = starts[text_tokens]
+
+    def token_at(char: int) -> int:
+        i = int(np.searchsorted(text_starts, char, side="left"))
+        return int(text_tokens[i]) if i < len(text_tokens) and text_starts[i] == char else -1
+
     repeats = np.ones(len(ids), dtype=np.int64)
-    repeats[where] = r.counts
+    first = []
+    for k, (expansion, start) in enumerate(zip(r.expansions, r.starts, strict=True)):
+        for at, token, count in expansion.runs:
+            i = token_at(start + at)
+            if i < 0 or ids[i] != token:
+                raise _not_as_written(r, k)
+            repeats[i] = count
+        i = token_at(start + expansion.span_start)
+        m = len(expansion.span_ids)
+        if i < 0 or not (
+            np.array_equal(ids[i : i + m], expansion.span_ids)
+            and np.array_equal(repeats[i : i + m], expansion.span_counts)
+        ):
+            raise _not_as_written(r, k)
+        first.append(i)
     ends = np.cumsum(repeats)
-    expanded = np.repeat(ids, repeats)
-    return VisionSequence(
-        input_ids=expanded,
-        trained=np.repeat(trained, repeats) & (expanded != processor.image_token_id),
-        image_offsets=(ends[where] - r.counts).astype(np.int64),
-        image_lengths=r.counts,
-        image_sizes=r.sizes,
+    offsets_k = (ends[first] - repeats[first]).astype(np.int64) if first else np.zeros(0, dtype=np.int64)
+    lengths = np.array([e.span_length for e in r.expansions], dtype=np.int64)
+    trained = np.zeros(len(ids), dtype=bool)
+    for a, b in r.spans:  # tokens whose first character lies in [a, b)
+        trained |= (starts >= a) & (starts < b)
+    trained = np.repeat(trained & in_text, repeats)
+    for a, n in zip(offsets_k.tolist(), lengths.tolist(), strict=True):
+        trained[a : a + n] = False
+    return VisionSequence(np.repeat(ids, repeats).astype(np.int32), trained, offsets_k, lengths, r.sizes)
+
+
+def _not_as_written(r: _Rendered, k: int) -> InputError:
+    """An image whose tokens in its sample are not the processor's for its size (text around it merged
+    with them): refused rather than packed different from the processor."""
+    return r.sample.error(
+        f"image {k} ({r.sample.images[k].name}): its tokens in the sample are not the processor's for its "
+        "size (the text around it merges with them)",
+        "messages",
     )
 
 
@@ -147,10 +233,10 @@ def encode_samples(
     rendered: list[_Rendered] = []
 
     def flush() -> None:
-        ids, starts = processor.tokenizer.encode_batch_offsets([r.text for r in rendered])
-        for r, sample_ids, sample_starts in zip(rendered, ids, starts, strict=True):
+        encoded = processor.encode_rendered([r.text for r in rendered], [r.special for r in rendered])
+        for r, (ids, offsets, in_text) in zip(rendered, encoded, strict=True):
             try:
-                sequences.append(_expand(processor, r, sample_ids, sample_starts))
+                sequences.append(_expand(r, ids, offsets, in_text))
             except InputError as e:
                 report(sink, e)
                 continue

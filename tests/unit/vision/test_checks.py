@@ -50,7 +50,7 @@ def test_a_sound_output_passes_with_every_image_counted(packed):
     report = verify_output(out, processor=processor)
     assert report.ok and report.checked["images"] == 5, report.lines()
     without = verify_output(out)
-    assert without.ok and any("image_length not checked" in n for n in without.notes)
+    assert without.ok and any("image spans not checked" in n for n in without.notes)
     with_source = verify_output(out, source=[str(source)])  # the run's recorded processor
     assert with_source.ok and with_source.checked["source images"] == 5, with_source.lines()
 
@@ -115,3 +115,22 @@ def test_the_image_bytes_a_footer_may_declare_are_bounded_by_the_shard_entry(pac
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InputError, match=r"column images\.list\.element\.bytes: its footer declares"):
         list(read_packs(out))
+
+
+def test_a_span_of_the_right_length_with_a_wrong_token_is_a_problem(packed, tmp_path):
+    """With the processor, each span is compared token by token with the processor's for its size."""
+    import shutil
+
+    out, processor, _ = packed
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    table = pq.read_table(copy / "packs-000000.parquet")
+    ids = table.column("input_ids").to_pylist()
+    offset = table.column("image_offset").to_pylist()[0][0]
+    ids[0][offset + 1] = ids[0][offset - 1]  # <|vision_start|> inside the run of <|image_pad|>
+    rewrite(copy, lambda t: column(t, "input_ids", ids))
+    report = verify_output(copy, processor=processor)
+    line = next(str(p) for p in report.problems if p.kind == "image tokens")
+    assert "image 0 (" in line and "its tokens are not the processor's for its size" in line
+    plain = verify_output(copy)  # without the processor only the spans' first tokens are compared
+    assert not [p for p in plain.problems if p.kind.startswith("image")]

@@ -66,7 +66,7 @@ def test_the_header_gives_the_size_the_decoder_gives(image_files):
 
 def test_llava_counts_what_its_processor_writes(image_files, processors):
     vp = processors["llava"]
-    assert vp.family == "fixed" and type(vp.processor).__name__ == "LlavaProcessor"
+    assert vp.family == "llava (LlavaProcessor)" and vp.identity()["expansion"].startswith("arithmetic")
     ran = 0
     for path, image, _ in image_files:
         size = image_size(path)
@@ -80,7 +80,8 @@ def test_llava_counts_what_its_processor_writes(image_files, processors):
 
 def test_qwen2vl_counts_what_its_image_processor_gives(image_files, processors):
     vp = processors["qwen2vl"]
-    assert vp.family == "dynamic" and type(vp.image_processor).__name__ == "Qwen2VLImageProcessorPil"
+    assert vp.family == "qwen2_vl (Qwen2VLProcessor)" and vp.video.startswith("not loaded (needs torchvision")
+    assert type(vp.image_processor).__name__ == "Qwen2VLImageProcessorPil"
     counts, ran = set(), 0
     for path, image, _ in image_files:
         size = image_size(path)
@@ -142,7 +143,7 @@ def test_a_chat_template_json_of_the_processor_is_used(tmp_path, processors):
 def test_the_identity_hashes_the_config_files(tmp_path, processors):
     a = processors["qwen2vl"].identity()
     b = load_processor(build_qwen2vl(tmp_path / "q", max_pixels=32 * 28 * 28)).identity()
-    assert a["family"] == "dynamic" and a["image_token"] == "<|image_pad|>"
+    assert a["family"] == "qwen2_vl (Qwen2VLProcessor)" and a["image_token"] == "<|image_pad|>"
     assert a["config_sha256"] != b["config_sha256"]
 
 
@@ -151,3 +152,112 @@ def test_bytes_and_path_give_the_same_count(image_files, processors):
     with open(path, "rb") as f:
         data = f.read()
     assert image_size(io.BytesIO(data).getvalue()) == image_size(path)
+
+
+def test_the_identity_changes_with_what_changes_the_ids(tmp_path, processors):
+    """The chat template given and the loss rule are part of the ids (and so of the run id)."""
+    directory = processors["llava"].path
+    other = tmp_path / "other.jinja"
+    other.write_text("{% for m in messages %}{{ m['role'] }}: <image>{% endfor %}")
+    base = processors["llava"].identity()
+    assert (
+        load_processor(directory, chat_template=str(other)).identity()["chat_template_sha256"]
+        != (base["chat_template_sha256"])
+    )
+    assert load_processor(directory, loss_on="all").identity()["loss_on"] == "all" != base["loss_on"]
+    assert base["transformers"] and base["image_token_ids"] == [processors["llava"].image_token_id]
+
+
+BAD_VALUES = [
+    ("processor_config.json", ["patch_size"], 0, "'patch_size' is 0: must be positive"),
+    ("processor_config.json", ["num_additional_image_tokens"], -1,
+     "'num_additional_image_tokens' is -1: must not be negative"),
+    ("processor_config.json", ["image_processor", "crop_size", "height"], -336,
+     "'image_processor.crop_size.height' is -336: must be positive"),
+    ("processor_config.json", ["image_processor", "size", "shortest_edge"], "56",
+     "'image_processor.size.shortest_edge' is '56': expected a number"),
+    ("processor_config.json", ["vision_feature_select_strategy"], "defualt",
+     "'vision_feature_select_strategy' is 'defualt': expected default or full"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("file, keys, value, message", BAD_VALUES)
+def test_a_bad_config_value_is_a_config_error_naming_the_field(tmp_path, file, keys, value, message):
+    directory = build_llava(tmp_path / "l")
+    config = json.loads((directory / file).read_text())
+    node = config
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    (directory / file).write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=f"{file} field {message}"):
+        load_processor(directory)
+
+
+def test_a_processor_failing_on_the_probe_images_is_a_config_error(tmp_path):
+    """A value the field checks do not know, that the processor's own code fails on, is still exit 2."""
+    directory = build_llava(tmp_path / "l")
+    config = json.loads((directory / "processor_config.json").read_text())
+    config["image_processor"]["resample"] = 99  # not a Pillow resampling filter
+    (directory / "processor_config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ConfigError,
+        match=r"llava \(LlavaProcessor\) is refused: it fails on 9 of 9 probe images \(ValueError: ",
+    ):
+        load_processor(directory)
+
+
+class _ByPixels:
+    """Wraps LLaVA's replacement so that a dark image gets one more ``<image>``: a processor whose text
+    depends on the pixels, which packtool must refuse."""
+
+    def __init__(self, processor):
+        self.own = processor.replace_image_token
+
+    def __call__(self, image_inputs, image_idx, **kwargs):
+        extra = float(image_inputs["pixel_values"][image_idx].mean()) < -1.0
+        return self.own(image_inputs, image_idx, **kwargs) + "<image>" * extra
+
+
+def test_a_processor_whose_text_depends_on_the_pixels_is_refused(processors):
+    from packtool.vision.expansion import Expander, Refused
+
+    processor = processors["llava"].processor
+    patched = type(processor).__new__(type(processor))
+    patched.__dict__.update(processor.__dict__)
+    patched.replace_image_token = _ByPixels(processor)
+    with pytest.raises(Refused, match="depends on the image's pixels"):
+        Expander(patched, processor.tokenizer._tokenizer).probe()
+
+
+def test_an_arithmetic_count_that_disagrees_with_the_processor_is_found(tmp_path):
+    """The first sizes of a run are expanded both ways: a _get_num_multimodal_tokens that is wrong for a
+    size the probes did not meet stops the run instead of packing wrong counts."""
+    vp = load_processor(build_llava(tmp_path / "l"))
+    own = vp.processor._get_num_multimodal_tokens
+
+    def wrong_for_wide(image_sizes=None, **kwargs):
+        out = own(image_sizes=image_sizes, **kwargs)
+        if image_sizes[0] == (70, 1000):
+            return {"num_image_tokens": [out["num_image_tokens"][0] + 1]}
+        return out
+
+    vp.processor._get_num_multimodal_tokens = wrong_for_wide
+    assert vp.image_tokens(480, 640) == 16
+    with pytest.raises(ConfigError, match="disagrees with the text it writes for a 70x1000 image"):
+        vp.expansion(70, 1000)
+
+
+def test_a_processor_travels_to_a_worker_by_its_load_arguments(tmp_path, processors):
+    """Pickled (a DataLoader worker under spawn, a pool task), a processor is loaded again from its
+    arguments: Qwen2-VL's is built with a class made at load time, which pickle cannot carry."""
+    import pickle
+
+    other = tmp_path / "t.jinja"
+    other.write_text(
+        "{% for m in messages %}{{ m['role'] }}: <|vision_start|><|image_pad|><|vision_end|>{% endfor %}"
+    )
+    vp = load_processor(processors["qwen2vl"].path, chat_template=str(other), loss_on="all")
+    again = pickle.loads(pickle.dumps(vp))
+    assert again.identity() == vp.identity() and again.chat.template == vp.chat.template
+    assert again.expansion(480, 640).span_length == vp.expansion(480, 640).span_length

@@ -1,5 +1,5 @@
 """Sequences as the model sees them: the same ids the processor writes, labels on the assistant's tokens
-only, each image's span; packs of whole samples with their images in order."""
+only, each image's span (every family against its processor: test_families.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packtool.errors import ConfigError, InputError
-from packtool.vision.packs import assemble_pack, plan_packs
-from packtool.vision.samples import read_json_samples, sample_from_record
+from packtool.errors import InputError
+from packtool.vision.samples import sample_from_record
 from packtool.vision.sequences import encode_sample, encode_samples, sequence_columns
-from tests.fixtures.vision_inputs import write_image, write_llava_input
+from tests.fixtures.vision_inputs import read_samples, write_image, write_llava_input
 
 
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory):
-    return list(read_json_samples(write_llava_input(tmp_path_factory.mktemp("llava"))))
+    return read_samples([write_llava_input(tmp_path_factory.mktemp("llava"))])
 
 
 def _images(sample) -> list[Image.Image]:
@@ -103,59 +102,3 @@ def test_an_image_token_typed_in_the_text_is_refused(processors, tmp_path):
         InputError, match=r"in\.jsonl, line 4, field 'messages': the rendered text has 1 image"
     ):
         encode_sample(processors["qwen2vl"], sample)
-
-
-@pytest.mark.parametrize("model", ["llava", "qwen2vl"])
-def test_packs_hold_whole_samples_with_their_images_in_order(processors, samples, model):
-    vp = processors[model]
-    sequences = [encode_sample(vp, s) for s in samples * 3]
-    columns = sequence_columns(sequences)
-    n = max(len(s) for s in sequences) + 20
-    plan = plan_packs(sequences, n)
-    seen_images = 0
-    for k in range(plan.num_packs):
-        pack = assemble_pack(columns, plan, k, pad_id=0)
-        assert len(pack.input_ids) == n and pack.seq_lens.sum() == n
-        starts = np.concatenate([[0], np.cumsum(pack.seq_lens)[:-1]])
-        for j, i in enumerate(pack.samples.tolist()):
-            a = starts[j]
-            assert pack.input_ids[a : a + len(sequences[i])].tolist() == sequences[i].input_ids.tolist()
-            assert (pack.position_ids[a : a + len(sequences[i])] == np.arange(len(sequences[i]))).all()
-        for a, n_tokens, j, idx in zip(
-            pack.image_offsets, pack.image_lengths, pack.image_sample, pack.image_index, strict=True
-        ):
-            seq = sequences[pack.samples[j]]
-            assert a == starts[j] + seq.image_offsets[idx] and n_tokens == seq.image_lengths[idx]
-            assert (pack.input_ids[a : a + n_tokens] == vp.image_token_id).all()
-        assert (pack.input_ids == vp.image_token_id).sum() == pack.image_lengths.sum()
-        seen_images += len(pack.image_offsets)
-    assert seen_images == sum(len(s.image_offsets) for s in sequences) == 15
-
-
-def test_a_sample_longer_than_the_pack_is_refused_or_dropped_never_cut(processors, samples):
-    sequences = [encode_sample(processors["llava"], s) for s in samples]
-    longest = max(len(s) for s in sequences)
-    with pytest.raises(InputError, match=f"sample has {longest} tokens"):
-        plan_packs(sequences, longest - 1)
-    plan = plan_packs(sequences, longest - 1, long_samples="drop")
-    assert plan.stats.dropped_samples >= 1 and (plan.length == sample_len(sequences, plan)).all()
-    for policy in ("truncate", "split"):
-        with pytest.raises(ConfigError, match="would cut through images"):
-            plan_packs(sequences, longest - 1, long_samples=policy)
-
-
-def test_errors_of_planning_name_the_sample_and_the_image(processors, samples):
-    sequences = [encode_sample(processors["llava"], s) for s in samples]
-    longest = max(len(s) for s in sequences)
-    where = rf"^{samples[0].source}, line \d, field 'messages': sample has {longest} tokens"
-    with pytest.raises(InputError, match=where):
-        plan_packs(sequences, longest - 1, samples=samples)
-    image = r"line 1, field 'image': image 0 alone takes 16 tokens, more than packed_sequence_size 15 "
-    image += r"\(images/a.png\)$"
-    for policy in ("error", "drop"):
-        with pytest.raises(InputError, match=image):
-            plan_packs(sequences, 15, long_samples=policy, samples=samples)
-
-
-def sample_len(sequences, plan) -> np.ndarray:
-    return np.array([len(sequences[i]) for i in plan.sample])

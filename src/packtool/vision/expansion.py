@@ -1,0 +1,403 @@
+"""What a processor writes for each image: its own expansion, run once per distinct image size and kept.
+
+A vision-language processor turns ``text`` with one placeholder per image (``<image>``, ``<|image_pad|>``,
+``<start_of_image>``, ...) into the model's tokens in three steps of its own code: it lays the text out
+(``prepare_inputs_layout``: PaliGemma puts ``<bos>`` after the last image and a line break at the end;
+most processors leave the text as it is), replaces the k-th placeholder by the text it writes for the
+k-th image (``replace_image_token``: LLaVA ``<image>`` x 576; Idefics3 tiles, each
+``<fake_token_around_image><row_i_col_j><image>`` x 64, and the global image; Gemma 3
+``\\n\\n<start_of_image>`` + 256 x ``<image_soft_token>`` + ``<end_of_image>\\n\\n``), and tokenizes the whole
+text. ``Expander`` reproduces the three steps exactly:
+
+* **The replacement** comes from the processor itself: it is run on a gray image of the size asked
+  (``processor(text=[placeholder], images=[dummy])``) with its ``get_text_with_replacements`` and its
+  tokenizer watched, and the text it writes is kept per size (``Expansion``), so that each distinct size
+  costs one run of the image processor. Where the processor proves, on probe sizes at load time, that its
+  text is a constant prefix + one token repeated + a constant suffix and that its
+  ``_get_num_multimodal_tokens`` gives the repeat count (LLaVA, LLaVA-NeXT, Qwen2-VL, Gemma 3,
+  InternVL, ...), the count comes from that arithmetic instead, and the first ``SPOT_CHECKS`` sizes of a
+  run are still run both ways and must agree.
+* **The layout** is the processor's own ``prepare_inputs_layout``, called on each sample's text.
+* **The tokens**: the laid-out text with each placeholder replaced is tokenized whole by the processor's
+  tokenizer (so a ``\\n\\n`` the processor writes merges with the template's newlines as it does in the
+  processor), except that each run of a repeated image token is written once and repeated after
+  tokenizing (an added token is cut out before the rest is tokenized, so one copy or 576 give the same
+  tokens around it).
+
+What packtool cannot reproduce exactly is refused at load time (``ConfigError``, one line naming the
+family and why): text for an image that depends on its pixels or its mode (two probe images of one size
+and different content or mode), a layout or replacement that the steps above do not give back on probe
+texts, a model whose images are not in the token sequence (cross-attention: ``cross_attention_mask``),
+an image token that is not an added token of the tokenizer.
+
+**An image's span** (``Expansion.span``): the tokens from the first to the last token of the processor's
+``image_token_ids`` (what ``mm_token_type_ids`` marks: ``<image>``, ``<|image_pad|>``, Gemma 3's
+``<image_soft_token>``, InternVL's ``<img>``, ``<IMG_CONTEXT>`` and ``</img>``) among those written for
+the image: one contiguous run of the sample's tokens. For one repeated token (LLaVA, Qwen2-VL) it is that
+run; for tiles (Idefics3) it runs from the first tile's first ``<image>`` to the global image's last and
+holds the tile tags and line breaks between; text the processor writes around it (Gemma 3's
+``\\n\\n<start_of_image>``) is outside. Its ids depend on nothing but the image's size (every token in it
+lies between two added tokens), and each sample's are checked against them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from packtool.errors import ConfigError
+
+# (height, width) of the probe images: small, square, wide, tall, large, extreme aspect ratios
+PROBE_SIZES = (
+    (40, 60),
+    (61, 37),
+    (28, 28),
+    (1, 1),
+    (9, 300),
+    (300, 9),
+    (480, 640),
+    (1024, 768),
+    (1500, 2000),
+)
+SPOT_CHECKS = 8  # sizes of a run whose arithmetic count is checked against the processor's own expansion
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """The text a processor writes for one image of a given size, and its tokens.
+
+    Attributes:
+        text: the replacement text with each run of a repeated image token written once.
+        runs: ``((char offset in text, token id, count), ...)``: the runs written once.
+        span_start: char offset in ``text`` of the span's first token.
+        span_ids, span_counts: the tokens of ``text`` the span covers and how many times each is repeated
+            (``(r,)`` int64: a run's count, else 1).
+        span_length: ``span_counts.sum()``, the span's tokens.
+    """
+
+    text: str
+    runs: tuple[tuple[int, int, int], ...]
+    span_start: int
+    span_ids: np.ndarray
+    span_counts: np.ndarray
+    span_length: int
+
+    def span(self) -> np.ndarray:
+        """``(span_length,)`` int32: the span's token ids."""
+        return np.repeat(self.span_ids, self.span_counts).astype(np.int32)
+
+
+class Refused(Exception):
+    """A processor packtool cannot reproduce: the reason (``load_processor`` names the family)."""
+
+
+class _Watched:
+    """A tokenizer that records the texts it is asked to tokenize (and its output), then tokenizes them."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer, self.calls = tokenizer, []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._tokenizer(*args, **kwargs)
+        text = kwargs.get("text", args[0] if args else None)
+        self.calls.append((text, kwargs, out))
+        return out
+
+
+class Expander:
+    """A processor's expansion, reproduced (module docstring).
+
+    Args:
+        processor: the transformers processor (image processor on the PIL backend).
+        backend: its tokenizer's ``tokenizers.Tokenizer`` (truncation and padding off).
+    """
+
+    def __init__(self, processor: Any, backend: Any) -> None:
+        self.processor, self.backend = processor, backend
+        self.placeholder: str = processor.image_token
+        ids = [i for i in getattr(processor, "image_token_ids", [processor.image_token_id]) if i is not None]
+        unk = getattr(processor.tokenizer, "unk_token_id", None)
+        self.image_ids = np.array(sorted({int(i) for i in ids if i != unk}), dtype=np.int64)
+        self.pattern = re.compile(re.escape(self.placeholder))
+        self.run_tokens = [backend.id_to_token(int(i)) for i in self.image_ids]
+        self.per_image_count = False  # the text of an image depends on how many images its sample has
+        self.arithmetic: tuple[str, str, str, int] | None = None  # (prefix, token, suffix, count offset)
+        self.cross_attention = False
+        self._cache: dict[tuple[int, int, int], Expansion] = {}
+        self._spot_checked = 0
+        self._dummy_small = Image.new("RGB", (1, 1))
+
+    def encode(self, texts: list[str], special: bool = False) -> list[Any]:
+        """``texts`` through the tokenizer, with its special tokens or not, never cut or padded (the
+        processor's own calls leave its text options, Aya Vision's left padding, set on the tokenizer)."""
+        self.backend.no_padding()
+        self.backend.no_truncation()
+        return self.backend.encode_batch(texts, add_special_tokens=special)
+
+    # --- running the processor ----------------------------------------------------------------------
+    def run(self, text: str, images: list[Image.Image]) -> tuple[list[str], str, list[int], dict]:
+        """The processor on one sample (``text``, ``images``) with its steps watched: the replacement text
+        of each image, the text it tokenized, its ids, its outputs."""
+        watched = copy.copy(self.processor)
+        watched.tokenizer = _Watched(self.processor.tokenizer)
+        replacements: list[list[str]] = []
+        own = self.processor.get_text_with_replacements
+
+        def recorded(text_in: list[str], images_replacements: list[str] = (), *args: Any, **kw: Any):
+            replacements.append(list(images_replacements))
+            return own(text_in, images_replacements, *args, **kw)
+
+        watched.get_text_with_replacements = recorded
+        # one sample: its images nested in one list, as apply_chat_template passes a conversation's
+        out = watched(text=[text], images=[images] if images else None)
+        calls = [c for c in watched.tokenizer.calls if isinstance(c[0], list)]
+        if not calls:
+            raise Refused("its text is not tokenized by its tokenizer in one call")
+        final, _, tokenized = calls[-1]
+        return (replacements[-1] if replacements else [], final[0], list(tokenized["input_ids"][0]), out)
+
+    def layout(self, text: str, images: int) -> str:
+        """``text`` laid out by the processor's own ``prepare_inputs_layout`` (for ``images`` images)."""
+        dummies = [self._dummy_small] * images if images else None
+        laid = self.processor.prepare_inputs_layout(images=dummies, text=[text])
+        return laid[1][0]
+
+    def _replacement(self, height: int, width: int, images: int, fill: Any = 128, mode: str = "RGB") -> str:
+        """What the processor writes for an image of ``height x width`` (the first of ``images`` of that
+        size in a sample), from one run of the processor."""
+        dummy = Image.new(mode, (width, height), fill) if not callable(fill) else fill(height, width)
+        text = self.placeholder * images
+        replacements, final, _, _ = self.run(text, [dummy] * images)
+        if not replacements:  # the processor leaves the placeholder in the text (cross-attention models)
+            return self.placeholder
+        return replacements[0]
+
+    # --- probing at load time -----------------------------------------------------------------------
+    def probe(self) -> None:
+        """Check on probe texts and sizes that the processor's expansion is reproduced exactly, find what
+        it depends on, and whether its count is arithmetic; ``Refused`` with the reason if not."""
+        logger = logging.getLogger("transformers")  # its warnings on the 1 x 1 probe image are not the user's
+        level = logger.level
+        logger.setLevel(logging.ERROR)
+        try:
+            self._probe()
+        finally:
+            logger.setLevel(level)
+
+    def _probe(self) -> None:
+        alone: dict[tuple[int, int], str] = {}
+        failed: list[BaseException] = []
+        for h, w in PROBE_SIZES:
+            try:
+                alone[(h, w)] = self._replacement(h, w, 1)
+            except (ValueError, ZeroDivisionError) as e:  # a size it refuses (Qwen: an aspect ratio over 200)
+                failed.append(e)
+        sizes = list(alone)
+        if len(sizes) < 3:
+            e = failed[-1]
+            raise Refused(
+                f"it fails on {len(failed)} of {len(PROBE_SIZES)} probe images "
+                f"({type(e).__name__}: {_first_line(e)})"
+            )
+        self._probe_pixels(sizes[0], alone[sizes[0]])
+        self._probe_layout(sizes[0], sizes[1])
+        small = [s for s in sizes if s[0] * s[1] <= 1024 * 768]
+        among = {s: self._replacement(*s, 2) for s in small}
+        self.per_image_count = any(alone[s] != among[s] for s in small)  # LLaVA-OneVision's several images
+        seen = among if self.per_image_count else alone
+        a = small[0]
+        b = next((s for s in small[::-1] if seen[s] != seen[a]), small[-1])
+        if self._of_pair(a, b) != [seen[a], seen[b]]:
+            raise Refused("the text it writes for an image depends on the other images of its sample")
+        self._probe_collapse([alone[s] for s in sizes])
+        self.arithmetic = self._prove_arithmetic(alone)
+
+    def _of_pair(self, a: tuple[int, int], b: tuple[int, int]) -> list[str]:
+        images = [Image.new("RGB", (w, h), 128) for h, w in (a, b)]
+        replacements, _, _, _ = self.run(self.placeholder * 2, images)
+        return replacements or [self.placeholder] * 2
+
+    def _probe_pixels(self, size: tuple[int, int], gray: str) -> None:
+        rng = np.random.default_rng(0)
+
+        def noise(h: int, w: int) -> Image.Image:
+            return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+        if self._replacement(*size, 1, fill=noise) != gray or self._replacement(*size, 1, fill=0) != gray:
+            raise Refused("the text it writes for an image depends on the image's pixels")
+        for mode, fill in (("L", 128), ("RGBA", (128, 128, 128, 255)), ("P", 3)):
+            if self._replacement(*size, 1, fill=fill, mode=mode) != gray:
+                raise Refused(f"the text it writes for an image depends on the image's mode ({mode})")
+
+    def _probe_layout(self, a: tuple[int, int], b: tuple[int, int]) -> None:
+        """Probe texts laid out and replaced as packtool does give the text the processor tokenizes."""
+        ph = self.placeholder
+        for text, sizes in ((f"x{ph} y\n{ph}z\n", [a, b]), (f"{ph}{ph}\n\nq", [b, a]), ("plain\n", [])):
+            images = [Image.new("RGB", (w, h), 128) for h, w in sizes]
+            try:
+                replacements, final, _, out = self.run(text, images)
+            except ValueError:
+                if images:
+                    raise
+                continue  # a processor that takes no text without images (PaliGemma)
+            if "cross_attention_mask" in out:
+                self.cross_attention = True
+            laid = self.layout(text, len(images))
+            if not replacements:
+                replacements = [ph] * len(images)
+            pieces = self.pattern.split(laid)
+            if len(pieces) != len(replacements) + 1:
+                raise Refused("its layout of the text changes the number of image placeholders")
+            want = "".join(p + r for p, r in zip(pieces, [*replacements, ""], strict=True))
+            if want != final:
+                raise Refused(
+                    f"the text it tokenizes ({final[:60]!r}...) is not its layout with each placeholder "
+                    f"replaced ({want[:60]!r}...)"
+                )
+
+    def _probe_collapse(self, replacements: list[str]) -> None:
+        """Writing each run of an image token once, then repeating its id, gives the tokens of the whole
+        text (the image tokens are added tokens, cut out before the text around them is tokenized)."""
+        for replacement in replacements:
+            text = f"a\n{replacement}\nb"
+            collapsed, runs = self.collapse(text)
+            whole, enc = (e.ids if i == 0 else e for i, e in enumerate(self.encode([text, collapsed])))
+            if expand_runs(np.asarray(enc.ids), np.asarray(enc.offsets)[:, 0], runs).tolist() != whole:
+                raise Refused("its image tokens are not added tokens of its tokenizer (they merge with text)")
+
+    def _prove_arithmetic(self, alone: dict[tuple[int, int], str]) -> tuple[str, str, str, int] | None:
+        """``(prefix, token, suffix, offset)`` where every probe size's text is
+        ``prefix + token * (n - offset) + suffix``, ``n`` the processor's ``_get_num_multimodal_tokens``
+        count; else ``None``."""
+        counter = getattr(self.processor, "_get_num_multimodal_tokens", None)
+        if counter is None or self.per_image_count or self.cross_attention:
+            return None
+        found = None
+        for (h, w), text in alone.items():
+            best = None
+            for token in self.run_tokens:
+                m = re.fullmatch(f"(.*?)((?:{re.escape(token)})+)(.*)", text, re.S)
+                if m and (best is None or len(m.group(2)) > len(best[1])):
+                    best = (m.group(1), m.group(2), m.group(3), token)
+            if best is None or any(t in best[0] + best[2] for t in self.run_tokens if t == best[3]):
+                return None
+            try:
+                n = int(counter(image_sizes=[(h, w)])["num_image_tokens"][0])
+            except Exception:  # noqa: BLE001 - the processor's arithmetic is only a shortcut: not taken
+                return None
+            k = len(best[1]) // len(best[3])
+            shape = (best[0], best[3], best[2], n - k)
+            outside = len(self.encode([best[0] + best[2]])[0].ids)
+            if (found is not None and shape != found) or shape[3] not in (0, outside):
+                return None
+            found = shape
+        return found
+
+    # --- the expansion of one size ------------------------------------------------------------------
+    def expansion(self, height: int, width: int, images: int = 1) -> Expansion:
+        """What the processor writes for an image of ``height x width`` in a sample of ``images`` images.
+        ``ValueError`` where the processor refuses the size (its message)."""
+        key = (int(height), int(width), int(images) if self.per_image_count else 1)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        text = self._arithmetic_text(key[0], key[1])
+        if text is None or self._spot_checked < SPOT_CHECKS:
+            own = self._own_text(*key)
+            if text is not None:
+                self._spot_checked += 1
+                if own != text:
+                    raise ConfigError(
+                        f"processor {type(self.processor).__name__}: its _get_num_multimodal_tokens "
+                        f"disagrees with the text it writes for a {height}x{width} image: packtool cannot "
+                        "count it exactly"
+                    )
+            text = own
+        out = self._expansion_of(text)
+        self._cache[key] = out
+        return out
+
+    def _arithmetic_text(self, height: int, width: int) -> str | None:
+        if self.arithmetic is None:
+            return None
+        prefix, token, suffix, offset = self.arithmetic
+        n = int(
+            self.processor._get_num_multimodal_tokens(image_sizes=[(height, width)])["num_image_tokens"][0]
+        )
+        return prefix + token * (n - offset) + suffix
+
+    def _own_text(self, height: int, width: int, images: int) -> str:
+        try:
+            return self._replacement(height, width, images)
+        except ValueError as e:
+            raise ValueError(_first_line(e)) from None
+        except Exception as e:  # noqa: BLE001 - any failure of the processor on this size is this image's
+            raise ValueError(f"the processor fails on it: {type(e).__name__}: {_first_line(e)}") from None
+
+    def _expansion_of(self, text: str) -> Expansion:
+        collapsed, runs = self.collapse(text)
+        enc = self.encode([collapsed])[0]
+        ids = np.asarray(enc.ids, dtype=np.int64)
+        starts = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+        repeats = run_repeats(len(ids), starts, runs)
+        where = np.flatnonzero(np.isin(ids, self.image_ids))  # the runs are of image tokens: same ends
+        if not len(where):  # the processor writes no image token (a model without image tokens)
+            raise ConfigError(
+                f"processor {type(self.processor).__name__}: it writes no image token for an image"
+            )
+        counts = repeats[where[0] : where[-1] + 1]
+        return Expansion(
+            text=collapsed,
+            runs=tuple(runs),
+            span_start=int(starts[where[0]]),
+            span_ids=ids[where[0] : where[-1] + 1],
+            span_counts=counts,
+            span_length=int(counts.sum()),
+        )
+
+    def collapse(self, text: str) -> tuple[str, list[tuple[int, int, int]]]:
+        """``text`` with each run of one image token (two or more copies) written once, and the runs:
+        ``(char offset in the new text, token id, copies)``."""
+        if not self.run_tokens:
+            return text, []
+        alternatives = "|".join(f"(?:{re.escape(t)}){{2,}}" for t in self.run_tokens)
+        pieces, runs, at, last = [], [], 0, 0
+        for m in re.finditer(alternatives, text):
+            token = next(t for t in self.run_tokens if m.group().startswith(t))
+            pieces.append(text[last : m.start()])
+            at += m.start() - last
+            runs.append((at, int(self.backend.token_to_id(token)), len(m.group()) // len(token)))
+            pieces.append(token)
+            at += len(token)
+            last = m.end()
+        pieces.append(text[last:])
+        return "".join(pieces), runs
+
+
+def run_repeats(n: int, starts: np.ndarray, runs: list[tuple[int, int, int]]) -> np.ndarray:
+    """``(n,)`` int64 copies of each of ``n`` tokens (starting at chars ``starts``): ``count`` for a run's."""
+    repeats = np.ones(n, dtype=np.int64)
+    if runs:
+        at = np.array([r[0] for r in runs], dtype=np.int64)
+        index = np.searchsorted(starts, at, side="left")
+        repeats[index] = [r[2] for r in runs]
+    return repeats
+
+
+def expand_runs(ids: np.ndarray, starts: np.ndarray, runs: list[tuple[int, int, int]]) -> np.ndarray:
+    """``ids`` with the token of each run (found by its char offset among ``starts``) repeated."""
+    return np.repeat(ids, run_repeats(len(ids), starts, runs))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
