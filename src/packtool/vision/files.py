@@ -3,8 +3,9 @@
 ``read_image_file(path)`` reads a regular file only (a FIFO or a device, also behind a symbolic link, is
 refused without blocking on it), of at most ``conventions.MAX_IMAGE_BYTES``, to its end and no further,
 and gives its ``FileStamp``: a run compares the stamp again before it commits, so an image replaced while
-the run reads the images fails it instead of mixing old and new ones. ``image_digest`` is the XXH3-128 of the bytes: the
-run's identity is made from it, and a file read again when its pack is written must give it again.
+the run reads the images fails it instead of mixing old and new ones. ``image_digest`` is the XXH3-128 of
+the bytes: the run's identity is made from it, and a file read again when its pack is written must give it
+again.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ def _encode(tmp_path, rows, **cfg):
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     config = PackOptions.from_dict({"inputs": [str(src)], "output": "o", "packed_sequence_size": 64, **cfg})
     batch = next(read_inputs([str(src)]))
-    return build_encoder(config.encoding, cfg.get("sample_format", "text"))(batch)
+    fmt = cfg.get("sample_format", "text")
+    return build_encoder(config.encoding, fmt, config.packing.packed_sequence_size)(batch)
 
 
 def test_text_encoder_matches_the_tokenizer(tmp_path):

@@ -95,7 +95,7 @@ def test_auto_picks_prompt_completion():
     ) == ("prompt_completion")
     cfg = PackOptions.of(tokenizer=str(DEMO_TOKENIZER), prompt_field="q", completion_field="a")
     assert resolve_sample_format(cfg.encoding, ["q", "a"]) == "prompt_completion"
-    assert isinstance(build_encoder(cfg.encoding, "prompt_completion"), PromptCompletionEncoder)
+    assert isinstance(build_encoder(cfg.encoding, "prompt_completion", 64), PromptCompletionEncoder)
 
 
 def test_empty_completion_follows_the_policy():
