@@ -48,8 +48,6 @@ UNIT_ERRORS: tuple[type[BaseException], ...] = (
 )  # fmt: skip
 
 
-
-
 def oversized_image(images: pa.StructArray) -> tuple[int, str | None, int] | None:
     """The first image of ``images`` (``struct<bytes, path>``, as ``PackArrays.images`` holds them) over
     ``MAX_IMAGE_BYTES``, as ``(index, path, bytes)``; None when none is."""
