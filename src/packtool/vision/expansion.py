@@ -45,6 +45,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,9 @@ from PIL import Image
 
 from packtool.errors import ConfigError
 
+# distinct image sizes whose expansion a process keeps (the least recently used goes first): an expansion
+# holds its text (up to tens of kB for a large image), and a dataset can have a size per image
+CACHED_SIZES = 4096
 # (height, width) of the probe images: small, square, wide, tall, large, extreme aspect ratios
 PROBE_SIZES = (
     (40, 60),
@@ -132,7 +136,7 @@ class Expander:
         self.per_image_count = False  # the text of an image depends on how many images its sample has
         self.arithmetic: tuple[str, str, str, int] | None = None  # (prefix, token, suffix, count offset)
         self.cross_attention = False
-        self._cache: dict[tuple[int, int, int], Expansion] = {}
+        self._cache: OrderedDict[tuple[int, int, int], Expansion] = OrderedDict()  # most recent last
         self._spot_checked = 0
         self._dummy_small = Image.new("RGB", (1, 1))
 
@@ -309,6 +313,7 @@ class Expander:
         key = (int(height), int(width), int(images) if self.per_image_count else 1)
         cached = self._cache.get(key)
         if cached is not None:
+            self._cache.move_to_end(key)
             return cached
         text = self._arithmetic_text(key[0], key[1])
         if text is None or self._spot_checked < SPOT_CHECKS:
@@ -324,6 +329,8 @@ class Expander:
             text = own
         out = self._expansion_of(text)
         self._cache[key] = out
+        if len(self._cache) > CACHED_SIZES:  # a worker's memory stays bounded however many sizes it meets
+            self._cache.popitem(last=False)
         return out
 
     def _arithmetic_text(self, height: int, width: int) -> str | None:
