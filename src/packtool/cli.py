@@ -103,13 +103,24 @@ def option_params() -> list[click.Parameter]:
             else:
                 names = [f"{name}/--no-{name[2:]}"]
         elif spec.choices:
-            kwargs["type"] = click.Choice(spec.choices)
+            kwargs["type"] = _Choice(spec.choices)
         elif spec.kind in (int, float):
             kwargs["type"] = spec.kind
         option = click.Option([*names, spec.name], **kwargs)
         option.section = spec.section  # type: ignore[attr-defined]
         params.append(option)
     return params
+
+
+class _Choice(click.Choice):
+    """A choice in either spelling (``prompt-completion`` or ``prompt_completion``), converted to the
+    declared one (``option_types.as_declared``), which the manifest records."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        # imported with the stages' options already (option_params): not at start-up, as packtool --help
+        from packtool.option_types import as_declared
+
+        return super().convert(as_declared(value, tuple(self.choices)), param, ctx)
 
 
 class PackCommand(click.Command):
@@ -199,9 +210,9 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     # what the run says before a step (notes, guessed special tokens) is printed as it comes
     manifest = run_pack(options, say=lambda line: click.echo(f"packtool: {line}", err=True))
     s = manifest.stats
-    if not options.running.quiet:
-        click.echo(summary_line(manifest, options.output.output), err=True)
-    # lost data is said even with --quiet: quiet is about progress, not about what the packs miss
+    # the result line and lost data are said even with --quiet: quiet is about progress (the bars and the
+    # notes as the run goes), not about what was written or what the packs miss
+    click.echo(summary_line(manifest, options.output.output), err=True)
     losses = s.losses(manifest.packed_sequence_size, manifest.option("max_packs"))
     for line in manifest.warnings:
         click.echo(f"packtool: warning: {line}", err=True)

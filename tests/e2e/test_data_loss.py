@@ -173,7 +173,9 @@ def test_strict_refuses_any_loss_before_writing(tmp_path, source):
 def test_strict_passes_when_nothing_is_lost(tmp_path):
     src = write_jsonl(tmp_path / "ok.jsonl", [{"input_ids": [1, 2, 3]} for _ in range(8)])
     proc = run_cli("pack", src, "-o", tmp_path / "out", "--packed-sequence-size", 8, "--strict", "-q")
-    assert proc.stderr == ""
+    assert [line.split(" -> ")[0] for line in proc.stderr.splitlines()] == [
+        "packed 8 of 8 samples whole into 4 packs of 8 tokens (fill rate 75.00%, lower bound 3 packs)"
+    ]
     r = json.loads(run_cli("inspect", tmp_path / "out", "--json").stdout)
     assert r["warnings"] == [] and r["losses"] == []
     assert r["sample_fates"]["packed whole"] == 8

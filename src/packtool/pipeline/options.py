@@ -47,5 +47,7 @@ class RunningOptions(OptionGroup):
         "by --max-packs, empty, nothing to learn, skipped as bad).",
         runtime=True,
     ) = False
-    quiet: option(bool, "No progress bars.", runtime=True, short="q") = False
+    quiet: option(
+        bool, "No progress bars or notes (the result line and warnings stay).", runtime=True, short="q"
+    ) = False
     ray: RayOptions = msgspec.field(default_factory=RayOptions)
