@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from packtool.errors import EXIT_PROBLEMS
+from packtool.reading import read_packs
 from tests.conftest import DEMO_TOKENIZER, run_cli, write_jsonl
 
 N = 16
@@ -52,7 +53,10 @@ def pack(tmp_path: Path, source: Path, *flags: str, check: bool = True):
 
 
 def warnings_of(proc) -> list[str]:
-    return [line.removeprefix("packtool: warning: ") for line in proc.stderr.splitlines()]
+    """The run's warnings; with -q, the only other lines are the result (``packed ... -> OUT``, its tokens)."""
+    lines = proc.stderr.splitlines()
+    assert all(line.startswith(("packtool: warning: ", "packed ", "tokens: ")) for line in lines), lines
+    return [line.removeprefix("packtool: warning: ") for line in lines if line.startswith("packtool: warning")]
 
 
 def report(out: Path) -> dict:
@@ -139,6 +143,41 @@ def test_max_packs_is_said(tmp_path, source):
         {"packed": 32, "cut by max_packs": 78},
     )
     assert f"lost: {line}" in r["warnings"]
+
+
+def test_truncate_with_max_packs_pairs_each_fate_with_its_own_tokens(tmp_path):
+    """Truncated samples that --max-packs then leaves out are max_packs' fate, with every token they lost
+    (their truncated tail too): "N samples were truncated (T tokens cut)" counts only the truncated
+    samples in the packs, whose cut is T. The expected figures come from the input's lengths and the
+    samples the packs hold, not from packtool's accounting."""
+    lengths = [20, 5, 30, 7, 40, 5, 25, 3, 50, 6]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": list(range(1, n + 1))} for n in lengths])
+    out = tmp_path / "out"
+    proc = run_cli("pack", src, "-o", out, "--packed-sequence-size", N, "--long-samples", "truncate",
+                   "--strategy", "sequential", "--max-packs", 3, "-q")  # fmt: skip
+    present = {int(i) for p in read_packs(out, with_sample_index=True) for i in p["sample_index"]}
+    absent = set(range(len(lengths))) - present
+    truncated = [s for s in present if lengths[s] > N]
+    cut = sum(lengths[s] - N for s in truncated)
+    over_tokens = sum(lengths[s] for s in absent)
+    assert truncated and cut and any(lengths[s] > N for s in absent)  # the case the pairs were wrong in
+    total = len(lengths)
+    assert warnings_of(proc)[:2] == [
+        f"{len(truncated)} of {total} samples were truncated to {N} tokens ({cut} tokens cut; "
+        "long_samples=truncate)",
+        f"{len(absent)} of {total} samples were left out by max_packs 3 ({over_tokens} tokens)",
+    ]
+    stats = json.loads((out / "manifest.json").read_text())["stats"]
+    assert (stats["truncated_samples"], stats["truncated_tokens"]) == (len(truncated), cut)
+    assert (stats["samples_over_max_packs"], stats["tokens_over_max_packs"]) == (len(absent), over_tokens)
+    r = report(out)
+    packed = sum(min(lengths[s], N) for s in present)
+    assert {k: v for k, v in r["token_fates"].items() if v} == {
+        "packed": packed,
+        "cut by truncation": cut,
+        "cut by max_packs": over_tokens,
+    }
+    assert packed + cut + over_tokens == sum(lengths)
 
 
 def test_nothing_to_learn_is_said(tmp_path):
