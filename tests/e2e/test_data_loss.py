@@ -53,10 +53,11 @@ def pack(tmp_path: Path, source: Path, *flags: str, check: bool = True):
 
 
 def warnings_of(proc) -> list[str]:
-    """The run's warnings; with -q, the only other lines are the result (``packed ... -> OUT``, its tokens)."""
+    """The run's warnings; with -q the only other lines are the result (``packed ... -> OUT``, tokens)."""
     lines = proc.stderr.splitlines()
     assert all(line.startswith(("packtool: warning: ", "packed ", "tokens: ")) for line in lines), lines
-    return [line.removeprefix("packtool: warning: ") for line in lines if line.startswith("packtool: warning")]
+    warning = "packtool: warning: "
+    return [line.removeprefix(warning) for line in lines if line.startswith(warning)]
 
 
 def report(out: Path) -> dict:

@@ -174,7 +174,8 @@ def check_packs(case: dict, strategy: str, store: ChunkStore, tokens: list[np.nd
     truncated = ~cut_short & (wanted > 0) & (lengths > wanted)
     dropped = (wanted == 0) & (lengths > 0)
     assert (stats.truncated_samples, stats.truncated_tokens) == (
-        int(truncated.sum()), int((lengths - wanted)[truncated].sum())
+        int(truncated.sum()),
+        int((lengths - wanted)[truncated].sum()),
     )
     assert stats.samples_over_max_packs + stats.partial_samples == int(cut_short.sum())
     assert over == int((lengths - have)[cut_short].sum())
