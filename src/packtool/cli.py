@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -84,7 +85,8 @@ PACK_EXAMPLES = """\
 def option_params() -> list[click.Parameter]:
     """One click option per option that has a flag, from its stage's declaration (name, type, default,
     choices, help), so that the flag, the config key and the manifest key are one name."""
-    from packtool.options import SPECS  # imported when pack runs or shows its help: the stages' groups
+    # imported when pack runs or shows its help: the stages' groups
+    from packtool.options import SPECS, as_declared
 
     params: list[click.Parameter] = []
     for spec in SPECS.values():
@@ -103,7 +105,7 @@ def option_params() -> list[click.Parameter]:
             else:
                 names = [f"{name}/--no-{name[2:]}"]
         elif spec.choices:
-            kwargs["type"] = _Choice(spec.choices)
+            kwargs["type"] = _Choice(spec.choices, as_declared)
         elif spec.kind in (int, float):
             kwargs["type"] = spec.kind
         option = click.Option([*names, spec.name], **kwargs)
@@ -113,14 +115,15 @@ def option_params() -> list[click.Parameter]:
 
 
 class _Choice(click.Choice):
-    """A choice in either spelling (``prompt-completion`` or ``prompt_completion``), converted to the
-    declared one (``option_types.as_declared``), which the manifest records."""
+    """A choice in either spelling (``prompt-completion`` or ``prompt_completion``), converted by
+    ``spell`` (``option_types.as_declared``) to the declared one, which the manifest records."""
+
+    def __init__(self, choices: tuple[str, ...], spell: Callable[[Any, tuple[str, ...]], Any]) -> None:
+        super().__init__(choices)
+        self.spell = spell
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        # imported with the stages' options already (option_params): not at start-up, as packtool --help
-        from packtool.option_types import as_declared
-
-        return super().convert(as_declared(value, tuple(self.choices)), param, ctx)
+        return super().convert(self.spell(value, tuple(self.choices)), param, ctx)
 
 
 class PackCommand(click.Command):

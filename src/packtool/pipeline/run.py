@@ -28,6 +28,7 @@ record exists, and writes the same bytes as an uninterrupted run.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -75,7 +76,7 @@ from packtool.pipeline.report import summary_line as summary_line  # the CLI's, 
 from packtool.pipeline.stores import open_store
 from packtool.pipeline.summary import build_manifest, input_entries, lowest_version, run_stats, with_path
 from packtool.pipeline.write import finished_shard, output_columns, split_shard_ranges
-from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs
+from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs, unread_files
 from packtool.version import __version__
 
 
@@ -196,10 +197,10 @@ def check_memory(options: PackOptions) -> None:
         )
 
 
-def _input_rows(inputs: list[str]) -> int | None:
+def _input_rows(inputs: list[str], input_format: str) -> int | None:
     """Records in the inputs when the files say so cheaply (Parquet footers), else ``None``."""
     total = 0
-    for kind, source, _ in expand_inputs(inputs):
+    for kind, source, _ in expand_inputs(inputs, input_format):
         if kind != "parquet":
             return None
         try:
@@ -263,6 +264,8 @@ def _run_vision(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> 
 def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
     sink = ErrorSink(options.running.on_error)  # bad records met while reading
     fields = _FieldsRead(options)
+    input_format = options.reading.files.input_format
+    expand = functools.partial(expand_inputs, input_format=input_format)
     # workers (local processes or Ray tasks) read their own rows and lines: the driver hands out ranges
     batches = read_inputs(
         options.reading.inputs,
@@ -271,6 +274,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
         sink=sink,
         lazy=True,
         used_fields=fields,
+        input_format=input_format,
     )
     first = next(batches, None)
     if first is None:
@@ -280,6 +284,10 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
     sample_format = fields.sample_format
     options.check(sample_format)  # the options set for the sample format the input turned out to be
     run_warnings = unread_token_fields(first.schema) if sample_format == "pretokenized" else []
+    for unread in unread_files(options.reading.inputs, input_format):  # what the directories hold unread
+        run_warnings += unread.warnings()
+        if note := unread.note():
+            say.note(f"note: {note}")
     if resolve_position_ids(options.packing) == "nemo":
         say.note(
             "note: position_ids follow NeMo's convention (they run on over a split sample and through the "
@@ -303,7 +311,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
             f"(vocabulary of {vocab:,})"
         )
     work = str(out.work)
-    fingerprint = input_fingerprint(options.reading.inputs)
+    fingerprint = input_fingerprint(options.reading.inputs, expand)
     identity_key = make_run_id(options, identity, fingerprint)  # the run_id is bound to content below
     # the special tokens by name, in the manifest (not the run_id: the ids are in it already)
     tokens = options.encoding.tokens
@@ -316,7 +324,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
     for line in guesses:  # said before the work, even with --quiet: not a loss, so not in manifest.warnings
         say.warning(line)
 
-    stamps = input_stamps(options.reading.inputs)  # the inputs as the run starts reading them
+    stamps = input_stamps(options.reading.inputs, expand)  # the inputs as the run starts reading them
     resume = out.begin({"run_id": identity_key, "inputs": stamps, "packtool": __version__})
     if resume is not None and not resume["resumed"]:
         say.note(
@@ -335,8 +343,8 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
         encoded, records_done = 0, 0
         # a total from the start, for the percentage and the ETA: the input's bytes for line and file
         # ranges (known as they are handed out), else Parquet's rows from the footers, else none
-        size = input_bytes(options.reading.inputs) if show else None
-        rows = _input_rows(options.reading.inputs) if show and size is None else None
+        size = input_bytes(options.reading.inputs, input_format) if show else None
+        rows = _input_rows(options.reading.inputs, input_format) if show and size is None else None
         kw = dict(unit="B", unit_scale=True, unit_divisor=1024, total=size) if size else {"total": rows}
         with _progress(show, desc="encode", **({"unit": " records"} | kw)) as bar:
             # bytes move the bar as the encoding reads them (pipeline.progress): in this process at
@@ -460,7 +468,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
                 bar.update(entry.num_packs)
                 progress.step_done("write", len(written))
         shards = sorted([*written, *finished.values()], key=lambda e: e.path)
-    check_inputs_unchanged(options.reading.inputs, stamps)  # nothing is committed from an input that changed
+    check_inputs_unchanged(options.reading.inputs, stamps, expand)  # nothing committed from a changed input
     if skipped.total:
         with open(out.partial / ERRORS_LOG, "w") as f:
             f.writelines(json.dumps(e) + "\n" for e in skipped.entries)
@@ -501,7 +509,8 @@ def _merge_skipped(options: PackOptions, sink: ErrorSink, metas: list[dict]) -> 
         for code, n in part.counts.items():
             total.counts[code] = total.counts.get(code, 0) + n
     # each part's entries are its first MAX_LOGGED in input order, so together they hold the first overall
-    order = {src: i for i, (_, src, _) in enumerate(expand_inputs(options.reading.inputs))}
+    inputs = expand_inputs(options.reading.inputs, options.reading.files.input_format)
+    order = {src: i for i, (_, src, _) in enumerate(inputs)}
     entries = sorted(
         sink.entries + encoding.entries,
         key=lambda e: (order.get(e["source"], len(order)), str(e["source"]), e["row"] or 0),
