@@ -49,6 +49,7 @@ class PacktoolGroup(click.Group):
             click.echo(f"packtool: error: {_one_line(e.format_message())}", err=True)
             sys.exit(EXIT_USAGE)
         except (KeyboardInterrupt, click.Abort):
+            _stop_helpers()
             click.echo(
                 "packtool: interrupted; no complete-looking output was left behind "
                 "(run the same command again to resume)",
@@ -68,6 +69,14 @@ class PacktoolGroup(click.Group):
             )
             sys.exit(EXIT_FAILURE)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _stop_helpers() -> None:
+    """An interrupted job ends the helper processes it started and waits for them (the workers' server,
+    which a Ctrl-C may catch in the middle of its imports), so that it exits leaving none behind."""
+    local = sys.modules.get("packtool.pipeline.engines.local")  # imported only by a job that starts any
+    if local is not None:
+        local.stop_helpers()
 
 
 @click.group(cls=PacktoolGroup)
