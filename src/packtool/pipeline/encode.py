@@ -38,6 +38,7 @@ from packtool.options import PackOptions
 from packtool.packing.planner import too_long_message
 from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
+from packtool.pipeline.options import CHUNK_BYTES
 from packtool.readers.base import SourceBatch
 from packtool.readers.inputs import expand_inputs, piece_bytes, read_inputs, record_bytes
 
@@ -217,11 +218,6 @@ def encode_checked(
     keep = np.setdiff1d(np.arange(batch.num_rows), bad)
     good = batch.take(keep)
     return good, (encoder(good) if len(keep) else None)
-
-
-# bytes of input a chunk holds at most (``chunked``): what one worker holds, and its tokenizer works
-# through, at once is then a few times this whatever the documents' length (docs/performance.md, memory)
-CHUNK_BYTES = 16 << 20
 
 
 def chunked(

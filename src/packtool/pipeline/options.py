@@ -11,6 +11,9 @@ from packtool.errors import ON_ERROR
 from packtool.option_types import Applies, OptionGroup, option
 
 ENGINES = ("local", "ray")
+# bytes of input an encoding chunk holds at most (pipeline.encode.chunked): what one worker holds, and its
+# tokenizer works through, at once is then a few times this, whatever the documents' length
+CHUNK_BYTES = 16 << 20
 
 
 class RayOptions(OptionGroup):
@@ -35,7 +38,12 @@ class RunningOptions(OptionGroup):
         gt=0,
     ) = None
     engine: option(Literal[ENGINES], "Where encoding and writing run.", runtime=True) = "local"
-    chunk_size: option(int, "Samples per encoding chunk.", gt=0) = 4096
+    chunk_size: option(
+        int,
+        f"Samples per encoding chunk, at most: a chunk also ends at {CHUNK_BYTES >> 20} MiB of input, so a "
+        "worker holds about as much whatever the documents' length.",
+        gt=0,
+    ) = 4096
     on_error: option(
         Literal[ON_ERROR],
         "Bad records: fail (stop, exit code 3) or skip (count by reason, log errors.jsonl).",
