@@ -79,3 +79,19 @@ def test_a_documentation_tree_packs_with_its_subdirectories_and_says_what_it_lef
     assert [(p["source"]["row_kind"], p["source"]["row"]) for p in pack["pieces"]] == [
         ("file", 0), ("file", 1), ("file", 2), ("file", 3)
     ]  # fmt: skip
+
+
+def test_a_directory_and_one_below_it_count_their_own_samples(tmp_path):
+    """`docs docs/sub`: docs is read with its subdirectory, then docs/sub again, as given; each input's
+    entry in the manifest counts the samples it gave (docs' are not counted again for docs/sub's)."""
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    for name in ("a.txt", "b.txt", "sub/c.txt"):
+        (docs / name).write_text(f"text of {name}")
+    out = tmp_path / "out"
+    run_cli(
+        "pack", docs, docs / "sub", "-o", out, "--tokenizer", DEMO_TOKENIZER, "--packed-sequence-size", 64
+    )
+    m = json.loads((out / "manifest.json").read_text())
+    assert [(i["source"], i["num_samples"]) for i in m["inputs"]] == [(str(docs), 3), (str(docs / "sub"), 1)]
+    assert m["stats"]["num_samples"] == 4
