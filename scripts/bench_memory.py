@@ -170,10 +170,14 @@ def documents_section(args: argparse.Namespace, work: Path) -> None:
                 shutil.rmtree(out, ignore_errors=True)
     cores = len(os.sched_getaffinity(0))
     print(f"bench_memory documents: default options, {cores} cores, best of {args.rounds} round(s)")
-    print(f"{'job':>28} {'code':>9} {'peak RSS MiB':>12} {'tree RSS MiB':>12} {'seconds':>8}")
+    print(f"{'job':>28} {'code':>9} {'peak RSS MiB':>12} {'tree RSS MiB':>12} {'seconds':>8} {'median s':>8}")
     best = {k: {m: min(r[m] for r in v) for m in ("rss", "tree", "seconds")} for k, v in rows.items()}
     for (name, code_name), b in best.items():
-        print(f"{name:>28} {code_name:>9} {b['rss']:>12.0f} {b['tree']:>12.0f} {b['seconds']:>8.2f}")
+        median = float(np.median([r["seconds"] for r in rows[(name, code_name)]]))
+        print(
+            f"{name:>28} {code_name:>9} {b['rss']:>12.0f} {b['tree']:>12.0f} {b['seconds']:>8.2f} "
+            f"{median:>8.2f}"
+        )
     for name in jobs:
         if "reference" in codes:
             new, ref = best[(name, "new")], best[(name, "reference")]
