@@ -1,5 +1,14 @@
-"""Peak memory of ``packtool pack`` at 1x and 4x input size: through the scratch chunks it must not grow
-with the token count; held in memory it grows by the encoded tokens.
+"""Peak memory of ``packtool pack``: that it follows the workers, not the input.
+
+**Long documents** (``--sections documents``): 300 documents of 300,000 characters in one JSON Lines file,
+and the demo (``configs/demo.yaml``), packed at default options (the demo tokenizer; for the documents N =
+4096 with ``--split-across-pack``, the number of processes the default), in a child process each:
+the peak RSS of the largest process (target: under 1.5 GiB for the documents) and of the process tree,
+and the wall time. ``--reference REV`` packs the same inputs in the same run with the packtool of git
+revision REV too (``git archive``), rounds alternating, and prints the ratios new / reference.
+
+**Token count** (``--sections scale``, described below): at 1x and 4x input size through the scratch chunks
+it must not grow with the token count; held in memory it grows by the encoded tokens.
 
 Builds pretokenized Parquet inputs of ``--samples`` and ``4 * --samples`` samples (lengths lognormal, mean
 about 300 tokens, ids uniform in a 32k vocabulary; default row groups, i.e. one row group per 1Mi rows, as
@@ -17,7 +26,8 @@ is packed both ways, through the scratch chunks (``PACKTOOL_MEMORY_STORE_BYTES=0
 than a quarter of the memory would go), where memory must stay flat, and held in memory, where it grows by
 about 8 bytes a token (``--paths`` picks one).
 
-Run ``python scripts/bench_memory.py [--samples 100000] [--num-proc 1]`` (``make bench`` runs it).
+Run ``python scripts/bench_memory.py [--sections documents,scale] [--samples 100000] [--num-proc 1]
+[--reference REV --rounds 3]`` (``make bench`` runs both sections).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -99,8 +110,91 @@ def report(args: argparse.Namespace, path: str, rows: list[dict]) -> None:
     )
 
 
+# --- long documents: memory follows the workers, not the documents' length ----------------------------
+DOCUMENTS, DOCUMENT_CHARS = 300, 300_000
+LONG_TARGET_MIB = 1536  # the largest process's peak RSS, at default options
+
+
+def make_documents(path: Path, count: int = DOCUMENTS, chars: int = DOCUMENT_CHARS) -> None:
+    """``count`` JSON Lines records of ``chars`` characters of synthetic English (the demo's generator)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_demo_data import document  # the demo's text generator: its vocabulary suits the tokenizer
+
+    rng = np.random.default_rng(300)
+    with open(path, "w") as f:
+        for _ in range(count):
+            text = document(rng, chars // 5)
+            while len(text) < chars:
+                text += " " + document(rng, (chars - len(text)) // 5 + 1)
+            f.write(json.dumps({"text": text[:chars]}) + "\n")
+
+
+def reference_code(rev: str, where: Path) -> Path:
+    """The ``src`` of git revision ``rev`` of this repository, unpacked under ``where``."""
+    where.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    return where / "src"
+
+
+def pack_measured(code: Path, args: list[str], out: Path, log: Path) -> dict:
+    """``packtool pack ARGS -o OUT`` with the packtool under ``code``: peak RSS (largest process and
+    tree, MiB) and wall seconds."""
+    cmd = [sys.executable, "-m", "packtool.cli", "pack", *args, "--output", str(out), "--overwrite", "-q"]
+    m = run_measured(cmd, {"PYTHONPATH": str(code)}, log, cwd=ROOT, poll=0.02)
+    if m.rc != 0:
+        raise SystemExit(f"packtool failed ({m.rc}):\n{m.log.read_text()}")
+    return {"rss": m.rss / 2**20, "tree": m.tree_rss / 2**20, "seconds": m.wall}
+
+
+def documents_section(args: argparse.Namespace, work: Path) -> None:
+    docs = work / "documents.jsonl"
+    make_documents(docs)
+    tokenizer = str(ROOT / "data" / "demo" / "tokenizer.json")
+    jobs = {
+        f"{DOCUMENTS} x {DOCUMENT_CHARS:,} chars": [
+            str(docs), "--tokenizer", tokenizer, "--packed-sequence-size", "4096", "--split-across-pack"
+        ],
+        "demo": ["--config", str(ROOT / "configs" / "demo.yaml")],
+    }  # fmt: skip
+    codes = {"new": ROOT / "src"}
+    if args.reference:
+        codes["reference"] = reference_code(args.reference, work / "reference")
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for _ in range(args.rounds):  # rounds alternate the codes, so a busy machine weighs on both alike
+        for name, job in jobs.items():
+            for code_name, code in codes.items():
+                out = work / f"out-{code_name}"
+                r = pack_measured(code, job, out, work / f"{code_name}.log")
+                rows.setdefault((name, code_name), []).append(r)
+                shutil.rmtree(out, ignore_errors=True)
+    cores = len(os.sched_getaffinity(0))
+    print(f"bench_memory documents: default options, {cores} cores, best of {args.rounds} round(s)")
+    print(f"{'job':>28} {'code':>9} {'peak RSS MiB':>12} {'tree RSS MiB':>12} {'seconds':>8} {'median s':>8}")
+    best = {k: {m: min(r[m] for r in v) for m in ("rss", "tree", "seconds")} for k, v in rows.items()}
+    for (name, code_name), b in best.items():
+        median = float(np.median([r["seconds"] for r in rows[(name, code_name)]]))
+        print(
+            f"{name:>28} {code_name:>9} {b['rss']:>12.0f} {b['tree']:>12.0f} {b['seconds']:>8.2f} "
+            f"{median:>8.2f}"
+        )
+    for name in jobs:
+        if "reference" in codes:
+            new, ref = best[(name, "new")], best[(name, "reference")]
+            print(
+                f"{name}: new / {args.reference}: peak RSS {new['rss'] / ref['rss']:.2f}, tree RSS "
+                f"{new['tree'] / ref['tree']:.2f}, time {new['seconds'] / ref['seconds']:.2f}"
+            )
+    long_rss = best[(next(iter(jobs)), "new")]["rss"]
+    verdict = "under" if long_rss < LONG_TARGET_MIB else "OVER"
+    print(f"long documents: peak RSS {long_rss:.0f} MiB, {verdict} the {LONG_TARGET_MIB} MiB target\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sections", default="documents,scale", help="documents, scale, or both (default)")
+    ap.add_argument("--reference", default=None, help="documents: also pack with git revision REV's packtool")
+    ap.add_argument("--rounds", type=int, default=1, help="documents: rounds (best of each is shown)")
     ap.add_argument("--samples", type=int, default=100_000, help="samples at 1x (4x is also run)")
     ap.add_argument("--num-proc", type=int, default=1)
     ap.add_argument("--packed-sequence-size", type=int, default=4096)
@@ -111,24 +205,31 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="packtool-bench-memory-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        inputs = {}
-        for scale in (1, 4):
-            src = work / f"input-{scale}x.parquet"
-            inputs[scale] = (src, make_input(src, args.samples * scale, seed=scale))
-        for path in args.paths.split(","):
-            rows = []
-            for scale, (src, tokens) in inputs.items():
-                out = work / f"out-{scale}x"
-                r = measure(src, out, args.num_proc, args.packed_sequence_size, args.engine, PATHS[path])
-                r.update(scale=scale, input_mib=src.stat().st_size / 2**20)
-                r["lengths_mib"] = r["num_samples"] * 8 / 2**20
-                assert r["num_tokens"] == tokens
-                rows.append(r)
-                shutil.rmtree(out, ignore_errors=True)
-            report(args, path, rows)
+        if "documents" in args.sections.split(","):
+            documents_section(args, work)
+        if "scale" in args.sections.split(","):
+            scale_section(args, work)
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def scale_section(args: argparse.Namespace, work: Path) -> None:
+    inputs = {}
+    for scale in (1, 4):
+        src = work / f"input-{scale}x.parquet"
+        inputs[scale] = (src, make_input(src, args.samples * scale, seed=scale))
+    for path in args.paths.split(","):
+        rows = []
+        for scale, (src, tokens) in inputs.items():
+            out = work / f"out-{scale}x"
+            r = measure(src, out, args.num_proc, args.packed_sequence_size, args.engine, PATHS[path])
+            r.update(scale=scale, input_mib=src.stat().st_size / 2**20)
+            r["lengths_mib"] = r["num_samples"] * 8 / 2**20
+            assert r["num_tokens"] == tokens
+            rows.append(r)
+            shutil.rmtree(out, ignore_errors=True)
+        report(args, path, rows)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -48,6 +49,7 @@ class PacktoolGroup(click.Group):
             click.echo(f"packtool: error: {_one_line(e.format_message())}", err=True)
             sys.exit(EXIT_USAGE)
         except (KeyboardInterrupt, click.Abort):
+            _stop_helpers()
             click.echo(
                 "packtool: interrupted; no complete-looking output was left behind "
                 "(run the same command again to resume)",
@@ -69,6 +71,14 @@ class PacktoolGroup(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def _stop_helpers() -> None:
+    """An interrupted job ends the helper processes it started and waits for them (the workers' server,
+    which a Ctrl-C may catch in the middle of its imports), so that it exits leaving none behind."""
+    local = sys.modules.get("packtool.pipeline.engines.local")  # imported only by a job that starts any
+    if local is not None:
+        local.stop_helpers()
+
+
 @click.group(cls=PacktoolGroup)
 @click.version_option(package_name="packtool")
 def main() -> None:
@@ -84,7 +94,8 @@ PACK_EXAMPLES = """\
 def option_params() -> list[click.Parameter]:
     """One click option per option that has a flag, from its stage's declaration (name, type, default,
     choices, help), so that the flag, the config key and the manifest key are one name."""
-    from packtool.options import SPECS  # imported when pack runs or shows its help: the stages' groups
+    # imported when pack runs or shows its help: the stages' groups
+    from packtool.options import SPECS, as_declared
 
     params: list[click.Parameter] = []
     for spec in SPECS.values():
@@ -103,13 +114,25 @@ def option_params() -> list[click.Parameter]:
             else:
                 names = [f"{name}/--no-{name[2:]}"]
         elif spec.choices:
-            kwargs["type"] = click.Choice(spec.choices)
+            kwargs["type"] = _Choice(spec.choices, as_declared)
         elif spec.kind in (int, float):
             kwargs["type"] = spec.kind
         option = click.Option([*names, spec.name], **kwargs)
         option.section = spec.section  # type: ignore[attr-defined]
         params.append(option)
     return params
+
+
+class _Choice(click.Choice):
+    """A choice in either spelling (``prompt-completion`` or ``prompt_completion``), converted by
+    ``spell`` (``option_types.as_declared``) to the declared one, which the manifest records."""
+
+    def __init__(self, choices: tuple[str, ...], spell: Callable[[Any, tuple[str, ...]], Any]) -> None:
+        super().__init__(choices)
+        self.spell = spell
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return super().convert(self.spell(value, tuple(self.choices)), param, ctx)
 
 
 class PackCommand(click.Command):
@@ -199,9 +222,9 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     # what the run says before a step (notes, guessed special tokens) is printed as it comes
     manifest = run_pack(options, say=lambda line: click.echo(f"packtool: {line}", err=True))
     s = manifest.stats
-    if not options.running.quiet:
-        click.echo(summary_line(manifest, options.output.output), err=True)
-    # lost data is said even with --quiet: quiet is about progress, not about what the packs miss
+    # the result line and lost data are said even with --quiet: quiet is about progress (the bars and the
+    # notes as the run goes), not about what was written or what the packs miss
+    click.echo(summary_line(manifest, options.output.output), err=True)
     losses = s.losses(manifest.packed_sequence_size, manifest.option("max_packs"))
     for line in manifest.warnings:
         click.echo(f"packtool: warning: {line}", err=True)

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Optional
 
 import msgspec
 
-__all__ = ["Applies", "OptionGroup", "option"]
+__all__ = ["Applies", "OptionGroup", "as_declared", "option"]
 
 
 @dataclass(frozen=True)
@@ -69,3 +69,16 @@ def option(
     if constraints:
         inner = Annotated[inner, msgspec.Meta(**constraints)]
     return Annotated[Optional[inner] if optional else inner, msgspec.Meta(description=help, extra=extra)]  # noqa: UP045
+
+
+def as_declared(value: Any, choices: tuple[str, ...]) -> Any:
+    """``value`` as ``choices`` spell it when it names one of them with ``-`` for ``_`` or the reverse
+    (flags show ``prompt-completion``, the declarations and the manifest hold ``prompt_completion``: both
+    are accepted, one is recorded); any other value as it is, for the caller to refuse.
+
+    >>> as_declared("prompt-completion", ("text", "prompt_completion")), as_declared("x", ("text",))
+    ('prompt_completion', 'x')
+    """
+    if not isinstance(value, str) or value in choices:
+        return value
+    return next((s for s in (value.replace("-", "_"), value.replace("_", "-")) if s in choices), value)

@@ -31,12 +31,12 @@ import msgspec
 from packtool.encoders.options import EncodingOptions
 from packtool.errors import ConfigError
 from packtool.formats.options import OutputOptions
-from packtool.option_types import Applies, OptionGroup
+from packtool.option_types import Applies, OptionGroup, as_declared
 from packtool.packing.options import PackingOptions, strategy_kind
 from packtool.pipeline.options import RunningOptions
 from packtool.readers.options import ReadingOptions
 
-__all__ = ["SECTIONS", "SPECS", "OptionSpec", "PackOptions", "closest"]
+__all__ = ["SECTIONS", "SPECS", "OptionSpec", "PackOptions", "canonical_choice", "closest"]
 
 # the help sections of ``packtool pack --help``, in order: one per stage
 SECTIONS = ("input", "encoding", "packing", "output", "running")
@@ -73,7 +73,7 @@ class PackOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         unknown = sorted(set(values) - set(SPECS))
         if unknown:
             raise ConfigError(f"{origin}: unknown key {unknown[0]!r}{closest(unknown[0], SPECS)}")
-        values = dict(values)
+        values = {name: canonical_choice(name, value) for name, value in values.items()}
         if isinstance(values.get("inputs"), str):
             values["inputs"] = [values["inputs"]]
         nested: dict[str, Any] = {}
@@ -221,6 +221,16 @@ SPECS: dict[str, OptionSpec] = {
     if name != "given"
     for spec in _specs(field_type, (name,), ())
 }
+
+
+def canonical_choice(name: str, value: Any) -> Any:
+    """``value`` of option ``name`` in its declared spelling (``option_types.as_declared``).
+
+    >>> canonical_choice("sample_format", "prompt-completion"), canonical_choice("format", "tar")
+    ('prompt_completion', 'tar')
+    """
+    choices = SPECS[name].choices if name in SPECS else None
+    return as_declared(value, choices) if choices else value
 
 
 def flag(name: str) -> str:

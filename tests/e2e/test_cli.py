@@ -57,7 +57,11 @@ def test_progress_goes_to_stderr_and_quiet_silences_it(tmp_path):
     loud = run_cli("pack", src, "-o", tmp_path / "a", "--packed-sequence-size", 8)
     assert loud.stdout == "" and "packed 10 of 10 samples whole into 5 packs" in loud.stderr
     quiet = run_cli("pack", src, "-o", tmp_path / "b", "--packed-sequence-size", 8, "-q")
-    assert quiet.stdout == "" and quiet.stderr == ""
+    # --quiet removes the bars, not the result: the one line saying what was written, and where
+    assert quiet.stdout == "" and quiet.stderr.splitlines() == [
+        f"packed 10 of 10 samples whole into 5 packs of 8 tokens (fill rate 75.00%, lower bound 4 packs) -> "
+        f"{tmp_path / 'b'}"
+    ]
 
 
 def test_config_errors_are_one_line_with_exit_code_2(tmp_path):
@@ -178,3 +182,27 @@ def test_one_error_style_and_exit_code_convention_across_commands(tmp_path, args
     assert proc.returncode == code
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(start.format(**paths))
+
+
+@pytest.mark.parametrize("spelling", ["prompt-completion", "prompt_completion"])
+@pytest.mark.parametrize("where", ["flag", "config"])
+def test_a_choice_is_taken_in_either_spelling_and_recorded_in_one(tmp_path, spelling, where):
+    """--help shows ``--sample-format prompt-completion`` (flags spell values with -), the declarations
+    ``prompt_completion``: both are accepted, by flag and in a config file, and the manifest records one."""
+    src = write_jsonl(tmp_path / "pc.jsonl", [{"prompt": "a b", "completion": "c d"}])
+    args = ["pack", src, "--tokenizer", DEMO_TOKENIZER, "--packed-sequence-size", 64, "-o", tmp_path / "o"]
+    if where == "flag":
+        args += ["--sample-format", spelling]
+    else:
+        cfg = tmp_path / "c.yaml"
+        cfg.write_text(f"sample_format: {spelling}\nlong-samples: error\n")
+        args += ["--config", cfg]
+    run_cli(*args)
+    m = manifest_json(tmp_path / "o")
+    assert m["provenance"]["sample_format"] == m["sample_format"] == "prompt_completion"
+
+
+def test_a_choice_in_neither_spelling_is_refused(tmp_path):
+    proc = run_cli("pack", "x.jsonl", "-o", tmp_path / "o", "--packed-sequence-size", 8, "--sample-format",
+                   "prompt completion", check=False)  # fmt: skip
+    assert proc.returncode == EXIT_USAGE and "'prompt completion' is not one of" in proc.stderr

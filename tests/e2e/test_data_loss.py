@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from packtool.errors import EXIT_PROBLEMS
+from packtool.reading import read_packs
 from tests.conftest import DEMO_TOKENIZER, run_cli, write_jsonl
 
 N = 16
@@ -52,7 +53,11 @@ def pack(tmp_path: Path, source: Path, *flags: str, check: bool = True):
 
 
 def warnings_of(proc) -> list[str]:
-    return [line.removeprefix("packtool: warning: ") for line in proc.stderr.splitlines()]
+    """The run's warnings; with -q the only other lines are the result (``packed ... -> OUT``, tokens)."""
+    lines = proc.stderr.splitlines()
+    assert all(line.startswith(("packtool: warning: ", "packed ", "tokens: ")) for line in lines), lines
+    warning = "packtool: warning: "
+    return [line.removeprefix(warning) for line in lines if line.startswith(warning)]
 
 
 def report(out: Path) -> dict:
@@ -141,6 +146,41 @@ def test_max_packs_is_said(tmp_path, source):
     assert f"lost: {line}" in r["warnings"]
 
 
+def test_truncate_with_max_packs_pairs_each_fate_with_its_own_tokens(tmp_path):
+    """Truncated samples that --max-packs then leaves out are max_packs' fate, with every token they lost
+    (their truncated tail too): "N samples were truncated (T tokens cut)" counts only the truncated
+    samples in the packs, whose cut is T. The expected figures come from the input's lengths and the
+    samples the packs hold, not from packtool's accounting."""
+    lengths = [20, 5, 30, 7, 40, 5, 25, 3, 50, 6]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"input_ids": list(range(1, n + 1))} for n in lengths])
+    out = tmp_path / "out"
+    proc = run_cli("pack", src, "-o", out, "--packed-sequence-size", N, "--long-samples", "truncate",
+                   "--strategy", "sequential", "--max-packs", 3, "-q")  # fmt: skip
+    present = {int(i) for p in read_packs(out, with_sample_index=True) for i in p["sample_index"]}
+    absent = set(range(len(lengths))) - present
+    truncated = [s for s in present if lengths[s] > N]
+    cut = sum(lengths[s] - N for s in truncated)
+    over_tokens = sum(lengths[s] for s in absent)
+    assert truncated and cut and any(lengths[s] > N for s in absent)  # the case the pairs were wrong in
+    total = len(lengths)
+    assert warnings_of(proc)[:2] == [
+        f"{len(truncated)} of {total} samples were truncated to {N} tokens ({cut} tokens cut; "
+        "long_samples=truncate)",
+        f"{len(absent)} of {total} samples were left out by max_packs 3 ({over_tokens} tokens)",
+    ]
+    stats = json.loads((out / "manifest.json").read_text())["stats"]
+    assert (stats["truncated_samples"], stats["truncated_tokens"]) == (len(truncated), cut)
+    assert (stats["samples_over_max_packs"], stats["tokens_over_max_packs"]) == (len(absent), over_tokens)
+    r = report(out)
+    packed = sum(min(lengths[s], N) for s in present)
+    assert {k: v for k, v in r["token_fates"].items() if v} == {
+        "packed": packed,
+        "cut by truncation": cut,
+        "cut by max_packs": over_tokens,
+    }
+    assert packed + cut + over_tokens == sum(lengths)
+
+
 def test_nothing_to_learn_is_said(tmp_path):
     rows = [{"prompt": f"say {i}", "completion": " ok" if i % 4 else ""} for i in range(12)]
     src = write_jsonl(tmp_path / "sft.jsonl", rows)
@@ -173,7 +213,9 @@ def test_strict_refuses_any_loss_before_writing(tmp_path, source):
 def test_strict_passes_when_nothing_is_lost(tmp_path):
     src = write_jsonl(tmp_path / "ok.jsonl", [{"input_ids": [1, 2, 3]} for _ in range(8)])
     proc = run_cli("pack", src, "-o", tmp_path / "out", "--packed-sequence-size", 8, "--strict", "-q")
-    assert proc.stderr == ""
+    assert [line.split(" -> ")[0] for line in proc.stderr.splitlines()] == [
+        "packed 8 of 8 samples whole into 4 packs of 8 tokens (fill rate 75.00%, lower bound 3 packs)"
+    ]
     r = json.loads(run_cli("inspect", tmp_path / "out", "--json").stdout)
     assert r["warnings"] == [] and r["losses"] == []
     assert r["sample_fates"]["packed whole"] == 8

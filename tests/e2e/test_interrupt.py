@@ -76,3 +76,56 @@ def test_ctrl_c_stops_within_seconds_and_resumes(tmp_path: Path, presses: int):
     assert "resumed: 4 of 8 chunks" in resumed.stderr
     if presses == 2:  # stopped at once: what is on disk is what a SIGKILL leaves, and it resumes whole
         run_cli("verify", out, "--source", "--tokenizer", f"{plugin}:encode")  # code runs only when named
+
+
+def _group(pgid: int) -> dict[int, bytes]:
+    """``{pid: command line}`` of the running (not zombie) processes of process group ``pgid``."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+@pytest.mark.parametrize("when", ["0.5 s after start", "as the workers' server starts"])
+def test_ctrl_c_early_in_a_run_leaves_no_traceback_and_no_process(tmp_path: Path, when: str):
+    """A Ctrl-C while the workers' forkserver is still importing packtool (a second or more under load)
+    printed a 60-line KeyboardInterrupt traceback of its own, and the job exited before reaping it (or,
+    with the pool starting, waited on it for ever): now the job alone answers, with its one line, and
+    exits 130 leaving no process of its group running."""
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": f"record {i} " + "w " * (i % 30)} for i in range(400)])
+    args = ["pack", src, "-o", tmp_path / "out", "--tokenizer", ROOT / "data" / "demo" / "tokenizer.json",
+            "--packed-sequence-size", 64, "--long-samples", "truncate", "--num-proc", 2]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packtool.cli", *map(str, args)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])},
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # its own process group, which the test's "Ctrl-C" goes to
+    )
+    if when == "0.5 s after start":
+        time.sleep(0.5)
+    else:  # the moment the forkserver exists: it is importing numpy, pyarrow and packtool
+        deadline = time.monotonic() + 60
+        while not any(b"forkserver import main" in c for c in _group(proc.pid).values()):
+            assert proc.poll() is None and time.monotonic() < deadline, "no forkserver started"
+            time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    # 130, or killed by the SIGINT itself once Python, exiting, has put back its default action (a shell
+    # shows both as 130)
+    assert proc.wait(timeout=30) in (130, -signal.SIGINT)
+    stderr = proc.stderr.read()
+    for noise in ("Traceback", "KeyboardInterrupt", "Exception ignored", "Fatal Python error"):
+        assert noise not in stderr, stderr
+    assert stderr.strip().endswith("(run the same command again to resume)"), stderr
+    deadline = time.monotonic() + 2  # the resource tracker ends as it sees the job's end of its pipe
+    while (left := _group(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not left, f"processes of the interrupted job still run: {left}"

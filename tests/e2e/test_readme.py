@@ -9,6 +9,8 @@
   them into the README.
 * Relative links and ``#anchors`` in the README and ``docs/*.md`` resolve.
 * The README is at most ``MAX_README_LINES`` lines; the rest belongs in ``docs/``.
+* docs/quickstart-trainers.md runs as it says: its blocks in order (its Python ones in one process, to
+  import transformers once), each Python block complete by itself (no name it does not define).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
+QUICKSTART = DOCS / "quickstart-trainers.md"
 MAX_README_LINES = 300
 EXAMPLES_BUDGET_S = 30  # every README example together, on the 2-core development machine: ~5 s
 SETUP_HEADING = "## Set-up"  # its block installs (make demo, make test): not run here
@@ -178,7 +181,9 @@ def _packtool_shim(bin_dir: Path) -> None:
     shim.chmod(0o755)
 
 
-def test_readme_examples_run(tmp_path):
+def _scratch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A scratch copy of ``data/`` and ``configs/`` to run examples in, and their environment: this
+    checkout's ``packtool`` on PATH, Hugging Face caches inside ``tmp_path``, offline."""
     work = tmp_path / "work"
     work.mkdir()
     for name in ("data", "configs"):
@@ -189,7 +194,14 @@ def test_readme_examples_run(tmp_path):
         **os.environ,
         "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONPATH": pythonpath,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
     }
+    return work, env
+
+
+def test_readme_examples_run(tmp_path):
+    work, env = _scratch(tmp_path)
     blocks = [
         (line, kind.split("\t")[1], code)
         for line, kind, code in code_blocks(README.read_text())
@@ -206,6 +218,33 @@ def test_readme_examples_run(tmp_path):
             f"README.md line {line}: the {lang} block exited {proc.returncode}:\n{code}\n"
             f"--- stdout\n{proc.stdout[-2000:]}\n--- stderr\n{proc.stderr[-2000:]}"
         )
+
+
+def test_quickstart_page_runs(tmp_path):
+    """The page's pack command, then its Trainer and TRL blocks: each trains two steps of a tiny random
+    model on the packs."""
+    work, env = _scratch(tmp_path)
+    blocks = [(line, kind.split("\t")[1], code) for line, kind, code in code_blocks(QUICKSTART.read_text())]
+    shell = [b for b in blocks if b[1] == "bash"]
+    python = [b for b in blocks if b[1] == "python"]
+    assert len(shell) == 1 and len(python) == 2, "the page: one pack command, then Trainer and TRL"
+    for line, _, code in python:  # each block is what a reader copies: complete by itself
+        lint = subprocess.run(
+            [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F821,F401,F811",
+             "--stdin-filename", f"block_{line}.py", "-"],
+            input=code, capture_output=True, text=True,
+        )  # fmt: skip
+        assert lint.returncode == 0, f"{QUICKSTART.name} line {line}:\n{lint.stdout}"
+    for cmd, line in (
+        (["bash", "-euo", "pipefail", "-c", shell[0][2]], shell[0][0]),
+        ([sys.executable, "-c", "\n".join(code for _, _, code in python)], python[0][0]),
+    ):
+        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, (
+            f"{QUICKSTART.name} line {line}: exited {proc.returncode}:\n--- stdout\n{proc.stdout[-2000:]}\n"
+            f"--- stderr\n{proc.stderr[-3000:]}"
+        )
+    assert proc.stdout.count("'train_loss'") == 2, proc.stdout[-2000:]  # both trainers trained
 
 
 def test_readme_flag_table_is_the_code():

@@ -230,11 +230,12 @@ DRIVER_READS = {
         "packing.long_samples",
         "packing.packed_sequence_size",
         "packing.split_across_pack",
+        "reading.files",  # --input-format: how the files are read, wherever they are read
         "reading.inputs",
         "reading.split",  # first_bad_record reads a file again up to its bad record
     },
     "packtool.pipeline.engines": {"encoding.tokenizer", "reading.inputs"},
-    "packtool.pipeline.memory": {"encoding.tokenizer", "reading.inputs"},
+    "packtool.pipeline.memory": {"encoding.tokenizer", "reading.files", "reading.inputs"},
     # the run_id binds the manifest fields readers rely on (binding.reading_fields), for both drivers
     "packtool.pipeline.identity": {
         "encoding.labels",
@@ -258,6 +259,7 @@ DRIVER_READS = {
         "packing.seed",
         "packing.split_across_pack",  # the warning of split samples' nemo positions
         "packing.val_fraction",
+        "reading.files",
         "reading.inputs",
         "reading.split",
     },
@@ -287,9 +289,16 @@ DRIVER_READS = {
         "packing.long_samples",  # truncate/split refused for vision samples: an image is never cut
         "packing.split_across_pack",
     },
-    "packtool.verify.source": {"encoding.text_field", "reading.inputs", "reading.split", "running.on_error"},
+    "packtool.verify.source": {
+        "encoding.text_field",
+        "reading.files",
+        "reading.inputs",
+        "reading.split",
+        "running.on_error",
+    },
     "packtool.vision.checks": {"reading.inputs", "running.on_error"},  # verify --source of an image output
-    "packtool.inspect.sources": {"encoding.text_field", "reading.split"},  # inspect --pack re-reads a source
+    # inspect --pack re-reads a source
+    "packtool.inspect.sources": {"encoding.text_field", "reading.files", "reading.split"},
 }
 
 

@@ -210,3 +210,13 @@ def test_num_proc_defaults_to_the_cores_for_inputs_worth_it(tmp_path: Path):
     assert (
         resolve_num_proc(_cfg(inputs=[str(tiny)], tokenizer=str(DEMO_TOKENIZER)).to_dict()) == 1
     )  # text: workers
+
+
+def test_a_choice_in_the_flags_spelling_is_the_declared_choice():
+    """Flags spell values with ``-`` (``--help``: "For --sample-format prompt-completion"); Python callers
+    and config files may write either, and the options hold the declared one."""
+    opts = PackOptions.of(inputs=["x"], sample_format="prompt-completion", packed_sequence_size=8)
+    assert opts.encoding.sample_format == "prompt_completion"
+    assert opts.to_dict()["sample_format"] == "prompt_completion"
+    with pytest.raises(ConfigError, match="sample_format must be one of .* got 'prompt completion'"):
+        PackOptions.of(inputs=["x"], sample_format="prompt completion")

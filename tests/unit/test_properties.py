@@ -166,7 +166,20 @@ def check_packs(case: dict, strategy: str, store: ChunkStore, tokens: list[np.nd
         # every kept token of every sample is there
         assert set(got) == {s for s, t in enumerate(kept) if len(t)}
         assert all(len(got[s]) == len(kept[s]) for s in got)
-    assert len(all_tokens) + over == sum(len(t) for t in kept)
+    # each fate with the tokens its own samples lost, from what the packs hold: a truncated sample
+    # max_packs cut or left out is max_packs' with all it lost, its truncated tail included
+    have = np.array([len(got.get(s, ())) for s in range(len(lengths))], dtype=np.int64)
+    wanted = np.array([len(t) for t in kept], dtype=np.int64)
+    cut_short = (wanted > 0) & (have < wanted)
+    truncated = ~cut_short & (wanted > 0) & (lengths > wanted)
+    dropped = (wanted == 0) & (lengths > 0)
+    assert (stats.truncated_samples, stats.truncated_tokens) == (
+        int(truncated.sum()),
+        int((lengths - wanted)[truncated].sum()),
+    )
+    assert stats.samples_over_max_packs + stats.partial_samples == int(cut_short.sum())
+    assert over == int((lengths - have)[cut_short].sum())
+    assert (stats.dropped_samples, stats.dropped_tokens) == (int(dropped.sum()), int(lengths[dropped].sum()))
     assert len(all_tokens) + stats.dropped_tokens + stats.truncated_tokens + over == lengths.sum()
     if not case["split_across_pack"]:
         # a sample is never cut across packs

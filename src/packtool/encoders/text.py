@@ -9,6 +9,7 @@ only when asked (``add_bos``/``add_eos``), so the manifest says exactly what is 
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,11 @@ class HFTokenizer:
             except ImportError:
                 transformers = None
             if transformers is not None:
-                try:
-                    self._hf = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+                refuse_custom_code(path)  # before transformers asks "run the custom code? [y/N]"
+                try:  # never runs a directory's code, nor asks: what it names is refused above
+                    self._hf = transformers.AutoTokenizer.from_pretrained(
+                        str(path), local_files_only=True, trust_remote_code=False
+                    )
                 except Exception as e:
                     raise ConfigError(f"tokenizer {spec}: cannot load with AutoTokenizer: {e}") from None
                 self._fast = getattr(self._hf, "_tokenizer", None)
@@ -216,6 +220,37 @@ def _hash_file(directory: Path) -> Path | None:
     """The file of a tokenizer directory whose hash identifies the tokenizer."""
     names = ("tokenizer.json", "tokenizer.model", "vocab.json")
     return next((directory / n for n in names if (directory / n).exists()), None)
+
+
+MAX_CONFIG_BYTES = 4 << 20  # a model directory's tokenizer_config.json / config.json, read to check them
+
+
+def refuse_custom_code(directory: Path) -> None:
+    """``ConfigError`` when the model directory's ``tokenizer_config.json`` or ``config.json`` maps
+    ``AutoTokenizer`` to code of its own (``auto_map``): loading it would run that code, which packtool
+    never does on a file's word (transformers would first ask on the terminal, then refuse).
+
+    A file that is missing, too large or not JSON is left to transformers to judge.
+    """
+    for name in ("tokenizer_config.json", "config.json"):
+        file = directory / name
+        try:
+            if file.stat().st_size > MAX_CONFIG_BYTES:
+                continue
+            config = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        auto_map = config.get("auto_map") if isinstance(config, dict) else None
+        code = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else None
+        if code:
+            shown = ", ".join(c for c in code if c) if isinstance(code, list) else str(code)
+            fast = directory / "tokenizer.json"
+            instead = f"pass {fast} instead (the fast tokenizer alone: no code), or " * fast.is_file()
+            raise ConfigError(
+                f"tokenizer {directory}: its {name} maps AutoTokenizer to code in the directory "
+                f"(auto_map: {shown}), which packtool does not run; {instead}wrap the tokenizer in a "
+                "module:callable encoder you trust"
+            )
 
 
 def _load_tokenizer_file(path: Path) -> tokenizers.Tokenizer:

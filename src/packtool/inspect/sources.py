@@ -92,8 +92,15 @@ def _rows(
     used = fields_read(
         options.encoding, manifest.sample_format
     )  # the fields the run read, so the same records are bad
-    split, text_field = options.reading.split, options.encoding.text_field
-    for batch in read_inputs([path], split=split, text_field=text_field, sink=sink, used_fields=used):
+    batches = read_inputs(
+        [path],
+        split=options.reading.split,
+        text_field=options.encoding.text_field,
+        sink=sink,
+        used_fields=used,
+        input_format=options.reading.files.input_format,  # files read as the run read them
+    )
+    for batch in batches:
         src = os.path.abspath(batch.source)
         rows = [int(r) for r in batch.rows if (src, int(r)) not in skipped]
         while todo and todo[0] < seen + len(rows):

@@ -145,7 +145,6 @@ def make_plan(
             stats.dropped_tokens = int(lengths[long].sum())
             keep &= ~long
         elif options.long_samples == "truncate":
-            stats.truncated_tokens = int((lengths[long] - n).sum())
             lengths = np.minimum(lengths, n)
     samples = np.flatnonzero(keep).astype(np.int64)
     cut_only_long = options.long_samples == "split" and not options.split_across_pack and bool(long.any())
@@ -178,7 +177,7 @@ def make_plan(
     truncating = options.long_samples == "truncate" and not options.split_across_pack
     if options.max_packs is not None and plan.num_packs > options.max_packs:
         plan = plan.slice(0, options.max_packs)
-    account(stats, full, plan, lengths, truncated=lengths_in > n if truncating else None)
+    account(stats, full, plan, lengths, cut=lengths_in - lengths if truncating else None)
     stats.policy_packs = plan.num_packs if full.members is not None else 0
     plan.stats = stats
     plan.validate()
@@ -246,13 +245,26 @@ def _plan_items(
 
 
 def account(
-    stats: PackStats, full: PackPlan, kept: PackPlan, lengths: np.ndarray, truncated: np.ndarray | None
+    stats: PackStats, full: PackPlan, kept: PackPlan, lengths: np.ndarray, cut: np.ndarray | None
 ) -> None:
     """Give every planned sample its one fate in ``stats`` (whole, split, truncated, partly or wholly cut
-    by ``max_packs``), from the strategy's plan ``full`` and the ``kept`` packs (``full`` cut at
-    ``max_packs``). ``lengths`` are the samples' lengths as planned (after truncation); ``truncated`` marks
-    the samples truncation cut (``None``: none). A sample a custom ``pack_selected_samples`` merged into a
-    pack without naming it (``full.members``) counts as packed whole, its tokens in the policy's delta."""
+    by ``max_packs``), and each fate the tokens its samples lost, from the strategy's plan ``full`` and
+    the ``kept`` packs (``full`` cut at ``max_packs``). ``lengths`` are the samples' lengths as planned
+    (after truncation); ``cut`` the tokens truncation took from each sample (``None``: none).
+
+    A truncated sample that ``max_packs`` then cut or left out has that fate, and all it lost, its
+    truncated tail included, is in ``tokens_over_max_packs``: ``truncated_tokens`` is the cut of the
+    samples counted in ``truncated_samples`` only. A sample a custom ``pack_selected_samples`` merged
+    into a pack without naming it (``full.members``) counts as packed whole, its tokens in the policy's
+    delta.
+
+    >>> cfg = PackingOptions(
+    ...     packed_sequence_size=8, strategy="sequential", max_packs=1, long_samples="truncate"
+    ... )
+    >>> s = make_plan(np.array([11, 20]), cfg).stats
+    >>> (s.truncated_samples, s.truncated_tokens), (s.samples_over_max_packs, s.tokens_over_max_packs)
+    ((1, 3), (1, 20))
+    """
     num = len(lengths)
     full_in, kept_in = full.input_index, kept.input_index
     full_tokens = np.bincount(full_in, weights=full.length, minlength=num)[:num].astype(np.int64)
@@ -263,14 +275,17 @@ def account(
         placed[members] = True
         packed[members[: offsets[kept.num_packs]]] = True
     partial = packed & (kept_tokens < full_tokens)
+    over = placed & ~packed
     split = _split_samples(full, num) & packed & ~partial
-    cut = np.zeros(num, dtype=bool) if truncated is None else truncated & packed & ~partial
-    stats.samples_over_max_packs = int((placed & ~packed).sum())
+    truncated = np.zeros(num, dtype=bool) if cut is None else (cut > 0) & packed & ~partial
+    cut_by_max_packs = 0 if cut is None else int(cut[over | partial].sum())
+    stats.samples_over_max_packs = int(over.sum())
     stats.partial_samples = int(partial.sum())
-    stats.tokens_over_max_packs = full.num_tokens - kept.num_tokens
-    stats.truncated_samples = int(cut.sum())
-    stats.split_samples = int((split & ~cut).sum())
-    stats.whole_samples = int((packed & ~partial & ~split & ~cut).sum())
+    stats.tokens_over_max_packs = full.num_tokens - kept.num_tokens + cut_by_max_packs
+    stats.truncated_samples = int(truncated.sum())
+    stats.truncated_tokens = 0 if cut is None else int(cut.sum()) - cut_by_max_packs
+    stats.split_samples = int((split & ~truncated).sum())
+    stats.whole_samples = int((packed & ~partial & ~split & ~truncated).sum())
     stats.policy_token_delta = full.num_tokens - int(lengths[placed].sum())
 
 

@@ -1,10 +1,11 @@
 """The encode step: records -> encoded chunks on disk, by the engine's workers.
 
-The driver groups the input stream into chunks of exactly ``chunk_records`` records (``chunked``), in
-input order; each chunk is one task. A worker loads its chunk (the row, line and file ranges the readers hand
-out lazily are read here, by the process that encodes them), encodes it batch by batch and writes it to
-the scratch directory (``chunks.write_chunk``). Chunk boundaries depend only on the options, and the packs
-not even on them, so the output does not depend on the number of workers, the engine or the chunk size.
+The driver groups the input stream into chunks of ``chunk_records`` records, fewer where they would hold
+more than ``CHUNK_BYTES`` of input (``chunked``), in input order; each chunk is one task. A worker loads
+its chunk (the row, line and file ranges the readers hand out lazily are read here, by the process that
+encodes them), encodes it batch by batch and writes it to the scratch directory (``chunks.write_chunk``).
+Chunk boundaries depend only on the input and the options, and the packs not even on them, so the output
+does not depend on the number of workers, the engine or the chunk size.
 
 A worker's state (the config and the encoder) is built once per process and run, by ``worker(spec)``:
 every task carries the small ``RunSpec``, so any process (the driver, a pool worker, a Ray worker) can run
@@ -37,8 +38,9 @@ from packtool.options import PackOptions
 from packtool.packing.planner import too_long_message
 from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
+from packtool.pipeline.options import CHUNK_BYTES
 from packtool.readers.base import SourceBatch
-from packtool.readers.inputs import expand_inputs, piece_bytes, read_inputs
+from packtool.readers.inputs import expand_inputs, piece_bytes, read_inputs, record_bytes
 
 
 @dataclass(frozen=True)
@@ -226,28 +228,42 @@ VISION_CHUNK_RECORDS = 256  # a vision-language chunk's images (bytes held in re
 
 
 def chunk_records(options: PackOptions, sample_format: str) -> int:
-    """Records per encoding chunk: ``--chunk-size``, else ``CHUNK_RECORDS`` (``VISION_CHUNK_RECORDS`` for
-    vision samples). It cuts the work only: the packs and the run id are the same for any."""
+    """Records per encoding chunk at most: ``--chunk-size``, else ``CHUNK_RECORDS``
+    (``VISION_CHUNK_RECORDS`` for vision samples). It cuts the work only: the packs and the run id are the
+    same for any."""
     if options.running.chunk_size is not None:
         return options.running.chunk_size
     return VISION_CHUNK_RECORDS if sample_format == "vision" else CHUNK_RECORDS
 
 
-def chunked(batches: Iterator[SourceBatch], chunk_size: int) -> Iterator[list[SourceBatch]]:
-    """Group batches into chunks of exactly ``chunk_size`` records (the last may be smaller)."""
+def chunked(
+    batches: Iterator[SourceBatch], chunk_size: int, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[list[SourceBatch]]:
+    """Group batches into chunks of ``chunk_size`` records, or fewer where they would hold more than
+    ``chunk_bytes`` bytes of input (``readers.inputs.record_bytes``; a larger record is a chunk of its
+    own), in input order. Where a chunk ends depends on the input and the two limits alone, never on
+    the workers."""
     chunk: list[SourceBatch] = []
-    size = 0
+    rows = size = 0
     for b in batches:
+        ends = np.cumsum(record_bytes(b))  # bytes of the batch up to each record, that one included
         start = 0
         while start < b.num_rows:
-            take = min(chunk_size - size, b.num_rows - start)
-            piece = b if (start == 0 and take == b.num_rows) else b.slice(start, take)
-            chunk.append(piece)
-            size += take
-            start += take
-            if size == chunk_size:
+            before = int(ends[start - 1]) if start else 0
+            room = ends[start : start + chunk_size - rows]
+            take = int(np.searchsorted(room, before + chunk_bytes - size, side="right"))
+            if take == 0 and rows:  # the next record does not fit: the chunk is done
                 yield chunk
-                chunk, size = [], 0
+                chunk, rows, size = [], 0, 0
+                continue
+            take = max(take, 1)
+            chunk.append(b if (start == 0 and take == b.num_rows) else b.slice(start, take))
+            rows += take
+            size += int(ends[start + take - 1]) - before
+            start += take
+            if rows == chunk_size:
+                yield chunk
+                chunk, rows, size = [], 0, 0
     if chunk:
         yield chunk
 
@@ -265,7 +281,7 @@ def chunks_per_task(options: PackOptions, workers: int) -> int:
     if workers <= 1:
         return 1
     rows = 0
-    for kind, source, _ in expand_inputs(options.reading.inputs):
+    for kind, source, _ in expand_inputs(options.reading.inputs, options.reading.files.input_format):
         if kind != "parquet":
             return 1
         rows += pq.ParquetFile(source).metadata.num_rows
@@ -339,7 +355,11 @@ def first_bad_record(options: PackOptions, err: InputError) -> InputError:
         for b in itertools.takewhile(
             lambda b: b.rows[0] < err.row,
             read_inputs(
-                [err.source], split=options.reading.split, text_field=options.encoding.text_field, sink=probe
+                [err.source],
+                split=options.reading.split,
+                text_field=options.encoding.text_field,
+                sink=probe,
+                input_format=options.reading.files.input_format,
             ),
         )
     ]

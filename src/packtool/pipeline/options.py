@@ -11,6 +11,9 @@ from packtool.errors import ON_ERROR
 from packtool.option_types import Applies, OptionGroup, option
 
 ENGINES = ("local", "ray")
+# bytes of input an encoding chunk holds at most (pipeline.encode.chunked): what one worker holds, and its
+# tokenizer works through, at once is then a few times this, whatever the documents' length
+CHUNK_BYTES = 16 << 20
 
 
 class RayOptions(OptionGroup):
@@ -37,8 +40,9 @@ class RunningOptions(OptionGroup):
     engine: option(Literal[ENGINES], "Where encoding and writing run.", runtime=True) = "local"
     chunk_size: option(
         int | None,
-        "Records per encoding chunk: how the work is cut, never what is written [default: 4096; 256 for "
-        "vision-language samples, whose images a worker holds while it encodes them].",
+        f"Records per encoding chunk, at most (a chunk also ends at {CHUNK_BYTES >> 20} MiB of input, so a "
+        "worker holds about as much whatever the documents' length): how the work is cut, never what is "
+        "written [default: 4096; 256 for vision-language samples, whose images a worker holds].",
         runtime=True,
         gt=0,
     ) = None
@@ -53,5 +57,7 @@ class RunningOptions(OptionGroup):
         "by --max-packs, empty, nothing to learn, skipped as bad).",
         runtime=True,
     ) = False
-    quiet: option(bool, "No progress bars.", runtime=True, short="q") = False
+    quiet: option(
+        bool, "No progress bars or notes (the result line and warnings stay).", runtime=True, short="q"
+    ) = False
     ray: RayOptions = msgspec.field(default_factory=RayOptions)

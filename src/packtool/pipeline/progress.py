@@ -1,7 +1,8 @@
 """Bytes of input read by the encoding, reported as it goes, for the ``encode`` progress bar.
 
-The encode step reports after each piece of input it has read and encoded (a range of about 2,048 lines
-or files: ``readers.piece_bytes``) through ``report(nbytes)``, wherever it runs. In the driver
+The encode step reports after each piece of input it has read and encoded (a range of lines or files,
+at most 4 MiB of them, so that the bar moves as often on long documents as on short ones:
+``readers.piece_bytes``) through ``report(nbytes)``, wherever it runs. In the driver
 (``num_proc == 1``) the sink is a function that moves the bar at once; in a local pool's worker it is a
 counter shared with the driver (``multiprocessing.RawValue``, given to each worker as it starts), which the
 driver reads while it waits for results (``LocalEngine.on_wait``). Elsewhere (Ray) there is no sink and

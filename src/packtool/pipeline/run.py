@@ -36,6 +36,7 @@ image file is checked against its stamp: one that changed while the run read it 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -93,7 +94,7 @@ from packtool.pipeline.stores import EncodedStore, open_store
 from packtool.pipeline.summary import build_manifest, input_entries, lowest_version, run_stats, with_path
 from packtool.pipeline.write import ShardTask, finished_shard, output_columns, split_shard_ranges
 from packtool.readers.base import SourceBatch
-from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs
+from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs, unread_files
 from packtool.schema import per_pack_sum
 from packtool.version import __version__
 
@@ -168,10 +169,10 @@ class _Say:
             self.say(text)
 
 
-def _input_rows(inputs: list[str]) -> int | None:
+def _input_rows(inputs: list[str], input_format: str) -> int | None:
     """Records in the inputs when the files say so cheaply (Parquet footers), else ``None``."""
     total = 0
-    for kind, source, _ in expand_inputs(inputs):
+    for kind, source, _ in expand_inputs(inputs, input_format):
         if kind != "parquet":
             return None
         try:
@@ -220,6 +221,7 @@ class _Started:
     identity_key: str  # make_run_id: options, identity, inputs' names and sizes
     fingerprint: list[dict]
     warnings: list[str]
+    expand: functools.partial  # the inputs as the readers expand them (--input-format)
 
 
 @dataclass
@@ -240,7 +242,7 @@ class _Planned:
 
 def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
     started = _start(options, say)
-    stamps = input_stamps(options.reading.inputs)  # the inputs as the run starts reading them
+    stamps = input_stamps(options.reading.inputs, started.expand)  # the inputs as the run starts reading them
     resume = out.begin({"run_id": started.identity_key, "inputs": stamps, "packtool": __version__})
     if resume is not None and not resume["resumed"]:
         say.note(
@@ -261,7 +263,7 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
         planned = _plan(store, started, options, say)
         progress.step_done("plan", planned.plan.num_packs)
         shards = _write(planned, store, started.spec, options, out, resumed, show, say)
-    check_inputs_unchanged(options.reading.inputs, stamps)  # nothing is committed from an input that changed
+    check_inputs_unchanged(options.reading.inputs, stamps, started.expand)  # nothing from a changed input
     if store.chunks.images is not None and (changed := store.chunks.images.changed_file()) is not None:
         raise changed  # an image file replaced while the run read the images: no mix of old and new
     return _manifest(planned, shards, store.chunks, store.metas, started, options, out)
@@ -273,6 +275,8 @@ def _start(options: PackOptions, say: _Say) -> _Started:
     identity; say what the user should know before the work."""
     sink = ErrorSink(options.running.on_error)  # bad records met while reading
     fields = _FieldsRead(options)
+    input_format = options.reading.files.input_format
+    expand = functools.partial(expand_inputs, input_format=input_format)
     # workers (local processes or Ray tasks) read their own rows and lines: the driver hands out ranges
     batches = read_inputs(
         options.reading.inputs,
@@ -281,6 +285,7 @@ def _start(options: PackOptions, say: _Say) -> _Started:
         sink=sink,
         lazy=True,
         used_fields=fields,
+        input_format=input_format,
     )
     first = next(batches, None)
     if first is None:
@@ -292,6 +297,10 @@ def _start(options: PackOptions, say: _Say) -> _Started:
     if sample_format == "vision":
         check_vision_options(options)
     run_warnings = unread_token_fields(first.schema) if sample_format == "pretokenized" else []
+    for unread in unread_files(options.reading.inputs, input_format):  # what the directories hold unread
+        run_warnings += unread.warnings()
+        if note := unread.note():
+            say.note(f"note: {note}")
     _say_positions(options, say)
     spec = start_run(options, sample_format)
     encoder = worker(spec).encoder
@@ -302,7 +311,7 @@ def _start(options: PackOptions, say: _Say) -> _Started:
             f"pad_token_id {options.packing.pad_token_id} is not a token id of the tokenizer "
             f"(vocabulary of {vocab:,})"
         )
-    fingerprint = input_fingerprint(options.reading.inputs)
+    fingerprint = input_fingerprint(options.reading.inputs, expand)
     identity_key = make_run_id(options, identity, fingerprint)  # the run_id is bound to content below
     # the special tokens by name, in the manifest (not the run_id: the ids are in it already)
     tokens = options.encoding.tokens
@@ -312,8 +321,9 @@ def _start(options: PackOptions, say: _Say) -> _Started:
         say.warning(line)
     records = itertools.chain([first], batches)
     return _Started(
-        sample_format, records, first.schema, sink, spec, identity, identity_key, fingerprint, run_warnings
-    )
+        sample_format, records, first.schema, sink, spec, identity, identity_key, fingerprint, run_warnings,
+        expand,
+    )  # fmt: skip
 
 
 def _say_positions(options: PackOptions, say: _Say) -> None:
@@ -340,8 +350,9 @@ def _encode(
 ) -> None:
     """Encode the input into ``store``, with the encode bar: the input's bytes where they are known as
     ranges are handed out, else Parquet's rows from the footers, else records."""
-    size = input_bytes(options.reading.inputs) if show else None
-    rows = _input_rows(options.reading.inputs) if show and size is None else None
+    input_format = options.reading.files.input_format
+    size = input_bytes(options.reading.inputs, input_format) if show else None
+    rows = _input_rows(options.reading.inputs, input_format) if show and size is None else None
     kw = dict(unit="B", unit_scale=True, unit_divisor=1024, total=size) if size else {"total": rows}
     encoded, records_done = 0, 0
     with _progress(show, desc="encode", **({"unit": " records"} | kw)) as bar:
@@ -553,7 +564,8 @@ def _merge_skipped(options: PackOptions, sink: ErrorSink, metas: list[dict]) -> 
         for code, n in part.counts.items():
             total.counts[code] = total.counts.get(code, 0) + n
     # each part's entries are its first MAX_LOGGED in input order, so together they hold the first overall
-    order = {src: i for i, (_, src, _) in enumerate(expand_inputs(options.reading.inputs))}
+    inputs = expand_inputs(options.reading.inputs, options.reading.files.input_format)
+    order = {src: i for i, (_, src, _) in enumerate(inputs)}
     entries = sorted(
         sink.entries + encoding.entries,
         key=lambda e: (order.get(e["source"], len(order)), str(e["source"]), e["row"] or 0),

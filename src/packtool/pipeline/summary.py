@@ -113,12 +113,13 @@ def build_manifest(
 def input_entries(fingerprint: list[dict], counts: dict[str, int]) -> list[dict]:
     """The inputs' entries for the manifest, each with the samples it gave (a folder's files add up)."""
     out = []
+    entries = {entry["source"] for entry in fingerprint}
     for entry in fingerprint:
         src = entry["source"]
         mine = counts.get(src, 0)
-        if os.path.isdir(src):  # a folder read as one input: its files are the sources
-            prefix = src.rstrip("/") + "/"
-            mine += sum(n for s, n in counts.items() if s.startswith(prefix))
+        if os.path.isdir(src):  # a folder read as one input: its files are the sources (not the inputs
+            prefix = src.rstrip("/") + "/"  # of their own below it: `docs docs/sub` reads sub twice)
+            mine += sum(n for s, n in counts.items() if s.startswith(prefix) and s not in entries)
         path = None if src.startswith("hf:") else os.path.abspath(src)
         out.append({**entry, "num_samples": mine, "path": path})
     return out

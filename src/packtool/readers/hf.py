@@ -40,10 +40,10 @@ def _iter_dataset(ds, source: str, batch_rows: int, lazy: bool = False) -> Itera
     files = _arrow_files(ds, source) if lazy else None
     if files is not None:
         row = 0
-        for path, num_rows in files:
+        for path, num_rows, nbytes in files:
             for start in range(0, num_rows, batch_rows):
                 n = min(batch_rows, num_rows - start)
-                yield HfRows(source, path, start, n, row + start, ds.data.schema)
+                yield HfRows(source, path, start, n, row + start, ds.data.schema, row_bytes=nbytes / num_rows)
             row += num_rows
         return
     table = ds.data.table if hasattr(ds, "data") else None
@@ -60,8 +60,8 @@ def _iter_dataset(ds, source: str, batch_rows: int, lazy: bool = False) -> Itera
         row += batch.num_rows
 
 
-def _arrow_files(ds, source: str) -> list[tuple[str, int]] | None:
-    """The dataset's Arrow files and their row counts, when the dataset is exactly those files' rows in
+def _arrow_files(ds, source: str) -> list[tuple[str, int, int]] | None:
+    """The dataset's Arrow files, their row counts and bytes, when the dataset is exactly those files' rows in
     order: no indices mapping, each file once and of the dataset's schema, their rows adding up to the
     dataset's (so no file is sliced: a split such as ``train[:10%]`` is not). Else ``None``: the driver
     reads the dataset."""
@@ -78,8 +78,8 @@ def _arrow_files(ds, source: str) -> list[tuple[str, int]] | None:
             return None
         if not table.schema.equals(ds.data.schema):
             return None
-        files.append((path, table.num_rows))
-    if sum(n for _, n in files) != ds.num_rows:
+        files.append((path, table.num_rows, table.nbytes))
+    if sum(n for _, n, _ in files) != ds.num_rows:
         return None
     return files
 

@@ -40,12 +40,14 @@ class HfRows:
     first_row: int
     schema: pa.Schema
     row_kind: str = "row"
+    row_bytes: float = 0.0  # the bytes a row of its file takes, on average
 
     def slice(self, offset: int, length: int) -> HfRows:
         length = min(length, self.num_rows - offset)
         return HfRows(
-            self.source, self.path, self.start + offset, length, self.first_row + offset, self.schema
-        )
+            self.source, self.path, self.start + offset, length, self.first_row + offset, self.schema,
+            row_bytes=self.row_bytes,
+        )  # fmt: skip
 
     def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
         """The rows as ``SourceBatch`` objects (0-based rows of the dataset), memory-mapped."""

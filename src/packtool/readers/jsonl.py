@@ -36,7 +36,7 @@ import pyarrow.json as pj
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, UsedFields, batch_from_pylist, resolve_used
 from packtool.readers.compressed import is_compressed, open_input
-from packtool.readers.lines import SCAN_BLOCK, line_ranges, read_span, split_lines
+from packtool.readers.lines import PIECE_BYTES, SCAN_BLOCK, line_ranges, read_span, split_lines
 
 
 def read_jsonl(
@@ -47,11 +47,13 @@ def read_jsonl(
     lazy: bool = False,
     used_fields: UsedFields = None,
 ) -> Iterator[SourceBatch | JsonlLines]:
-    """Yield batches of at most ``batch_rows`` records from a JSON Lines or JSON-array file.
+    """Yield batches of at most ``batch_rows`` records from a JSON Lines or JSON-array file (read line by
+    line, at most ``lines.PIECE_BYTES`` of lines, or one longer line, too).
 
     With ``lazy``, a JSON Lines file is read here only up to its first record (the caller sees its
-    fields); the rest is yielded as ``JsonlLines``, ranges of ``batch_rows`` lines that the process
-    encoding them reads and parses (``load``), found by one scan for newlines. A JSON array is read here.
+    fields); the rest is yielded as ``JsonlLines``, ranges of at most ``batch_rows`` lines and
+    ``PIECE_BYTES`` bytes that the process encoding them reads and parses (``load``), found by one scan
+    for newlines. A JSON array is read here.
 
     ``used_fields`` (see ``base.UsedFields``) names the fields the caller reads: a field outside them whose
     values cannot be one column is left out instead of being an error; the ranges carry the set resolved
@@ -120,9 +122,11 @@ def _parse_lines(
     ones go to ``sink``."""
     records: list[dict] = []
     lines: list[int] = []
+    size = 0  # bytes of the lines in ``records``: a batch holds at most PIECE_BYTES (or one longer line)
     for lineno, raw in numbered:
         if not raw.strip():
             continue
+        size += len(raw)
         if _too_deep(raw):
             message = f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
             sink.bad(_line_error(message, path, lineno, "too_deep"))
@@ -146,10 +150,10 @@ def _parse_lines(
             continue
         records.append(rec)
         lines.append(lineno)
-        if len(records) >= batch_rows:
+        if len(records) >= batch_rows or size >= PIECE_BYTES:
             rows = np.asarray(lines, dtype=np.int64)
             yield batch_from_pylist(records, path, rows, "line", sink, text_field, used_fields)
-            records, lines = [], []
+            records, lines, size = [], [], 0
     if records:
         rows = np.asarray(lines, dtype=np.int64)
         yield batch_from_pylist(records, path, rows, "line", sink, text_field, used_fields)

@@ -4,6 +4,10 @@ The driver scans a file once for newlines (``line_ranges``: NumPy over 16 MiB bl
 decoded) and cuts it into ranges of whole lines; the process that encodes a range reads its bytes itself
 (``read_span``) and splits them into the same lines, with the same 1-based line numbers, as reading the
 whole file line by line would give (``split_lines``).
+
+A range holds at most a number of lines and at most ``PIECE_BYTES`` of them (a longer line is a range
+of its own), so that a file of long documents is handed out, read and reported to the progress bar in
+pieces of a few MiB, as one of short lines is: where a range ends depends on the file alone.
 """
 
 from __future__ import annotations
@@ -15,32 +19,57 @@ import numpy as np
 from packtool.errors import InputError
 
 SCAN_BLOCK = 1 << 24  # bytes scanned for newlines at a time
+PIECE_BYTES = 4 << 20  # bytes of input a range (or a batch read by the driver) holds at most
 
 
-def line_ranges(path: str, lines_per_piece: int) -> Iterator[tuple[int, np.ndarray]]:
-    """``(first_line, line_starts)`` for consecutive ranges of ``lines_per_piece`` lines of ``path`` (the
-    last range may be shorter); ``line_starts`` holds each line's byte offset, then where the range ends.
-    A last line without a newline is a line; an empty file has none."""
-    pending = [np.zeros(1, dtype=np.int64)]  # line starts not handed out yet (the first one included)
-    count, first_line, pos = 0, 1, 0  # count: lines in pending whose end is known
+def line_ranges(
+    path: str, lines_per_piece: int, bytes_per_piece: int | None = None
+) -> Iterator[tuple[int, np.ndarray]]:
+    """``(first_line, line_starts)`` for consecutive ranges of ``lines_per_piece`` lines of ``path``, or
+    fewer where they would span more than ``bytes_per_piece`` bytes (default ``PIECE_BYTES``; at least
+    one line each); ``line_starts`` holds each line's byte offset, then where the range ends. A last line
+    without a newline is a line; an empty file has none."""
+    bytes_per_piece = bytes_per_piece or PIECE_BYTES
+    pending = np.zeros(1, dtype=np.int64)  # line starts not handed out yet (the first one included)
+    first_line, pos = 1, 0
     with open(path, "rb") as f:
         while block := f.read(SCAN_BLOCK):
             ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10) + (pos + 1)
             pos += len(block)
-            pending.append(ends)
-            count += len(ends)
-            if count >= lines_per_piece:
-                starts = np.concatenate(pending)
-                full = count // lines_per_piece * lines_per_piece
-                for a in range(0, full, lines_per_piece):
-                    yield first_line + a, starts[a : a + lines_per_piece + 1]
-                first_line += full
-                pending, count = [starts[full:]], count - full
-    starts = np.concatenate(pending)
-    if starts[-1] < pos:  # a last line without a newline
-        starts = np.append(starts, pos)
-    if len(starts) > 1:
-        yield first_line, starts
+            pending = np.concatenate([pending, ends])
+            cuts = _cuts(pending, lines_per_piece, bytes_per_piece, final=False)
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+                yield first_line + a, pending[a : b + 1]
+            first_line += cuts[-1]
+            pending = pending[cuts[-1] :]
+    if pending[-1] < pos:  # a last line without a newline
+        pending = np.append(pending, pos)
+    cuts = _cuts(pending, lines_per_piece, bytes_per_piece, final=True)
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        yield first_line + a, pending[a : b + 1]
+
+
+def _cuts(starts: np.ndarray, most_lines: int, most_bytes: int, final: bool) -> list[int]:
+    """Where ranges of the lines ``starts`` delimits end, from 0: ``[0, b1, b2, ...]``. Each range is
+    the most lines, up to ``most_lines``, whose span is at most ``most_bytes`` (one line at least).
+    Unless ``final``, a range is cut only where the lines after it could not change it (more lines are
+    still to come), so the ranges depend on the file, not on how it was read.
+
+    >>> _cuts(np.array([0, 10, 20, 30, 40, 50]), 2, 100, final=True)
+    [0, 2, 4, 5]
+    >>> _cuts(np.array([0, 10, 20, 300, 310]), 100, 25, final=False)
+    [0, 2, 3]
+    """
+    last = len(starts) - 1  # lines whose end is known
+    cuts, a = [0], 0
+    while a < last:
+        within = int(np.searchsorted(starts, starts[a] + most_bytes, side="right")) - 1
+        b = max(a + 1, min(a + most_lines, within))
+        if b > last or (not final and b == last and within >= last and a + most_lines > last):
+            break  # the lines to come could still join this range
+        cuts.append(b)
+        a = b
+    return cuts
 
 
 def read_span(source: str, start: int, end: int, first_line: int) -> bytes:

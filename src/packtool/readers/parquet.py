@@ -112,9 +112,10 @@ def read_parquet(path: str, batch_rows: int = BATCH_ROWS, lazy: bool = False) ->
         md, schema = pf.metadata, plain_type(pf.schema_arrow)
         row = 0
         for g in range(md.num_row_groups):
-            n = md.row_group(g).num_rows
+            group = md.row_group(g)
+            n = group.num_rows
             if n:
-                yield ParquetRows(path, row, n, schema)
+                yield ParquetRows(path, row, n, schema, row_bytes=group.total_byte_size / n)
             row += n
         return
     row = 0
@@ -132,6 +133,7 @@ class ParquetRows:
 
     It stands for a ``SourceBatch`` until ``load()`` reads it (``num_rows``, ``source``, ``row_kind``,
     ``schema`` and ``slice`` are the same); pickling it costs a few bytes whatever the rows hold.
+    ``row_bytes``: the bytes a row of its row group takes uncompressed, on average (the footer's).
 
     >>> # rows 100..149 of a file, read where they are encoded
     >>> # piece = ParquetRows("train.parquet", 100, 50, schema); batches = piece.load()
@@ -142,10 +144,11 @@ class ParquetRows:
     num_rows: int
     schema: pa.Schema
     row_kind: str = "row"
+    row_bytes: float = 0.0
 
     def slice(self, offset: int, length: int) -> ParquetRows:
         length = min(length, self.num_rows - offset)
-        return ParquetRows(self.source, self.start + offset, length, self.schema)
+        return ParquetRows(self.source, self.start + offset, length, self.schema, row_bytes=self.row_bytes)
 
     def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
         """The rows as ``SourceBatch`` objects (several if they span row groups or read batches)."""

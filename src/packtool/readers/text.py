@@ -1,19 +1,21 @@
 """Plain text -> ``SourceBatch`` stream with one column, ``text``.
 
-A ``.txt`` file gives one sample per non-blank line; a directory of ``.txt`` files gives one sample per
-file (see ``read_text_dir``). A UTF-8 byte order mark at the start of a file is dropped.
+A ``.txt`` file gives one sample per non-blank line; a directory of text files gives one sample per
+file (see ``read_text_dir``), each decompressed if it is compressed. A UTF-8 byte order mark at the
+start of a file is dropped.
 
 **Lazy.** With ``lazy=True`` (what ``packtool pack`` uses) nothing is decoded here: a ``.txt`` file is
 scanned for newlines and yielded as ``TextLines`` (line ranges), a directory as ``TextFiles`` (its file
 names); the process that encodes a range reads and decodes it (``load(sink)``), with the same records,
-line numbers and errors as the whole-file reader.
+line numbers and errors as the whole-file reader. Ranges and batches hold at most ``PIECE_BYTES`` of
+input (or one line or file, if longer), so long documents are handed out a few MiB at a time.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +23,7 @@ import pyarrow as pa
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
 from packtool.readers.compressed import is_compressed, open_input
-from packtool.readers.lines import line_ranges, read_span, split_lines
+from packtool.readers.lines import PIECE_BYTES, line_ranges, read_span, split_lines
 
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: not part of the text
 
@@ -34,8 +36,9 @@ def read_text_lines(
     lazy: bool = False,
 ) -> Iterator[SourceBatch | TextLines]:
     """One sample per non-blank line; line numbers are 1-based. A line that is not UTF-8 goes to ``sink``.
+    Batches of at most ``batch_rows`` lines and ``PIECE_BYTES`` bytes (or one longer line).
 
-    With ``lazy``, ranges of ``batch_rows`` lines (``TextLines``) from one scan for newlines, read later."""
+    With ``lazy``, such ranges (``TextLines``) from one scan for newlines, read later."""
     if lazy and not is_compressed(path):  # a compressed file has no byte ranges: read here
         for first_line, starts in line_ranges(path, batch_rows):
             yield TextLines(path, first_line, starts, text_field)
@@ -50,6 +53,7 @@ def _parse_lines(
     """``(line number, raw line)`` pairs -> batches of the non-blank lines' texts; bad ones go to ``sink``."""
     raws: list[bytes] = []
     lines: list[int] = []
+    size = 0
     for lineno, raw in numbered:
         raw = raw.rstrip(b"\r\n")
         if lineno == 1 and raw.startswith(_BOM):  # a UTF-8 byte order mark, as JSON Lines drop it
@@ -58,9 +62,10 @@ def _parse_lines(
             continue
         raws.append(raw)
         lines.append(lineno)
-        if len(raws) >= batch_rows:
+        size += len(raw)
+        if len(raws) >= batch_rows or size >= PIECE_BYTES:
             yield from _texts(path, raws, lines, text_field, "line", sink)
-            raws, lines = [], []
+            raws, lines, size = [], [], 0
     if raws:
         yield from _texts(path, raws, lines, text_field, "line", sink)
 
@@ -114,27 +119,42 @@ def read_text_dir(
     sink: ErrorSink | None = None,
     lazy: bool = False,
 ) -> Iterator[SourceBatch | TextFiles]:
-    """One sample per file (sorted by name); the row is the file's index in that order.
+    """One sample per file, in the order of ``files`` (the directory's, sorted); the row is the file's
+    index in that order. Ranges of at most ``batch_rows`` files and ``PIECE_BYTES`` bytes on disk (or one
+    larger file).
 
-    With ``lazy``, ranges of ``batch_rows`` file names (``TextFiles``), read later."""
-    for start in range(0, len(files), batch_rows):
-        part = TextFiles(source, files[start : start + batch_rows], start, text_field)
+    With ``lazy``, those ranges (``TextFiles``), read later."""
+    sizes = np.fromiter((os.path.getsize(f) for f in files), dtype=np.int64, count=len(files))
+    ends = np.cumsum(sizes)
+    start = 0
+    while start < len(files):
+        before = int(ends[start - 1]) if start else 0
+        within = int(np.searchsorted(ends, before + PIECE_BYTES, side="right"))
+        stop = max(start + 1, min(start + batch_rows, within))
+        part = TextFiles(source, files[start:stop], start, text_field, sizes=sizes[start:stop])
         if lazy:
             yield part
         else:
             yield from part.load(sink)
+        start = stop
 
 
 @dataclass
 class TextFiles:
     """Files ``first_row ..`` (their indices in the directory's sorted list) of the directory ``source``,
-    one sample each, not read yet; ``load(sink)`` reads them."""
+    one sample each, not read yet; ``load(sink)`` reads them (decompressing a compressed one).
+    ``sizes``: ``(num_rows,)`` int64, each file's bytes on disk."""
 
     source: str
     files: list[str]
     first_row: int
     text_field: str = "text"
     row_kind: str = "file"
+    sizes: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.sizes is None:
+            self.sizes = np.fromiter(map(os.path.getsize, self.files), dtype=np.int64, count=len(self.files))
 
     @property
     def num_rows(self) -> int:
@@ -145,16 +165,19 @@ class TextFiles:
         return _schema(self.text_field)
 
     def slice(self, offset: int, length: int) -> TextFiles:
+        end = offset + length
         return TextFiles(
-            self.source, self.files[offset : offset + length], self.first_row + offset, self.text_field
-        )
+            self.source, self.files[offset:end], self.first_row + offset, self.text_field,
+            sizes=self.sizes[offset:end],
+        )  # fmt: skip
 
     def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
         """The files' texts (a file that is not UTF-8 goes to ``sink``)."""
         raws: list[bytes] = []
         for file in self.files:
             try:
-                data = Path(file).read_bytes()
+                with open_input(file) as f:
+                    data = f.read()
             except OSError as e:  # a worker reads it: the same one-line error as the driver's reader
                 raise InputError(f"cannot read: {e.strerror or e}", source=file) from None
             raws.append(data[len(_BOM) :] if data.startswith(_BOM) else data)

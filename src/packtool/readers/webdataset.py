@@ -103,6 +103,11 @@ class TarSamples:
         extensions = sorted({ext for _, members in self.samples for ext, _, _ in members})
         return pa.schema([(KEY, pa.string())] + [(e, _type(e)) for e in extensions])
 
+    @property
+    def sizes(self) -> np.ndarray:
+        """``(num_rows,)`` int64: each sample's bytes in the tar (what a chunk's size counts)."""
+        return np.array([sum(size for _, _, size in members) for _, members in self.samples], dtype=np.int64)
+
     def slice(self, offset: int, length: int) -> TarSamples:
         return TarSamples(self.source, self.samples[offset : offset + length], self.first_row + offset)
 

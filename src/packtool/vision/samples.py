@@ -54,8 +54,9 @@ IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # a captioning sample's image
 
 @dataclass(frozen=True)
 class LoadedImage:
-    """An image as read for its sample: its bytes, their XXH3-128 ``digest``, its ``size`` from the header,
-    and for a file its resolved ``path`` and ``stamp`` (an image held in the record has neither)."""
+    """An image as read for its sample: its bytes' XXH3-128 ``digest``, its ``size`` from the header, and
+    either the bytes the record held (``data``) or, for a file, its resolved ``path`` and ``stamp`` (its
+    bytes are not kept: a chunk of samples holds no image file in memory)."""
 
     name: str
     data: bytes
@@ -96,7 +97,9 @@ class ImageRef:
         else:
             data, stamp = read_image_file(self.path, self.name)
         size = image_size(data, self.name)
-        return LoadedImage(self.name, data, image_digest(data), size, self.path, stamp)
+        # a file's bytes are read again when its pack is written: only the bytes a record held are kept
+        kept = data if self.path is None else b""
+        return LoadedImage(self.name, kept, image_digest(data), size, self.path, stamp)
 
 
 @dataclass

@@ -84,6 +84,30 @@ def test_model_directory_through_auto_tokenizer(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("where", ["tokenizer_config.json", "config.json"])
+def test_a_directory_whose_tokenizer_is_its_own_code_is_refused_before_transformers_asks(
+    tmp_path, capfd, where
+):
+    """``auto_map`` sends AutoTokenizer to code shipped in the directory: transformers would print "Do you
+    wish to run the custom code? [y/N]" and wait for the terminal before refusing. packtool refuses first,
+    in one line naming the way out, and the code never runs."""
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(DEMO_TOKENIZER, model / "tokenizer.json")
+    (model / "tokenization_mine.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    auto_map = {"auto_map": {"AutoTokenizer": ["tokenization_mine.MineTokenizer", None]}}
+    (model / where).write_text(json.dumps({"tokenizer_class": "MineTokenizer", **auto_map}))
+    with pytest.raises(ConfigError) as e:
+        _encode(tmp_path, [{"text": t} for t in TEXTS], tokenizer=str(model))
+    assert str(e.value) == (
+        f"tokenizer {model}: its {where} maps AutoTokenizer to code in the directory (auto_map: "
+        f"tokenization_mine.MineTokenizer), which packtool does not run; pass {model / 'tokenizer.json'} "
+        "instead (the fast tokenizer alone: no code), or wrap the tokenizer in a module:callable encoder "
+        "you trust"
+    )
+    assert "custom code" not in "".join(capfd.readouterr()) and not (tmp_path / "ran").exists()
+
+
 def test_pretokenized_keeps_labels_and_loss_mask(tmp_path):
     rows = [
         {"input_ids": [1, 2, 3], "labels": [2, 3, -100], "loss_mask": [0, 1, 1]},

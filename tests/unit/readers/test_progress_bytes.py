@@ -53,3 +53,17 @@ def test_encode_bar_moves_within_a_chunk(tmp_path):
         bars = [b for b in proc.stderr.replace("\r", "\n").splitlines() if b.startswith("encode:")]
         positions = {b.split("|")[2].split("[")[0].strip() for b in bars}
         assert len(positions) > 2 + 1, bars  # more than once per chunk, besides 0
+
+
+def test_encode_bar_moves_on_long_documents(tmp_path):
+    """30 documents of 300,000 characters, fewer lines than one range of 2,048: they are handed out in
+    pieces of a few MiB, so the bar moves as they are encoded instead of sitting at 0% to the end."""
+    words = " ".join(f"w{i % 13}" for i in range(100_000))[:300_000]
+    src = tmp_path / "long.jsonl"
+    src.write_text("".join(json.dumps({"text": f"{i} {words}"}) + "\n" for i in range(30)))
+    proc = run_cli("pack", src, "-o", tmp_path / "out", "--tokenizer", DEMO_TOKENIZER,
+                   "--packed-sequence-size", 4096, "--split-across-pack", "--num-proc", 1,
+                   env={"TQDM_MININTERVAL": "0", "TQDM_MINITERS": "1"})  # fmt: skip
+    bars = [b for b in proc.stderr.replace("\r", "\n").splitlines() if b.startswith("encode:")]
+    percents = [int(b.split("%")[0].split()[-1]) for b in bars]
+    assert any(0 < p < 100 for p in percents), bars  # it moved before the end

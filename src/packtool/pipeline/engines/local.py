@@ -16,6 +16,7 @@ their tasks (``close(now=True)``; ``pipeline.interrupt``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import forkserver
+from multiprocessing import forkserver, resource_tracker
 from typing import Any
 
 from packtool.errors import WorkerDied
@@ -67,6 +68,7 @@ class LocalEngine:
                 yield fn(task)
             return
         if self._pool is None:
+            start_forkserver(self.num_proc)  # started with SIGINT held off (when not started already)
             self._pool = ProcessPoolExecutor(
                 self.num_proc,
                 mp_context=_context(self.preload),
@@ -107,14 +109,17 @@ class LocalEngine:
         """Shut the pool down once its tasks are done or, with ``now`` (the run is failing or was
         interrupted), at once: the workers are killed rather than left to finish the chunks they hold
         (a chunk or shard is whole on disk or absent, so a resume is not harmed), and the driver stops
-        within a moment instead of after the slowest running task."""
+        within a moment instead of after the slowest running task. A worker the forkserver had forked but
+        the pool not yet counted (a Ctrl-C as the pool starts) is killed too: the forkserver, which outlives
+        its last worker, would otherwise keep the driver waiting for it."""
         if self._pool is not None:
             if now:
                 for process in list((getattr(self._pool, "_processes", None) or {}).values()):
                     process.kill()
+                _kill_forkserver_children()
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-            _stop_forkserver()
+            _stop_forkserver(now)
 
 
 def thread_map(fn: Callable[[Any], Any], tasks: Iterable[Any], workers: int) -> Iterator[Any]:
@@ -143,13 +148,66 @@ def thread_map(fn: Callable[[Any], Any], tasks: Iterable[Any], workers: int) -> 
                 f.cancel()
 
 
-def _stop_forkserver() -> None:
+STOP_WAIT = 2.0  # seconds a stopping job gives the forkserver to reap the workers it killed
+
+
+def _stop_forkserver(now: bool = False) -> None:
     """Stop the forkserver and reap it, so that its workers' CPU time counts in this process's children
-    (``wait4``, ``time``) as spawned workers' does; a later pool starts a new one."""
+    (``wait4``, ``time``) as spawned workers' does; a later pool starts a new one. With ``now`` (a job
+    stopping) it is killed, its workers first (it reaps them, within ``STOP_WAIT`` seconds): it may be in
+    the middle of its imports (a Ctrl-C early in a run), when it would see its pipe close only after them,
+    or still serve a worker the pool has not counted, which it would wait for."""
+    server = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    if now:
+        _kill_forkserver_children()
+        deadline = time.monotonic() + STOP_WAIT
+        while _children_of(pid) and time.monotonic() < deadline:  # it reaps them as they die
+            time.sleep(0.01)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
     try:
-        forkserver._forkserver._stop()
+        server._stop()  # closes its pipe and waits for it
     except (AttributeError, OSError):  # no such private helper in this Python: it exits with the job
         pass
+
+
+def _kill_forkserver_children() -> None:
+    """SIGKILL every process the forkserver forked (workers, counted by a pool or not yet); Linux, where
+    it is used, tells them from ``/proc``."""
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    for child in _children_of(pid) if pid is not None else ():
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+
+
+def _children_of(pid: int) -> list[int]:
+    """The live (not yet reaped) children of process ``pid``, from ``/proc`` (none where there is none)."""
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(name))
+    return out
+
+
+def stop_helpers() -> None:
+    """End at once, and reap, the workers' forkserver and any worker it forked, for a job that stops
+    (Ctrl-C) before or while its engine starts, so that it exits leaving no process behind. (The resource
+    tracker, which unlinks the pool's semaphores, exits on its own as this process does.)"""
+    _stop_forkserver(now=True)
 
 
 def _exit_reason(code: int) -> str:
@@ -174,7 +232,27 @@ def start_forkserver(num_proc: int, preload: tuple[str, ...] = ()) -> None:
         return
     ctx = _context(preload)
     if ctx.get_start_method() == "forkserver":
-        forkserver.ensure_running()
+        # the resource tracker first: starting it, multiprocessing unblocks SIGINT, whatever was blocked
+        resource_tracker.ensure_running()
+        with _sigint_held():
+            forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def _sigint_held() -> Iterator[None]:
+    """SIGINT blocked in this thread while a helper process is started (as ``multiprocessing``'s resource
+    tracker starts its own): the process starts with it blocked, so a Ctrl-C while it imports
+    ``packtool.pipeline`` (a second or more, under load) is not a ``KeyboardInterrupt`` traceback of its
+    own, and once it has set SIGINT aside, as the forkserver does, it never is. Here a Ctrl-C that came
+    meanwhile is delivered as the block is lifted."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _context(preload: tuple[str, ...] = ()) -> mp.context.BaseContext:
