@@ -60,7 +60,7 @@ def test_a_documentation_tree_packs_with_its_subdirectories_and_says_what_it_lef
     by_name = run_cli("pack", tree, "-o", tmp_path / "a", *tok, "--strategy", "sequential")
     assert (
         f"packtool: warning: {tree}: 2 files of no known format not read (pkg-b/README, "
-        "pkg-b/changelog.Debian.gz; known: .jsonl .json .ndjson .parquet .txt, compressed or not; "
+        "pkg-b/changelog.Debian.gz; known: .jsonl .json .ndjson .parquet .txt .tar, compressed or not; "
         "--input-format text reads every file as text)"
     ) in by_name.stderr.splitlines()
     assert f"packtool: note: {tree}: 1 hidden entry left out (.git)" in by_name.stderr

@@ -118,8 +118,7 @@ def test_a_killed_vision_job_resumes_from_its_chunks_and_encodes_again_those_who
     assert "resumed: 3 of 24 chunks" in resumed.stderr
     got = files(out)
     shutil.rmtree(out)
-    assert cli(vision, out, "-q", inputs=[data]).returncode == 0
-    assert files(out) == got  # as a run that never stopped, over the new image
+    assert pack(vision, out, inputs=[data]) == got  # as a run that never stopped, over the new image
 
 
 # 4. inputs ----------------------------------------------------------------------------------------------
@@ -194,20 +193,28 @@ def test_the_first_bad_record_is_named_when_a_later_line_is_not_json(vision, tmp
         run_pack(PackOptions.from_dict(values), progress=False)
 
 
-@pytest.mark.parametrize("kind", ["fifo", "device"])
-def test_an_image_that_is_no_regular_file_is_refused_at_once(vision, tmp_path, kind):
+def test_an_image_that_is_no_regular_file_is_refused_at_once(vision, tmp_path):
+    """A FIFO (reading it would wait for a writer for ever) and a link to a device (reading it would never
+    end): each a bad record, named, and the run ends."""
     images = tmp_path / "images"
     images.mkdir()
-    if kind == "fifo":
-        os.mkfifo(images / "a.png")  # nothing ever writes to it: reading it would wait for ever
-    else:
-        (images / "a.png").symlink_to("/dev/zero")  # reading it would never end
-    data = write_jsonl(tmp_path / "data.jsonl", llava_rows()[:1])
-    proc = cli(vision, tmp_path / "out", inputs=[data], timeout=60)
-    assert proc.returncode == 3, proc.stderr
-    what = "a FIFO" if kind == "fifo" else "a character device"
-    assert f"line 1, field 'image': image 0 (images/a.png): is {what}, not a regular file" in proc.stderr
-    assert not (tmp_path / "out").exists() and not (tmp_path / "out.lock").exists()
+    os.mkfifo(images / "fifo.png")
+    (images / "zero.png").symlink_to("/dev/zero")
+    one = llava_rows()[0]
+    rows = [{**one, "image": "images/fifo.png"}, {**one, "image": "images/zero.png"}, llava_rows()[2]]
+    data = write_jsonl(tmp_path / "data.jsonl", rows)
+    proc = cli(vision, tmp_path / "out", "--on-error", "skip", "-q", inputs=[data], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    logged = [json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()]
+    assert [(e["row"], e["field"], e["reason"]) for e in logged] == [
+        (1, "image", "bad_image"),
+        (2, "image", "bad_image"),
+    ]
+    assert "image 0 (images/fifo.png): is a FIFO, not a regular file" in logged[0]["message"]
+    assert "image 0 (images/zero.png): is a character device, not a regular file" in logged[1]["message"]
+    failed = cli(vision, tmp_path / "out2", inputs=[data], timeout=120)
+    assert failed.returncode == 3 and "line 1, field 'image': image 0 (images/fifo.png)" in failed.stderr
+    assert not (tmp_path / "out2").exists() and not (tmp_path / "out2.lock").exists()
 
 
 # 5. and 6. images bound to the run ----------------------------------------------------------------------

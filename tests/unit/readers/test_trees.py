@@ -58,7 +58,7 @@ def test_what_a_directory_holds_unread_is_said(tree):
     assert unread.files == ["pkg-a/README", "pkg-a/copyright", "pkg-b/changelog.Debian.gz"]
     assert unread.warnings() == [
         f"{tree}: 3 files of no known format not read (pkg-a/README, pkg-a/copyright, "
-        "pkg-b/changelog.Debian.gz; known: .jsonl .json .ndjson .parquet .txt, compressed or not; "
+        "pkg-b/changelog.Debian.gz; known: .jsonl .json .ndjson .parquet .txt .tar, compressed or not; "
         "--input-format text reads every file as text)"
     ]
     assert unread.note() == f"{tree}: 3 hidden entries left out (.git, pkg-a/.hidden-dir, pkg-a/.notes.txt)"
@@ -88,7 +88,7 @@ def test_a_directory_of_no_known_file_names_what_it_holds(tmp_path):
     with pytest.raises(InputError) as e:
         expand_inputs([str(docs)])
     assert str(e.value) == (
-        f"{docs}: directory holds no file of a known format (.jsonl .json .ndjson .parquet .txt, "
+        f"{docs}: directory holds no file of a known format (.jsonl .json .ndjson .parquet .txt .tar, "
         "compressed or not): it holds 4 files (INSTALL, README, copyright and 1 more); --input-format "
         "text reads every file as text"
     )

@@ -200,7 +200,7 @@ def test_the_loader_gives_each_family_s_inputs_for_a_pack(family_dirs, few_sampl
         "seq_lens": np.array([len(s) for s in sequences], np.int32),
         "image_offset": np.concatenate([s.image_offsets + a for s, a in zip(sequences, starts, strict=True)]),
         "image_length": np.concatenate([s.image_lengths for s in sequences]),
-        "images": [ref.load().data for s in chosen for ref in s.images],
+        "images": [Path(ref.path).read_bytes() if ref.path else ref.data for s in chosen for ref in s.images],
         "pack_index": 0,
     }
     out = VisionTaskEncoder(vp, mask="dense").encode_sample(pack)
