@@ -137,6 +137,8 @@ class Expander:
         self.arithmetic: tuple[str, str, str, int] | None = None  # (prefix, token, suffix, count offset)
         self.cross_attention = False
         self._cache: OrderedDict[tuple[int, int, int], Expansion] = OrderedDict()  # most recent last
+        self._counts: dict[tuple[int, int], int] = {}  # counts asked for ahead (``prefetch``), not used yet
+        self._template: tuple[Expansion, int, int] | None | bool = None  # the arithmetic shape's (below)
         self._spot_checked = 0
         self._dummy_small = Image.new("RGB", (1, 1))
 
@@ -307,6 +309,23 @@ class Expander:
         return found
 
     # --- the expansion of one size ------------------------------------------------------------------
+    def prefetch(self, sizes: list[tuple[int, int]]) -> None:
+        """Ask the processor for the counts of ``sizes`` (``(height, width)``) it has no expansion of yet in
+        one call, where its arithmetic holds: its ``_get_num_multimodal_tokens`` costs about as much for one
+        size as for hundreds (its keyword arguments are merged and checked on every call). A size the
+        processor refuses is left to ``expansion``, which names it."""
+        if self.arithmetic is None or self.per_image_count:
+            return
+        todo = list(dict.fromkeys((int(h), int(w)) for h, w in sizes))
+        todo = [k for k in todo if (*k, 1) not in self._cache and k not in self._counts]
+        if not todo:
+            return
+        try:
+            counts = self.processor._get_num_multimodal_tokens(image_sizes=todo)["num_image_tokens"]
+        except Exception:  # noqa: BLE001 - one size refused: each is asked alone, and named, by expansion
+            return
+        self._counts.update(zip(todo, (int(n) for n in counts), strict=True))
+
     def expansion(self, height: int, width: int, images: int = 1) -> Expansion:
         """What the processor writes for an image of ``height x width`` in a sample of ``images`` images.
         ``ValueError`` where the processor refuses the size (its message)."""
@@ -315,7 +334,11 @@ class Expander:
         if cached is not None:
             self._cache.move_to_end(key)
             return cached
-        text = self._arithmetic_text(key[0], key[1])
+        n = self._count(key[0], key[1]) if self.arithmetic is not None else None
+        out = self._from_template(n) if n is not None and self._spot_checked >= SPOT_CHECKS else None
+        if out is not None:
+            return self._keep(key, out)
+        text = None if n is None else self._arithmetic_text(n)
         if text is None or self._spot_checked < SPOT_CHECKS:
             own = self._own_text(*key)
             if text is not None:
@@ -327,20 +350,54 @@ class Expander:
                         "count it exactly"
                     )
             text = own
-        out = self._expansion_of(text)
+        return self._keep(key, self._expansion_of(text))
+
+    def _keep(self, key: tuple[int, int, int], out: Expansion) -> Expansion:
         self._cache[key] = out
         if len(self._cache) > CACHED_SIZES:  # a worker's memory stays bounded however many sizes it meets
             self._cache.popitem(last=False)
         return out
 
-    def _arithmetic_text(self, height: int, width: int) -> str | None:
-        if self.arithmetic is None:
-            return None
+    def _count(self, height: int, width: int) -> int:
+        """The processor's ``_get_num_multimodal_tokens`` count for the size (asked ahead, or now)."""
+        n = self._counts.pop((height, width), None)
+        if n is None:
+            n = self.processor._get_num_multimodal_tokens(image_sizes=[(height, width)])["num_image_tokens"][
+                0
+            ]
+        return int(n)
+
+    def _arithmetic_text(self, n: int) -> str:
         prefix, token, suffix, offset = self.arithmetic
-        n = int(
-            self.processor._get_num_multimodal_tokens(image_sizes=[(height, width)])["num_image_tokens"][0]
-        )
         return prefix + token * (n - offset) + suffix
+
+    def _from_template(self, n: int) -> Expansion | None:
+        """The expansion of a size whose count is ``n``, from the arithmetic shape's: ``prefix + token x
+        copies + suffix`` collapses to the same text, with the same tokens, for any ``copies`` of 2 or more,
+        and differs only in that run's count (checked once, on 2 and 3 copies); ``None`` where that does
+        not hold (fewer copies, or a shape whose expansions differ otherwise)."""
+        copies = n - self.arithmetic[3]
+        if copies < 2 or self._template is False:
+            return None
+        if self._template is None:
+            two, three = (self._expansion_of(self._arithmetic_text(k + self.arithmetic[3])) for k in (2, 3))
+            runs = [i for i, (a, b) in enumerate(zip(two.runs, three.runs, strict=True)) if a != b]
+            counts = np.flatnonzero(two.span_counts != three.span_counts)
+            same = (two.text, two.span_start, two.span_ids.tolist()) == (
+                three.text, three.span_start, three.span_ids.tolist()
+            )  # fmt: skip
+            if not (same and len(two.runs) == len(three.runs) and len(runs) == 1 and len(counts) == 1):
+                self._template = False
+                return None
+            self._template = (two, runs[0], int(counts[0]))
+        base, r, c = self._template
+        runs = list(base.runs)
+        runs[r] = (runs[r][0], runs[r][1], copies)
+        span_counts = base.span_counts.copy()
+        span_counts[c] = copies
+        return Expansion(
+            base.text, tuple(runs), base.span_start, base.span_ids, span_counts, int(span_counts.sum())
+        )
 
     def _own_text(self, height: int, width: int, images: int) -> str:
         try:

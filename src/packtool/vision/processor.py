@@ -109,6 +109,11 @@ class VisionProcessor:
         """
         return self.expander.expansion(height, width, images)
 
+    def prefetch(self, sizes: list[tuple[int, int]]) -> None:
+        """Count the images of ``sizes`` in one call of the processor where it can (``Expander.prefetch``):
+        ``expansion`` then finds them counted."""
+        self.expander.prefetch(sizes)
+
     @property
     def image_token_id(self) -> int:
         """The processor's ``image_token_id`` (the token LLaVA, Qwen2-VL, Idefics3 repeat; Gemma 3's

@@ -30,7 +30,8 @@ sample, and so possibly an image, between packs.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,7 @@ from packtool.arrays import large_lists, token_lists
 from packtool.encoders.masking import loss_columns
 from packtool.errors import ConfigError, ErrorSink, InputError
 from packtool.vision.expansion import Expansion
+from packtool.vision.images import ImageSize
 from packtool.vision.processor import VisionProcessor
 from packtool.vision.samples import VisionSample, report
 
@@ -243,16 +245,33 @@ def encode_samples(
             kept.append(r.sample)
         rendered.clear()
 
+    for part in _batched(samples, chunk_size):
+        processor.prefetch([(s.height, s.width) for s in _sizes(part)])  # the counts in one call
+        for sample in part:
+            try:
+                rendered.append(_render(processor, sample))
+            except InputError as e:
+                report(sink, e)
+        if rendered:
+            flush()
+    return kept, sequences
+
+
+def _batched(samples: Iterable[VisionSample], n: int) -> Iterator[list[VisionSample]]:
+    it = iter(samples)
+    while part := list(itertools.islice(it, n)):
+        yield part
+
+
+def _sizes(samples: list[VisionSample]) -> list[ImageSize]:
+    """The sizes of the images of ``samples`` that can be read (a bad image is named by ``_render``)."""
+    out = []
     for sample in samples:
         try:
-            rendered.append(_render(processor, sample))
-        except InputError as e:
-            report(sink, e)
-        if len(rendered) >= chunk_size:
-            flush()
-    if rendered:
-        flush()
-    return kept, sequences
+            out += sample.image_sizes()
+        except InputError:
+            continue
+    return out
 
 
 def sample_lengths(sequences: list[VisionSequence]) -> np.ndarray:
