@@ -85,6 +85,19 @@ def large_lists(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType
     return pa.LargeListArray.from_arrays(arrow_array(offsets, pa.int64()), arrow_array(values, value_type))
 
 
+def array_lists(arrays: list[np.ndarray]) -> pa.LargeListArray:
+    """``large_list<int32>`` of NumPy arrays of token ids (one list each), with one concatenation: no
+    Python iteration over their values (``token_lists`` is for Python lists).
+
+    >>> array_lists([np.array([1, 2]), np.zeros(0, int), np.array([3])]).to_pylist()
+    [[1, 2], [], [3]]
+    """
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    flat = np.concatenate(arrays).astype(np.int32, copy=False) if arrays else np.zeros(0, dtype=np.int32)
+    return large_lists(offsets, flat, pa.int32())
+
+
 def token_lists(ids: list[list[int]]) -> pa.LargeListArray:
     """``large_list<int32>`` from Python lists of token ids (a tokenizer's output), via NumPy.
 

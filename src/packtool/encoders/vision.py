@@ -27,7 +27,7 @@ import pyarrow as pa
 # driver's own imports, and every worker forked from it has them
 from transformers import AutoImageProcessor, AutoProcessor  # noqa: F401
 
-from packtool.arrays import token_lists
+from packtool.arrays import array_lists
 from packtool.encoders.base import IMAGE_STRUCT
 from packtool.encoders.masking import apply_empty_loss, loss_columns
 from packtool.readers.base import SourceBatch
@@ -79,7 +79,7 @@ class VisionEncoder:
                     "image",
                     "image_too_large",
                 )
-        ids = token_lists([s.input_ids for s in sequences])
+        ids = array_lists([s.input_ids for s in sequences])
         trained = np.concatenate([s.trained for s in sequences]) if sequences else np.zeros(0, bool)
         labels, loss_mask = loss_columns(ids, trained, self.labels)
         fields = ["conversations" if "conversations" in batch.schema.names else "messages"] * len(samples)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from packtool.arrays import large_lists, token_lists
+from packtool.arrays import array_lists, large_lists
 from packtool.encoders.masking import loss_columns
 from packtool.errors import ConfigError, ErrorSink, InputError
 from packtool.vision.expansion import Expansion
@@ -291,7 +291,7 @@ def sequence_columns(sequences: list[VisionSequence], labels: str = "shifted") -
     >>> rb.column("labels").to_pylist(), rb.column("image_offsets").to_pylist()
     ([[-100, -100, 6, 7, -100]], [[1]])
     """
-    ids = token_lists([s.input_ids for s in sequences])
+    ids = array_lists([s.input_ids for s in sequences])
     trained = np.concatenate([s.trained for s in sequences]) if sequences else np.zeros(0, dtype=bool)
     label_column, mask_column = loss_columns(ids, trained, labels)
 
