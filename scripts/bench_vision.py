@@ -37,7 +37,7 @@ The loader (``--loader-samples``, 0 to skip; ``make bench`` runs it alone with `
 Prints images/s of each and their ratio.
 
 ``--scale 100000,1000000`` (not in ``make bench``: minutes and gigabytes) packs that many synthetic LLaVA
-samples (``scale_input``: short turns, 0 to 2 images each drawn from 64 small images, reused) with
+samples (``scale_input``: short turns, 0 to 2 images each drawn from 64 small gradient images, reused) with
 ``--num-proc 2`` and prints a markdown row per size: wall time, samples/s, the peak RSS of the whole process
 tree and of its largest process, the fill rate and the packs against the lower bound, the output's size.
 Figures belong in docs/performance.md.
@@ -301,9 +301,11 @@ def scale_input(work: Path, samples: int) -> Path:
         return path
     rng = np.random.default_rng(0)
     (work / "images").mkdir(parents=True, exist_ok=True)
-    for k in range(64):
+    for k in range(64):  # smooth gradients: a few kB each, so that a million packed images stay small
         w, h = (int(x) for x in rng.integers(32, 257, 2))
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(work / "images" / f"{k}.png")
+        y, x = np.mgrid[0:h, 0:w]
+        pixels = np.stack([x * 255 // w, y * 255 // h, np.full((h, w), 16 * (k % 16))], axis=-1)
+        Image.fromarray(pixels.astype(np.uint8)).save(work / "images" / f"{k}.png")
     kinds = rng.random(samples)
     picks = rng.integers(0, 64, (samples, 2))
     words = rng.integers(3, 40, samples)

@@ -31,11 +31,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-try:
-    import resource  # Unix: the open-file limit
-except ImportError:  # pragma: no cover - Windows
-    resource = None
-
 from packtool.arrays import groups, list_parts
 from packtool.encoders.masking import empty_loss_count
 from packtool.errors import InputError
@@ -44,16 +39,8 @@ from packtool.layout import labels_follow_rule
 from packtool.manifest import IGNORE_INDEX
 from packtool.options import PackOptions
 from packtool.pipeline.content import DIGESTED, chunk_digest, labels_equal_input_ids
-from packtool.pipeline.images import (
-    IMAGE_FILE,
-    ChunkImages,
-    chunk_images,
-    first_changed,
-    flat_images,
-    images_digest,
-    read_chunk_images,
-    write_chunk_images,
-)
+from packtool.pipeline.images import MAPPED, ChunkImages, chunk_images, images_intact, write_chunk_images
+from packtool.pipeline.open_files import default_max_open
 from packtool.pipeline.policy_chunks import policy_chunk
 from packtool.readers.base import SourceBatch
 
@@ -190,10 +177,7 @@ def chunk_intact(work_dir: str | Path, meta: dict) -> bool:
         }
         if "digest" not in meta or chunk_digest([arrays], CHUNK_ARRAYS) != meta["digest"]:
             return False
-        if "images_digest" not in meta:
-            return True
-        images = read_chunk_images(path / IMAGE_FILE)  # and its image files as they were when read
-        return images_digest(images) == meta["images_digest"] and first_changed(flat_images(images)) is None
+        return "images_digest" not in meta or images_intact(path, meta)  # and its image files as they were
     except (OSError, ValueError, pa.ArrowException):
         return False
 
@@ -237,45 +221,7 @@ def labels_rule(options: PackOptions) -> str | None:
     return options.encoding.labels if options.output.columns == "minimal" else None
 
 
-MAX_OPEN = 8192  # chunks mapped at once at most: 33M samples at the default chunk_size of 4096
-OFFSETS_CACHE_BYTES = 64 << 20  # chunks' offsets kept in memory (8 bytes a sample: 8M samples' worth)
-
-
-def _default_max_open() -> int:
-    """Chunks to keep mapped, from the open-file limit: each open chunk holds 2-3 descriptors (its token
-    maps); the soft limit is first raised toward the hard one, as far as ``MAX_OPEN`` chunks need.
-
-    Writing shuffled packs, every gather touches nearly every chunk: when the chunks outnumber the ones
-    kept open, each gather reopens them all (docs/performance.md has what that cost), so the more that
-    stay open the better, within the open-file and memory-map limits.
-    """
-    if resource is None:
-        return 8
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (OSError, ValueError):
-        return 8
-    want = 64 + 3 * MAX_OPEN
-    if soft != resource.RLIM_INFINITY and soft < want:
-        raised = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        if raised > soft:
-            try:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-                soft = raised
-            except (OSError, ValueError):
-                pass
-    by_maps = max(1, (_max_map_count() - 4096) // 3)  # each open chunk is up to 3 mappings
-    if soft == resource.RLIM_INFINITY:
-        return min(MAX_OPEN, by_maps)
-    return max(1, min(MAX_OPEN, by_maps, (soft - 64) // 3))
-
-
-def _max_map_count() -> int:
-    """The kernel's limit on a process's memory mappings (Linux ``vm.max_map_count``; 65530 by default)."""
-    try:
-        return int(Path("/proc/sys/vm/max_map_count").read_text())
-    except (OSError, ValueError):
-        return 65530
+OFFSETS_CACHE_BYTES = 64 << 20  # chunks' small arrays kept in memory (offsets: 8 bytes a sample: 8M samples)
 
 
 @dataclass
@@ -300,20 +246,10 @@ class ChunkStore:
         # every chunk's labels follow the rule the minimal layout rebuilds them by (recorded when encoded)
         self.labels_follow_rule = all(m.get("labels_follow_rule", False) for m in self.metas)
         self.labels_rule = next((m["labels_rule"] for m in self.metas if "labels_rule" in m), None)
-        if self.max_open is None:
-            self.max_open = _default_max_open()
-        self._images: ChunkImages | None = None
-
-    @property
-    def images(self) -> ChunkImages | None:
-        """The images of a vision-language run's samples (``pipeline.images``); ``None`` for text."""
-        if self._images is None and any("num_images" in m for m in self.metas):
-            files = [
-                chunk_dir(self.work_dir, m["index"]) / IMAGE_FILE if "num_images" in m else None
-                for m in self.metas
-            ]
-            self._images = ChunkImages(files, self.sample_starts, self.locate)
-        return self._images
+        with_images = any("num_images" in m for m in self.metas)
+        if self.max_open is None:  # an open chunk maps its token columns, and its image table and blob
+            self.max_open = default_max_open(3 + len(MAPPED) * with_images)
+        self.images = ChunkImages(self) if with_images else None  # a vision-language run's (pipeline.images)
 
     def append_packs(self, packs: list[dict[str, np.ndarray]]) -> np.ndarray:
         """Store packs made by a custom ``pack_selected_samples`` as one more chunk, one new sample per
@@ -379,8 +315,9 @@ class ChunkStore:
             self._maps.pop(old, None)
         d = chunk_dir(self.work_dir, self.metas[c]["index"])
         names = ["input_ids", "labels"] + (["loss_mask"] if self.metas[c]["has_loss_mask"] else [])
+        names += list(MAPPED) if "num_images" in self.metas[c] else []
         arrays, maps = {}, []
-        for k in names:  # the token columns are mapped: one descriptor each while the chunk is open
+        for k in names:  # the token columns (and images) are mapped: one descriptor each while open
             arrays[k], m = self._map(d / f"{k}.npy")
             if m is not None:
                 maps.append(m)
@@ -389,13 +326,18 @@ class ChunkStore:
         return arrays
 
     def offsets(self, c: int) -> np.ndarray:
-        """``(num_samples + 1,)`` int64 token offsets of chunk ``c``'s samples, read (no descriptor kept) and
-        cached apart from the maps, up to ``OFFSETS_CACHE_BYTES``: locating pieces needs no map."""
-        o = self._offsets.get(c)
+        """``(num_samples + 1,)`` int64 token offsets of chunk ``c``'s samples (``cached``): locating pieces
+        needs no map."""
+        return self.cached(c, "offsets")
+
+    def cached(self, c: int, name: str) -> np.ndarray:
+        """A small per-sample array of chunk ``c`` (``offsets``, ``image_first``), read (no descriptor kept)
+        and cached apart from the maps, up to ``OFFSETS_CACHE_BYTES`` in all."""
+        o = self._offsets.get((c, name))
         if o is not None:
-            self._offsets.move_to_end(c)
+            self._offsets.move_to_end((c, name))
             return o
-        o = self._offsets[c] = self._small(c, "offsets")
+        o = self._offsets[(c, name)] = self._small(c, name)
         self._offsets_bytes += o.nbytes
         while self._offsets_bytes > OFFSETS_CACHE_BYTES and len(self._offsets) > 1:
             _, old = self._offsets.popitem(last=False)

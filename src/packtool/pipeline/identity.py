@@ -19,7 +19,6 @@ from packtool.manifest import IGNORE_INDEX, SHARD_FORMAT_VERSION
 from packtool.options import PackOptions
 from packtool.pipeline.chunks import CHUNK_ARRAYS, ChunkStore
 from packtool.pipeline.content import DIGESTED
-from packtool.pipeline.images import image_fields
 from packtool.readers.inputs import expand_inputs
 
 
@@ -158,7 +157,7 @@ def content_key(store: ChunkStore) -> str:
         hashers["lengths"].update(np.diff(store.offsets(c)).astype(np.int64).tobytes())
         store.release(c)
         if store.images is not None:  # each of the images' fields a stream of its own, as the arrays
-            for i, part in enumerate(image_fields(*store.images.table(c))):
+            for i, part in enumerate(store.images.fields(c)):
                 hashers.setdefault(f"images.{i}", xxhash.xxh3_128()).update(part)
     out = xxhash.xxh3_128()
     for name, h in hashers.items():

@@ -3,18 +3,27 @@
 The vision encoder (``packtool.encoders.vision``) gives each sample's images as a list of
 ``IMAGE_STRUCT``: the image's span of tokens in its sample, its size, the XXH3-128 digest of its bytes,
 its name, and where its bytes are (a file's ``path`` and stamp, or the ``data`` the record held). A chunk
-keeps them in ``images.arrow`` (``IMAGE_FILE``: Arrow IPC, one list per sample of the chunk,
-memory-mapped when read back), and its meta counts them (``num_images``) and digests them
-(``images_digest``: a resumed run checks the file against it).
+keeps them as arrays, mapped when read back as its tokens are (``ChunkStore.arrays``, kept open up to the
+open-file limit, their pages dropped after each gather), so that gathering a block of shuffled packs from
+every chunk costs no file opening:
+
+* ``image_first.npy`` ``(num_samples + 1,)`` int64: sample ``s``'s images are rows ``first[s]:first[s+1]``;
+* ``images.npy`` ``(num_images, len(COLUMNS))`` int64, one row per image: ``COLUMNS`` (its span, size,
+  file stamp or -1, digest as two int64, and where its name, path and bytes lie in the blob, -1 if none);
+* ``image_blob.npy`` uint8: every name, each followed by a NUL, then the paths, then the bytes records
+  held.
+
+The chunk's meta counts the images (``num_images``) and digests them (``images_digest``: a resumed run
+checks the arrays, and the files' stamps, against it).
 
 ``ChunkImages`` addresses a run's images by global sample index, as ``ChunkStore`` does its tokens:
 
 * ``pack_columns(plan)``: the per-image columns of a block of packs (``image_sample``, ``image_offset``,
   ``image_length``, ``image_height``, ``image_width``, ``image_sample_offsets``; whole samples only) and
-  where each image lies;
+  where each image is;
 * ``read(where)``: those images' bytes, unchanged, as the ``images`` struct array (``{"bytes", "path"}``)
-  the shard formats write: a file is read again (as inputs are read: ``vision.images.read_image_file``)
-  and must give the digest it had when it was encoded, else the run fails naming the sample and image;
+  the shard formats write: a file is read again (as inputs are read: ``vision.files.read_image_file``) and
+  must give the digest it had when it was encoded, else the run fails naming the sample and image;
 * ``tokens_per_sample()`` (``--balance-visual-tokens``), ``changed_file()`` (an image file whose stamp
   is not the one it had when read: the run fails rather than mix old and new images).
 
@@ -25,26 +34,31 @@ their statistics in the packs' order.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import xxhash
 
 from packtool.arrays import groups, list_parts, np_view, ranges
-from packtool.encoders.base import IMAGE_FILE_STAMP, IMAGE_STRUCT
 from packtool.errors import InputError
 from packtool.packing.plan import PackPlan
 from packtool.schema import IMAGES, pack_of_piece, per_pack_sum, piece_starts
 from packtool.stats import image_stats
 from packtool.vision.files import image_digest, read_image_file
 
-IMAGE_FILE = "images.arrow"
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # datasets.Image's storage
-NUMBERS = ("offset", "length", "height", "width")  # an image's span and size, as NumPy arrays
-MAX_TABLES = 256  # chunks' image tables mapped at once
+FIRST, TABLE, BLOB = "image_first", "images", "image_blob"  # a chunk's image arrays (.npy)
+MAPPED = (TABLE, BLOB)  # mapped with the chunk's tokens (ChunkStore.arrays); FIRST is read whole, cached
+COLUMNS = ("offset", "length", "height", "width", "file_size", "mtime_ns", "ctime_ns", "inode",
+           "digest_lo", "digest_hi", "name_start", "name_len", "path_start", "path_len", "data_start",
+           "data_len")  # fmt: skip
+COL = {name: i for i, name in enumerate(COLUMNS)}
+NUMBERS = slice(COL["offset"], COL["width"] + 1)  # an image's span and size
+STAMP = slice(COL["file_size"], COL["inode"] + 1)
+DIGEST = slice(COL["digest_lo"], COL["digest_hi"] + 1)
 
 # (global sample index, field, message) -> an InputError naming the sample's file and row
 Locate = Callable[[int, str, str], InputError]
@@ -59,103 +73,136 @@ def chunk_images(encoded: list[pa.RecordBatch]) -> pa.LargeListArray | None:
     return pa.concat_arrays(parts) if len(parts) > 1 else parts[0]
 
 
+def image_arrays(images: pa.LargeListArray) -> dict[str, np.ndarray]:
+    """A chunk's ``images`` column (one list per sample) as its three arrays (module docstring)."""
+    first, _ = list_parts(images)
+    offsets = np_view(images.offsets)
+    flat = images.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    k = len(flat)
+    table = np.full((k, len(COLUMNS)), -1, dtype=np.int64)
+    for name in ("offset", "length", "height", "width", "file_size", "mtime_ns", "ctime_ns", "inode"):
+        table[:, COL[name]] = np_view(flat.field(name).fill_null(-1))
+    digests = flat.field("digest")
+    raw = np.frombuffer(digests.buffers()[1], dtype=np.uint8)[digests.offset * 16 : (digests.offset + k) * 16]
+    table[:, DIGEST] = raw.reshape(-1, 16).copy().view("<i8")
+    names = [n.encode() + b"\0" for n in flat.field("name").to_pylist()]
+    paths = [None if p is None else p.encode() for p in flat.field("path").to_pylist()]
+    data = flat.field("data").to_pylist()
+    pieces, at = [], 0
+    for column, values in (("name", names), ("path", paths), ("data", data)):
+        for i, value in enumerate(values):
+            if value is not None:
+                table[i, COL[f"{column}_start"]] = at
+                table[i, COL[f"{column}_len"]] = len(value) - (column == "name")  # (the NUL is not its)
+                pieces.append(value)
+                at += len(value)
+    blob = np.frombuffer(b"".join(pieces), dtype=np.uint8)
+    return {FIRST: first, TABLE: table, BLOB: blob}
+
+
 def write_chunk_images(directory: Path, images: pa.LargeListArray) -> dict:
-    """Write a chunk's ``images`` (one list per sample) to ``directory / IMAGE_FILE``; returns what the
+    """Write a chunk's ``images`` (one list per sample) as its arrays into ``directory``; returns what the
     chunk's meta adds: ``num_images`` and ``images_digest``."""
-    table = pa.table({IMAGES: images})
-    with pa.OSFile(str(directory / IMAGE_FILE), "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
-        writer.write_table(table)
-    offsets, _ = list_parts(images)
-    return {"num_images": int(offsets[-1]), "images_digest": images_digest(images)}
+    arrays = image_arrays(images)
+    for name, values in arrays.items():
+        np.save(directory / f"{name}.npy", values, allow_pickle=False)
+    table = arrays[TABLE]
+    return {"num_images": len(table), "images_digest": images_digest(arrays[FIRST], table, arrays[BLOB])}
 
 
-def images_digest(images: pa.LargeListArray) -> str:
+def images_digest(first: np.ndarray, table: np.ndarray, blob: np.ndarray) -> str:
     """XXH3-128 of a chunk's images: per sample how many, and per image its span, size, digest and name
     (everything a pack's image columns and ``images`` are made of but the bytes, which the digest is of)."""
     h = xxhash.xxh3_128()
-    for part in image_fields(list_parts(images)[0], flat_images(images)):
+    for part in image_fields(first, table, blob):
         h.update(part)
     return h.hexdigest()
 
 
-def image_fields(offsets: np.ndarray, flat: pa.StructArray) -> list[bytes]:
-    """The byte strings ``images_digest`` hashes, in order, of a chunk's images (``offsets``: where each
-    sample's start in ``flat``): the per-sample counts, each ``NUMBERS`` field, the digests, the names
-    (each ended by a NUL). A run's content key hashes these of every chunk in order
-    (``pipeline.identity.content_key``), so it does not depend on where chunks start."""
-    out = [np.diff(offsets).astype(np.int64).tobytes()]
-    out += [np.ascontiguousarray(_numbers(flat, name), dtype=np.int64).tobytes() for name in NUMBERS]
-    out.append(_digests(flat).tobytes())
-    out.append("".join(name + "\0" for name in flat.field("name").to_pylist()).encode())
-    return out
+def image_fields(first: np.ndarray, table: np.ndarray, blob: np.ndarray) -> list[bytes]:
+    """The byte strings ``images_digest`` hashes, in order, of a chunk's images: the per-sample counts,
+    the spans and sizes, the digests, the names (each ended by a NUL). A run's content key hashes each of
+    these of every chunk in order, as a stream of its own (``pipeline.identity.content_key``), so it does
+    not depend on where chunks start."""
+    names = int(table[-1, COL["name_start"]] + table[-1, COL["name_len"]] + 1) if len(table) else 0
+    return [
+        np.diff(first).astype(np.int64).tobytes(),
+        np.ascontiguousarray(table[:, NUMBERS]).tobytes(),
+        np.ascontiguousarray(table[:, DIGEST]).tobytes(),
+        np.asarray(blob[:names]).tobytes(),
+    ]
 
 
-def flat_images(images: pa.LargeListArray) -> pa.StructArray:
-    """The images of every sample of ``images``, end to end (a slice's own, not its parent's)."""
-    offsets = np_view(images.offsets)
-    return images.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+def _text(blob: np.ndarray, row: np.ndarray, field: str) -> str | None:
+    start, length = int(row[COL[f"{field}_start"]]), int(row[COL[f"{field}_len"]])
+    return None if length < 0 else blob[start : start + length].tobytes().decode()
 
 
-def _numbers(flat: pa.StructArray, name: str) -> np.ndarray:
-    return np_view(flat.field(name))
+def first_changed(table: np.ndarray, blob: np.ndarray) -> int | None:
+    """The row of the first image of a chunk read from a file whose stamp (size, modification and change
+    times, inode) is not the one it had when it was read, or that is gone; ``None`` if there is none."""
+    for i in np.flatnonzero(table[:, COL["path_len"]] >= 0).tolist():
+        try:
+            st = os.stat(_text(blob, table[i], "path"))
+        except OSError:
+            return i
+        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) != tuple(table[i, STAMP].tolist()):
+            return i
+    return None
 
 
-def _digests(flat: pa.StructArray) -> np.ndarray:
-    """``(k, 16)`` uint8: each image's digest."""
-    digests = flat.field("digest")
-    data = np.frombuffer(digests.buffers()[1], dtype=np.uint8)
-    return data[digests.offset * 16 : (digests.offset + len(digests)) * 16].reshape(-1, 16)
+def images_intact(directory: Path, meta: dict) -> bool:
+    """Whether a scratch chunk's image arrays give its meta's ``images_digest`` and its image files are as
+    they were when read (a resumed run encodes it again otherwise)."""
+    arrays = {name: np.load(directory / f"{name}.npy", allow_pickle=False) for name in (FIRST, TABLE, BLOB)}
+    digest = images_digest(arrays[FIRST], arrays[TABLE], arrays[BLOB])
+    return digest == meta["images_digest"] and first_changed(arrays[TABLE], arrays[BLOB]) is None
 
 
 class ChunkImages:
-    """The images of a run's chunks, by global sample index (module docstring).
+    """The images of a run's chunks, by global sample index (module docstring); ``store``: the run's
+    ``ChunkStore``, whose maps and caches it reads them through."""
 
-    Args:
-        files: per chunk, its ``images.arrow`` (``None`` for a chunk without images: a custom policy's).
-        sample_starts: ``(num_chunks + 1,)`` int64, the first global sample of each chunk.
-        locate: names a sample's file and row in an error (``ChunkStore.locate``).
-    """
+    def __init__(self, store: Any) -> None:
+        self.store = store
 
-    def __init__(self, files: list[Path | None], sample_starts: np.ndarray, locate: Locate) -> None:
-        self.files, self.sample_starts, self.locate = files, sample_starts, locate
-        self._tables: OrderedDict[int, tuple[np.ndarray, pa.StructArray]] = OrderedDict()
-
-    def table(self, c: int) -> tuple[np.ndarray, pa.StructArray]:
-        """Chunk ``c``'s ``(num_samples + 1,)`` int64 image offsets and its flat images, memory-mapped."""
-        if c in self._tables:
-            self._tables.move_to_end(c)
-            return self._tables[c]
-        file = self.files[c]
-        if file is None:
-            count = int(self.sample_starts[c + 1] - self.sample_starts[c])
-            empty = pa.array([], type=pa.large_list(IMAGE_STRUCT)).values
-            entry = (np.zeros(count + 1, dtype=np.int64), empty)
-        else:
-            column = read_chunk_images(file)
-            offsets, _ = list_parts(column)
-            entry = (offsets, flat_images(column))
-        self._tables[c] = entry
-        while len(self._tables) > MAX_TABLES:
-            self._tables.popitem(last=False)
-        return entry
+    def arrays(self, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Chunk ``c``'s ``(first, table, blob)``; empty for a chunk without images (a custom policy's)."""
+        if "num_images" not in self.store.metas[c]:
+            n = int(self.store.sample_starts[c + 1] - self.store.sample_starts[c])
+            return np.zeros(n + 1, np.int64), np.zeros((0, len(COLUMNS)), np.int64), np.zeros(0, np.uint8)
+        a = self.store.arrays(c)
+        return self.store.cached(c, FIRST), a[TABLE], a[BLOB]
 
     def _where(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per sample: its chunk, its first image's index in the chunk's table, its image count."""
+        """Per sample: its chunk, its first image's row in the chunk's table, its image count."""
         samples = np.asarray(samples, dtype=np.int64)
-        chunk = np.searchsorted(self.sample_starts, samples, side="right") - 1
+        chunk = np.searchsorted(self.store.sample_starts, samples, side="right") - 1
         first = np.zeros(len(samples), dtype=np.int64)
         counts = np.zeros(len(samples), dtype=np.int64)
         for c, sel in groups(chunk):
-            offsets, _ = self.table(c)
-            local = samples[sel] - self.sample_starts[c]
+            offsets = self.store.cached(c, FIRST) if "num_images" in self.store.metas[c] else None
+            if offsets is None:
+                continue
+            local = samples[sel] - self.store.sample_starts[c]
             first[sel] = offsets[local]
             counts[sel] = offsets[local + 1] - offsets[local]
         return chunk, first, counts
 
     def counts(self) -> np.ndarray:
         """``(num_samples,)`` int64: each sample's images."""
-        parts = [np.diff(self.table(c)[0]) for c in range(len(self.files))]
+        parts = [np.diff(self.arrays(c)[0]) for c in range(len(self.store.metas))]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def tokens_per_sample(self) -> np.ndarray:
+        """``(num_samples,)`` int64: each sample's image tokens."""
+        out = []
+        for c in range(len(self.store.metas)):
+            first, table, _ = self.arrays(c)
+            cum = np.concatenate([[0], np.cumsum(table[:, COL["length"]])])
+            out.append(cum[first[1:]] - cum[first[:-1]])
+            self.store.release(c)
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
     def digests(self, samples: np.ndarray, index: np.ndarray) -> list[tuple[bytes, str] | None]:
         """The digest and name of image ``index[j]`` of sample ``samples[j]`` (``None`` where it has no such
@@ -166,39 +213,30 @@ class ChunkImages:
             zip(chunk.tolist(), first.tolist(), counts.tolist(), index.tolist(), strict=True)
         ):
             if 0 <= k < n:
-                flat = self.table(c)[1]
-                out[j] = (bytes(_digests(flat)[f + k]), flat.field("name")[f + k].as_py())
+                _, table, blob = self.arrays(c)
+                out[j] = (table[f + k, DIGEST].tobytes(), _text(blob, table[f + k], "name"))
         return out
-
-    def tokens_per_sample(self) -> np.ndarray:
-        """``(num_samples,)`` int64: each sample's image tokens."""
-        out = []
-        for c in range(len(self.files)):
-            offsets, flat = self.table(c)
-            cum = np.concatenate([[0], np.cumsum(_numbers(flat, "length"), dtype=np.int64)])
-            out.append(cum[offsets[1:]] - cum[offsets[:-1]])
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
     def pack_columns(self, plan: PackPlan) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, ...]]:
         """The per-image columns of the packs of ``plan`` (whole samples), and where each image is
-        (``(sample, chunk, index in the chunk's table, index in its sample)``, for ``read``)."""
+        (``(sample, chunk, row in the chunk's table, index in its sample)``, for ``read``)."""
         chunk, first, counts = self._where(plan.sample)
         image_chunk = np.repeat(chunk, counts)
         index = ranges(first, counts)
-        numbers = {name: np.zeros(len(index), dtype=np.int64) for name in NUMBERS}
+        numbers = np.zeros((len(index), NUMBERS.stop - NUMBERS.start), dtype=np.int64)
         for c, sel in groups(image_chunk):
-            _, flat = self.table(c)
-            for name in NUMBERS:
-                numbers[name][sel] = _numbers(flat, name)[index[sel]]
+            numbers[sel] = self.arrays(c)[1][index[sel], NUMBERS]
+            self.store.release(c)
+        offset, length, height, width = numbers.T
         piece_pack = pack_of_piece(plan.pack_offsets)
         piece_in_pack = np.arange(len(plan.sample), dtype=np.int64) - plan.pack_offsets[piece_pack]
         starts = piece_starts(plan.spans, plan.pack_offsets)
         columns = {
             "image_sample": np.repeat(piece_in_pack, counts).astype(np.int32),
-            "image_offset": (numbers["offset"] + np.repeat(starts, counts)).astype(np.int32),
-            "image_length": numbers["length"].astype(np.int32),
-            "image_height": numbers["height"].astype(np.int32),
-            "image_width": numbers["width"].astype(np.int32),
+            "image_offset": (offset + np.repeat(starts, counts)).astype(np.int32),
+            "image_length": length.astype(np.int32),
+            "image_height": height.astype(np.int32),
+            "image_width": width.astype(np.int32),
             "image_sample_offsets": np.concatenate(
                 [[0], np.cumsum(per_pack_sum(counts, plan.pack_offsets))]
             ).astype(np.int64),
@@ -210,22 +248,28 @@ class ChunkImages:
         """The images at ``where`` (``pack_columns``' second value) as ``struct<bytes, path>``: each
         one's bytes as read when it was encoded, and its name. A file whose bytes no longer give their
         digest is an ``InputError`` (exit 3) naming its sample and image: nothing is written from it."""
-        data, names = [], []
-        for sample, c, i, k in zip(*(w.tolist() for w in where), strict=True):
-            _, flat = self.table(c)
-            image = flat[i].as_py()
-            if image["path"] is None:
-                raw = image["data"]
-            else:
+        sample, chunk, index, in_sample = where
+        data: list[bytes | None] = [None] * len(sample)
+        names: list[str | None] = [None] * len(sample)
+        for c, sel in groups(chunk):  # one chunk's maps at a time, their pages dropped after
+            _, table, blob = self.arrays(c)
+            for j in sel.tolist():
+                row = table[int(index[j])]
+                names[j] = name = _text(blob, row, "name")
+                path = _text(blob, row, "path")
+                if path is None:
+                    start = int(row[COL["data_start"]])
+                    data[j] = blob[start : start + int(row[COL["data_len"]])].tobytes()
+                    continue
+                k, s = int(in_sample[j]), int(sample[j])
                 try:
-                    raw, _ = read_image_file(image["path"], image["name"])
+                    raw, _ = read_image_file(path, name)
                 except InputError as e:
-                    raise self.locate(sample, "image", f"image {k} ({image['name']}): {e.reason}") from None
-                if image_digest(raw) != image["digest"]:
-                    what = "its bytes are not those it was encoded from"
-                    raise self._changed(sample, k, image["name"], what)
-            data.append(raw)
-            names.append(image["name"])
+                    raise self.store.locate(s, "image", f"image {k} ({name}): {e.reason}") from None
+                if image_digest(raw) != row[DIGEST].tobytes():
+                    raise self._changed(s, k, name, "its bytes are not those it was encoded from")
+                data[j] = raw
+            self.store.release(c)
         return pa.StructArray.from_arrays(
             [pa.array(data, type=pa.binary()), pa.array(names, type=pa.string())], fields=list(IMAGE)
         )
@@ -233,48 +277,29 @@ class ChunkImages:
     def changed_file(self) -> InputError | None:
         """The first image file (in sample order) whose stamp is not the one it had when it was read, as an
         ``InputError`` naming its sample and image; ``None`` when every one is as it was."""
-        for c in range(len(self.files)):
-            offsets, flat = self.table(c)
-            i = first_changed(flat)
+        for c in range(len(self.store.metas)):
+            first, table, blob = self.arrays(c)
+            i = first_changed(table, blob)
+            self.store.release(c)
             if i is not None:
-                local = int(np.searchsorted(offsets, i, side="right") - 1)
-                sample = int(self.sample_starts[c]) + local
-                path = flat.field("path")[i].as_py()
-                what = "changed" if os.path.exists(path) else "removed"
-                name = flat.field("name")[i].as_py()
-                return self._changed(sample, i - int(offsets[local]), name, f"{what} while the run read it")
+                local = int(np.searchsorted(first, i, side="right") - 1)
+                sample = int(self.store.sample_starts[c]) + local
+                what = "changed" if os.path.exists(_text(blob, table[i], "path")) else "removed"
+                name = _text(blob, table[i], "name")
+                return self._changed(sample, i - int(first[local]), name, f"{what} while the run read it")
         return None
+
+    def fields(self, c: int) -> list[bytes]:
+        """Chunk ``c``'s ``image_fields`` (the run's content key)."""
+        out = image_fields(*self.arrays(c))
+        self.store.release(c)
+        return out
 
     def _changed(self, sample: int, k: int, name: str, what: str) -> InputError:
-        error = self.locate(sample, "image", f"image {k} ({name}): {what}; nothing was written: run again "
-                            "once the images are final")  # fmt: skip
+        error = self.store.locate(sample, "image", f"image {k} ({name}): {what}; nothing was written: run "
+                                  "again once the images are final")  # fmt: skip
         error.code = "input_changed"
         return error
-
-
-def first_changed(flat: pa.StructArray) -> int | None:
-    """The index of the first image of ``flat`` read from a file whose stamp (size, modification and change
-    times, inode) is not the one it had when it was read, or that is gone; ``None`` if there is none."""
-    paths = flat.field("path")
-    if paths.null_count == len(paths):
-        return None
-    stamps = np.stack([np_view(flat.field(name).fill_null(-1)) for name in IMAGE_FILE_STAMP], axis=1)
-    for i, path in enumerate(paths.to_pylist()):
-        if path is None:
-            continue
-        try:
-            st = os.stat(path)
-        except OSError:
-            return i
-        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) != tuple(stamps[i].tolist()):
-            return i
-    return None
-
-
-def read_chunk_images(file: Path) -> pa.LargeListArray:
-    """A chunk's ``images`` column, memory-mapped from its ``IMAGE_FILE``."""
-    with pa.memory_map(str(file)) as source:
-        return pa.ipc.open_file(source).read_all().column(IMAGES).combine_chunks()
 
 
 def vision_record(

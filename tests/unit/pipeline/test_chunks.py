@@ -32,8 +32,8 @@ def test_open_chunks_limit_raises_the_soft_open_file_limit_toward_the_hard_one()
     """Under a low soft limit (1024 is common) with room below the hard one, the store raises the soft limit
     toward what MAX_OPEN chunks need; under a low hard limit it keeps within it."""
     code = (
-        "import resource; from packtool.pipeline.chunks import _default_max_open, MAX_OPEN; "
-        "n = _default_max_open(); soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]; "
+        "import resource; from packtool.pipeline.open_files import default_max_open, MAX_OPEN; "
+        "n = default_max_open(); soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]; "
         "print(n, MAX_OPEN, soft)"
     )
     for limits, expect in (("ulimit -S -n 256 && ulimit -H -n 8192", "max"), ("ulimit -n 160", 32)):
