@@ -36,16 +36,6 @@ STEPS = 3
 TOL = 1e-9
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models on one thread: under `make test`'s two workers on two cores, torch's intra-op threads
-    contend and a tiny model's step takes ~20x longer (0.39 s against 0.017 s, measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _example(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)

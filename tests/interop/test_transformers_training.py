@@ -34,16 +34,6 @@ B = 4
 TOL = {"sdpa": 1e-9, "eager": 1e-6}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models on one thread: under `make test`'s two workers on two cores, torch's intra-op threads
-    contend and a tiny model's step takes ~20x longer (0.39 s against 0.017 s, measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _pack(tmp: Path, rows: list[dict], name: str, n: int = N, **config) -> Path:
     out = tmp / name
     inputs = [str(write_jsonl(tmp / f"{name}.jsonl", rows))]
