@@ -348,23 +348,44 @@ def image_stats(
     """
     flat = np.asarray(image_length, dtype=np.int64)
     offsets = np.asarray(image_offsets, dtype=np.int64)
-    per_pack = np.diff(offsets)
     cum = np.concatenate([[0], np.cumsum(flat)])
     tokens_per_pack = cum[offsets[1:]] - cum[offsets[:-1]]
+    smallest, largest = (int(flat.min()), int(flat.max())) if flat.size else (0, 0)
+    return image_stats_of(np.diff(offsets), tokens_per_pack, smallest, largest, pack_tokens, ranks)
+
+
+def image_stats_of(
+    images_per_pack: np.ndarray,
+    tokens_per_pack: np.ndarray,
+    smallest: int,
+    largest: int,
+    pack_tokens: np.ndarray,
+    ranks: int = 8,
+) -> dict[str, Any]:
+    """``image_stats`` from what it is made of: per pack (in order) its images and their tokens, the
+    fewest and most tokens of one image (0 without images), and ``pack_tokens``: so that a run can gather
+    them a block of packs at a time rather than every image at once.
+
+    >>> image_stats_of(np.array([2, 0]), np.array([5, 0]), 2, 3, np.array([8, 8]), 2)["tokens_per_image_mean"]
+    2.5
+    """
+    per_pack = np.asarray(images_per_pack, dtype=np.int64)
+    tokens_per_pack = np.asarray(tokens_per_pack, dtype=np.int64)
+    images, image_tokens = int(per_pack.sum()), int(tokens_per_pack.sum())
     counts, frequency = np.unique(per_pack, return_counts=True)
     spread = step_spread(tokens_per_pack, ranks) if len(tokens_per_pack) >= ranks else np.zeros(0, np.int64)
     total = int(np.asarray(pack_tokens, dtype=np.int64).sum())
     return {
         "packs": int(len(per_pack)),
-        "images": int(flat.size),
-        "image_tokens": int(flat.sum()),
-        "image_token_share": float(flat.sum() / max(1, total)),
+        "images": images,
+        "image_tokens": image_tokens,
+        "image_token_share": float(image_tokens / max(1, total)),
         "images_per_pack_mean": float(per_pack.mean()) if len(per_pack) else 0.0,
         "images_per_pack_max": int(per_pack.max()) if len(per_pack) else 0,
         "images_per_pack_histogram": {int(c): int(f) for c, f in zip(counts, frequency, strict=True)},
-        "tokens_per_image_min": int(flat.min()) if flat.size else 0,
-        "tokens_per_image_mean": float(flat.mean()) if flat.size else 0.0,
-        "tokens_per_image_max": int(flat.max()) if flat.size else 0,
+        "tokens_per_image_min": int(smallest) if images else 0,
+        "tokens_per_image_mean": float(image_tokens / images) if images else 0.0,
+        "tokens_per_image_max": int(largest) if images else 0,
         "ranks": int(ranks),
         "step_spread_mean": float(spread.mean()) if spread.size else 0.0,
         "step_spread_max": int(spread.max()) if spread.size else 0,

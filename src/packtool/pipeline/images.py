@@ -46,7 +46,7 @@ from packtool.arrays import groups, list_parts, np_view, ranges
 from packtool.errors import InputError
 from packtool.packing.plan import PackPlan
 from packtool.schema import IMAGES, pack_of_piece, per_pack_sum, piece_starts
-from packtool.stats import image_stats
+from packtool.stats import image_stats_of
 from packtool.vision.files import image_digest, read_image_file
 
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # datasets.Image's storage
@@ -60,6 +60,7 @@ NUMBERS = slice(COL["offset"], COL["width"] + 1)  # an image's span and size
 STAMP = slice(COL["file_size"], COL["inode"] + 1)
 DIGEST = slice(COL["digest_lo"], COL["digest_hi"] + 1)
 
+STATS_BLOCK = 4096  # packs gathered at once for the manifest's image statistics
 # (global sample index, field, message) -> an InputError naming the sample's file and row
 Locate = Callable[[int, str, str], InputError]
 
@@ -308,13 +309,22 @@ def vision_record(
     """The manifest's ``vision``: the processor's identity; ``input_images`` (the images of the samples
     encoded), ``packed_images`` and ``dropped_images`` (in samples the plan left out: too long, over
     ``max_packs``); ``images``: ``stats.image_stats`` of the packs in their written order, their spread
-    over steps of ``ranks`` packs."""
-    columns, _ = images.pack_columns(plan)
-    n = plan.packed_sequence_size
-    stats = image_stats(
-        columns["image_length"], columns["image_sample_offsets"], np.full(plan.num_packs, n), ranks
-    )
-    packed = int(len(columns["image_length"]))
+    over steps of ``ranks`` packs. Gathered ``STATS_BLOCK`` packs at a time: what it holds is per pack."""
+    counts, tokens, smallest, largest = [], [], None, 0
+    for a in range(0, plan.num_packs, STATS_BLOCK):
+        part = plan.slice(a, min(a + STATS_BLOCK, plan.num_packs))
+        columns, _ = images.pack_columns(part)
+        length, offsets = columns["image_length"].astype(np.int64), columns["image_sample_offsets"]
+        counts.append(np.diff(offsets))
+        tokens.append(per_pack_sum(length, offsets))
+        if len(length):
+            smallest = int(length.min()) if smallest is None else min(smallest, int(length.min()))
+            largest = max(largest, int(length.max()))
+    counts_all = np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
+    tokens_all = np.concatenate(tokens) if tokens else np.zeros(0, dtype=np.int64)
+    n = np.full(plan.num_packs, plan.packed_sequence_size)
+    stats = image_stats_of(counts_all, tokens_all, smallest or 0, largest, n, ranks)
+    packed = int(counts_all.sum())
     return {
         "processor": processor,
         "input_images": input_images,
