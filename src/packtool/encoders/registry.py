@@ -84,9 +84,12 @@ def fields_read(options: EncodingOptions, sample_format: str) -> frozenset[str] 
     return frozenset({options.text_field})
 
 
-def build_encoder(options: EncodingOptions, sample_format: str, packed_sequence_size: int) -> Encoder:
+def build_encoder(
+    options: EncodingOptions, sample_format: str, packed_sequence_size: int, state: dict | None = None
+) -> Encoder:
     """Build the encoder named by ``options`` for records of ``sample_format`` (``packed_sequence_size``:
-    the most tokens one image may take, for vision samples)."""
+    the most tokens one image may take, for vision samples; ``state``: what the run's driver found
+    building the same encoder, ``encoder.state()``, for a worker to take instead of finding it again)."""
     if sample_format == "vision":
         try:  # the vision extra (Pillow, transformers): imported by runs of images only
             from packtool.encoders.vision import VisionEncoder
@@ -103,6 +106,7 @@ def build_encoder(options: EncodingOptions, sample_format: str, packed_sequence_
             labels=options.labels,
             empty_loss=options.fine_tuning.empty_loss,
             fields=VISION_FIELDS,
+            proven=state,
         )
     tokens = options.tokens
     if is_plugin_spec(options.tokenizer):

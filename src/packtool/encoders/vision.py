@@ -48,6 +48,7 @@ class VisionEncoder:
         labels: the labels convention (``shifted`` or ``unshifted``).
         empty_loss: samples with nothing to learn: ``drop``, ``keep`` or ``error``.
         fields: the record fields it reads (``encoders.registry.VISION_FIELDS``).
+        proven: the run driver's ``state()`` of the same encoder: its processor's probes, not run again.
     """
 
     def __init__(
@@ -59,10 +60,11 @@ class VisionEncoder:
         labels: str = "shifted",
         empty_loss: str = "drop",
         fields: frozenset[str] = frozenset(),
+        proven: dict[str, Any] | None = None,
     ) -> None:
         self.fields = fields
         self.processor: VisionProcessor = load_processor(
-            processor, chat_template=chat_template, loss_on=loss_on
+            processor, chat_template=chat_template, loss_on=loss_on, proven=proven
         )
         self.n, self.labels, self.empty_loss = packed_sequence_size, labels, empty_loss
 
@@ -88,6 +90,11 @@ class VisionEncoder:
         kept = np.diff(np.asarray(rb.column("input_ids").offsets, dtype=np.int64)) > 0
         images = image_column(samples, sequences, kept)
         return rb.append_column(pa.field(IMAGES, images.type), images)
+
+    def state(self) -> dict[str, Any]:
+        """What a worker building the same encoder may take from this one (``proven``): the processor's
+        probe results."""
+        return self.processor.proofs()
 
     def identity(self) -> dict[str, Any]:
         """The tokenizer's identity, named by the processor directory, with the processor's and the chat

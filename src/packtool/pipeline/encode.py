@@ -46,11 +46,14 @@ from packtool.readers.inputs import expand_inputs, piece_bytes, read_inputs, rec
 @dataclass(frozen=True)
 class RunSpec:
     """What a process needs to run a task of one run: the config (as JSON), the resolved sample format,
-    and a token unique to the run (a long-lived worker, e.g. Ray's, serves several runs)."""
+    a token unique to the run (a long-lived worker, e.g. Ray's, serves several runs), and what the
+    driver's encoder found that a worker's need not find again (``Encoder.state()``, JSON; a vision
+    processor's probes)."""
 
     config: str
     sample_format: str
     token: str
+    encoder_state: str = "null"
 
 
 @dataclass
@@ -72,8 +75,8 @@ def worker(spec: RunSpec) -> Worker:
     """This process's state for ``spec``'s run, built on first use (the driver builds it first, so a bad
     tokenizer fails there, before any worker starts)."""
     options = PackOptions.from_dict(json.loads(spec.config), given=set())  # checked by the driver
-    encoder = build_encoder(options.encoding, spec.sample_format, options.packing.packed_sequence_size)
-    return Worker(options, encoder)
+    n, state = options.packing.packed_sequence_size, json.loads(spec.encoder_state)
+    return Worker(options, build_encoder(options.encoding, spec.sample_format, n, state))
 
 
 def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir: str, start: int = 0) -> dict:

@@ -36,6 +36,7 @@ image file is checked against its stamp: one that changed while the run read it 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -200,9 +201,15 @@ class _FieldsRead:
 
 
 def start_run(options: PackOptions, sample_format: str) -> RunSpec:
-    """The run's ``RunSpec``, with this process's worker state built (a bad tokenizer fails here)."""
+    """The run's ``RunSpec``, with this process's worker state built (a bad tokenizer fails here), and
+    what its encoder found that the workers' need not find again (``Encoder.state()``)."""
     spec = RunSpec(json.dumps(options.to_dict()), sample_format, os.urandom(8).hex())
-    worker(spec)
+    encoder = worker(spec).encoder
+    state = encoder.state() if hasattr(encoder, "state") else None
+    if state is None:
+        return spec
+    spec = dataclasses.replace(spec, encoder_state=json.dumps(state))
+    worker(spec)  # (built again with its own findings: nothing is probed twice)
     return spec
 
 

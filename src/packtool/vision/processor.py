@@ -109,6 +109,11 @@ class VisionProcessor:
         """
         return self.expander.expansion(height, width, images)
 
+    def proofs(self) -> dict[str, Any]:
+        """What probing this processor found, with its configuration's digest (``load_processor``'s
+        ``proven``)."""
+        return {**self.expander.proofs(), "config_sha256": self._config_sha256}
+
     def prefetch(self, sizes: list[tuple[int, int]]) -> None:
         """Count the images of ``sizes`` in one call of the processor where it can (``Expander.prefetch``):
         ``expansion`` then finds them counted."""
@@ -182,7 +187,11 @@ class VisionProcessor:
 
 
 def load_processor(
-    directory: str | Path, *, chat_template: str | None = None, loss_on: str = "assistant"
+    directory: str | Path,
+    *,
+    chat_template: str | None = None,
+    loss_on: str = "assistant",
+    proven: dict[str, Any] | None = None,
 ) -> VisionProcessor:
     """The processor of a local model directory; nothing is downloaded (module docstring).
 
@@ -190,6 +199,9 @@ def load_processor(
         directory: the model directory.
         chat_template: a Jinja template file (``--chat-template``) used instead of the directory's.
         loss_on: ``assistant``, ``last`` or ``all`` (``--loss-on``; ``packtool.encoders.chat``).
+        proven: ``VisionProcessor.proofs()`` of the same directory, loaded by another process (a run's
+            driver, for its workers): taken instead of probing the processor again when the directory's
+            configuration files still give the digest they had there.
 
     Raises ``ConfigError``: a directory that is missing or holds no processor, a bad configuration value,
     a family packtool refuses (one line naming it and why).
@@ -226,8 +238,12 @@ def load_processor(
     tokenizer = HFTokenizer.of_loaded(str(path), processor.tokenizer)
     backend.encode_special_tokens = bool(getattr(processor.tokenizer, "split_special_tokens", False))
     expander = Expander(processor, backend)
+    digest = _config_digest(path)
     try:
-        expander.probe()
+        if proven is not None and proven.get("config_sha256") == digest:  # probed by the run's driver
+            expander.adopt(proven)
+        else:
+            expander.probe()
     except Refused as e:
         raise ConfigError(f"processor {directory}: {family} is refused: {e}") from None
     except Exception as e:  # noqa: BLE001 - a configuration no image can be processed with: the user's to fix
@@ -253,7 +269,7 @@ def load_processor(
         expander=expander,
         video=video,
         loaded_with={"directory": str(directory), "chat_template": chat_template, "loss_on": loss_on},
-        _config_sha256=_config_digest(path),
+        _config_sha256=digest,
     )
 
 

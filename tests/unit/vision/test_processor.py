@@ -261,3 +261,20 @@ def test_a_processor_travels_to_a_worker_by_its_load_arguments(tmp_path, process
     again = pickle.loads(pickle.dumps(vp))
     assert again.identity() == vp.identity() and again.chat.template == vp.chat.template
     assert again.expansion(480, 640).span_length == vp.expansion(480, 640).span_length
+
+
+def test_a_worker_takes_the_drivers_probes_of_the_same_processor_only(tmp_path, monkeypatch):
+    """``proven`` (the driver's probes, for its workers) is taken when the directory's configuration gives
+    the digest it had, and the processor is probed again when it does not."""
+    from packtool.vision import expansion
+    from tests.fixtures.vision_processors import build_qwen2vl
+
+    directory = build_qwen2vl(tmp_path / "qwen2vl")
+    driver = load_processor(directory)
+    probed = []
+    monkeypatch.setattr(expansion.Expander, "probe", lambda self: probed.append(1))
+    worker = load_processor(directory, proven=driver.proofs())
+    assert not probed and worker.proofs() == driver.proofs()
+    assert worker.expansion(480, 640).span().tolist() == driver.expansion(480, 640).span().tolist()
+    load_processor(directory, proven={**driver.proofs(), "config_sha256": "another directory's"})
+    assert probed == [1]
