@@ -29,8 +29,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from packtool import run_pack
 from packtool.errors import EXIT_INPUT, EXIT_USAGE, InputError
 from packtool.loader import PackedDataset, get_loader
+from packtool.options import PackOptions
 from packtool.reading import read_packs
 from packtool.verify import verify_output
 from tests.conftest import DEMO_TOKENIZER, rewrite_tar_members, run_cli, write_jsonl
@@ -641,11 +643,14 @@ def test_view_columns_pack_as_their_plain_types_do(tmp_path: Path):
     ids = [[int(t) for t in np.random.default_rng(i).integers(1, 900, 3 + i % 11)] for i in range(40)]
     plain = {"text": pa.array(texts), "ids": pa.array(ids, pa.list_(pa.int32()))}
     views = {"text": pa.array(texts, pa.string_view()), "ids": pa.array(ids, pa.list_view(pa.int32()))}
-    for name, columns in (("plain", plain), ("views", views)):
+    for name, columns in (("plain", plain), ("views", views)):  # (in this process: the CLI's are elsewhere)
         pq.write_table(pa.table({"text": columns["text"]}), tmp_path / f"{name}-text.parquet")
         pq.write_table(pa.table({"input_ids": columns["ids"]}), tmp_path / f"{name}-ids.parquet")
-        pack(tmp_path / f"{name}-text.parquet", tmp_path / f"{name}-text")
-        run_cli("pack", tmp_path / f"{name}-ids.parquet", *BASE, "-o", tmp_path / f"{name}-ids")
+        for kind, extra in (("text", {"tokenizer": str(DEMO_TOKENIZER)}), ("ids", {})):
+            source, out = tmp_path / f"{name}-{kind}.parquet", tmp_path / f"{name}-{kind}"
+            values = {"inputs": [str(source)], "output": str(out), "packed_sequence_size": N,
+                      "shard_size": 12, "quiet": True, **extra}  # fmt: skip
+            run_pack(PackOptions.from_dict(values), progress=False)
     for kind in ("text", "ids"):
         assert packs_of(tmp_path / f"views-{kind}") == packs_of(tmp_path / f"plain-{kind}")
 
