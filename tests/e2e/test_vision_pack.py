@@ -19,6 +19,7 @@ import pytest
 
 from packtool import read_packs
 from packtool.inspect import inspect_report, pack_report
+from packtool.verify import verify_output
 from tests.conftest import run_cli
 from tests.fixtures.vision_inputs import image_bytes, llava_rows, write_image, write_jsonl, write_llava_input
 from tests.fixtures.vision_processors import build_qwen2vl
@@ -194,8 +195,8 @@ def test_tar_output_holds_each_image_as_a_member_and_balances_image_tokens_per_s
         ]
         for a, n in zip(p["image_offset"], p["image_length"], strict=True):  # minimal: labels rebuilt
             assert (p["labels"][a : a + n] == -100).all()
-    code, text = cli("verify", out, "--processor", inputs["processor"])  # members, index, spans, counts
-    assert code == 0 and f"images: {m['vision']['packed_images']}" in text, text
+    verified = verify_output(out, processor=str(inputs["processor"]))  # members, index, spans, counts
+    assert verified.ok and verified.checked["images"] == m["vision"]["packed_images"], verified.lines()
     report = inspect_report(out)  # (inspect's CLI prints these: tests/e2e/test_inspect.py)
     assert report["images"]["image_tokens"] == int(tokens.sum()) and report["images"]["ranks"] == 2
     assert sum(report["histograms"]["images_per_pack"]["counts"]) == len(packs)
