@@ -103,7 +103,7 @@ class VisionOptions(OptionGroup):
     processor: option(
         str | None,
         "Vision-language samples: the model's processor directory (what AutoProcessor loads, offline); its "
-        "tokenizer and chat template encode the samples, its image processor counts each image's tokens.",
+        "tokenizer, chat template and its own text for each image make the samples' tokens.",
     ) = None
     balance_visual_tokens: option(
         int | None,
