@@ -98,7 +98,7 @@ PACK_COLUMNS: tuple[Column, ...] = (
     # are the ``images`` column beside these (IMAGES), not a NumPy column
     Column("image_sample", np.dtype(np.int32), "image", True, "each image's sample: its piece in the pack"),
     Column("image_offset", np.dtype(np.int32), "image", True, "where its span of image tokens starts"),
-    Column("image_length", np.dtype(np.int32), "image", True, "its span's tokens, as its processor writes them"),
+    Column("image_length", np.dtype(np.int32), "image", True, "its span's tokens, as its processor writes"),
     Column("image_height", np.dtype(np.int32), "image", True, "its height in pixels (from its header)"),
     Column("image_width", np.dtype(np.int32), "image", True, "its width in pixels (from its header)"),
 )
