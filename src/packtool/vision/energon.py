@@ -1,4 +1,4 @@
-"""Megatron-Energon's reading of a vision-language tar output: packs with their images (issue 29).
+"""Megatron-Energon's reading of a vision-language tar output: packs with their images.
 
 A ``--format webdataset`` output of ``packtool pack --processor DIR`` holds, per pack, the arrays members
 of a text pack (``KEY.input_ids.npy``, ...), the image columns (``KEY.image_offset.npy``,
