@@ -168,10 +168,26 @@ def _stop_forkserver(now: bool = False) -> None:
             time.sleep(0.01)
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+    if getattr(server, "_forkserver_alive_fd", 0) is None:  # a stop interrupted in its wait (a Ctrl-C)
+        _reap_forkserver(server, pid)
+        return
     try:
         server._stop()  # closes its pipe and waits for it
     except (AttributeError, OSError):  # no such private helper in this Python: it exits with the job
         pass
+
+
+def _reap_forkserver(server: Any, pid: int) -> None:
+    """Finish a stop of the forkserver that a Ctrl-C cut short after it closed the server's pipe (the
+    server is exiting or was killed): reap it and forget it, as the stop would have, so that a second
+    stop does not close the pipe again (``TypeError`` from the stop itself)."""
+    with contextlib.suppress(OSError):
+        os.waitpid(pid, 0)
+    address = getattr(server, "_forkserver_address", None)
+    if isinstance(address, str) and address and not address.startswith("\0"):  # a socket file
+        with contextlib.suppress(OSError):
+            os.unlink(address)
+    server._forkserver_pid = server._forkserver_address = None
 
 
 def _kill_forkserver_children() -> None:

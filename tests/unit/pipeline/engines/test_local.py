@@ -139,3 +139,31 @@ def test_keep_freed_memory_takes_effect_where_glibc_runs():
     from packtool.pipeline.engines.local import keep_freed_memory
 
     assert keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
+
+
+def test_a_ctrl_c_in_the_forkserver_s_stop_leaves_it_reaped_by_the_next_stop(monkeypatch):
+    """A Ctrl-C as a finished run shuts its pool down lands in the forkserver's stop, which has closed the
+    server's pipe and waits for it: the CLI's own stop after it closed that pipe again (``TypeError``, a
+    traceback and exit 1 instead of the interrupted run's line and 130). The next stop now reaps it."""
+    from multiprocessing import forkserver
+
+    from packtool.pipeline.engines import local
+
+    with LocalEngine(2) as engine:
+        list(engine.map(_square, range(4)))
+        server = forkserver._forkserver
+        pid = server._forkserver_pid
+        assert pid is not None
+        real_waitpid = os.waitpid
+
+        def interrupted(p, options):
+            monkeypatch.setattr(os, "waitpid", real_waitpid)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(os, "waitpid", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            engine.close()
+    local.stop_helpers()  # the CLI's, as a run ends interrupted
+    assert server._forkserver_pid is None
+    with pytest.raises(ChildProcessError):  # reaped
+        os.waitpid(pid, os.WNOHANG)
