@@ -22,9 +22,6 @@ from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
 from tests.fixtures.vision_inputs import llava_rows, write_llava_input
 from tests.fixtures.vision_processors import build_qwen2vl
 
-# one local Ray for the module: its tests run on one xdist worker
-pytestmark = pytest.mark.xdist_group("ray")
-
 TEXT_ARGS = [
     str(DEMO / "train.jsonl"), "--tokenizer", str(DEMO_TOKENIZER), "--add-eos",
     "--packed-sequence-size", "512", "--long-samples", "truncate",

@@ -27,7 +27,6 @@ from tests.fixtures.vision_inputs import write_llava_input
 from tests.fixtures.vision_processors import build_qwen2vl
 
 N = 120
-pytestmark = pytest.mark.xdist_group("untrusted_vision")  # one worker makes the output once (a vision pack)
 
 
 @pytest.fixture(scope="module")
