@@ -153,7 +153,9 @@ STOP_WAIT = 2.0  # seconds a stopping job gives the forkserver to reap the worke
 
 def _stop_forkserver(now: bool = False) -> None:
     """Stop the forkserver and reap it, so that its workers' CPU time counts in this process's children
-    (``wait4``, ``time``) as spawned workers' does; a later pool starts a new one. With ``now`` (a job
+    (``wait4``, ``time``) as spawned workers' does; a later pool starts a new one. It is ended by SIGTERM
+    once it has reaped its workers: nothing it holds needs an orderly exit, and a vision run's forkserver
+    (torch and transformers imported) took a second to exit. With ``now`` (a job
     stopping) it is killed, its workers first (it reaps them, within ``STOP_WAIT`` seconds): it may be in
     the middle of its imports (a Ctrl-C early in a run), when it would see its pipe close only after them,
     or still serve a worker the pool has not counted, which it would wait for."""
@@ -163,11 +165,11 @@ def _stop_forkserver(now: bool = False) -> None:
         return
     if now:
         _kill_forkserver_children()
-        deadline = time.monotonic() + STOP_WAIT
-        while _children_of(pid) and time.monotonic() < deadline:  # it reaps them as they die
-            time.sleep(0.01)
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + STOP_WAIT
+    while _children_of(pid) and time.monotonic() < deadline:  # it reaps them as they die
+        time.sleep(0.01)
+    with contextlib.suppress(OSError):  # its workers reaped (their CPU counted), nothing of it to keep:
+        os.kill(pid, signal.SIGKILL if now else signal.SIGTERM)  # no second of exiting torch's imports
     if getattr(server, "_forkserver_alive_fd", 0) is None:  # a stop interrupted in its wait (a Ctrl-C)
         _reap_forkserver(server, pid)
         return
