@@ -55,6 +55,14 @@ TOL = 1e-9
 GRAD_TOL = 1e-8  # a gradient sums every token's in another order packed than alone (Gemma 3: 1.2e-9 off)
 
 
+def _built(model_class, config, vision: str, text: str):
+    """``model_class`` from ``config`` in float64 on sdpa (seed 0, eval mode), with the vision-tower and
+    language-model parameters (their dotted names) whose gradients the test compares."""
+    torch.manual_seed(0)
+    model = model_class._from_config(config, attn_implementation="sdpa", dtype=torch.float64)
+    return model.eval(), model.get_parameter(vision), model.get_parameter(text)
+
+
 def _llava(vp, vocab: int):
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
@@ -69,13 +77,12 @@ def _llava(vp, vocab: int):
         ),
         image_token_id=vp.image_token_id, vision_feature_select_strategy="default", vision_feature_layer=-2,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = LlavaForConditionalGeneration._from_config(
-        config, attn_implementation="sdpa", dtype=torch.float64
+    return _built(
+        LlavaForConditionalGeneration,
+        config,
+        "model.vision_tower.encoder.layers.0.self_attn.q_proj.weight",
+        "model.language_model.layers.0.self_attn.q_proj.weight",
     )
-    vision = model.model.vision_tower.encoder.layers[0].self_attn.q_proj.weight
-    text = model.model.language_model.layers[0].self_attn.q_proj.weight
-    return model.eval(), vision, text
 
 
 def _qwen2vl(vp, vocab: int):
@@ -96,13 +103,12 @@ def _qwen2vl(vp, vocab: int):
         vision_start_token_id=tok.token_to_id("<|vision_start|>"),
         vision_end_token_id=tok.token_to_id("<|vision_end|>"),
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = Qwen2VLForConditionalGeneration._from_config(
-        config, attn_implementation="sdpa", dtype=torch.float64
+    return _built(
+        Qwen2VLForConditionalGeneration,
+        config,
+        "model.visual.blocks.0.attn.qkv.weight",
+        "model.language_model.layers.0.self_attn.q_proj.weight",
     )
-    vision = model.model.visual.blocks[0].attn.qkv.weight
-    text = model.model.language_model.layers[0].self_attn.q_proj.weight
-    return model.eval(), vision, text
 
 
 def _qwen25vl(vp, vocab: int):
@@ -126,13 +132,12 @@ def _qwen25vl(vp, vocab: int):
         vision_start_token_id=tok.token_to_id("<|vision_start|>"),
         vision_end_token_id=tok.token_to_id("<|vision_end|>"),
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration._from_config(
-        config, attn_implementation="sdpa", dtype=torch.float64
+    return _built(
+        Qwen2_5_VLForConditionalGeneration,
+        config,
+        "model.visual.blocks.0.attn.qkv.weight",
+        "model.language_model.layers.0.self_attn.q_proj.weight",
     )
-    vision = model.model.visual.blocks[0].attn.qkv.weight
-    text = model.model.language_model.layers[0].self_attn.q_proj.weight
-    return model.eval(), vision, text
 
 
 def _text(vocab: int) -> dict:
@@ -153,13 +158,12 @@ def _llava_next(vp, vocab: int):
         image_token_index=vp.image_token_id, vision_feature_select_strategy="default",
         vision_feature_layer=-2, image_grid_pinpoints=vp.image_processor.image_grid_pinpoints,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = LlavaNextForConditionalGeneration._from_config(
-        config, attn_implementation="sdpa", dtype=torch.float64
+    return _built(
+        LlavaNextForConditionalGeneration,
+        config,
+        "model.vision_tower.encoder.layers.0.self_attn.q_proj.weight",
+        "model.language_model.layers.0.self_attn.q_proj.weight",
     )
-    vision = model.model.vision_tower.encoder.layers[0].self_attn.q_proj.weight
-    text = model.model.language_model.layers[0].self_attn.q_proj.weight
-    return model.eval(), vision, text
 
 
 def _idefics3(vp, vocab: int):
@@ -172,13 +176,12 @@ def _idefics3(vp, vocab: int):
         text_config={"model_type": "llama", **_text(vocab)},
         image_token_id=vp.image_token_id, scale_factor=1,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = Idefics3ForConditionalGeneration._from_config(
-        config, attn_implementation="sdpa", dtype=torch.float64
+    return _built(
+        Idefics3ForConditionalGeneration,
+        config,
+        "model.vision_model.encoder.layers.0.self_attn.q_proj.weight",
+        "model.text_model.layers.0.self_attn.q_proj.weight",
     )
-    vision = model.model.vision_model.encoder.layers[0].self_attn.q_proj.weight
-    text = model.model.text_model.layers[0].self_attn.q_proj.weight
-    return model.eval(), vision, text
 
 
 def _gemma3(vp, vocab: int):
@@ -196,15 +199,15 @@ def _gemma3(vp, vocab: int):
         eoi_token_index=tok.token_to_id("<end_of_image>"),
         image_token_index=tok.token_to_id("<image_soft_token>"),
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = Gemma3ForConditionalGeneration._from_config(
-        config, attn_implementation="sdpa", dtype=torch.float64
+    model, vision, text = _built(
+        Gemma3ForConditionalGeneration,
+        config,
+        "model.vision_tower.encoder.layers.0.self_attn.q_proj.weight",
+        "model.language_model.layers.0.self_attn.q_proj.weight",
     )
     with torch.no_grad():  # initialized to zeros: no image would reach the language model
         model.model.multi_modal_projector.mm_input_projection_weight.normal_(std=0.02)
-    vision = model.model.vision_tower.encoder.layers[0].self_attn.q_proj.weight
-    text = model.model.language_model.layers[0].self_attn.q_proj.weight
-    return model.eval(), vision, text
+    return model, vision, text
 
 
 MODELS = {"llava": _llava, "qwen2vl": _qwen2vl, "qwen25vl": _qwen25vl, "llava_next": _llava_next,
