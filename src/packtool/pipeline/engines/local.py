@@ -68,7 +68,7 @@ class LocalEngine:
                 yield fn(task)
             return
         if self._pool is None:
-            start_forkserver(self.num_proc)  # started with SIGINT held off (when not started already)
+            start_forkserver(self.num_proc, self.preload)  # with SIGINT held off (unless started already)
             self._pool = ProcessPoolExecutor(
                 self.num_proc,
                 mp_context=_context(self.preload),

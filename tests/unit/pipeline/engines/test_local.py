@@ -167,3 +167,16 @@ def test_a_ctrl_c_in_the_forkserver_s_stop_leaves_it_reaped_by_the_next_stop(mon
     assert server._forkserver_pid is None
     with pytest.raises(ChildProcessError):  # reaped
         os.waitpid(pid, os.WNOHANG)
+
+
+def _imported(name: str) -> bool:
+    import sys
+
+    return name in sys.modules
+
+
+def test_the_workers_have_the_preload_imported_before_their_first_task():
+    """An engine's ``preload`` (a vision run's encoder, ``engines.worker_preload``) is imported by the
+    forkserver the engine starts, so each worker has it at its first task instead of importing it then."""
+    with LocalEngine(2, preload=("colorsys",)) as engine:
+        assert all(engine.map(_imported, ["colorsys"] * 4))
