@@ -47,7 +47,7 @@ from packtool.errors import InputError
 from packtool.packing.plan import PackPlan
 from packtool.schema import IMAGES, pack_of_piece, per_pack_sum, piece_starts
 from packtool.stats import image_stats_of
-from packtool.vision.files import image_digest, read_image_file
+from packtool.vision.files import FileStamp, image_digest, read_image_file
 
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # datasets.Image's storage
 FIRST, TABLE, BLOB = "image_first", "images", "image_blob"  # a chunk's image arrays (.npy)
@@ -147,7 +147,7 @@ def first_changed(table: np.ndarray, blob: np.ndarray) -> int | None:
             st = os.stat(_text(blob, table[i], "path"))
         except OSError:
             return i
-        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) != tuple(table[i, STAMP].tolist()):
+        if FileStamp.of(st) != FileStamp(*table[i, STAMP].tolist()):
             return i
     return None
 
