@@ -179,7 +179,8 @@ def _expand_dir(path: Path, input_format: str) -> list[tuple[str, str, list[str]
     for p in tree.broken:  # a broken link among the files read is named as one (not skipped)
         if _reader_of(p, input_format):
             raise _missing(p)
-    known = [p for p in tree.files if _reader_of(p, input_format)]
+    reader = {p: _reader_of(p, input_format) for p in tree.files}
+    known = [p for p in tree.files if reader[p]]
     if not known:
         names = [str(p.relative_to(path)) for p in tree.files]
         held = f"it holds {_count(names, 'file')} ({_names(names)})" if names else "it holds no file"
@@ -188,9 +189,9 @@ def _expand_dir(path: Path, input_format: str) -> list[tuple[str, str, list[str]
             f"directory holds no file of a known format ({KNOWN}, compressed or not): {held}{hint}",
             source=str(path),
         )
-    if all(_reader_of(p, input_format) == "text" for p in known):  # the others (README, notes) are not read
+    if all(reader[p] == "text" for p in known):  # the others (README, notes) are not read
         return [("text_dir", str(path), [str(p) for p in known])]
-    return [(_reader_of(p, input_format), str(p), []) for p in known]
+    return [(reader[p], str(p), []) for p in known]
 
 
 @dataclass
