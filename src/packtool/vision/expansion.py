@@ -228,7 +228,7 @@ class Expander:
             e = failed[-1]
             raise Refused(
                 f"it fails on {len(failed)} of {len(PROBE_SIZES)} probe images "
-                f"({type(e).__name__}: {_first_line(e)})"
+                f"({type(e).__name__}: {first_line(e)})"
             )
         self._probe_pixels(sizes[0], alone[sizes[0]])
         self._probe_layout(sizes[0], sizes[1])
@@ -419,9 +419,9 @@ class Expander:
         try:
             return self._replacement(height, width, images)
         except ValueError as e:
-            raise ValueError(_first_line(e)) from None
+            raise ValueError(first_line(e)) from None
         except Exception as e:  # noqa: BLE001 - any failure of the processor on this size is this image's
-            raise ValueError(f"the processor fails on it: {type(e).__name__}: {_first_line(e)}") from None
+            raise ValueError(f"the processor fails on it: {type(e).__name__}: {first_line(e)}") from None
 
     def _expansion_of(self, text: str) -> Expansion:
         collapsed, runs = self.collapse(text)
@@ -478,6 +478,7 @@ def expand_runs(ids: np.ndarray, starts: np.ndarray, runs: list[tuple[int, int, 
     return np.repeat(ids, run_repeats(len(ids), starts, runs))
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An error's first line (a library's message may go on for many), or its type's name if it has none."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__

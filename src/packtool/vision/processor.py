@@ -35,7 +35,7 @@ import numpy as np
 from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError
-from packtool.vision.expansion import Expander, Expansion, Refused
+from packtool.vision.expansion import Expander, Expansion, Refused, first_line
 
 CONFIG_FILES = (
     "processor_config.json",
@@ -222,9 +222,7 @@ def load_processor(
     except ImportError as e:  # a part needs torchvision: without the video processor, else refused
         processor, video = _without_video(path, e)
     except (OSError, ValueError, TypeError, KeyError) as e:
-        raise ConfigError(
-            f"processor {directory}: cannot load with AutoProcessor: {_first_line(e)}"
-        ) from None
+        raise ConfigError(f"processor {directory}: cannot load with AutoProcessor: {first_line(e)}") from None
     family = _family(processor)
     if not hasattr(processor, "image_processor"):
         raise ConfigError(f"processor {directory}: {family} has no image processor")
@@ -248,7 +246,7 @@ def load_processor(
         raise ConfigError(f"processor {directory}: {family} is refused: {e}") from None
     except Exception as e:  # noqa: BLE001 - a configuration no image can be processed with: the user's to fix
         raise ConfigError(
-            f"processor {directory}: {family} fails on a probe image: {type(e).__name__}: {_first_line(e)}"
+            f"processor {directory}: {family} fails on a probe image: {type(e).__name__}: {first_line(e)}"
         ) from None
     if expander.cross_attention:
         raise ConfigError(
@@ -313,7 +311,7 @@ def _without_video(path: Path, error: ImportError) -> tuple[Any, str]:
     except ImportError as e:
         raise ConfigError(f"{reason[: reason.rindex('(')]}({_first_sentence(e)})") from None
     except (OSError, ValueError, TypeError, KeyError) as e:
-        raise ConfigError(f"processor {path}: cannot load {family}: {_first_line(e)}") from None
+        raise ConfigError(f"processor {path}: cannot load {family}: {first_line(e)}") from None
     return processor, "not loaded (needs torchvision; packtool packs images only)"
 
 
@@ -406,7 +404,7 @@ def check_config_values(path: Path) -> None:
         try:
             config = json.loads(file.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as e:
-            raise ConfigError(f"processor {path}: {name} is not valid JSON: {_first_line(e)}") from None
+            raise ConfigError(f"processor {path}: {name} is not valid JSON: {first_line(e)}") from None
         if not isinstance(config, dict):
             raise ConfigError(f"processor {path}: {name} is not a JSON object")
         for where, value in _numbers(config, ""):
@@ -458,11 +456,6 @@ def _config_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def _first_sentence(e: BaseException) -> str:
     """The first sentence of an error's first line (transformers' import errors go on with instructions)."""
-    return _first_line(e).split(". ")[0].rstrip(".")
+    return first_line(e).split(". ")[0].rstrip(".")
