@@ -140,7 +140,7 @@ def chunk_parts(
             if "loss_mask" in e.schema.names:
                 part["loss_mask"] = np.ascontiguousarray(list_parts(e.column("loss_mask"))[1], dtype=np.int8)
             else:
-                part["loss_mask"] = (labels != -100).astype(np.int8)
+                part["loss_mask"] = (labels != IGNORE_INDEX).astype(np.int8)
         parts.append(part)
     meta = {
         "digest": chunk_digest(parts, CHUNK_ARRAYS),

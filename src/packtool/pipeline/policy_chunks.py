@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from packtool.conventions import IGNORE_INDEX
 from packtool.layout import labels_follow_rule
 
 
@@ -29,7 +30,7 @@ def policy_chunk(
         "labels": np.concatenate([p["labels"] for p in packs]).astype(np.int32),
     }
     if has_mask:
-        masks = [p.get("loss_mask", (p["labels"] != -100).astype(np.int8)) for p in packs]
+        masks = [p.get("loss_mask", (p["labels"] != IGNORE_INDEX).astype(np.int8)) for p in packs]
         arrays["loss_mask"] = np.concatenate(masks).astype(np.int8)
     arrays["offsets"] = np.concatenate([[0], np.cumsum(seq)]).astype(np.int64)
     arrays["rows"] = np.repeat(np.arange(len(packs)), [len(p["seq_lens"]) for p in packs])
