@@ -85,6 +85,45 @@ def large_lists(offsets: np.ndarray, values: np.ndarray, value_type: pa.DataType
     return pa.LargeListArray.from_arrays(arrow_array(offsets, pa.int64()), arrow_array(values, value_type))
 
 
+def bytes_array(values: list[bytes | str | None], type_: pa.DataType) -> pa.Array:
+    """A string or binary array (``type_``: ``string``, ``binary``, their ``large_`` kinds) from Python
+    ``str``, ``bytes`` or ``None`` (null), without pandas: one join of the bytes, offsets and validity
+    through NumPy.
+
+    >>> bytes_array(["a", None, "bc"], pa.string()).to_pylist()
+    ['a', None, 'bc']
+    """
+    encoded = [v.encode() if isinstance(v, str) else v for v in values]
+    n = len(encoded)
+    valid = np.fromiter((v is not None for v in encoded), dtype=bool, count=n)
+    large = pa.types.is_large_string(type_) or pa.types.is_large_binary(type_)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    sizes = np.fromiter((0 if v is None else len(v) for v in encoded), dtype=np.int64, count=n)
+    np.cumsum(sizes, out=offsets[1:])
+    if not large:
+        if offsets[-1] > np.iinfo(np.int32).max:
+            raise OverflowError(f"{offsets[-1]:,} bytes do not fit one {type_} array (2 GiB at most)")
+        offsets = offsets.astype(np.int32)
+    data = pa.py_buffer(b"".join(v for v in encoded if v is not None))
+    nulls = n - int(valid.sum())
+    validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(offsets), data], null_count=nulls)
+
+
+def int_array(values: list[int | None], type_: pa.DataType) -> pa.Array:
+    """An integer array of ``type_`` from Python ints or ``None`` (null), without pandas.
+
+    >>> int_array([3, None, 5], pa.int64()).to_pylist()
+    [3, None, 5]
+    """
+    n = len(values)
+    valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+    filled = np.fromiter((0 if v is None else v for v in values), dtype=_NUMPY_TYPES[type_], count=n)
+    nulls = n - int(valid.sum())
+    validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(filled)], null_count=nulls)
+
+
 def array_lists(arrays: list[np.ndarray]) -> pa.LargeListArray:
     """``large_list<int32>`` of NumPy arrays of token ids (one list each), with one concatenation: no
     Python iteration over their values (``token_lists`` is for Python lists).

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packtool.arrays import concat_ragged
+from packtool.arrays import bytes_array, concat_ragged
 from packtool.errors import ConfigError, InputError, PacktoolError
 from packtool.fileio import written_whole
 from packtool.formats import tar
@@ -320,7 +320,7 @@ def image_members(path: Path, key: str, found: dict[str, tuple[int, int]], buf) 
 def images_array(images: list[tuple[str, bytes]]) -> pa.StructArray:
     """``(member name, bytes)`` of images as the ``images`` column's values (``struct<bytes, path>``)."""
     return pa.StructArray.from_arrays(
-        [pa.array([b for _, b in images], pa.binary()), pa.array([m for m, _ in images], pa.string())],
+        [bytes_array([b for _, b in images], pa.binary()), bytes_array([m for m, _ in images], pa.string())],
         names=["bytes", "path"],
     )
 

@@ -42,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from packtool.arrays import groups, list_parts, np_view, ranges
+from packtool.arrays import bytes_array, groups, list_parts, np_view, ranges
 from packtool.errors import InputError
 from packtool.packing.plan import PackPlan
 from packtool.schema import IMAGES, pack_of_piece, per_pack_sum, piece_starts
@@ -272,7 +272,7 @@ class ChunkImages:
                 data[j] = raw
             self.store.release(c)
         return pa.StructArray.from_arrays(
-            [pa.array(data, type=pa.binary()), pa.array(names, type=pa.string())], fields=list(IMAGE)
+            [bytes_array(data, pa.binary()), bytes_array(names, pa.string())], fields=list(IMAGE)
         )
 
     def changed_file(self) -> InputError | None:
