@@ -27,7 +27,11 @@ from packtool.encoders.text import HFTokenizer, TextEncoder
 from packtool.errors import ConfigError
 from packtool.plugins import is_plugin_spec, load_plugin
 
-__all__ = ["Encoder", "build_encoder", "fields_read", "resolve_sample_format"]
+__all__ = ["SLOW_TO_BUILD", "Encoder", "build_encoder", "fields_read", "resolve_sample_format"]
+
+# sample formats whose encoder takes seconds to build (a processor: transformers and torch imported, its
+# files read): a run whose workers encode has one of them build it first, and its driver never does
+SLOW_TO_BUILD = frozenset({"vision"})
 
 
 def resolve_sample_format(options: EncodingOptions, field_names: list[str]) -> str:

@@ -18,11 +18,10 @@ rest keep their order and the output stays the same for any number of workers.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from packtool.packing.planner import too_long_message
 from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
 from packtool.pipeline.options import CHUNK_BYTES
+from packtool.pipeline.report import name_special_tokens
 from packtool.readers.base import SourceBatch
 from packtool.readers.inputs import expand_inputs, piece_bytes, read_inputs, record_bytes
 
@@ -56,13 +56,23 @@ class RunSpec:
     encoder_state: str = "null"
 
 
-@dataclass
 class Worker:
-    """One process's state for one run: the options, the encoder, the chunk stores it reads."""
+    """One process's state for one run: the options, the encoder (built when first used: a process that
+    only writes shards never loads a processor), the chunk stores it reads."""
 
-    options: PackOptions
-    encoder: Encoder
-    stores: dict[str, ChunkStore] = field(default_factory=dict)
+    def __init__(self, spec: RunSpec) -> None:
+        self.options = PackOptions.from_dict(json.loads(spec.config), given=set())  # checked by the driver
+        self.sample_format, self.encoder_state = spec.sample_format, spec.encoder_state
+        self.stores: dict[str, ChunkStore] = {}
+        self._encoder: Encoder | None = None
+
+    @property
+    def encoder(self) -> Encoder:
+        if self._encoder is None:
+            n = self.options.packing.packed_sequence_size
+            state = json.loads(self.encoder_state)
+            self._encoder = build_encoder(self.options.encoding, self.sample_format, n, state)
+        return self._encoder
 
     def store(self, work_dir: str) -> ChunkStore:
         if work_dir not in self.stores:
@@ -70,13 +80,42 @@ class Worker:
         return self.stores[work_dir]
 
 
-@functools.lru_cache(maxsize=1)
+_WORKER: list[tuple[tuple[str, str, str], Worker]] = []  # this process's: (its run's key, its state)
+
+
 def worker(spec: RunSpec) -> Worker:
-    """This process's state for ``spec``'s run, built on first use (the driver builds it first, so a bad
-    tokenizer fails there, before any worker starts)."""
-    options = PackOptions.from_dict(json.loads(spec.config), given=set())  # checked by the driver
-    n, state = options.packing.packed_sequence_size, json.loads(spec.encoder_state)
-    return Worker(options, build_encoder(options.encoding, spec.sample_format, n, state))
+    """This process's state for ``spec``'s run, made on first use and kept for the run (whatever
+    ``encoder_state`` a later spec of the same run carries: the process that found it keeps its own)."""
+    key = (spec.config, spec.sample_format, spec.token)
+    if not _WORKER or _WORKER[0][0] != key:
+        _WORKER[:] = [(key, Worker(spec))]
+    return _WORKER[0][1]
+
+
+@dataclass(frozen=True)
+class EncoderFacts:
+    """What the run's driver needs of the encoder: ``state``, its ``Encoder.state()`` as JSON (what the
+    other workers need not find again); ``identity``, ``Encoder.identity()`` (in the run id); ``named``,
+    that identity with the special tokens' names (``report.name_special_tokens``, for the manifest); and
+    ``warnings``, the tokens chosen by their names alone."""
+
+    state: str
+    identity: dict
+    named: dict
+    warnings: list[str]
+
+
+def describe_encoder(task: tuple[RunSpec, dict, int]) -> EncoderFacts:
+    """Build this process's encoder for ``(spec, named, pad_token_id)`` (a bad tokenizer or processor fails
+    here, before any record is encoded) and return what the driver needs of it (``EncoderFacts``;
+    ``named``: the BOS/EOS the user named). Run by the driver, or by a worker for a sample format whose
+    encoder is slow to build (``encoders.registry.SLOW_TO_BUILD``): the driver then never loads it."""
+    spec, named, pad_token_id = task
+    encoder = worker(spec).encoder
+    state = encoder.state() if hasattr(encoder, "state") else None
+    identity = encoder.identity()
+    with_names, guesses = name_special_tokens(identity, encoder, named, pad_token_id)
+    return EncoderFacts(json.dumps(state), identity, with_names, guesses)
 
 
 def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir: str, start: int = 0) -> dict:

@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from packtool.binding import content_run_key
-from packtool.encoders.registry import fields_read, resolve_sample_format
+from packtool.encoders.registry import SLOW_TO_BUILD, fields_read, resolve_sample_format
 from packtool.errors import (
     MAX_LOGGED,
     ConfigError,
@@ -74,7 +74,7 @@ from packtool.packing.planner import hold_out, make_plan, resolve_position_ids
 from packtool.pipeline import progress
 from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.content import labels_as_given
-from packtool.pipeline.encode import RunSpec, first_bad_record, precut_limit, worker
+from packtool.pipeline.encode import EncoderFacts, RunSpec, describe_encoder, first_bad_record, precut_limit
 from packtool.pipeline.engines import make_engine, resolve_num_proc, worker_preload
 from packtool.pipeline.identity import (
     bind_run_id,
@@ -89,7 +89,6 @@ from packtool.pipeline.images import vision_record
 from packtool.pipeline.interrupt import stop_on_interrupt
 from packtool.pipeline.output import OutputDir
 from packtool.pipeline.preflight import check_memory, check_vision_options, unread_token_fields
-from packtool.pipeline.report import name_special_tokens
 from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
 from packtool.pipeline.stores import EncodedStore, open_store
 from packtool.pipeline.summary import build_manifest, input_entries, lowest_version, run_stats, with_path
@@ -200,17 +199,19 @@ class _FieldsRead:
         return fields_read(self.options.encoding, self.sample_format)
 
 
-def start_run(options: PackOptions, sample_format: str) -> RunSpec:
-    """The run's ``RunSpec``, with this process's worker state built (a bad tokenizer fails here), and
-    what its encoder found that the workers' need not find again (``Encoder.state()``)."""
+def start_run(options: PackOptions, sample_format: str, engine: Any = None) -> tuple[RunSpec, EncoderFacts]:
+    """The run's ``RunSpec`` and what the driver needs of its encoder (``EncoderFacts``), from an encoder
+    built in this process, or in one of ``engine``'s workers when it is slow to build (``SLOW_TO_BUILD``):
+    a bad tokenizer or processor fails here, before any record is encoded. The spec carries what that
+    encoder found that the workers' need not find again (``Encoder.state()``)."""
     spec = RunSpec(json.dumps(options.to_dict()), sample_format, os.urandom(8).hex())
-    encoder = worker(spec).encoder
-    state = encoder.state() if hasattr(encoder, "state") else None
-    if state is None:
-        return spec
-    spec = dataclasses.replace(spec, encoder_state=json.dumps(state))
-    worker(spec)  # (built again with its own findings: nothing is probed twice)
-    return spec
+    tokens = options.encoding.tokens
+    task = (spec, {"bos": tokens.bos_token, "eos": tokens.eos_token}, options.packing.pad_token_id)
+    if engine is not None and sample_format in SLOW_TO_BUILD:
+        facts = next(iter(engine.map(describe_encoder, [task])))
+    else:
+        facts = describe_encoder(task)
+    return dataclasses.replace(spec, encoder_state=facts.state), facts
 
 
 @dataclass
@@ -248,21 +249,20 @@ class _Planned:
 
 
 def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
-    started = _start(options, say)
-    stamps = input_stamps(options.reading.inputs, started.expand)  # the inputs as the run starts reading them
-    resume = out.begin({"run_id": started.identity_key, "inputs": stamps, "packtool": __version__})
-    if resume is not None and not resume["resumed"]:
-        say.note(
-            f"{out.partial} holds an interrupted run of another job (options, inputs or tokenizer differ); "
-            "starting afresh"
-        )
-    resumed = bool(resume and resume["resumed"])
-    if resumed:
-        say.note(f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
-    work = str(out.work)
     values = options.to_dict()
     with make_engine(options.running, resolve_num_proc(values), worker_preload(values)) as engine:
-        store = open_store(started.spec, options, started.sample_format, work, engine, resumed)
+        started = _start(options, say, engine)
+        stamps = input_stamps(options.reading.inputs, started.expand)  # the inputs as the run starts reading
+        resume = out.begin({"run_id": started.identity_key, "inputs": stamps, "packtool": __version__})
+        if resume is not None and not resume["resumed"]:
+            say.note(
+                f"{out.partial} holds an interrupted run of another job (options, inputs or tokenizer "
+                "differ); starting afresh"
+            )
+        resumed = bool(resume and resume["resumed"])
+        if resumed:
+            say.note(f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
+        store = open_store(started.spec, options, started.sample_format, str(out.work), engine, resumed)
         for line in store.resume_notes():
             say.note(line)
         progress.step_done("read", 0)  # (a test or a benchmark may time the steps from here)
@@ -276,10 +276,10 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
     return _manifest(planned, shards, store.chunks, store.metas, started, options, out)
 
 
-def _start(options: PackOptions, say: _Say) -> _Started:
-    """Read the first records, resolve and check the options for the sample format they are, build this
-    process's encoder (a bad tokenizer or processor fails here, before any worker starts) and the run's
-    identity; say what the user should know before the work."""
+def _start(options: PackOptions, say: _Say, engine: Any) -> _Started:
+    """Read the first records, resolve and check the options for the sample format they are, build the
+    encoder (``start_run``: a bad tokenizer or processor fails here, before any record is encoded) and the
+    run's identity; say what the user should know before the work."""
     sink = ErrorSink(options.running.on_error)  # bad records met while reading
     fields = _FieldsRead(options)
     input_format = options.reading.files.input_format
@@ -309,27 +309,21 @@ def _start(options: PackOptions, say: _Say) -> _Started:
         if note := unread.note():
             say.note(f"note: {note}")
     _say_positions(options, say)
-    spec = start_run(options, sample_format)
-    encoder = worker(spec).encoder
-    identity = encoder.identity()
-    vocab = identity.get("vocab_size")
+    spec, facts = start_run(options, sample_format, engine)
+    vocab = facts.identity.get("vocab_size")
     if vocab is not None and options.packing.pad_token_id >= vocab:
         raise ConfigError(
             f"pad_token_id {options.packing.pad_token_id} is not a token id of the tokenizer "
             f"(vocabulary of {vocab:,})"
         )
     fingerprint = input_fingerprint(options.reading.inputs, expand)
-    identity_key = make_run_id(options, identity, fingerprint)  # the run_id is bound to content below
-    # the special tokens by name, in the manifest (not the run_id: the ids are in it already)
-    tokens = options.encoding.tokens
-    named = {"bos": tokens.bos_token, "eos": tokens.eos_token}
-    identity, guesses = name_special_tokens(identity, encoder, named, options.packing.pad_token_id)
-    for line in guesses:  # said before the work, even with --quiet: not a loss, so not in manifest.warnings
+    identity_key = make_run_id(options, facts.identity, fingerprint)  # the run_id is bound to content below
+    for line in facts.warnings:  # said before the work, even with --quiet: not a loss, so not in warnings
         say.warning(line)
     records = itertools.chain([first], batches)
     return _Started(
-        sample_format, records, first.schema, sink, spec, identity, identity_key, fingerprint, run_warnings,
-        expand,
+        sample_format, records, first.schema, sink, spec, facts.named, identity_key, fingerprint,
+        run_warnings, expand,
     )  # fmt: skip
 
 

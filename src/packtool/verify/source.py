@@ -19,7 +19,7 @@ from packtool.manifest import MANIFEST, Manifest
 from packtool.options import PackOptions
 from packtool.packs import PackArrays
 from packtool.pipeline.chunks import ChunkStore
-from packtool.pipeline.encode import encode_to_chunks, worker
+from packtool.pipeline.encode import encode_to_chunks
 from packtool.pipeline.engines import make_engine, resolve_num_proc
 from packtool.pipeline.run import start_run
 from packtool.plugins import is_plugin_spec
@@ -89,8 +89,8 @@ class SourceCheck:
         first = next(batches, None)
         if first is None:
             raise InputError("input holds no records", source=", ".join(options.reading.inputs))
-        spec = start_run(options, manifest.sample_format)
-        ident, recorded = worker(spec).encoder.identity(), manifest.tokenizer
+        spec, facts = start_run(options, manifest.sample_format)
+        ident, recorded = facts.identity, manifest.tokenizer
         if ident.get("sha256") != recorded.sha256:
             report.add(
                 "source",

@@ -36,7 +36,7 @@ def encoded(inputs: dict, work: Path, chunk_size: int, **options) -> tuple[Chunk
     values = {"inputs": [str(inputs["data"])], "output": str(work / "out"), "packed_sequence_size": 256,
               "processor": inputs["processor"], "chunk_size": chunk_size, **options}  # fmt: skip
     opts = PackOptions.from_dict(values)
-    spec = start_run(opts, "vision")
+    spec, _ = start_run(opts, "vision")
     batches = read_inputs(opts.reading.inputs, lazy=True)
     metas = encode_to_chunks(spec, opts, batches, str(work), LocalEngine(1))
     return ChunkStore(work, metas), opts
@@ -94,8 +94,9 @@ def test_the_content_key_of_text_does_not_follow_the_chunk_size(tmp_path):
                   "packed_sequence_size": 4096}  # fmt: skip
         opts = PackOptions.from_dict(values)
         work = tmp_path / f"w{chunk_size}"
-        metas = encode_to_chunks(start_run(opts, "text"), opts, read_inputs(opts.reading.inputs, lazy=True),
-                                 str(work), LocalEngine(1))  # fmt: skip
+        spec, _ = start_run(opts, "text")
+        metas = encode_to_chunks(spec, opts, read_inputs(opts.reading.inputs, lazy=True), str(work),
+                                 LocalEngine(1))  # fmt: skip
         assert len(metas) == (28 if chunk_size == 37 else 1)
         keys.add(content_key(ChunkStore(work, metas)))
     assert len(keys) == 1

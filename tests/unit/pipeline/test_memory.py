@@ -80,7 +80,7 @@ def _config(inputs: list[str], tmp: Path, **kw) -> PackOptions:
 
 
 def _both(tmp: Path, config: PackOptions) -> tuple[ChunkStore, list[dict], MemoryStore, list[dict]]:
-    spec = start_run(config, "pretokenized")
+    spec, _ = start_run(config, "pretokenized")
     stores = []
     for name in ("disk", "memory"):
         work = tmp / name

@@ -23,7 +23,9 @@ def _encoded(config, work, engine, monkeypatch, resumed=False, limit=None):
         monkeypatch.delenv(MEMORY_STORE_ENV, raising=False)
     else:
         monkeypatch.setenv(MEMORY_STORE_ENV, limit)
-    store = open_store(start_run(config, "pretokenized"), config, "pretokenized", str(work), engine, resumed)
+    store = open_store(
+        start_run(config, "pretokenized")[0], config, "pretokenized", str(work), engine, resumed
+    )
     seen = []
     batches = read_inputs(config.reading.inputs, sink=ErrorSink(config.running.on_error), lazy=True)
     store.encode(batches, lambda meta, new: seen.append((meta["index"], new)))

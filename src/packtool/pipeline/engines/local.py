@@ -38,7 +38,11 @@ from packtool.pipeline import progress
 
 WAIT_TICK = 0.25  # seconds between on_wait calls while the driver waits for a result
 # what each pipeline step is called in a message about a worker that died running it
-TASK_NAMES = {"encode_chunks": "encoding chunks", "_write_shard_task": "writing a shard"}
+TASK_NAMES = {
+    "describe_encoder": "loading the encoder",
+    "encode_chunks": "encoding chunks",
+    "_write_shard_task": "writing a shard",
+}
 
 
 class LocalEngine:
