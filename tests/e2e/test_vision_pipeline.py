@@ -29,6 +29,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -100,6 +102,27 @@ def test_workers_encode_vision_samples_and_write_the_bytes_of_one_process(vision
     encoded_in = {int(line.split()[2]) for line in steps.read_text().splitlines() if "encode_chunk" in line}
     assert len(encoded_in) >= 1 and os.getpid() not in encoded_in  # the workers encoded the chunks
     assert sum("encode_chunk" in line for line in steps.read_text().splitlines()) == 5  # 24 records / 5
+
+
+DRIVER_MODULES = (  # runs packtool's CLI, then says which heavy modules the driver process imported
+    "import atexit, sys; from packtool.cli import main; "
+    "atexit.register(lambda: print('imported:', *sorted({'transformers', 'torch'} & set(sys.modules)), "
+    "file=sys.stderr)); main(sys.argv[1:])"
+)
+
+
+def test_the_driver_of_a_run_whose_workers_encode_never_loads_the_processor(vision, tmp_path):
+    """transformers and torch (4 s of CPU, ~450 MB) are imported by the workers' forkserver only: the
+    driver learns the run's identity from the worker that built the encoder first (the packs are those of
+    one process: the test above)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    args = [vision["data"], "-o", tmp_path / "out", "--processor", vision["processor"],
+            "--packed-sequence-size", N, "--num-proc", 2, "-q"]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", DRIVER_MODULES, "pack", *map(str, args)],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "imported:"
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["stats"]["num_samples"] == 24
 
 
 # 2. resume ----------------------------------------------------------------------------------------------
