@@ -16,8 +16,9 @@ every process, peak RSS), with the run's steps timed from inside (``measure.STEP
   without (the images' own cost: read, header, digest, their bytes written; target at most 1.5x);
 * a ``--num-proc 2`` run interrupted with SIGINT (to its process group, as Ctrl-C is) once half its
   chunks are encoded, then run again: the rerun's CPU over a whole run's (target at most 0.6), and the
-  same for the work after start-up (from the first record read: the start-up, transformers and torch
-  imported by the driver and the workers' server, is the same for every run, however large).
+  same for the work after start-up (from the first record read, once a worker has loaded the processor:
+  the start-up, transformers and torch imported by the workers' server, is the same for every run,
+  however large).
 
 Each pack command runs ``--repeats`` times, alternating, and the best of each counts.
 
@@ -291,6 +292,16 @@ def bench_pack(data: Path, processor_dir: Path, tmp: Path, args) -> None:
         f"rerun after SIGINT at half way ({kept}): {rerun.cpu / two.cpu:.2f}x a whole run's CPU "
         f"({rerun.cpu:.1f} s against {two.cpu:.1f} s; target <= 0.6); after start-up: {rework / work:.2f}x "
         f"({rework:.1f} s against {work:.1f} s from the first record read to the last shard written)"
+    )
+    # what every run pays (start-up, plan, the shards' write) and the encoding, from the two measures: the
+    # whole run is fixed + encode, the rerun fixed + the share of the chunks it encoded again
+    done, total = (int(x) for x in re.findall(r"\d+", kept)[:2])
+    share = (total - done) / total
+    fixed = (rerun.cpu - share * two.cpu) / (1 - share)
+    print(
+        f"  of a whole run's CPU, {fixed:.1f} s is paid by every run however much was done before (start-up, "
+        f"plan, the shards' write) and {two.cpu - fixed:.1f} s is encoding: a rerun of half the chunks at "
+        "0.6x needs the first at most a quarter of the second"
     )
     print(f"fill: {stats['fill_rate']:.4f}; packs {packs} vs lower bound {stats['lower_bound_packs']}")
 

@@ -125,6 +125,24 @@ def test_the_driver_of_a_run_whose_workers_encode_never_loads_the_processor(visi
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["stats"]["num_samples"] == 24
 
 
+def test_a_bad_processor_loaded_first_by_a_worker_is_the_same_one_line_usage_error(vision, tmp_path):
+    """With workers, the processor is first loaded by one of them (the test above): its error is the one a
+    process alone gives (tests/unit/vision/test_processor.py), exit 2, no output."""
+    bad = tmp_path / "bad_processor"
+    shutil.copytree(vision["processor"], bad)
+    config = json.loads((bad / "preprocessor_config.json").read_text())
+    (bad / "preprocessor_config.json").write_text(json.dumps({**config, "patch_size": 0}))
+    out = tmp_path / "out"
+    args = [vision["data"], "-o", out, "--processor", bad, "--packed-sequence-size", N, "--num-proc", 2]
+    proc = run_cli("pack", *map(str, args), check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"packtool: error: processor {bad}: preprocessor_config.json field 'patch_size' is 0: "
+        "must be positive"
+    ]
+    assert not out.exists() and not out.with_name(out.name + ".partial").exists()
+
+
 # 2. resume ----------------------------------------------------------------------------------------------
 
 

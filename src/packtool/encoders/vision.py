@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 # imported at the top, not when the first processor loads: a local run's forkserver imports this module
-# (engines.worker_preload), so transformers' processor classes (seconds) are imported once, beside the
-# driver's own imports, and every worker forked from it has them
+# (engines.worker_preload), so transformers' processor classes (seconds) are imported once, and every
+# worker forked from it has them
 from transformers import AutoImageProcessor, AutoProcessor  # noqa: F401
 
 from packtool.arrays import array_lists, arrow_array, bytes_array, int_array, np_view

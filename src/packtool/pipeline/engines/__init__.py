@@ -78,7 +78,8 @@ def _paths(spec: str) -> list[str]:
 def worker_preload(values: Mapping[str, Any]) -> tuple[str, ...]:
     """What a local run's worker processes import before their first task besides the pipeline, from the
     flat option ``values`` (with ``os`` alone, as ``resolve_num_proc``): a vision run's encoder (Pillow,
-    transformers: seconds to import), imported once by the forkserver, beside the driver's own imports."""
+    transformers: seconds to import), imported once by the forkserver (the driver of such a run never
+    imports them: ``pipeline.run.start_run``)."""
     vision = values.get("processor") is not None or values.get("sample_format") == "vision"
     return ("packtool.encoders.vision",) if vision else ()
 
