@@ -251,6 +251,15 @@ class ChunkStore:
             self.max_open = default_max_open(3 + len(MAPPED) * with_images)
         self.images = ChunkImages(self) if with_images else None  # a vision-language run's (pipeline.images)
 
+    def drop_caches(self) -> None:
+        """Unmap every chunk and forget the small arrays and headers read (read again when next needed): a
+        driver keeps nothing of them while its workers write."""
+        self._open.clear()
+        self._maps.clear()
+        self._offsets.clear()
+        self._offsets_bytes = 0
+        self._headers.clear()
+
     def append_packs(self, packs: list[dict[str, np.ndarray]]) -> np.ndarray:
         """Store packs made by a custom ``pack_selected_samples`` as one more chunk, one new sample per
         ``seq_lens`` entry (numbered after every sample of the store), and return their sample numbers

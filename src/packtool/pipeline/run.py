@@ -76,6 +76,7 @@ from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.content import labels_as_given
 from packtool.pipeline.encode import EncoderFacts, RunSpec, describe_encoder, first_bad_record, precut_limit
 from packtool.pipeline.engines import make_engine, resolve_num_proc, worker_preload
+from packtool.pipeline.engines.local import give_back_freed_memory
 from packtool.pipeline.identity import (
     bind_run_id,
     check_inputs_unchanged,
@@ -269,6 +270,8 @@ def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifes
         _encode(store, started.records, options, engine, show)
         planned = _plan(store, started, options, say)
         progress.step_done("plan", planned.plan.num_packs)
+        store.chunks.drop_caches()  # the plan's temporaries and the chunks' caches go back to the OS before
+        give_back_freed_memory()  # the workers write (their peak): a million samples' plan held 150 MB more
         shards = _write(planned, store, started.spec, options, out, resumed, show, say)
     check_inputs_unchanged(options.reading.inputs, stamps, started.expand)  # nothing from a changed input
     if store.chunks.images is not None and (changed := store.chunks.images.changed_file()) is not None:

@@ -107,3 +107,19 @@ def test_samples_of_a_chunk_without_loss_mask_in_a_store_with_one(tmp_path):
     assert [s["loss_mask"].tolist() for s in got] == [[1, 0, 1], [1, 1, 1]]
     pieces = store.pieces(np.array([1, 3]), np.zeros(2, dtype=np.int64), np.array([3, 3]))
     assert pieces["loss_mask"].tolist() == [1, 0, 1, 1, 1, 1]
+
+
+def test_a_store_whose_caches_are_dropped_reads_the_same_again(tmp_path):
+    """``drop_caches`` (the driver, once it has planned) unmaps every chunk and forgets what it read; the
+    next reads open and read them again, with the same values."""
+    import numpy as np
+
+    from tests.unit.test_properties import sample_tokens, write_store
+
+    store = write_store(tmp_path / "w", sample_tokens([3, 5, 2, 4]), chunk_size=2, with_mask=False)
+    before = store.lengths(), [store.arrays(c)["input_ids"].copy() for c in range(len(store.metas))]
+    assert store._open and store._offsets and store._headers
+    store.drop_caches()
+    assert not (store._open or store._maps or store._offsets or store._headers) and store._offsets_bytes == 0
+    after = store.lengths(), [store.arrays(c)["input_ids"].copy() for c in range(len(store.metas))]
+    assert np.array_equal(before[0], after[0]) and all(map(np.array_equal, before[1], after[1]))

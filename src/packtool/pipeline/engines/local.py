@@ -326,6 +326,16 @@ def keep_freed_memory() -> bool:
         return False
 
 
+def give_back_freed_memory() -> bool:
+    """Return the memory this process has freed to the OS now (glibc's ``malloc_trim``; False elsewhere,
+    where nothing changes): what ``keep_freed_memory`` keeps, and the free holes of the heap, which glibc
+    keeps until the heap's top is free."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def _start_worker(job: int, counter: Any = None, on_step: Callable[[str, int], None] | None = None) -> None:
     """Worker start-up: exit when the driver ``job`` (its pid) is gone; one tokenizer thread per worker;
     freed memory kept for reuse (``keep_freed_memory``); SIGINT ignored, as a Ctrl-C in a terminal
