@@ -95,7 +95,6 @@ def bytes_array(values: list[bytes | str | None], type_: pa.DataType) -> pa.Arra
     """
     encoded = [v.encode() if isinstance(v, str) else v for v in values]
     n = len(encoded)
-    valid = np.fromiter((v is not None for v in encoded), dtype=bool, count=n)
     large = pa.types.is_large_string(type_) or pa.types.is_large_binary(type_)
     offsets = np.zeros(n + 1, dtype=np.int64)
     sizes = np.fromiter((0 if v is None else len(v) for v in encoded), dtype=np.int64, count=n)
@@ -105,8 +104,7 @@ def bytes_array(values: list[bytes | str | None], type_: pa.DataType) -> pa.Arra
             raise OverflowError(f"{offsets[-1]:,} bytes do not fit one {type_} array (2 GiB at most)")
         offsets = offsets.astype(np.int32)
     data = pa.py_buffer(b"".join(v for v in encoded if v is not None))
-    nulls = n - int(valid.sum())
-    validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    validity, nulls = _validity(encoded)
     return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(offsets), data], null_count=nulls)
 
 
@@ -117,11 +115,16 @@ def int_array(values: list[int | None], type_: pa.DataType) -> pa.Array:
     [3, None, 5]
     """
     n = len(values)
-    valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
     filled = np.fromiter((0 if v is None else v for v in values), dtype=_NUMPY_TYPES[type_], count=n)
-    nulls = n - int(valid.sum())
-    validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    validity, nulls = _validity(values)
     return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(filled)], null_count=nulls)
+
+
+def _validity(values: list) -> tuple[pa.Buffer | None, int]:
+    """Arrow's validity bitmap of ``values`` (``None`` is null; no bitmap when none is) and the null count."""
+    valid = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    nulls = len(values) - int(valid.sum())
+    return (pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None), nulls
 
 
 def array_lists(arrays: list[np.ndarray]) -> pa.LargeListArray:

@@ -27,7 +27,7 @@ import pyarrow as pa
 # worker forked from it has them
 from transformers import AutoImageProcessor, AutoProcessor  # noqa: F401
 
-from packtool.arrays import array_lists, arrow_array, bytes_array, int_array, np_view
+from packtool.arrays import array_lists, arrow_array, bytes_array, concat_ragged, int_array, np_view
 from packtool.encoders.base import IMAGE_STRUCT
 from packtool.encoders.masking import apply_empty_loss, loss_columns
 from packtool.readers.base import SourceBatch
@@ -114,20 +114,21 @@ def image_column(
 ) -> pa.LargeListArray:
     """``large_list<IMAGE_STRUCT>``: each kept sample's images (an empty list for the others), built column
     by column (``pa.array`` over dicts would import pandas in every worker: half a second each)."""
-    images, offsets, lengths, counts = [], [], [], []
+    images, offsets, lengths = [], [], []
     for sample, seq, keep in zip(samples, sequences, kept.tolist(), strict=True):
         loaded = sample.load_images() if keep else []
         images += loaded
-        counts.append(len(loaded))
         offsets.append(seq.image_offsets[: len(loaded)])
         lengths.append(seq.image_lengths[: len(loaded)])
+    image_offsets, list_offsets = concat_ragged(offsets, np.int64)  # list_offsets: each sample's images
+    image_lengths, _ = concat_ragged(lengths, np.int64)
     stamps = [image.stamp for image in images]
     digests = b"".join(image.digest for image in images)
     if len(digests) != 16 * len(images):
         raise ValueError("an image digest is not the 16 bytes of XXH3-128")
     columns = [
-        arrow_array(np.concatenate([np.zeros(0, np.int64), *offsets]), pa.int64()),
-        arrow_array(np.concatenate([np.zeros(0, np.int64), *lengths]), pa.int64()),
+        arrow_array(image_offsets, pa.int64()),
+        arrow_array(image_lengths, pa.int64()),
         int_array([image.size.height for image in images], pa.int32()),
         int_array([image.size.width for image in images], pa.int32()),
         pa.Array.from_buffers(pa.binary(16), len(images), [None, pa.py_buffer(digests)]),
@@ -138,6 +139,4 @@ def image_column(
     for name in ("size", "mtime_ns", "ctime_ns", "inode"):  # the file's stamp (null for bytes)
         columns.append(int_array([None if st is None else getattr(st, name) for st in stamps], pa.int64()))
     struct = pa.StructArray.from_arrays(columns, fields=list(IMAGE_STRUCT))
-    list_offsets = np.zeros(len(counts) + 1, np.int64)
-    np.cumsum(counts, out=list_offsets[1:])
     return pa.LargeListArray.from_arrays(arrow_array(list_offsets, pa.int64()), struct)
