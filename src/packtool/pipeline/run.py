@@ -209,7 +209,7 @@ def start_run(options: PackOptions, sample_format: str, engine: Any = None) -> t
     tokens = options.encoding.tokens
     task = (spec, {"bos": tokens.bos_token, "eos": tokens.eos_token}, options.packing.pad_token_id)
     if engine is not None and sample_format in SLOW_TO_BUILD:
-        facts = next(iter(engine.map(describe_encoder, [task])))
+        (facts,) = engine.map(describe_encoder, [task])  # unpacked: the map generator runs to its end
     else:
         facts = describe_encoder(task)
     return dataclasses.replace(spec, encoder_state=facts.state), facts
