@@ -230,7 +230,7 @@ def pack_timed(source: Path, processor_dir: Path, tmp: Path, name: str, *flags: 
 
 def interrupted_then_rerun(source: Path, processor_dir: Path, tmp: Path, samples: int, *flags: str):
     """A run interrupted with SIGINT once half its chunks are encoded, then the same command again:
-    the rerun's measure."""
+    the rerun's measure, its steps' times and ``(chunks kept, chunks)``."""
     out = tmp / "sigint"
     cmd = [sys.executable, "-m", "packtool.cli", "pack", str(source), "-o", str(out),
            "--processor", str(processor_dir), *flags]  # fmt: skip
@@ -248,7 +248,7 @@ def interrupted_then_rerun(source: Path, processor_dir: Path, tmp: Path, samples
     assert m.rc == 0, m.log.read_text()
     kept = re.search(r"resumed: (\d+) of (\d+) chunks", m.log.read_text())
     assert kept, "the rerun did not resume:\n" + m.log.read_text()[-2000:]
-    return m, step_times(steps), f"{kept[1]} of {kept[2]} chunks kept"
+    return m, step_times(steps), (int(kept[1]), int(kept[2]))
 
 
 def bench_pack(data: Path, processor_dir: Path, tmp: Path, args) -> None:
@@ -268,7 +268,7 @@ def bench_pack(data: Path, processor_dir: Path, tmp: Path, args) -> None:
         min(runs[k], key=lambda r: r[0].cpu) for k in ("one", "two", "text")
     )
     one_plan, two_plan = (min(t["plan"] - t["read"] for _, t in runs[k]) for k in ("one", "two"))
-    rerun, rerun_steps, kept = interrupted_then_rerun(
+    rerun, rerun_steps, (done, total) = interrupted_then_rerun(
         source, processor_dir, tmp, args.samples, *size, "--num-proc", "2"
     )
     work, rework = (t["write"] - t["read"] for t in (two_steps, rerun_steps))
@@ -289,13 +289,13 @@ def bench_pack(data: Path, processor_dir: Path, tmp: Path, args) -> None:
         "(target <= 1.5x)"
     )
     print(
-        f"rerun after SIGINT at half way ({kept}): {rerun.cpu / two.cpu:.2f}x a whole run's CPU "
+        f"rerun after SIGINT at half way ({done} of {total} chunks kept): {rerun.cpu / two.cpu:.2f}x a whole "
+        f"run's CPU "
         f"({rerun.cpu:.1f} s against {two.cpu:.1f} s; target <= 0.6); after start-up: {rework / work:.2f}x "
         f"({rework:.1f} s against {work:.1f} s from the first record read to the last shard written)"
     )
     # what every run pays (start-up, plan, the shards' write) and the encoding, from the two measures: the
     # whole run is fixed + encode, the rerun fixed + the share of the chunks it encoded again
-    done, total = (int(x) for x in re.findall(r"\d+", kept)[:2])
     share = (total - done) / total
     fixed = (rerun.cpu - share * two.cpu) / (1 - share)
     print(
@@ -362,8 +362,9 @@ def scale(counts: list[int], work: Path, size: int, rerun: bool = False) -> None
             again = ""
             if rerun:
                 flags = ("--packed-sequence-size", str(size), "--num-proc", "2")
-                r, _, kept = interrupted_then_rerun(source, processor_dir, work, samples, *flags)
-                again = f" {r.cpu / m.cpu:.2f}x ({r.cpu:,.0f} s against {m.cpu:,.0f} s; {kept}) |"
+                r, _, (done, total) = interrupted_then_rerun(source, processor_dir, work, samples, *flags)
+                again = (f" {r.cpu / m.cpu:.2f}x ({r.cpu:,.0f} s against {m.cpu:,.0f} s; "
+                         f"{done} of {total} chunks kept) |")  # fmt: skip
                 shutil.rmtree(work / "sigint")
             print(f"| {samples:,} | {m.wall:,.0f} s | {samples / m.wall:,.0f} | "
                   f"{m.tree_rss / 2**20:,.0f} MiB | {m.rss / 2**20:,.0f} MiB | {stats['fill_rate']:.4f} | "
