@@ -32,33 +32,8 @@ MAX_CONFIG_BYTES = 1 << 20  # a config file is a few hundred bytes; a larger one
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """The file's keys and values (checked as ``PackOptions.from_dict`` checks them), paths resolved."""
-    import yaml  # imported when a config file is read: yaml costs ~20 ms of every other start-up
-
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes: not a packtool config file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a YAML config file (not UTF-8 text at byte {e.start})") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        data = _load_without_aliases(loader, yaml)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML: {e.problem or e.context}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
-    finally:
-        loader.dispose()
+    data = read_yaml(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -72,7 +47,41 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return resolve_paths(values, path.parent)
 
 
-def _load_without_aliases(loader: Any, yaml: Any) -> Any:
+def read_yaml(path: str | Path, kind: str = "config") -> Any:
+    """The one YAML document of the file at ``path`` as plain data (``yaml.SafeLoader``: no tag builds an
+    object, no code runs), read safely: at most ``MAX_CONFIG_BYTES``, UTF-8, no aliases. Every problem is a
+    ``ConfigError`` naming the file (and the line where YAML knows it); ``kind`` is what the file should be
+    (``config``, ``mixture``), for the messages."""
+    import yaml  # imported when a config file is read: yaml costs ~20 ms of every other start-up
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {kind} file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the {kind} file ({e.strerror or e})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes: not a packtool {kind} file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a YAML {kind} file (not UTF-8 text at byte {e.start})") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        return _load_without_aliases(loader, yaml, kind)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    finally:
+        loader.dispose()
+
+
+def _load_without_aliases(loader: Any, yaml: Any, kind: str = "config") -> Any:
     """The one document of ``loader``; a YAML alias (``*name``) is an error at its line: a config needs
     none, and nested ones expand to billions of nodes from a few hundred bytes."""
     compose = loader.compose_node
@@ -81,7 +90,7 @@ def _load_without_aliases(loader: Any, yaml: Any) -> Any:
         if loader.check_event(yaml.AliasEvent):
             event = loader.peek_event()
             raise yaml.MarkedYAMLError(
-                problem="YAML aliases (*name) are not allowed in a packtool config",
+                problem=f"YAML aliases (*name) are not allowed in a packtool {kind}",
                 problem_mark=event.start_mark,
             )
         return compose(parent, index)

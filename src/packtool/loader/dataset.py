@@ -1,16 +1,15 @@
 """``PackedDataset``: a packtool output directory as a stream of batches for ``torch.utils.data``.
 
-**The stream.** A *unit* is what a reader decodes at once (a Parquet row group, a whole tar shard; the
-shard format says). For epoch ``e`` the units are put in an order drawn from ``(seed, e)``; their packs,
-in that order, form the epoch's sequence of ``P`` packs. Rank ``r`` of ``R`` takes the slice
-``[S + r * M, S + (r + 1) * M)`` with ``M = (P // (R * B)) * B``, so every rank has the same number of full
-batches; the ``P - R * M < R * B`` packs left over are left out of that epoch: the first ``S`` and the last
-of the epoch's order, ``S`` drawn from ``(seed, e)`` in ``[0, P - R * M]`` when shuffling (0 otherwise), so
-they differ from epoch to epoch even with one unit, and every unit stays contiguous. A rank's slice is cut
-into ``lanes`` contiguous segments; lane ``l`` produces the rank's batches ``l, l + lanes, ...`` from its
-segment, mixed by a shuffle buffer (each pack moves by less than ``shuffle_buffer`` places, drawn from
-``(seed, e, r, l)``). Everything above is computed on pack indices only (``loader.order``), before any
-data is read.
+**The stream.** sources -> order -> batches. The source (``loader.sources``: one output directory, or a
+mixture of outputs at weights or repeats) gives each epoch's sequence of packs, drawn from ``(seed,
+epoch)``; the order (``loader.order``) cuts it into each rank's batches, on pack indices only, before any
+data is read: rank ``r`` of ``R`` takes a contiguous slice, every rank the same number of full batches
+(the fewer than ``R * B`` packs left over sit out the epoch, from its head and its tail); the slice is cut
+into ``lanes`` contiguous segments, lane ``l`` giving the rank's batches ``l, l + lanes, ...`` mixed by a
+shuffle buffer. A unit (what a reader decodes at once: a Parquet row group, a whole tar shard) stays
+contiguous in the sequence. Resumed at another world size or batch size (``PackedLoader.load_state_dict``),
+the stream follows the order of the world size that started the run, cut into the new global batches
+(``order.recut``).
 
 **Workers.** The DataLoader takes batch ``k`` of the stream from worker ``k % num_workers``; each worker
 decodes only the units holding its batches' packs and drops a unit once its last pack is used. With
@@ -30,7 +29,6 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +37,6 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from packtool.errors import InputError
 from packtool.formats.base import UNIT_ERRORS
-from packtool.formats.registry import get_format
 from packtool.loader.batch import (
     MASKS,
     PackedBatch,
@@ -50,11 +47,19 @@ from packtool.loader.batch import (
     pack_dict,
     packed_batch,
 )
-from packtool.loader.order import epoch_plan, epoch_size, units_of
-from packtool.manifest import TRAINING_COLUMNS, Manifest
+from packtool.loader.order import (
+    Layout,
+    draw_skip,
+    epoch_size,
+    flat_order,
+    rank_positions,
+    recut,
+    resumed_size,
+    take,
+)
+from packtool.loader.sources import Mixture, OutputSource, UnitTable, batch_columns, open_source
 from packtool.masks import attention_pattern
 from packtool.packs import PackArrays
-from packtool.reading import require_shard_files
 
 ON_ERROR = ("fail", "skip")
 PARCEL_BATCHES = 4  # batches a DataLoader worker sends at once (one DataLoader item)
@@ -69,6 +74,7 @@ class _Item:
     batch: Any
     counts: dict
     bad_units: list
+    sources: np.ndarray | None = None  # a mixture's (sources, 3) packs, tokens, laps begun of this batch
 
 
 @dataclass
@@ -143,10 +149,18 @@ def _dist_rank_world() -> tuple[int, int]:
 
 
 class PackedDataset(IterableDataset):
-    """Batches of packs from a packtool output directory (see the module docstring for the stream).
+    """Batches of packs from a packtool output directory, or a mixture of them (see the module docstring
+    for the stream).
 
     Args:
-        directory: the output directory (with ``manifest.json``).
+        source: the output directory (with ``manifest.json``); or a mixture (``loader.sources``): a
+            mixture file (``mixture.yaml``), ``{directory: weight, ...}`` (each pack drawn from a source
+            with probability ``weight / sum(weights)``, deterministic from ``(seed, epoch)``; an epoch holds
+            as many packs as the sources together, each source cycling through its own epochs), or
+            ``[{"path": directory, "repeat": r}, ...]`` (an epoch holds exactly ``floor(r * packs)`` of
+            each source's packs, a fraction another part each epoch). A mixture's batches say each pack's
+            source (``batch.extra["source"]``, ``(B,)`` int64, an index into ``dataset.outputs``) and
+            ``loader.stats["sources"]`` counts each one's packs, tokens and epochs begun.
         batch_size: packs per batch.
         drop_last: ``True`` (default): every batch is full, and the packs left over (fewer than
             ``world_size * batch_size``) sit out the epoch. ``False``: every pack is used; packs repeat
@@ -185,7 +199,7 @@ class PackedDataset(IterableDataset):
 
     def __init__(
         self,
-        directory: str | Path,
+        source: Any,
         batch_size: int = 8,
         shuffle: bool = True,
         seed: int = 0,
@@ -204,10 +218,13 @@ class PackedDataset(IterableDataset):
         attention: Any = None,
     ) -> None:
         super().__init__()
-        self.directory = Path(directory)
-        self.manifest = Manifest.load(self.directory)
+        self.source = open_source(source, split)
+        self.outputs = self.source.outputs  # the output directories read, in the source's order
+        self.mixture = isinstance(self.source, Mixture)
+        # one output's: its directory and manifest; a mixture's: the first source's (their shared fields)
+        self.manifest = self.outputs[0].manifest
+        self.directory = self.outputs[0].directory if isinstance(self.source, OutputSource) else None
         self.packed_sequence_size = self.manifest.packed_sequence_size
-        self.shard_reader = get_format(self.manifest.shard_format).reader
         d_rank, d_world = _dist_rank_world()
         self.rank = d_rank if rank is None else rank
         self.world_size = d_world if world_size is None else world_size
@@ -229,57 +246,83 @@ class PackedDataset(IterableDataset):
         self.infinite, self.on_error, self.lanes = bool(infinite), on_error, lanes
         self.drop_last, self.verify_checksums = bool(drop_last), bool(verify_checksums)
         self.split = split
-        self.units = units_of(self.manifest, split)
-        self.unit_sizes = np.array([u.num_packs for u in self.units], dtype=np.int64)
-        self.unit_first = np.concatenate([[0], np.cumsum(self.unit_sizes)])
-        self.num_packs = int(self.unit_first[-1])
-        # each unit's first pack as an index in the output directory (all splits, shard order): pack_index
-        first_in_shard: dict[int, int] = {}
-        self.unit_pack_base = np.empty(len(self.units), dtype=np.int64)
-        for j, unit in enumerate(self.units):
-            base = first_in_shard.get(unit.shard, self.manifest.shards[unit.shard].first_pack)
-            self.unit_pack_base[j] = base
-            first_in_shard[unit.shard] = base + unit.num_packs
+        self.table = UnitTable.of(self.source)
+        self.num_packs = self.source.epoch_packs  # packs of an epoch
         self.batches_per_epoch = epoch_size(self.num_packs, self.world_size, self.batch_size, self.drop_last)[
             0
         ]
         if self.batches_per_epoch == 0:
             raise ValueError(
-                f"{self.directory}: {self.num_packs} packs cannot fill one batch of {batch_size} "
+                f"{self.source.name}: {self.num_packs} packs cannot fill one batch of {batch_size} "
                 f"on each of {self.world_size} rank(s); pass drop_last=False to use them in a short batch"
             )
-        # as readers give them, whatever the layout stores (packtool.layout rebuilds the rest)
-        self.columns = (
-            [*TRAINING_COLUMNS, "loss_mask"] if self.manifest.has_loss_mask else [*TRAINING_COLUMNS]
-        ) + (["cp_padding"] if "cp_padding" in self.manifest.columns else [])
-        # a vision-language output's images and their runs (docs/vision.md): for a task encoder that turns
-        # them into the model's inputs (packtool.vision.loader); the default stages would drop them
-        image_columns = list(self.manifest.image_columns or ())
-        if image_columns and getattr(task_encoder, "encode_sample", None) is None:
+        # as readers give them, whatever the layout stores (packtool.layout rebuilds the rest); a vision-
+        # language output's images and their runs too (docs/vision.md), for a task encoder that turns them
+        # into the model's inputs (packtool.vision.loader): the default stages would drop them
+        self.columns = batch_columns(self.outputs)
+        with_images = next((o for o in self.outputs if o.manifest.image_columns), None)
+        if with_images is not None and getattr(task_encoder, "encode_sample", None) is None:
             raise ValueError(
-                f"{self.directory}: the packs hold images; read them with packtool.vision.loader's "
+                f"{with_images.name}: the packs hold images; read them with packtool.vision.loader's "
                 "vision_dataset (or a task encoder whose encode_sample takes the image columns)"
             )
-        self.columns += image_columns
         if self.on_error == "fail":  # before the first batch; under skip, reading the shard counts it
-            require_shard_files(self.directory, self.manifest)
+            for output in self.outputs:
+                output.require_files()
         self._epoch = 0  # where plain iteration starts (set_epoch)
+        # resumed at another world size or batch size (PackedLoader.load_state_dict): the world size and
+        # batch size whose order the stream follows, and (epoch, place) where it continues that order
+        self.order_layout = (self.world_size, self.batch_size)
+        self.resume_at: tuple[int, int] | None = None
 
     # the stream -------------------------------------------------------------------------------------
+    def layout(self, lanes: int | None = None, world_size: int | None = None, batch_size: int | None = None):
+        """The ``order.Layout`` of this stream (or of another world size and batch size)."""
+        return Layout(
+            world_size or self.world_size, batch_size or self.batch_size, lanes or self.lanes or 1,
+            self.drop_last, self.seed, self.shuffle, self.shuffle_buffer,
+        )  # fmt: skip
+
+    def continue_order(self, order_layout: tuple[int, int], resume_at: tuple[int, int] | None) -> None:
+        """Follow the order of ``order_layout`` (``(world_size, batch_size)`` of the run that started it),
+        continuing it in epoch ``resume_at[0]`` from place ``resume_at[1]`` of its flat order
+        (``order.flat_order``); the loader's ``load_state_dict`` calls it."""
+        self.order_layout, self.resume_at = tuple(order_layout), resume_at
+        self.batches_per_epoch = self.epoch_batches(None)  # a whole epoch of this stream
+
+    def _start(self, epoch: int | None) -> int | None:
+        """Where ``epoch`` (None: any whole epoch) continues the flat order of ``order_layout``; None: this
+        layout's own order."""
+        if self.resume_at is not None and self.resume_at[0] == epoch:
+            return self.resume_at[1]
+        if self.order_layout == (self.world_size, self.batch_size):
+            return None
+        return 0
+
+    def epoch_batches(self, epoch: int | None) -> int:
+        """This rank's batches in ``epoch`` (``batches_per_epoch``, but for an epoch in which the stream
+        was resumed at another world size or batch size); None: in a whole epoch."""
+        origin = self.layout(1, *self.order_layout)
+        return resumed_size(self.num_packs, origin, self.layout(), self._start(epoch))
+
     def plan(self, epoch: int, lanes: int | None = None) -> np.ndarray:
-        """This rank's batches of ``epoch`` as pack indices, ``(batches_per_epoch, batch_size)``."""
-        return epoch_plan(
-            self.unit_sizes,
-            epoch=epoch,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            shuffle_buffer=self.shuffle_buffer,
-            rank=self.rank,
-            world_size=self.world_size,
-            batch_size=self.batch_size,
-            lanes=lanes or self.lanes or 1,
-            drop_last=self.drop_last,
-        )
+        """This rank's batches of ``epoch`` as packs, int64 ``(batches, batch_size)``, ``-1`` where a short
+        batch has none: the pack's index in its output directory for one output; for a mixture, its index
+        in the stream's numbering (the sources' packs one after the other: ``table``)."""
+        return self._plan(epoch, lanes)[0]
+
+    def _plan(self, epoch: int, lanes: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """``plan`` and each pack's lap in its source's cycle (a mixture's; None for one output)."""
+        ids, laps, rng = self.source.sequence(epoch, self.seed, self.shuffle)
+        origin = self.layout(lanes, *self.order_layout)
+        skip = draw_skip(rng, len(ids), origin)
+        start = self._start(epoch)
+        if start is None:
+            places = rank_positions(len(ids), skip, origin, epoch=epoch, rank=self.rank)
+        else:  # the order of the world size that started the run, cut into this one's global batches
+            flat = flat_order(len(ids), skip, origin, epoch=epoch)
+            places = take(flat, recut(len(flat), start, self.layout(lanes), rank=self.rank))
+        return take(ids, places), (take(laps, places) if laps is not None else None)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (an infinite dataset has no length: ``TypeError``, as Python
@@ -310,29 +353,28 @@ class PackedDataset(IterableDataset):
                     yield item.batch
 
     def _parcels(self, start: tuple[int, int], per_parcel: int) -> Iterator[_Parcel]:
-        """The stream from ``start`` = ``(epoch, batch)``: this DataLoader worker's batches, ``per_parcel``
-        at a time."""
+        """The stream from ``start`` = ``(epoch, batch)``: this DataLoader worker's batches (batch ``s`` of
+        the stream from ``start`` is worker ``s % num_workers``'s), ``per_parcel`` at a time."""
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        e0, i0 = start
-        nb = self.batches_per_epoch
+        epoch, first = start
         reader = _UnitDecoder(self)
-        s, done = wid, False
-        while not done:
-            items = []
-            while len(items) < per_parcel:
-                e, i = e0 + (i0 + s) // nb, (i0 + s) % nb
-                if e != e0 and not self.infinite:
-                    done = True
-                    break
-                if e != reader.epoch:
-                    g0 = (e - e0) * nb - i0  # stream position of batch 0 of epoch e
-                    mine = np.arange(max(g0, 0), g0 + nb)
-                    reader.start_epoch(e, self.plan(e), mine[mine % nw == wid] - g0)
-                items.append(reader.item(e, i))
-                s += nw
-            if items:
-                yield _Parcel(wid, items)
+        s, items = 0, []  # s: the stream position of batch `first` of `epoch`
+        while self.infinite or epoch == start[0]:
+            nb = self.epoch_batches(epoch)
+            mine = np.arange(first, nb)
+            mine = mine[(s + mine - first) % nw == wid]
+            if len(mine):
+                reader.start_epoch(epoch, *self._plan(epoch), mine)
+                for index in mine.tolist():
+                    items.append(reader.item(epoch, index))
+                    if len(items) == per_parcel:
+                        yield _Parcel(wid, items)
+                        items = []
+            s += max(nb - first, 0)
+            epoch, first = epoch + 1, 0
+        if items:
+            yield _Parcel(wid, items)
         reader.close()
 
 
@@ -353,9 +395,16 @@ class _UnitDecoder:
     """Per worker: decodes units on demand, keeps each until its last needed pack of the epoch is used."""
 
     def __init__(self, ds: PackedDataset) -> None:
-        self.ds, self.epoch, self.plan = ds, None, None
+        self.ds, self.table, self.epoch, self.plan, self.laps = ds, ds.table, None, None, None
         self.cache: dict[int, PackArrays | None] = {}
-        self.reader = ds.shard_reader.open_reader(ds.directory, ds.manifest, ds.verify_checksums)
+        self.readers: dict[int, Any] = {}  # per output, opened when first read
+        # a mixture counts each source's tokens (the packs' samples' own, from sample_index)
+        self.columns = [
+            o.columns(ds.columns)
+            + (["sample_index"] if ds.mixture and "sample_index" in o.manifest.columns else [])
+            for o in ds.outputs
+        ]
+        self.tokens: dict[int, np.ndarray] = {}  # per cached unit of a mixture: each pack's tokens
         self.new_bad: list[int] = []  # units found unreadable since the last item
         te = ds.task_encoder
         self.encode_sample = getattr(te, "encode_sample", None)
@@ -366,35 +415,42 @@ class _UnitDecoder:
         self.default_stages = self.fast and getattr(te, "encode_batch", None) is None
         self.alloc: Callable[[tuple[int, ...], Any], np.ndarray] = np.empty  # for the gathered arrays
 
-    def start_epoch(self, epoch: int, plan: np.ndarray, batches: np.ndarray) -> None:
-        self.epoch, self.plan = epoch, plan
+    def start_epoch(self, epoch: int, plan: np.ndarray, laps: np.ndarray | None, batches: np.ndarray) -> None:
+        self.epoch, self.plan, self.laps = epoch, plan, laps
         ids = plan[batches].reshape(-1)
-        units = np.searchsorted(self.ds.unit_first, ids[ids >= 0], side="right") - 1
-        self.remaining = np.bincount(units, minlength=len(self.ds.units))
+        units = self.table.unit_of(ids[ids >= 0])
+        self.remaining = np.bincount(units, minlength=len(self.table.sizes))
         self.cache.clear()
+        self.tokens.clear()
 
     def close(self) -> None:
-        self.reader.close()
+        for reader in self.readers.values():
+            reader.close()
 
     def unit(self, u: int) -> PackArrays | None:
         if u in self.cache:
             return self.cache[u]
-        unit = self.ds.units[u]
-        path = self.ds.directory / self.ds.manifest.shards[unit.shard].path
+        o = int(self.table.output[u])
+        output = self.ds.outputs[o]
+        unit = output.units[int(self.table.local[u])]
+        if o not in self.readers:
+            self.readers[o] = output.open_reader(self.ds.verify_checksums)
         try:
-            arrays = self.reader.read(unit.shard, unit.part, self.ds.columns)
+            arrays = self.readers[o].read(unit.shard, unit.part, self.columns[o])
         except UNIT_ERRORS as e:
             if self.ds.on_error == "fail":
-                kind = self.ds.shard_reader.unit_kind
+                kind = output.unit_kind
                 raise InputError(
                     f"cannot read packs ({type(e).__name__}: {e})",
-                    source=str(path),
+                    source=str(output.shard_path(unit)),
                     row=unit.part if kind else None,
                     row_kind=kind or "row",
                 ) from None
             arrays = None
             self.new_bad.append(u)
         self.cache[u] = arrays
+        if arrays is not None and arrays.sample_index_offsets is not None:
+            self.tokens[u] = arrays.real_tokens()
         return arrays
 
     def units_of_batch(self, units: np.ndarray) -> dict[int, PackArrays | None]:
@@ -410,24 +466,32 @@ class _UnitDecoder:
         return out
 
     def item(self, epoch: int, index: int) -> _Item:
-        ds = self.ds
+        ds, table = self.ds, self.table
         counts = {"skipped_packs": 0, "skipped_batches": 0, "bad_packs": 0}
         ids = self.plan[index]
+        laps = self.laps[index][ids >= 0] if self.laps is not None else None
         ids = ids[ids >= 0]  # the short last batch (drop_last=False)
-        units = np.searchsorted(ds.unit_first, ids, side="right") - 1
+        units = table.unit_of(ids)
         decoded = self.units_of_batch(units)
         good = np.array([decoded[u] is not None for u in units.tolist()], dtype=bool)
         counts["bad_packs"] = int(len(ids) - good.sum())
         ids, units = ids[good], units[good]
-        rows = ids - ds.unit_first[units]
-        pack_index = ds.unit_pack_base[units] + rows  # in the output directory, whatever the split
+        rows = ids - table.first[units]
+        pack_index = table.pack_base[units] + rows  # in the output directory, whatever the split
+        source = table.output[units] if ds.mixture else None
         raw = None
         if self.fast and len(ids):
             raw = gather_batch(decoded, units, rows, pack_index, self.alloc)  # = default_batch, no pack dicts
+            if source is not None:
+                raw["source"] = torch.from_numpy(source)
         elif len(ids):
             packs = []
-            for pid, u, row in zip(pack_index.tolist(), units.tolist(), rows.tolist(), strict=True):
+            for k, (pid, u, row) in enumerate(
+                zip(pack_index.tolist(), units.tolist(), rows.tolist(), strict=True)
+            ):
                 pack = pack_dict(decoded[u], row, pid, tensors=self.encode_sample is not None)
+                if source is not None:
+                    pack["source"] = int(source[k])
                 if self.encode_sample is not None:
                     try:
                         pack = self.encode_sample(pack)
@@ -448,15 +512,28 @@ class _UnitDecoder:
                 batch = None
         if isinstance(batch, PackedBatch) and batch.attention is None:  # a task encoder's batch: the model's
             batch.attention = ds.attention
+        if isinstance(batch, PackedBatch) and isinstance(batch.extra.get("source"), list):  # from pack dicts
+            batch.extra["source"] = torch.tensor(batch.extra["source"], dtype=torch.int64)
         if batch is None:
             counts["skipped_batches"] += 1
         names = [self._unit_name(u) for u in self.new_bad]
         self.new_bad = []
-        return _Item(epoch, index, batch, counts, names)
+        sources = None
+        if source is not None:  # per source: packs, tokens (-1 where unknown), laps begun
+            sources = np.zeros((len(ds.outputs), 3), dtype=np.int64)
+            np.add.at(sources[:, 0], source, 1)
+            tokens = [
+                self.tokens[u][r] if u in self.tokens else -1
+                for u, r in zip(units.tolist(), rows.tolist(), strict=True)
+            ]
+            np.add.at(sources[:, 1], source, np.array(tokens, dtype=np.int64))
+            np.maximum.at(sources[:, 2], source, laps[good] + 1)
+        return _Item(epoch, index, batch, counts, names, sources)
 
     def _unit_name(self, u: int) -> str:
-        unit = self.ds.units[u]
-        return f"{self.ds.manifest.shards[unit.shard].path}#{unit.part}"
+        output = self.ds.outputs[int(self.table.output[u])]
+        name = output.unit_name(output.units[int(self.table.local[u])])
+        return f"{output.name}/{name}" if self.ds.mixture else name
 
     def default_encode_batch(self, raw: dict) -> PackedBatch:
         return packed_batch(raw, self.ds.mask, self.ds.manifest.labels, self.ds.attention)

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,7 +61,7 @@ from packtool.arrays import ranges
 from packtool.errors import InputError
 from packtool.loader.batch import PackedBatch, batch_stack, default_batch, packed_batch
 from packtool.loader.dataset import PackedDataset
-from packtool.manifest import Manifest
+from packtool.loader.sources import open_source
 from packtool.masks import AttentionPattern
 from packtool.schema import IMAGE_COLUMNS
 from packtool.vision.model_inputs import concat_padded, decode_images, image_inputs, token_type_rule
@@ -321,22 +320,25 @@ class VisionTaskEncoder:
 
 
 def vision_dataset(
-    directory: str | Path,
+    source: Any,
     processor: VisionProcessor,
     get_rope_index: GetRopeIndex | None = None,
     *,
     dtype: torch.dtype | None = None,
     **dataset_kwargs: Any,
 ) -> PackedDataset:
-    """A ``PackedDataset`` of ``directory`` (``dataset_kwargs``: batch size, mask, shuffle, ...) whose batches
-    are ``VisionBatch`` objects: a ``VisionTaskEncoder`` with the dataset's mask and labels convention."""
+    """A ``PackedDataset`` of ``source`` (an output directory, or a mixture of outputs: ``loader.sources``;
+    text outputs of the model's tokenizer mix with vision-language ones; ``dataset_kwargs``: batch size,
+    mask, shuffle, ...) whose batches are ``VisionBatch`` objects: a ``VisionTaskEncoder`` with the
+    dataset's mask and labels convention."""
     if "task_encoder" in dataset_kwargs:
         raise ValueError("vision_dataset sets the task encoder; build PackedDataset yourself for another")
+    opened = open_source(source, dataset_kwargs.pop("split", "train"))
     encoder = VisionTaskEncoder(
         processor,
         get_rope_index,
         mask=dataset_kwargs.get("mask", "varlen"),
-        labels_convention=Manifest.load(Path(directory)).labels,
+        labels_convention=opened.outputs[0].manifest.labels,  # one for all the sources of a mixture
         dtype=dtype,
     )
-    return PackedDataset(directory, task_encoder=encoder, **dataset_kwargs)
+    return PackedDataset(opened, task_encoder=encoder, split=opened.split, **dataset_kwargs)
