@@ -35,6 +35,7 @@ DEFERRED = {
         "packtool.pipeline.engines.local",
         "packtool.pipeline.run",
         "packtool.inspect",
+        "packtool.inspect.mixture",
         "packtool.inspect.render",
         "packtool.verify",
     },
