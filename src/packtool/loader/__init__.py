@@ -1,6 +1,8 @@
-"""Train time: stream a packtool output directory into PyTorch.
+"""Train time: stream a packtool output directory, or a mixture of them, into PyTorch.
 
-``PackedDataset`` (the stream: order, ranks, workers, shuffle; ``loader.dataset``), ``get_loader`` /
+The sources (``loader.sources``: one output, or a mixture of outputs at weights or repeats, from
+``{directory: weight}`` or a mixture file), ``PackedDataset`` (the stream: order, ranks, workers, shuffle;
+``loader.dataset``), ``get_loader`` /
 ``PackedLoader`` (a ``torch.utils.data.DataLoader`` with an exact resume cursor; ``loader.loader``),
 ``PackedBatch`` and the Energon-style batching helpers (``loader.batch``), the epoch's order computed
 from pack indices alone (``loader.order``), and ``collate_packs`` for packs read by other libraries
@@ -31,10 +33,13 @@ from packtool.loader.collate import collate_packs
 from packtool.loader.dataset import PackedDataset
 from packtool.loader.loader import PackedLoader, get_loader
 from packtool.loader.order import Unit, epoch_plan, units_of
+from packtool.loader.sources import Mixture, OutputSource, open_source
 
 __all__ = [
     "MASKS",
     "IgnoreSample",
+    "Mixture",
+    "OutputSource",
     "PackedBatch",
     "PackedDataset",
     "PackedLoader",
@@ -48,5 +53,6 @@ __all__ = [
     "epoch_plan",
     "gather_batch",
     "get_loader",
+    "open_source",
     "units_of",
 ]

@@ -111,22 +111,32 @@ class _Parcel:
             view.copy_(t)
         items = [dataclasses.replace(item) for item in self.items]
         for i, name, _ in fields:
-            items[i].batch = dataclasses.replace(items[i].batch, **{name: None})
+            batch = items[i].batch
+            if isinstance(name, tuple):  # an entry of extra (a mixture's source)
+                items[i].batch = dataclasses.replace(batch, extra={**batch.extra, name[1]: None})
+            else:
+                items[i].batch = dataclasses.replace(batch, **{name: None})
         return _rebuild_parcel, (self.worker, items, block, layout)
 
 
-def _host_tensors(batch: Any) -> list[tuple[str, torch.Tensor]]:
-    """The plain CPU tensors of a ``PackedBatch`` (what travels in a parcel's block)."""
-    if not isinstance(batch, PackedBatch):
-        return []
-    return [
-        (f.name, t)
-        for f in dataclasses.fields(batch)
-        if isinstance(t := getattr(batch, f.name), torch.Tensor)
+def _plain(t: Any) -> bool:
+    """A CPU tensor that travels in a parcel's block: not one already in shared memory (a large tensor a
+    stage put there: sent as it is)."""
+    return (
+        isinstance(t, torch.Tensor)
         and t.device.type == "cpu"
         and t.layout == torch.strided
-        and not t.is_shared()  # already in shared memory (a large tensor a stage put there): sent as it is
-    ]
+        and not t.is_shared()
+    )
+
+
+def _host_tensors(batch: Any) -> list[tuple[str | tuple[str, str], torch.Tensor]]:
+    """The plain CPU tensors of a ``PackedBatch``, its fields' and its ``extra``'s (``("extra", key)``):
+    what travels in a parcel's block."""
+    if not isinstance(batch, PackedBatch):
+        return []
+    fields = [(f.name, t) for f in dataclasses.fields(batch) if _plain(t := getattr(batch, f.name))]
+    return fields + [(("extra", k), t) for k, t in batch.extra.items() if _plain(t)]
 
 
 def _views(block: torch.Tensor, layout: list) -> list[torch.Tensor]:
@@ -138,7 +148,10 @@ def _views(block: torch.Tensor, layout: list) -> list[torch.Tensor]:
 
 def _rebuild_parcel(worker: int, items: list[_Item], block: torch.Tensor, layout: list) -> _Parcel:
     for (i, name, *_), view in zip(layout, _views(block, layout), strict=True):
-        setattr(items[i].batch, name, view)
+        if isinstance(name, tuple):
+            items[i].batch.extra[name[1]] = view
+        else:
+            setattr(items[i].batch, name, view)
     return _Parcel(worker, items)
 
 
@@ -398,13 +411,11 @@ class _UnitDecoder:
         self.ds, self.table, self.epoch, self.plan, self.laps = ds, ds.table, None, None, None
         self.cache: dict[int, PackArrays | None] = {}
         self.readers: dict[int, Any] = {}  # per output, opened when first read
-        # a mixture counts each source's tokens (the packs' samples' own, from sample_index)
-        self.columns = [
-            o.columns(ds.columns)
-            + (["sample_index"] if ds.mixture and "sample_index" in o.manifest.columns else [])
-            for o in ds.outputs
-        ]
-        self.tokens: dict[int, np.ndarray] = {}  # per cached unit of a mixture: each pack's tokens
+        self.columns = [o.columns(ds.columns) for o in ds.outputs]
+        # a mixture counts each source's tokens (the packs' samples' own): from sample_index, read with a
+        # unit the first time this worker decodes it, kept while the worker runs (4 bytes a pack)
+        self.counted = [ds.mixture and "sample_index" in o.manifest.columns for o in ds.outputs]
+        self.tokens: dict[int, np.ndarray] = {}
         self.new_bad: list[int] = []  # units found unreadable since the last item
         te = ds.task_encoder
         self.encode_sample = getattr(te, "encode_sample", None)
@@ -421,7 +432,6 @@ class _UnitDecoder:
         units = self.table.unit_of(ids[ids >= 0])
         self.remaining = np.bincount(units, minlength=len(self.table.sizes))
         self.cache.clear()
-        self.tokens.clear()
 
     def close(self) -> None:
         for reader in self.readers.values():
@@ -435,8 +445,9 @@ class _UnitDecoder:
         unit = output.units[int(self.table.local[u])]
         if o not in self.readers:
             self.readers[o] = output.open_reader(self.ds.verify_checksums)
+        count = self.counted[o] and u not in self.tokens
         try:
-            arrays = self.readers[o].read(unit.shard, unit.part, self.columns[o])
+            arrays = self.readers[o].read(unit.shard, unit.part, self.columns[o] + ["sample_index"] * count)
         except UNIT_ERRORS as e:
             if self.ds.on_error == "fail":
                 kind = output.unit_kind
@@ -449,8 +460,8 @@ class _UnitDecoder:
             arrays = None
             self.new_bad.append(u)
         self.cache[u] = arrays
-        if arrays is not None and arrays.sample_index_offsets is not None:
-            self.tokens[u] = arrays.real_tokens()
+        if count and arrays is not None:
+            self.tokens[u] = arrays.real_tokens().astype(np.int32)
         return arrays
 
     def units_of_batch(self, units: np.ndarray) -> dict[int, PackArrays | None]:
@@ -518,17 +529,20 @@ class _UnitDecoder:
             counts["skipped_batches"] += 1
         names = [self._unit_name(u) for u in self.new_bad]
         self.new_bad = []
-        sources = None
-        if source is not None:  # per source: packs, tokens (-1 where unknown), laps begun
-            sources = np.zeros((len(ds.outputs), 3), dtype=np.int64)
-            np.add.at(sources[:, 0], source, 1)
-            tokens = [
-                self.tokens[u][r] if u in self.tokens else -1
-                for u, r in zip(units.tolist(), rows.tolist(), strict=True)
-            ]
-            np.add.at(sources[:, 1], source, np.array(tokens, dtype=np.int64))
-            np.maximum.at(sources[:, 2], source, laps[good] + 1)
+        sources = self._drawn(source, units, rows, laps[good]) if source is not None else None
         return _Item(epoch, index, batch, counts, names, sources)
+
+    def _drawn(self, source: np.ndarray, units: np.ndarray, rows: np.ndarray, laps: np.ndarray) -> np.ndarray:
+        """Per source of a mixture: the packs of a batch, their tokens (0 where not counted), and the laps
+        of its own begun (the highest lap + 1): ``(sources, 3)`` int64. A batch has a few packs: a loop."""
+        out = [[0, 0, 0] for _ in self.ds.outputs]
+        places = zip(source.tolist(), units.tolist(), rows.tolist(), laps.tolist(), strict=True)
+        for s, u, r, lap in places:
+            counts = out[s]
+            counts[0] += 1
+            counts[1] += int(self.tokens[u][r]) if u in self.tokens else 0
+            counts[2] = max(counts[2], lap + 1)
+        return np.array(out, dtype=np.int64)
 
     def _unit_name(self, u: int) -> str:
         output = self.ds.outputs[int(self.table.output[u])]

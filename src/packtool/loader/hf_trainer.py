@@ -33,6 +33,7 @@ Example::
             return trainer_dataloader(self, self.packed_dataset)
 
     packs = PackedDataset("out/", batch_size=8, mask="dense", attention=model.config, infinite=True)
+    # or a mixture of outputs: PackedDataset({"out/web": 0.7, "out/code": 0.3}, ...) or "mixture.yaml"
     PackedTrainer(model=model, args=args, packed_dataset=packs).train(resume_from_checkpoint=True)
 """
 

@@ -85,6 +85,7 @@ class PackedLoader:
                 for o in dataset.outputs
             ]  # fmt: skip
         self._iterating = False
+        self._epoch_size = (-1, 0)  # (epoch, its batches): _batches
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (also in infinite mode: what an LR schedule counts in)."""
@@ -124,8 +125,14 @@ class PackedLoader:
 
     def _next_epoch_if_done(self) -> None:
         """Move the cursor past the end of its epoch (past an epoch with no batch left, too)."""
-        while self.batch >= self.dataset.epoch_batches(self.epoch):
+        while self.batch >= self._batches(self.epoch):
             self.epoch, self.batch = self.epoch + 1, 0
+
+    def _batches(self, epoch: int) -> int:
+        """``dataset.epoch_batches(epoch)``, kept for the epoch the cursor is in (asked every batch)."""
+        if self._epoch_size[0] != epoch:
+            self._epoch_size = (epoch, self.dataset.epoch_batches(epoch))
+        return self._epoch_size[1]
 
     def _count(self, item: _Item) -> None:
         for k, v in item.counts.items():
@@ -196,6 +203,7 @@ class PackedLoader:
         order, epoch, consumed = resume_point(state, ds.num_packs)
         own = order == (ds.world_size, ds.batch_size) and consumed % (ds.world_size * ds.batch_size) == 0
         self.lanes = ds.lanes = state["lanes"]
+        self._epoch_size = (-1, 0)  # the epochs' sizes change with the order
         if own:  # this world size's own order, at a global batch of it
             ds.continue_order(order, None)
             self.epoch, self.batch = epoch, consumed // (ds.world_size * ds.batch_size)

@@ -275,6 +275,9 @@ def mixture_of(entries: list, split: str | None, origin: str) -> Mixture:
     if twice is not None:
         raise ConfigError(f"{origin}: {twice} is listed twice; give it one share")
     outputs = tuple(OutputSource.open(path, split) for path in paths)
+    empty = next((o for o in outputs if o.num_packs == 0), None)
+    if empty is not None:
+        raise ConfigError(f"{origin}: {empty.name} has no packs of split {split!r}: nothing to draw from it")
     check_mixable(outputs)
     shares = Shares(weights=tuple(values)) if kinds == {"weight"} else Shares(repeats=tuple(values))
     if shares.repeats is not None:

@@ -152,7 +152,7 @@ def resume_point(state: dict, total: int) -> tuple[tuple[int, int], int, int]:
     origin = Layout(order["world_size"], order["batch_size"], drop_last=drop_last)
     saved = Layout(state["world_size"], state["batch_size"], drop_last=drop_last)
     for name, layout in (("order", origin), ("", saved)):  # a run had at least one batch on every rank
-        if layout.epoch_size(total)[0] == 0:
+        if layout.epoch_size(total)[0] == 0 or layout.world_size > total:
             key = f"{name}.world_size" if name else "world_size"
             raise field_error(key, layout.world_size, f"a layout with batches of {total:,} packs")
     flat = flat_size(total, origin)
