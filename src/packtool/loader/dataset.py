@@ -49,6 +49,7 @@ from packtool.loader.batch import (
 )
 from packtool.loader.order import (
     Layout,
+    Units,
     draw_skip,
     epoch_size,
     flat_order,
@@ -330,10 +331,14 @@ class PackedDataset(IterableDataset):
         origin = self.layout(lanes, *self.order_layout)
         skip = draw_skip(rng, len(ids), origin)
         start = self._start(epoch)
+        units = None
+        if self.mixture:  # its lanes cut at its units (order.lanes_by_unit)
+            unit = self.table.unit_of(ids)
+            units = Units(self.table.output[unit], unit)
         if start is None:
-            places = rank_positions(len(ids), skip, origin, epoch=epoch, rank=self.rank)
+            places = rank_positions(len(ids), skip, origin, epoch=epoch, rank=self.rank, units=units)
         else:  # the order of the world size that started the run, cut into this one's global batches
-            flat = flat_order(len(ids), skip, origin, epoch=epoch)
+            flat = flat_order(len(ids), skip, origin, epoch=epoch, units=units)
             places = take(flat, recut(len(flat), start, self.layout(lanes), rank=self.rank))
         return take(ids, places), (take(laps, places) if laps is not None else None)
 

@@ -80,9 +80,12 @@ def draw_skip(rng: np.random.Generator | None, total: int, layout: Layout) -> in
     return int(rng.integers(0, total - layout.world_size * m + 1))
 
 
-def rank_positions(total: int, skip: int, layout: Layout, *, epoch: int, rank: int) -> np.ndarray:
+def rank_positions(
+    total: int, skip: int, layout: Layout, *, epoch: int, rank: int, units: Units | None = None
+) -> np.ndarray:
     """The places in the epoch's sequence (of ``total`` packs) of each batch of ``rank``: int64
     ``(batches_per_epoch, batch_size)``, ``-1`` where a short last batch has no pack (``drop_last=False``).
+    ``units``: a mixture's (``lanes_by_unit``); None: each lane a contiguous segment of the rank's slice.
 
     >>> rank_positions(8, 0, Layout(1, 2, shuffle=False), epoch=0, rank=0).tolist()
     [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -90,9 +93,7 @@ def rank_positions(total: int, skip: int, layout: Layout, *, epoch: int, rank: i
     nb, m = layout.epoch_size(total)
     b, lanes = layout.batch_size, layout.lanes
     every = np.arange(total, dtype=np.int64)
-    if (
-        not layout.drop_last and layout.world_size * m > total
-    ):  # as many for every rank: repeat from the start
+    if not layout.drop_last and layout.world_size * m > total:  # as many for every rank: repeat the first
         every = np.concatenate([every, every[: layout.world_size * m - total]])
     mine = every[skip + rank * m : skip + (rank + 1) * m]
     out = np.empty((nb, b), dtype=np.int64)
@@ -100,8 +101,10 @@ def rank_positions(total: int, skip: int, layout: Layout, *, epoch: int, rank: i
     # lanes is untrusted: memory and time follow the batches, not it)
     counts = np.maximum(0, -(-(nb - np.arange(min(lanes, nb))) // lanes))
     seg = np.minimum(np.concatenate([[0], np.cumsum(counts)]) * b, m)
-    for lane in range(len(counts)):
-        packs = mine[seg[lane] : seg[lane + 1]]
+    parts = [mine[seg[lane] : seg[lane + 1]] for lane in range(len(counts))]
+    if units is not None and len(counts) > 1:
+        parts = [mine[k] for k in lanes_by_unit(units.source[mine], units.unit[mine], seg)]
+    for lane, packs in enumerate(parts):
         if layout.shuffle and layout.shuffle_buffer > 1 and len(packs):
             rng = np.random.default_rng([layout.seed, epoch, rank, lane, 1])
             keys = np.arange(len(packs)) + rng.uniform(0, layout.shuffle_buffer, len(packs))
@@ -112,6 +115,50 @@ def rank_positions(total: int, skip: int, layout: Layout, *, epoch: int, rank: i
     if len(partial):  # the short batch comes last
         out[[partial[0], nb - 1]] = out[[nb - 1, partial[0]]]
     return out
+
+
+@dataclass(frozen=True)
+class Units:
+    """A mixture's epoch sequence as its lanes see it: each place's source and read unit (int64)."""
+
+    source: np.ndarray
+    unit: np.ndarray
+
+
+def lanes_by_unit(source: np.ndarray, unit: np.ndarray, seg: np.ndarray) -> list[np.ndarray]:
+    """The places of a rank's slice (each one's ``source`` and ``unit``, in order) of each lane, as many as
+    the contiguous segments ``seg`` hold, each in order.
+
+    Cut into contiguous segments, a mixture's slice would split a unit of every source at each lane
+    boundary (each decoded by two workers). So each source's packs (in order, its units contiguous) are cut
+    at the unit boundary nearest to where the segments cut them, and the source with the most packs takes
+    the difference: one unit split at a boundary, as for one output. Where that source cannot, the cut
+    stays the segments'.
+
+    >>> [p.tolist() for p in lanes_by_unit(np.array([0, 1, 0, 1, 0, 1]), np.array([0, 5, 0, 6, 1, 6]),
+    ...                                    np.array([0, 3, 6]))]
+    [[0, 1, 2], [3, 4, 5]]
+    """
+    lanes = len(seg) - 1
+    sizes = np.bincount(source) if len(source) else np.zeros(0, dtype=np.int64)
+    where = [np.flatnonzero(source == s) for s in range(len(sizes))]  # each source's places, in order
+    cuts = np.array([np.searchsorted(w, seg) for w in where])  # (sources, lanes + 1): the segments' cuts
+    rounded = cuts.copy()
+    big = int(np.argmax(sizes)) if len(sizes) else 0
+    for s, w in enumerate(where):
+        if s == big or len(w) == 0:
+            continue
+        starts = np.concatenate([[0], 1 + np.flatnonzero(unit[w][1:] != unit[w][:-1]), [len(w)]])
+        nearest = np.clip(np.searchsorted(starts, cuts[s, 1:-1]), 1, len(starts) - 1)
+        below, above = starts[nearest - 1], starts[nearest]
+        rounded[s, 1:-1] = np.where(cuts[s, 1:-1] - below <= above - cuts[s, 1:-1], below, above)
+    rounded[big] = seg - (rounded.sum(axis=0) - rounded[big])
+    if (rounded[big] < 0).any() or (rounded[big] > sizes[big]).any() or (np.diff(rounded[big]) < 0).any():
+        rounded = cuts
+    return [
+        np.sort(np.concatenate([w[rounded[s, lane] : rounded[s, lane + 1]] for s, w in enumerate(where)]))
+        for lane in range(lanes)
+    ]
 
 
 def take(sequence: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -278,7 +325,9 @@ def mixture_sequence(
 
 
 # --- another world size ----------------------------------------------------------------------------------
-def flat_order(total: int, skip: int, layout: Layout, *, epoch: int) -> np.ndarray:
+def flat_order(
+    total: int, skip: int, layout: Layout, *, epoch: int, units: Units | None = None
+) -> np.ndarray:
     """The places of an epoch's sequence as ``layout``'s ranks consume them together: global batch after
     global batch (rank 0's batch, rank 1's, ...), then the packs left over (``drop_last``); int64. After
     ``k`` steps the run has read exactly the first ``k * world_size * batch_size`` (``drop_last=False``:
@@ -287,7 +336,10 @@ def flat_order(total: int, skip: int, layout: Layout, *, epoch: int) -> np.ndarr
     >>> flat_order(10, 0, Layout(2, 2, shuffle=False), epoch=0).tolist()
     [0, 1, 4, 5, 2, 3, 6, 7, 8, 9]
     """
-    ranks = [rank_positions(total, skip, layout, epoch=epoch, rank=r) for r in range(layout.world_size)]
+    ranks = [
+        rank_positions(total, skip, layout, epoch=epoch, rank=r, units=units)
+        for r in range(layout.world_size)
+    ]
     steps = np.stack(ranks, axis=1).reshape(-1)  # (batches, ranks, batch_size), step-major
     steps = steps[steps >= 0]
     if not layout.drop_last:

@@ -9,6 +9,7 @@ import pytest
 from packtool.loader.order import (
     Layout,
     Shares,
+    Units,
     draw_skip,
     flat_order,
     mixture_counts,
@@ -152,3 +153,32 @@ def test_recut_without_drop_last_uses_every_place_with_equal_batch_counts():
 
 def test_take_keeps_the_holes():
     assert take(np.array([5, 6, 7]), np.array([[2, -1], [0, 1]])).tolist() == [[7, -1], [5, 6]]
+
+
+def _decodes(batches: np.ndarray, unit: np.ndarray, lanes: int) -> int:
+    """The units the workers decode, a worker a lane: each lane's units once."""
+    return sum(len(np.unique(unit[batches[lane::lanes].reshape(-1)])) for lane in range(lanes))
+
+
+def test_a_mixtures_lanes_split_no_more_units_than_one_outputs():
+    """Cut into contiguous segments, every lane boundary of a mixture's slice would split a unit of every
+    source (decoded by two workers); cut at the units, one unit a boundary is split, as for one output, and
+    each lane holds exactly its segment's count of packs."""
+    shares = Shares(repeats=(1, 1, 1))
+    units = [np.full(12, 16), np.full(7, 16), np.full(5, 16)]
+    sizes = np.array([u.sum() for u in units])
+    base = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    first = np.concatenate([[0], np.cumsum(np.concatenate(units))])
+    for seed in range(5):
+        ids, _, rng = mixture_sequence(units, shares, epoch=seed, seed=seed, shuffle=True)
+        unit = np.searchsorted(first, ids, side="right") - 1
+        source = np.searchsorted(base, ids, side="right") - 1
+        for lanes in (2, 4, 8):
+            layout = Layout(1, 4, lanes=lanes, seed=seed, shuffle=True, shuffle_buffer=0)
+            plain = rank_positions(len(ids), 0, layout, epoch=seed, rank=0)
+            cut = rank_positions(len(ids), 0, layout, epoch=seed, rank=0, units=Units(source, unit))
+            assert sorted(cut.reshape(-1).tolist()) == sorted(plain.reshape(-1).tolist())  # the same packs
+            assert _decodes(cut, unit, lanes) <= len(first) - 1 + lanes - 1 < _decodes(plain, unit, lanes)
+            for lane in range(lanes):  # each lane's batches in the sequence's order
+                places = cut[lane::lanes].reshape(-1)
+                assert (np.diff(places) > 0).all()
