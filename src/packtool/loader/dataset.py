@@ -5,11 +5,11 @@ mixture of outputs at weights or repeats) gives each epoch's sequence of packs, 
 epoch)``; the order (``loader.order``) cuts it into each rank's batches, on pack indices only, before any
 data is read: rank ``r`` of ``R`` takes a contiguous slice, every rank the same number of full batches
 (the fewer than ``R * B`` packs left over sit out the epoch, from its head and its tail); the slice is cut
-into ``lanes`` contiguous segments, lane ``l`` giving the rank's batches ``l, l + lanes, ...`` mixed by a
-shuffle buffer. A unit (what a reader decodes at once: a Parquet row group, a whole tar shard) stays
-contiguous in the sequence. Resumed at another world size or batch size (``PackedLoader.load_state_dict``),
-the stream follows the order of the world size that started the run, cut into the new global batches
-(``order.recut``).
+into ``lanes`` contiguous segments (a mixture's at its sources' units: ``order.lanes_by_unit``), lane ``l``
+giving the rank's batches ``l, l + lanes, ...`` mixed by a shuffle buffer. A unit (what a reader decodes
+at once: a Parquet row group, a whole tar shard) stays contiguous in the sequence. Resumed at another
+world size or batch size (``PackedLoader.load_state_dict``), the stream follows the order of the world
+size that started the run, cut into the new global batches (``order.recut``).
 
 **Workers.** The DataLoader takes batch ``k`` of the stream from worker ``k % num_workers``; each worker
 decodes only the units holding its batches' packs and drops a unit once its last pack is used. With
