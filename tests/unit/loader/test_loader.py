@@ -316,7 +316,7 @@ def test_breaking_out_keeps_the_cursor(packed):
 
 
 def test_state_of_another_stream_is_refused(packed):
-    """Another order is refused; another world size or batch size resumes (tests/unit/loader/test_elastic.py)."""
+    """Another order is refused; another world size or batch size resumes (test_elastic.py)."""
     state = get_loader(PackedDataset(packed, batch_size=4, seed=0), num_workers=0).state_dict()
     for kwargs in ({"seed": 1}, {"shuffle": False}, {"shuffle_buffer": 3}):
         loader = get_loader(PackedDataset(packed, **{"batch_size": 4, "seed": 0, **kwargs}), num_workers=0)
