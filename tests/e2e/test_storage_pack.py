@@ -22,7 +22,7 @@ import pytest
 from packtool import read_packs
 from packtool.storage.scratch import staging_base
 from tests.conftest import DEMO, DEMO_TOKENIZER, run_cli
-from tests.fixtures.s3 import s3, s3_server  # noqa: F401 - fixtures
+from tests.fixtures.s3 import s3, s3_auth, s3_server  # noqa: F401 - fixtures
 
 BASE = [
     "--tokenizer", DEMO_TOKENIZER, "--packed-sequence-size", "512", "--long-samples", "truncate", "-q",
@@ -270,3 +270,31 @@ def test_packs_equal_between_local_disk_and_bucket_for_parquet(s3, tmp_path):
     run_cli("pack", tmp_path / "tok.parquet", "-o", tmp_path / "local", *args)
     run_cli("pack", url, "-o", f"{s3.url}/out", *args)
     assert _packs(_download(s3, "out", tmp_path / "got")) == _packs(tmp_path / "local")
+
+
+def test_credentials_missing_wrong_or_not_allowed_to_write(s3, s3_auth, tmp_path):
+    """Each a one-line error, exit 2, naming the URL; nothing written."""
+    url = s3.put("in/train.jsonl", DEMO / "train.jsonl")
+    reader = s3_auth.user("reader", ["s3:GetObject", "s3:ListBucket"])
+    s3_auth.on()
+    out = f"{s3.url}/out"
+    # no credentials at all (and no instance metadata service to ask: it is not on this machine)
+    bare = {
+        "AWS_ACCESS_KEY_ID": "",
+        "AWS_SECRET_ACCESS_KEY": "",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+    }
+    cases = [
+        (bare, "no credentials for the object store"),
+        (
+            {"AWS_ACCESS_KEY_ID": "AKIAWRONG0000000", "AWS_SECRET_ACCESS_KEY": "x"},
+            "credentials are not valid",
+        ),
+        (reader, "access denied for write"),
+    ]
+    for env, words in cases:
+        proc = run_cli("pack", url, "-o", out, *BASE, check=False, env=env, timeout=90)
+        assert proc.returncode == 2, proc.stderr
+        assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -176,12 +176,12 @@ def store_error(e: BaseException, url: str, doing: str = "read") -> PacktoolErro
             "AWS_SECRET_ACCESS_KEY, a profile (AWS_PROFILE) or an instance role, or pass --storage-options"
         )
     if isinstance(e, PermissionError) or "AccessDenied" in text or "InvalidAccessKeyId" in text:
-        why = (
-            "the credentials are not valid"
-            if "InvalidAccessKeyId" in text or "Signature" in text
-            else ("access denied")
+        if "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
+            return ConfigError(f"{url}: the store does not know these credentials ({text})")
+        return ConfigError(
+            f"{url}: access denied for {doing} ({text}): the credentials are not valid, or not allowed to "
+            f"{doing} there"
         )
-        return ConfigError(f"{url}: {why} for {doing} ({text})")
     if isinstance(e, FileNotFoundError) or "NoSuchBucket" in text or "NoSuchKey" in text:
         if "NoSuchBucket" in text or "bucket" in text.lower() and "not exist" in text.lower():
             return ConfigError(f"{url}: no such bucket")
