@@ -298,3 +298,22 @@ def test_credentials_missing_wrong_or_not_allowed_to_write(s3, s3_auth, tmp_path
         proc = run_cli("pack", url, "-o", out, *BASE, check=False, env=env, timeout=90)
         assert proc.returncode == 2, proc.stderr
         assert words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_an_input_object_replaced_before_the_resume_starts_the_run_afresh(s3, tmp_path):
+    """Killed once 3 chunks are encoded; the input object is then rewritten (the same size: only its ETag
+    tells): the same command does not mix the old encoding with the new input."""
+    records = _records(400)
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    url = s3.put("in/a.jsonl", text)
+    args = [url, *[a for a in BASE if a != "-q"], "--chunk-size", "50", "--num-proc", "2"]
+    out = f"{s3.url}/out"
+    assert run_cli("pack", *args, "-o", out, check=False, kill_at="encode:3").returncode == -9
+    at = text.index('"text": "') + 9
+    s3.put("in/a.jsonl", text[:at] + ("Y" if text[at] != "Y" else "Z") + text[at + 1 :])  # the same size
+    proc = run_cli("pack", *args, "-o", out)
+    assert "holds an interrupted run of another job" in proc.stderr and "resumed:" not in proc.stderr
+    local = tmp_path / "a.jsonl"
+    local.write_bytes(s3.get("in/a.jsonl"))
+    run_cli("pack", local, *args[1:], "-o", tmp_path / "local")
+    assert _packs(_download(s3, "out", tmp_path / "got")) == _packs(tmp_path / "local")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import ConfigError
 from packtool.storage.files import Stat, remote_stat
 from packtool.storage.urls import filesystem, store_error
 
@@ -87,9 +87,8 @@ class StoreFolder:
 
     def read_bytes(self, name: str, limit: int = JSON_LIMIT) -> bytes | None:
         """The object ``name`` (at most ``limit`` bytes, else ``ConfigError``), None when there is none."""
-        try:
-            with self._call("read", name, self.fs.open, self._path(name), "rb") as f:
-                data = f.read(limit + 1)
+        try:  # one ranged GET (no HEAD first: what changes meanwhile is read whole, as it is then)
+            data = self._call("read", name, self.fs.cat_file, self._path(name), start=0, end=limit + 1)
         except FileNotFoundError:
             return None
         if len(data) > limit:
@@ -214,10 +213,12 @@ class StoreLock:
         self.taken_over: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.lost: str | None = None
+        self.lost: str | None = None  # another job took the lock over while this one held it
+        self.failed: str | None = None  # the last renewal that failed (the store did not answer)
 
-    def _holder(self, now: float) -> LockHolder:
-        return LockHolder(socket.gethostname(), os.getpid(), self.token, now, now + LEASE_SECONDS)
+    def _holder(self, started: float) -> LockHolder:
+        """This run as the holder, since ``started``, its lease running ``LEASE_SECONDS`` from now."""
+        return LockHolder(socket.gethostname(), os.getpid(), self.token, started, time.time() + LEASE_SECONDS)
 
     def _read(self) -> LockHolder | None:
         data = self.folder.read_json(self.name)
@@ -265,12 +266,12 @@ class StoreLock:
                     self.lost = "another job took the lock over"
                     return
                 self.folder.put_bytes(self.name, json.dumps(self._holder(holder.started).__dict__).encode())
-            except PacktoolError as e:  # a store that does not answer for a while: try again next time
-                self.lost = str(e)
+            except Exception as e:  # a store that does not answer for a while: try again next time
+                self.failed = str(e)
 
     def check(self) -> None:
         """``ConfigError`` if the lock was taken over by another job while this one held it."""
-        if self.lost == "another job took the lock over":
+        if self.lost is not None:
             raise ConfigError(f"{self.what}: {self.lost} while this run wrote it; nothing was committed")
 
     def release(self) -> None:
