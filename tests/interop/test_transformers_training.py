@@ -76,6 +76,20 @@ def _model(attn: str, vocab: int, dtype: torch.dtype):
     return LlamaForCausalLM._from_config(config, attn_implementation=attn, dtype=dtype).eval()
 
 
+@pytest.fixture
+def unfused_flex(monkeypatch):
+    """flex_attention unfused: torch.compile of flex on CPU takes ~20 s; flex has no backward there."""
+    import torch.nn.attention.flex_attention as flex
+    import transformers.integrations.flex_attention as hf_flex
+
+    monkeypatch.setattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
+    monkeypatch.setattr(
+        hf_flex,
+        "compile_friendly_flex_attention",
+        lambda q, k, v, training=False, **kw: flex.flex_attention(q, k, v, **kw),
+    )
+
+
 def _token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token cross entropy (0 where the label is -100); packtool's labels are already shifted."""
     flat = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=-100, reduction="none")
@@ -165,17 +179,8 @@ def _train_and_compare(model, directory: Path, mask: str, how: str, tol: float, 
     return taken
 
 
-def test_flex_attention_forward_equals_each_sample_alone(outputs, monkeypatch):
-    """flex_attention with the loader's BlockMask; unfused (torch.compile of flex on CPU takes ~20 s)."""
-    import torch.nn.attention.flex_attention as flex
-    import transformers.integrations.flex_attention as hf_flex
-
-    monkeypatch.setattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
-    monkeypatch.setattr(
-        hf_flex,
-        "compile_friendly_flex_attention",
-        lambda q, k, v, training=False, **kw: flex.flex_attention(q, k, v, **kw),
-    )
+def test_flex_attention_forward_equals_each_sample_alone(outputs, unfused_flex):
+    """flex_attention with the loader's BlockMask (unfused)."""
     directory = outputs["split"]
     model = _model("flex_attention", _vocab(directory), torch.float32)
     alone_model = _model("sdpa", _vocab(directory), torch.float32)  # the same weights (same seed)
@@ -291,17 +296,8 @@ def test_sliding_window_flattened_equals_each_sample_alone(long_samples, family,
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3"])
-def test_sliding_window_flex_attention_forward_equals_each_sample_alone(long_samples, family, monkeypatch):
+def test_sliding_window_flex_attention_forward_equals_each_sample_alone(long_samples, family, unfused_flex):
     """The BlockMask per layer type (forward only, unfused: flex_attention has no backward on CPU)."""
-    import torch.nn.attention.flex_attention as flex
-    import transformers.integrations.flex_attention as hf_flex
-
-    monkeypatch.setattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
-    monkeypatch.setattr(
-        hf_flex,
-        "compile_friendly_flex_attention",
-        lambda q, k, v, training=False, **kw: flex.flex_attention(q, k, v, **kw),
-    )
     model = _sliding_model(family, "flex_attention", _vocab(long_samples))
     alone_model = _sliding_model(family, "eager", _vocab(long_samples))  # the same weights (same seed)
     pieces = _pieces(long_samples)
@@ -422,20 +418,6 @@ FAST = {  # in make test: the rows of the defects this table was written for, an
     ("llama4", "sdpa", "dense"), ("bamba", "sdpa", "dense"), ("mistral", "sdpa", "varlen"),
     ("gemma3", "sdpa", "dense"), ("phi3", "eager", "additive"), ("llama", "sdpa", "additive"),
 }  # fmt: skip
-
-
-@pytest.fixture
-def unfused_flex(monkeypatch):
-    """flex_attention unfused: torch.compile of flex on CPU takes ~20 s; flex has no backward there."""
-    import torch.nn.attention.flex_attention as flex
-    import transformers.integrations.flex_attention as hf_flex
-
-    monkeypatch.setattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
-    monkeypatch.setattr(
-        hf_flex,
-        "compile_friendly_flex_attention",
-        lambda q, k, v, training=False, **kw: flex.flex_attention(q, k, v, **kw),
-    )
 
 
 def _worst_forward(model, batches: list, pieces: dict, how: str) -> float:
