@@ -26,13 +26,15 @@ from packtool.errors import ConfigError
 from packtool.options import SPECS, PackOptions, closest
 from packtool.packing.options import STRATEGIES
 from packtool.plugins import is_plugin_spec
+from packtool.storage.files import open_read
+from packtool.storage.urls import is_url, join, parent
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a few hundred bytes; a larger one is not a config
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """The file's keys and values (checked as ``PackOptions.from_dict`` checks them), paths resolved."""
-    path = Path(path)
+    path = path if is_url(str(path)) else Path(path)  # a URL is read from its store, never as a path
     data = read_yaml(path)
     if data is None:
         return {}
@@ -44,7 +46,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"{path}: unknown key {name!r}{closest(name, SPECS)}")
     # types and ranges, naming the file; options against each other once the flags are in (cli.pack)
     PackOptions.from_dict(values, origin=str(path), given=set(), check=False)
-    return resolve_paths(values, path.parent)
+    return resolve_paths(values, parent(path) if is_url(str(path)) else path.parent)
 
 
 def read_yaml(path: str | Path, kind: str = "config") -> Any:
@@ -54,9 +56,9 @@ def read_yaml(path: str | Path, kind: str = "config") -> Any:
     (``config``, ``mixture``), for the messages."""
     import yaml  # imported when a config file is read: yaml costs ~20 ms of every other start-up
 
-    path = Path(path)
+    path = path if is_url(str(path)) else Path(path)  # a URL is read from its store, never as a path
     try:
-        with open(path, "rb") as f:
+        with open_read(path, block_size=MAX_CONFIG_BYTES + 1) as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: {kind} file not found") from None
@@ -99,9 +101,10 @@ def _load_without_aliases(loader: Any, yaml: Any, kind: str = "config") -> Any:
     return loader.get_single_data()
 
 
-def resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
+def resolve_paths(values: dict[str, Any], base: Path | str) -> dict[str, Any]:
     """``values`` with the relative paths of a config file made relative to ``base`` (the file's folder),
-    so that a config file means the same files from any working directory.
+    so that a config file means the same files from any working directory. A URL is left as it is; in a
+    config file that is itself in a store, a relative path is relative to its folder there.
 
     Paths are the ``inputs`` (not ``hf:`` names), ``output``, ``chat_template``, and ``tokenizer`` or
     ``strategy`` when they are a path (a ``.py`` file of a ``file.py:callable`` spec; not a dotted module).
@@ -113,7 +116,9 @@ def resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
     """
 
     def rel(p: str) -> str:
-        return p if os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
+        if is_url(p) or os.path.isabs(p):
+            return p
+        return join(str(base), p) if is_url(str(base)) else os.path.normpath(os.path.join(base, p))
 
     def spec_or_path(p: str, named: tuple[str, ...] = ()) -> str:
         if p in named:

@@ -41,12 +41,12 @@ from packtool.loader.batch import (
     MASKS,
     PackedBatch,
     SkipSample,
-    check_mask_for_model,
     default_batch,
     gather_batch,
     pack_dict,
     packed_batch,
 )
+from packtool.loader.fit import model_attention
 from packtool.loader.order import (
     Layout,
     Units,
@@ -59,7 +59,6 @@ from packtool.loader.order import (
     take,
 )
 from packtool.loader.sources import Mixture, OutputSource, UnitTable, batch_columns, open_source
-from packtool.masks import attention_pattern
 from packtool.packs import PackArrays
 
 ON_ERROR = ("fail", "skip")
@@ -189,14 +188,19 @@ class PackedDataset(IterableDataset):
             ``pack_index``; the tensors are views of the decoded row group: copy before editing in place.
             A vision-language output's packs also hold its image columns (``images``: a list of
             ``{"bytes", "path"}``; ``image_offset``, ``image_length``, ...: ``(num_images,)`` int32
-            tensors); it needs a task encoder with ``encode_sample`` (``packtool.vision.loader``).
+            tensors); it needs a task encoder with ``encode_sample`` (``packtool.vision.loader``). A task
+            encoder whose batches hold M-RoPE position ids says so with ``mrope = True`` (``attention=``
+            then checks the model's code with them).
         mask: ``"varlen"`` (default), ``"dense"``, ``"additive"`` or ``"flex"``: built by ``PackedBatch.to``.
-        attention: the model's attention, for the masks: its transformers config (``model.config``), or
-            a ``masks.AttentionPattern`` (``sliding_window``, ``layer_types``); None (default): full
-            attention on every layer. With a sliding window the masks keep each query inside it too, one
-            mask per layer type (``PackedBatch.attention``); a config also checks that ``mask`` fits its
-            ``attn_implementation`` (``eager`` takes ``"additive"``, ``sdpa`` ``"dense"``...). The
-            ``"varlen"`` path needs no window here: the model's attention applies its own to each sequence.
+        attention: the model's attention, required for the ``"dense"``, ``"additive"`` and ``"flex"``
+            masks (they are built for it): its transformers config (``model.config``), which also checks
+            that ``mask`` trains that model exactly (``loader.fit``: its layers, its
+            ``attn_implementation``, its code; else a one-line ``ValueError`` naming what works), or a
+            declaration for a model of your own, taken on your word: ``"causal"`` (full causal attention
+            on every layer) or a ``masks.AttentionPattern`` (``sliding_window``, ``layer_types``). With a
+            sliding window the masks keep each query inside it too, one mask per layer type
+            (``PackedBatch.attention``). ``"varlen"`` without it gives the ``cu_seqlens`` of a kernel of
+            your own; for a transformers model pass its config, to have the flattened path checked.
         shuffle_buffer: how far (in packs) the shuffle moves a pack inside its lane.
         infinite: iterate epochs forever (one ``iter``) instead of one epoch per ``iter``.
         rank, world_size: default from ``torch.distributed`` when initialized, else 0 and 1.
@@ -249,8 +253,7 @@ class PackedDataset(IterableDataset):
             raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
         if mask not in MASKS:
             raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {mask!r}")
-        self.attention = attention_pattern(attention) if attention is not None else None
-        check_mask_for_model(mask, attention)
+        self.attention = model_attention(mask, attention, mrope=getattr(task_encoder, "mrope", False))
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
         if lanes is not None and (not isinstance(lanes, int) or lanes <= 0):

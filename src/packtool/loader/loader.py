@@ -5,13 +5,14 @@ Example::
 
     from packtool.loader import PackedDataset, get_loader
 
-    ds = PackedDataset("out/", batch_size=8, shuffle=True, seed=0, mask="flex")
+    ds = PackedDataset("out/", batch_size=8, shuffle=True, seed=0, mask="flex", attention=model.config)
     loader = get_loader(ds, num_workers=2)
     for batch in loader:                      # PackedBatch
         batch = batch.to("cuda")              # the mask is built here, on the device
         ...
     state = loader.state_dict()               # save with the checkpoint
-    loader = get_loader(PackedDataset("out/", batch_size=8, shuffle=True, seed=0, mask="flex"), num_workers=3)
+    loader = get_loader(PackedDataset("out/", batch_size=8, shuffle=True, seed=0, mask="flex",
+                                      attention=model.config), num_workers=3)
     loader.load_state_dict(state)             # continues with the next batch, nothing replayed
 
 **Resume.** The state (``loader.state``) is one global cursor: ``(epoch, batches consumed in it)`` plus

@@ -10,6 +10,12 @@ convention whatever the output's (``shifted`` ones moved one place right inside 
 ``seq_lengths`` (``seq_lens``, the padding one more sequence, all -100). The loss is then each sequence's
 alone, token for token (tests/interop/test_trainers.py).
 
+TRL's padding-free batch is one flattened row (``input_ids`` and ``position_ids`` restarting at each
+sample, no mask): packtool's ``mask="varlen"`` path, which keeps the samples apart only where the
+model's code finds them from the ``position_ids`` (``packtool.loader.fit``; transformers' GPT-OSS does
+not). So ``trl_dataset`` takes the model's config, ``attention=model.config``, and refuses a model that
+path does not fit, naming what works (``packtool.loader`` with another mask).
+
 What it cannot give exactly it refuses (``ValueError``): shifted labels whose sequence ends on a target
 (a piece of a sample split across packs targets the first token of the next pack's piece; TRL has no
 place for it): pack with ``--labels unshifted`` for TRL, or train such outputs through ``packtool.loader``;
@@ -20,7 +26,7 @@ Example::
     from trl import SFTConfig, SFTTrainer
     from packtool.loader.trl import trl_dataset  # not in packtool.loader: datasets is slow to import
 
-    train = trl_dataset("out/")
+    train = trl_dataset("out/", attention=model.config)
     args = SFTConfig(output_dir="ckpt", padding_free=True, max_length=None, per_device_train_batch_size=8)
     SFTTrainer(model, args=args, train_dataset=train).train()
 """
@@ -35,6 +41,7 @@ import datasets
 import numpy as np
 
 from packtool.loader.batch import LABELS
+from packtool.loader.fit import model_attention
 from packtool.loader.sources import Mixture, open_source, shards_digest
 from packtool.loader.state import data_fields
 from packtool.manifest import Manifest
@@ -109,11 +116,21 @@ def _output_rows(directory: str, split: str | None, times: np.ndarray | None) ->
         )
 
 
-def trl_dataset(source: Any, split: str | None = "train", cache_dir: str | None = None, seed: int = 0):
+def trl_dataset(
+    source: Any,
+    split: str | None = "train",
+    cache_dir: str | None = None,
+    *,
+    attention: Any = None,
+    seed: int = 0,
+):
     """The packs of ``split`` of output ``source`` as a ``datasets.Dataset`` of TRL's padding-free rows
     (``input_ids`` int32, ``labels`` int64, ``seq_lengths`` int64; one row per pack, in the output's
     order); see the module docstring. Written once to ``datasets``' cache (``cache_dir``), keyed on the
     run's ``run_id`` and its shards' sha256s, so a re-packed output is never served from a stale cache.
+    ``attention``: the model's config (``model.config``), required: TRL's rows are flattened, which not
+    every model's code keeps apart (``"causal"`` or a ``masks.AttentionPattern``: a model of your own, on
+    your word).
 
     ``source`` may be a mixture (a mixture file, ``{directory: weight}``, ...: ``loader.sources``): the
     rows are then the packs of the mixture's first epoch drawn from ``seed`` (a pack as many times as the
@@ -127,6 +144,17 @@ def trl_dataset(source: Any, split: str | None = "train", cache_dir: str | None 
                 "train on its image tokens as text): read a vision-language output with packtool.vision."
                 "loader.vision_dataset (or packtool.vision.energon.VisionPackTaskEncoder)"
             )
+    if attention is None:
+        raise ValueError(
+            "trl_dataset needs the model: pass attention=model.config (TRL's padding-free rows are "
+            "flattened, and not every model's code keeps the samples of a flattened row apart)"
+        )
+    try:
+        model_attention("varlen", attention)
+    except ValueError as e:
+        where = " through packtool.loader (PackedDataset, or collate_packs)" if "use mask=" in str(e) else ""
+        said = f"trl_dataset: TRL's padding-free rows are the flattened path, and {e}{where}"
+        raise ValueError(said) from None
     features = datasets.Features(
         {
             "input_ids": datasets.Sequence(datasets.Value("int32")),
@@ -135,12 +163,9 @@ def trl_dataset(source: Any, split: str | None = "train", cache_dir: str | None 
         }
     )
     if isinstance(opened, Mixture):
-        entries = [
-            {"path": str(o.directory), **dict([opened.share(i)])} for i, o in enumerate(opened.outputs)
-        ]
-        data = data_fields(opened)
-        gen_kwargs = {"directory": "", "split": split, "identity": f"{data['shards']}:{seed}",
-                      "mixture": entries, "seed": seed}  # fmt: skip
+        identity = f"{data_fields(opened)['shards']}:{seed}"
+        gen_kwargs = {"directory": "", "split": split, "identity": identity, "mixture": opened.entries(),
+                      "seed": seed}  # fmt: skip
     else:
         directory = str(opened.directory)
         identity = f"{opened.manifest.run_id}:{shards_digest(opened.manifest, split)}"

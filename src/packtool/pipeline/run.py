@@ -45,12 +45,10 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from packtool.binding import content_run_key
@@ -88,7 +86,7 @@ from packtool.pipeline.identity import (
 )
 from packtool.pipeline.images import vision_record
 from packtool.pipeline.interrupt import stop_on_interrupt
-from packtool.pipeline.output import OutputDir
+from packtool.pipeline.output import Output, open_output
 from packtool.pipeline.preflight import check_memory, check_vision_options, unread_token_fields
 from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
 from packtool.pipeline.stores import EncodedStore, open_store
@@ -96,7 +94,9 @@ from packtool.pipeline.summary import build_manifest, input_entries, lowest_vers
 from packtool.pipeline.write import ShardTask, finished_shard, output_columns, split_shard_ranges
 from packtool.readers.base import SourceBatch
 from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs, unread_files
+from packtool.readers.parquet import num_rows as parquet_rows
 from packtool.schema import per_pack_sum
+from packtool.storage.urls import configure as configure_storage
 from packtool.version import __version__
 
 DEFAULT_RANKS = 8  # the step the image statistics' spread is measured over without --balance-visual-tokens
@@ -118,11 +118,13 @@ def run_pack(
     same command resumes the run.
     """
     options.check_required()
+    configure_storage(options.running.storage_options)  # inputs, output and workers' stores
     # resolved once: the memory check and the engine size themselves by it
     options = options.replace(num_proc=resolve_num_proc(options.to_dict()))
     check_memory(options)
     show = (not options.running.quiet) if progress is None else progress
-    out = OutputDir(options.output.output, overwrite=options.running.overwrite).open()
+    running = options.running
+    out = open_output(options.output.output, overwrite=running.overwrite, scratch=running.scratch)
     try:
         with stop_on_interrupt():  # Ctrl-C: "stopping" at once, a second one stops at once
             try:
@@ -135,7 +137,7 @@ def run_pack(
     except WorkerDied as e:  # killed from outside (out of memory): keep the work for a resume
         out.abort(keep=True)
         raise WorkerDied(
-            f"{e}; the finished work is kept in {out.partial}: run the same command again to resume"
+            f"{e}; the finished work is kept in {out.kept_in}: run the same command again to resume"
         ) from None
     except OSError as e:  # reading errors are InputError by now: this is the output (disk full, ...)
         out.abort()
@@ -177,7 +179,7 @@ def _input_rows(inputs: list[str], input_format: str) -> int | None:
         if kind != "parquet":
             return None
         try:
-            total += pq.ParquetFile(source).metadata.num_rows
+            total += parquet_rows(source)
         except Exception:  # the reader names a damaged file; the bar just goes without its total
             return None
     return total
@@ -249,21 +251,23 @@ class _Planned:
     warnings: list[str]
 
 
-def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
+def _run(options: PackOptions, out: Output, show: bool, say: _Say) -> Manifest:
     values = options.to_dict()
     with make_engine(options.running, resolve_num_proc(values), worker_preload(values)) as engine:
+        if out.taken_over is not None:
+            say.warning(f"{out.final}: took over the lock of a run that is dead ({out.taken_over})")
         started = _start(options, say, engine)
         stamps = input_stamps(options.reading.inputs, started.expand)  # the inputs as the run starts reading
         resume = out.begin({"run_id": started.identity_key, "inputs": stamps, "packtool": __version__})
         if resume is not None and not resume["resumed"]:
             say.note(
-                f"{out.partial} holds an interrupted run of another job (options, inputs or tokenizer "
+                f"{out.kept_in} holds an interrupted run of another job (options, inputs or tokenizer "
                 "differ); starting afresh"
             )
         resumed = bool(resume and resume["resumed"])
         if resumed:
-            say.note(f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
-        store = open_store(started.spec, options, started.sample_format, str(out.work), engine, resumed)
+            say.note(f"resuming the interrupted run in {out.kept_in} (finished chunks and shards kept)")
+        store = open_store(started.spec, options, started.sample_format, out.scratch, engine, resumed)
         for line in store.resume_notes():
             say.note(line)
         progress.step_done("read", 0)  # (a test or a benchmark may time the steps from here)
@@ -467,30 +471,31 @@ def _write(
     store: EncodedStore,
     spec: RunSpec,
     options: PackOptions,
-    out: OutputDir,
+    out: Output,
     resumed: bool,
     show: bool,
     say: _Say,
 ) -> list[ShardEntry]:
     """Write the shards (those a killed attempt of this run finished are kept); their entries in order."""
-    work, plan, numbers = str(out.work), planned.plan, shard_numbers(planned.ranges)
+    plan, numbers = planned.plan, shard_numbers(planned.ranges)
     finished = {}
     if resumed:
         finished = {
-            i: e for i in range(len(planned.ranges)) if (e := finished_shard(work, str(out.partial), i))
+            i: e for i in range(len(planned.ranges)) if (e := finished_shard(out.scratch, out.has_shard, i))
         }
         say.note(store.resumed_note(f"{len(finished)} of {len(planned.ranges)} shards were already done"))
-    (Path(work) / "shards").mkdir(exist_ok=True)
+    out.before_write()
     n = options.packing.packed_sequence_size
     tasks = (
         ShardTask(
             spec,
             ShardMeta(planned.run_id, i, a, n),
             plan.slice(a, b),
-            work,
-            str(out.partial),
+            out.scratch,
+            str(out.staging),
             split,
             numbers[i],
+            out.shard_url,
         )  # fmt: skip
         for i, (a, b, split) in enumerate(planned.ranges)
         if i not in finished
@@ -512,11 +517,11 @@ def _manifest(
     metas: list[dict],
     started: _Started,
     options: PackOptions,
-    out: OutputDir,
+    out: Output,
 ) -> Manifest:
     """The finished run's errors log, manifest, dataset index and card (the manifest is committed last)."""
     if planned.skipped.total:
-        with open(out.partial / ERRORS_LOG, "w") as f:
+        with open(out.staging / ERRORS_LOG, "w") as f:
             f.writelines(json.dumps(e) + "\n" for e in planned.skipped.entries)
     identity = {k: v for k, v in started.identity.items() if k != "processor"}  # (its own record below)
     manifest = build_manifest(
@@ -543,7 +548,9 @@ def _manifest(
             options.encoding.vision.balance_visual_tokens or DEFAULT_RANKS,
         )
     fmt = get_format(options.output.format)
-    manifest.index_files = fmt.writer.write_dataset_index(out.partial, manifest, options.output)
+    manifest.index_files = fmt.writer.write_dataset_index(
+        out.staging, manifest, options.output, out.fetch_shard
+    )
     warnings = planned.warnings
     precut = sum(m.get("precut_samples", 0) for m in metas)
     if precut:  # recorded: what of the input was never tokenized
@@ -554,7 +561,7 @@ def _manifest(
             "tokenizing (--long-samples truncate keeps only their first tokens)",
         ]
     manifest.warnings = warnings
-    write_dataset_card(out.partial, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
+    write_dataset_card(out.staging, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
     return manifest
 
 

@@ -30,7 +30,7 @@ import errno
 import glob
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +45,18 @@ from packtool.readers.parquet import read_parquet
 from packtool.readers.text import read_text_dir, read_text_lines
 from packtool.readers.webdataset import read_webdataset
 from packtool.safepath import file_kind
+from packtool.storage.files import (
+    exists,
+    file_sizes,
+    glob_urls,
+    has_glob,
+    is_dir,
+    list_prefix,
+    open_read,
+    size,
+)
+from packtool.storage.files import stat as stat_path
+from packtool.storage.urls import is_url, join
 
 __all__ = [
     "SourceBatch",
@@ -67,7 +79,9 @@ _FILE_READERS = {
 KNOWN = ".jsonl .json .ndjson .parquet .txt .tar"
 
 
-def _is_hf_disk(path: Path) -> bool:
+def _is_hf_disk(path: Path | str) -> bool:
+    if is_url(str(path)):
+        return exists(join(str(path), "state.json")) or exists(join(str(path), "dataset_dict.json"))
     return (path / "state.json").exists() or (path / "dataset_dict.json").exists()
 
 
@@ -82,6 +96,9 @@ def expand_inputs(inputs: list[str], input_format: str = "auto") -> list[tuple[s
     for spec in inputs:
         if spec.startswith("hf:"):
             out.append(("hf_hub", spec, []))
+            continue
+        if is_url(spec):
+            out += _expand_url(spec, input_format)
             continue
         literal, matches = _matches(spec)
         if not matches:
@@ -107,6 +124,49 @@ def expand_inputs(inputs: list[str], input_format: str = "auto") -> list[tuple[s
                 source=spec,
             )
     return out
+
+
+def _expand_url(spec: str, input_format: str) -> list[tuple[str, str, list[str]]]:
+    """``expand_inputs`` for a URL: an object, a prefix (a directory: its objects, as a local directory's
+    files) or a pattern (``*``, ``**``); objects of no known format a pattern matches are left out."""
+    if has_glob(spec):
+        matches = glob_urls(spec)
+        if not matches:
+            raise InputError("no object matches this pattern", source=spec)
+        known = [(k, m, []) for m in matches if (k := _reader_of(m, input_format))]
+        if not known:
+            raise InputError(
+                f"no object of a known format ({KNOWN}, compressed or not) matches this pattern: it matches "
+                f"{_count(matches, 'object')} ({_names(matches)}); --input-format text reads every file as "
+                "text",
+                source=spec,
+            )
+        return known
+    try:
+        kind = stat_path(spec).kind
+    except FileNotFoundError:
+        raise InputError("no such file or object (nor a prefix holding any)", source=spec) from None
+    if kind == "directory":
+        if _is_hf_disk(spec):
+            return [("hf_disk", spec.rstrip("/"), [])]
+        listing = list_prefix(spec)
+        return _dir_entries(spec.rstrip("/"), listing.files, lambda f: f[len(spec.rstrip("/")) + 1 :],
+                            input_format)  # fmt: skip
+    reader = _reader_of(spec, input_format)
+    if not reader:
+        raise _unknown_format(spec)
+    return [(reader, spec, [])]
+
+
+def _unknown_format(path: str | Path) -> InputError:
+    suffix, codec = name_format(path)
+    ext = os.path.splitext(os.fspath(path))[1]
+    return InputError(
+        f"unknown input format '{ext if codec is None else suffix + ext}' (known: "
+        f"{KNOWN}, those but .parquet compressed, a save_to_disk directory, hf:NAME; "
+        "--input-format text reads any file as text)",
+        source=str(path),
+    )
 
 
 def _matches(spec: str) -> tuple[bool, list[str]]:
@@ -153,13 +213,7 @@ def _expand_path(path: Path, input_format: str) -> list[tuple[str, str, list[str
         return _expand_dir(path, input_format)
     kind = _reader_of(path, input_format)
     if not kind:
-        suffix, codec = name_format(path)
-        raise InputError(
-            f"unknown input format '{path.suffix if codec is None else suffix + path.suffix}' (known: "
-            f"{KNOWN}, those but .parquet compressed, a save_to_disk directory, hf:NAME; "
-            "--input-format text reads any file as text)",
-            source=str(path),
-        )
+        raise _unknown_format(path)
     mode = path.stat().st_mode
     if not stat.S_ISREG(mode):  # a FIFO would be read once and then block; a device never ends
         raise InputError(
@@ -179,19 +233,28 @@ def _expand_dir(path: Path, input_format: str) -> list[tuple[str, str, list[str]
     for p in tree.broken:  # a broken link among the files read is named as one (not skipped)
         if _reader_of(p, input_format):
             raise _missing(p)
-    reader = {p: _reader_of(p, input_format) for p in tree.files}
-    known = [p for p in tree.files if reader[p]]
+    files = [str(p) for p in tree.files]
+    return _dir_entries(str(path), files, lambda f: os.path.relpath(f, path), input_format)
+
+
+def _dir_entries(
+    source: str, files: list[str], relative: Callable[[str], str], input_format: str
+) -> list[tuple[str, str, list[str]]]:
+    """The entries of directory (or prefix) ``source`` holding ``files`` (in tree order): one text
+    directory when every file read is text, else each file by its reader."""
+    reader = {f: _reader_of(f, input_format) for f in files}
+    known = [f for f in files if reader[f]]
     if not known:
-        names = [str(p.relative_to(path)) for p in tree.files]
+        names = [relative(f) for f in files]
         held = f"it holds {_count(names, 'file')} ({_names(names)})" if names else "it holds no file"
         hint = "; --input-format text reads every file as text" if names else ""
         raise InputError(
             f"directory holds no file of a known format ({KNOWN}, compressed or not): {held}{hint}",
-            source=str(path),
+            source=source,
         )
-    if all(reader[p] == "text" for p in known):  # the others (README, notes) are not read
-        return [("text_dir", str(path), [str(p) for p in known])]
-    return [(reader[p], str(p), []) for p in known]
+    if all(reader[f] == "text" for f in known):  # the others (README, notes) are not read
+        return [("text_dir", source, known)]
+    return [(reader[f], f, []) for f in known]
 
 
 @dataclass
@@ -249,7 +312,7 @@ def scan_directory(path: Path) -> DirectoryTree:
     return tree
 
 
-def _reader_of(path: Path, input_format: str = "auto") -> str | None:
+def _reader_of(path: Path | str, input_format: str = "auto") -> str | None:
     """The reader of a file: ``input_format`` unless ``auto``, else by its name's suffixes, None if
     none (a compressed file's inner suffix decides; Parquet compresses its own pages: a file named as
     compressed Parquet is not read; nor a compressed tar, which has no member offsets to hand out)."""
@@ -318,6 +381,9 @@ def unread_files(inputs: list[str], input_format: str = "auto") -> list[Unread]:
     for spec in inputs:
         if spec.startswith("hf:"):
             continue
+        if is_url(spec):
+            out += _unread_urls(spec, input_format)
+            continue
         literal, matches = _matches(spec)
         said: set[str] = set()
         for m in matches:
@@ -341,6 +407,21 @@ def unread_files(inputs: list[str], input_format: str = "auto") -> list[Unread]:
         if unknown:
             out.append(Unread(spec, unknown, [], [], []))
     return out
+
+
+def _unread_urls(spec: str, input_format: str) -> list[Unread]:
+    """``unread_files`` for a URL: what a prefix holds unread (its objects of no known format, its
+    hidden ones); a pattern's matches of no known format."""
+    if has_glob(spec):
+        unknown = [m for m in glob_urls(spec) if not _reader_of(m, input_format)]
+        return [Unread(spec, unknown, [], [], [])] if unknown else []
+    if not is_dir(spec) or _is_hf_disk(spec):
+        return []
+    base = spec.rstrip("/")
+    listing = list_prefix(spec)
+    unknown = [f[len(base) + 1 :] for f in listing.files if not _reader_of(f, input_format)]
+    entry = Unread(base, unknown, [], [], listing.hidden)
+    return [entry] if entry.warnings() or entry.note() else []
 
 
 def _not_said(directory: Path, names: list[str], said: set[str]) -> list[str]:
@@ -409,10 +490,10 @@ def input_bytes(inputs: list[str], input_format: str = "auto") -> int | None:
         if kind not in ("jsonl", "text", "text_dir") or (kind != "text_dir" and is_compressed(source)):
             return None
         if kind == "jsonl":
-            with open(source, "rb") as f:
+            with open_read(source, block_size=1 << 16) as f:
                 if f.read(64).lstrip().startswith(b"["):  # a JSON array: read whole, in one piece
                     return None
-        total += sum(os.path.getsize(f) for f in files) if kind == "text_dir" else os.path.getsize(source)
+        total += int(file_sizes(files).sum()) if kind == "text_dir" else size(source)
     return total
 
 

@@ -37,6 +37,8 @@ from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, UsedFields, batch_from_pylist, resolve_used
 from packtool.readers.compressed import is_compressed, open_input
 from packtool.readers.lines import PIECE_BYTES, SCAN_BLOCK, line_ranges, read_span, split_lines
+from packtool.storage.files import open_read
+from packtool.storage.urls import is_url
 
 
 def read_jsonl(
@@ -181,7 +183,7 @@ class _PlainLines:
 
     def cover(self, lines: int) -> bool:
         """Scan on until lines ``1..lines`` are known plain (True) or cannot be (False)."""
-        with open(self.path, "rb") as f:
+        with open_read(self.path) as f:
             while self.lines < lines and not self.stopped:
                 f.seek(self.offset)
                 self._block(f.read(_SCAN_BLOCK), f)
@@ -350,7 +352,8 @@ def _read_arrow(path: str, batch_rows: int, state: dict) -> Iterator[SourceBatch
         return
     row = 0
     try:
-        reader = pj.open_json(path, read_options=pj.ReadOptions(block_size=ARROW_BLOCK))
+        source = open_read(path) if is_url(path) else path  # pyarrow opens a local path itself
+        reader = pj.open_json(source, read_options=pj.ReadOptions(block_size=ARROW_BLOCK))
         for batch in reader:
             if not all(_same_as_python(f.type) for f in batch.schema):
                 return

@@ -13,7 +13,6 @@ input (or one line or file, if longer), so long documents are handed out a few M
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
 from packtool.readers.compressed import is_compressed, open_input
 from packtool.readers.lines import PIECE_BYTES, line_ranges, read_span, split_lines
+from packtool.storage.files import file_sizes
 
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: not part of the text
 
@@ -124,7 +124,7 @@ def read_text_dir(
     larger file).
 
     With ``lazy``, those ranges (``TextFiles``), read later."""
-    sizes = np.fromiter((os.path.getsize(f) for f in files), dtype=np.int64, count=len(files))
+    sizes = file_sizes(files)
     ends = np.cumsum(sizes)
     start = 0
     while start < len(files):
@@ -154,7 +154,7 @@ class TextFiles:
 
     def __post_init__(self) -> None:
         if self.sizes is None:
-            self.sizes = np.fromiter(map(os.path.getsize, self.files), dtype=np.int64, count=len(self.files))
+            self.sizes = file_sizes(self.files)
 
     @property
     def num_rows(self) -> int:

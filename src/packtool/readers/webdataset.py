@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
+from packtool.storage.files import open_read
 
 TEXT_EXTENSIONS = frozenset({"txt", "text", "json", "cls", "caption"})
 MAX_MEMBER_BYTES = 1 << 30  # one member read whole at most (an image, a caption)
@@ -58,11 +59,16 @@ def _emit(part: TarSamples, sink: ErrorSink | None, lazy: bool) -> Iterator[Sour
 def _samples(path: str) -> Iterator[Members]:
     """Each sample's key and members, in the shard's order, from the members' headers."""
     try:
-        tar = tarfile.open(path, "r:")  # a compressed tar has no offsets to read members at
+        f = open_read(path)
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror or e}", source=path) from None
+    try:
+        tar = tarfile.open(fileobj=f, mode="r:")  # a compressed tar has no offsets to read members at
     except (tarfile.TarError, OSError) as e:
+        f.close()
         raise InputError(f"not a readable uncompressed tar file: {e}", source=path) from None
     key, members = None, []
-    with tar:
+    with f, tar:
         try:
             for member in tar:
                 if not member.isfile():
@@ -119,7 +125,7 @@ class TarSamples:
         columns: dict[str, list] = {name: [] for name in schema.names}
         rows = []
         try:
-            f = open(self.source, "rb")
+            f = open_read(self.source)
         except OSError as e:
             raise InputError(f"cannot read: {e.strerror or e}", source=self.source) from None
         with f:
