@@ -54,7 +54,8 @@ def _trainer(mixture: dict, checkpoints: Path, infinite: bool, workers: int):
         "save_strategy": "steps", "save_steps": 2, "report_to": [], "use_cpu": True, "disable_tqdm": True,
         "dataloader_num_workers": workers, "remove_unused_columns": False,
     })  # fmt: skip
-    packs = PackedDataset(mixture, batch_size=B, shuffle=True, seed=3, mask="dense", infinite=infinite)
+    packs = PackedDataset(mixture, batch_size=B, shuffle=True, seed=3, mask="dense", infinite=infinite,
+                          attention=model.config)  # fmt: skip
     return example.PackedTrainer(model=model, args=args, packed_dataset=packs), Recorder(model)
 
 
@@ -90,7 +91,7 @@ def test_trl_rows_of_a_mixture_are_its_first_epochs_packs(sources, tmp_path):
     from packtool.loader.trl import trl_dataset
 
     mixture = [{"path": str(sources[0]), "repeat": 2}, {"path": str(sources[1]), "repeat": 0.5}]
-    rows = list(trl_dataset(mixture, cache_dir=str(tmp_path / "hf")))
+    rows = list(trl_dataset(mixture, cache_dir=str(tmp_path / "hf"), attention="causal"))
     packs = [[p["input_ids"].tolist() for p in read_packs(d)] for d in sources]
     assert len(rows) == 2 * len(packs[0]) + len(packs[1]) // 2
     first = [r["input_ids"] for r in rows[: 2 * len(packs[0])]]

@@ -42,10 +42,13 @@ def test_a_vision_model_sees_each_pack_of_a_vision_and_text_mixture_as_alone(out
     model, _, _ = _llava(vp, len(vp.processor.tokenizer))
     alone = {}
     for s, directory in enumerate((vision, text)):
-        ds = vision_dataset(directory, vp, batch_size=1, shuffle=False, drop_last=False, mask="dense")
+        ds = vision_dataset(directory, vp, batch_size=1, shuffle=False, drop_last=False, mask="dense",
+                            attention=model.config)  # fmt: skip
         alone[s] = {int(b.pack_index[0]): b for b in get_loader(ds, num_workers=0)}
     mixture = [{"path": str(vision), "repeat": 1}, {"path": str(text), "repeat": 1}]
-    ds = vision_dataset(mixture, vp, batch_size=3, seed=1, drop_last=False, mask="dense")
+    ds = vision_dataset(
+        mixture, vp, batch_size=3, seed=1, drop_last=False, mask="dense", attention=model.config
+    )
     mixed, seen = 0, []
     for batch in get_loader(ds, num_workers=1):
         assert isinstance(batch, VisionBatch)
