@@ -200,6 +200,12 @@ class PackedBatch:
     _inputs: dict | None = field(default=None, init=False, repr=False, compare=False)  # model_inputs() cache
 
     @property
+    def source(self) -> torch.Tensor | None:
+        """``(B,)`` int64: the source each pack of a mixture's batch came from (an index into the dataset's
+        ``outputs``); None for a batch of one output."""
+        return self.extra.get("source")
+
+    @property
     def packed_sequence_size(self) -> int:
         return self.input_ids.shape[1]
 

@@ -172,7 +172,7 @@ class PackedDataset(IterableDataset):
             as many packs as the sources together, each source cycling through its own epochs), or
             ``[{"path": directory, "repeat": r}, ...]`` (an epoch holds exactly ``floor(r * packs)`` of
             each source's packs, a fraction another part each epoch). A mixture's batches say each pack's
-            source (``batch.extra["source"]``, ``(B,)`` int64, an index into ``dataset.outputs``) and
+            source (``batch.source``, ``(B,)`` int64, an index into ``dataset.outputs``) and
             ``loader.stats["sources"]`` counts each one's packs, tokens and epochs begun.
         batch_size: packs per batch.
         drop_last: ``True`` (default): every batch is full, and the packs left over (fewer than

@@ -120,7 +120,11 @@ def test_each_pack_holds_its_sources_data(packed, smaller, per_pack):
     )
     tokens = [0, 0, 0]
     for batch in loader:
-        assert batch.extra["source"].dtype == torch.int64 and batch.extra["source"].shape == (4,)
+        assert (
+            batch.source.dtype == torch.int64
+            and batch.source.shape == (4,)
+            and batch.source is batch.extra["source"]
+        )
         for row, (s, p) in enumerate(
             zip(batch.extra["source"].tolist(), batch.pack_index.tolist(), strict=True)
         ):
