@@ -1,7 +1,7 @@
 """Text that is not UTF-8 (``--decode``): the policy, checked once, and applied to one text.
 
-Input text is UTF-8. A text (a line of a ``.txt`` or JSON Lines file, a file of a text directory) that is
-not is, under each policy:
+Input text is UTF-8. A text (a line of a ``.txt`` or JSON Lines file, a file of a text directory, a text
+member of a tar) that is not is, under each policy:
 
 * ``strict`` (the default): a bad record (``not_utf8``), named by its file and line: the run stops, or
   ``--on-error skip`` leaves it out and counts it;

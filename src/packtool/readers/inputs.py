@@ -475,7 +475,7 @@ def read_inputs(
         elif kind == "text_dir":
             batches = read_text_dir(names, source, text_field=text_field, sink=sink, lazy=lazy, decode=decode)
         elif kind == "webdataset":
-            batches = read_webdataset(source, sink=sink, lazy=lazy)
+            batches = read_webdataset(source, sink=sink, lazy=lazy, decode=decode)
         else:  # datasets is slow to import: only a run that reads a dataset pays for it
             from packtool.readers import hf
 

@@ -196,3 +196,19 @@ def test_a_prefix_and_a_pattern_in_a_store_honour_include_and_exclude(s3, header
     assert [s for _, s, _ in got] == [f"{base}/X11/extensions/Xge.h", f"{base}/stdio.h", f"{base}/tests/t.h"]
     texts, sink = _read([base], input_format="text", include=["X11/**/*.h"], decode="latin-1")
     assert texts == [LATIN1] and sink.notes == {"decoded_records": 1, "excluded_files": 4}
+
+
+def test_the_text_members_of_a_tar_are_read_by_decode_a_sample_counted_once(tmp_path):
+    from tests.unit.readers.test_webdataset_input import tar
+
+    shard = tar(
+        tmp_path / "s.tar",
+        [("000.txt", "un café".encode("latin-1")), ("000.json", "«x»".encode("latin-1")), ("001.txt", b"ok")],
+    )
+    sink = ErrorSink("fail")
+    pieces = read_inputs([str(shard)], sink=sink, lazy=True, files=FileOptions(decode="latin-1"))
+    rows = [r for p in pieces for b in pickle.loads(pickle.dumps(p)).load(sink) for r in b.batch.to_pylist()]
+    assert [(r["txt"], r["json"]) for r in rows] == [("un café", "«x»"), ("ok", None)]
+    assert sink.notes == {"decoded_records": 1}
+    with pytest.raises(InputError, match=r"s.tar, sample 0, field 'txt': not valid UTF-8 .*--decode replace"):
+        [b for p in read_inputs([str(shard)], lazy=True) for b in p.load()]
