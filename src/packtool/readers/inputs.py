@@ -264,6 +264,7 @@ def _list_glob(spec: str, files: FileOptions) -> InputListing:
         entries.append((group, listing.entries))
         unread += listing.unread
     selected = sorted(p for p in own.files + own.broken + own.other if match(rest, p))
+    own.hidden = [p for p in own.hidden if match(rest, p, partial=True)]  # those it would have matched
     mine, said = _read_matches(spec, lambda p: _under(folder, p), selected, own, files, patterns)
     entries += [(parts, [entry]) for parts, entry in mine]
     unread += [said] if said.warnings() or said.notes() else []
@@ -293,7 +294,8 @@ def _read_matches(
 ) -> tuple[list[tuple[Parts, Entry]], Unread]:
     """The files pattern ``spec`` matches by themselves (``selected``, in tree order), each read as if
     given by name; and what it leaves out: files of no known format it matches, those ``--include`` and
-    ``--exclude`` leave out, and the links (``own``: what the walk met outside the directories it matches)."""
+    ``--exclude`` leave out, the links and hidden entries (``own``: what the walk met outside the
+    directories the pattern matches)."""
     fmt = files.input_format
     kept, left, left_dirs = _pick(selected, patterns)
     broken = set(own.broken)
@@ -313,7 +315,7 @@ def _read_matches(
         unknown,
         names(own.linked_dirs),
         [],
-        [],
+        names(own.hidden),
         excluded=_excluded(names, sorted(own.excluded + left_dirs), left),
         followed=names(own.followed),
         repeated=[(name(p), why) for p, why in own.repeated],

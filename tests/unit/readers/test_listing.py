@@ -192,8 +192,15 @@ def test_a_prefix_and_a_pattern_in_a_store_honour_include_and_exclude(s3, header
     assert read == [f"{base}/X11/extensions/Xge.h", f"{base}/stdio.h", f"{base}/sys/types.h"]
     (unread,) = unread_files([base], files)
     assert unread.excluded == ["X11/README.md", "tests/"] and unread.counts()["excluded_dirs"] == 1
-    got = expand_inputs([f"{base}/**"], FileOptions(exclude=["*.md", "sys"], input_format="text"))
+    s3.put("include/.cache/old.h", b"stale")  # hidden: left out of a pattern's matches as of a prefix's
+    files = FileOptions(exclude=["*.md", "sys"], input_format="text")
+    got = expand_inputs([f"{base}/**"], files)
     assert [s for _, s, _ in got] == [f"{base}/X11/extensions/Xge.h", f"{base}/stdio.h", f"{base}/tests/t.h"]
+    (said,) = unread_files([f"{base}/**"], files)
+    assert said.hidden == [f"{base}/.cache/old.h"] and said.excluded == [
+        f"{base}/X11/README.md",
+        f"{base}/sys/",
+    ]
     texts, sink = _read([base], input_format="text", include=["X11/**/*.h"], decode="latin-1")
     assert texts == [LATIN1] and sink.notes == {"decoded_records": 1, "excluded_files": 4}
 
