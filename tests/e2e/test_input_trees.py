@@ -52,6 +52,7 @@ def test_a_latin1_header_stops_strict_packs_replaced_or_exact_and_is_counted(hea
     m = manifest_json(tmp_path / "replace")
     assert (m["stats"]["decoded_records"], m["stats"]["replaced_characters"]) == (1, 2)
     assert m["provenance"]["decode"] == "replace" and warning[len("packtool: warning: ") :] in m["warnings"]
+    run_cli("verify", tmp_path / "replace", "--source")  # the source read again as the run read it
 
     run_cli("pack", headers, "-o", tmp_path / "latin", *BASE, "--decode", "latin-1")
     (headers / "X11" / "extensions" / "Xge.h").write_text(XGE)  # the same header, as UTF-8
@@ -86,6 +87,7 @@ def test_include_exclude_and_followed_links_are_recorded_counted_and_a_glob_pack
     p = m["provenance"]
     assert (p["include"], p["exclude"], p["follow_symlinks"]) == (["*.h"], ["tests", "X11"], True)
 
+    run_cli("verify", tmp_path / "dir", "--source")  # listed again with the recorded patterns and links
     run_cli("pack", f"{headers}/**", "-o", tmp_path / "glob", *BASE, *picks)  # the same files, once each
     assert _tokens(tmp_path / "glob") == _tokens(tmp_path / "dir")
     assert manifest_json(tmp_path / "glob")["stats"]["unfollowed_links"] == 1
