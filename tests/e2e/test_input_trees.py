@@ -8,27 +8,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from packtool import read_packs
 from tests.conftest import DEMO_TOKENIZER, manifest_json, run_cli
+from tests.fixtures.header_tree import LATIN1, headers  # noqa: F401 - fixtures
 from tests.fixtures.s3 import s3, s3_server  # noqa: F401 - fixtures
 
-XGE = "/* Copyright © 2009 Peter Hutterer, Müller */\n#define GE_MAJOR 1\n"  # Latin-1 on disk
 BASE = ["--tokenizer", DEMO_TOKENIZER, "--packed-sequence-size", "256", "--input-format", "text", "-q"]
-
-
-@pytest.fixture
-def headers(tmp_path) -> Path:
-    root = tmp_path / "include"
-    for d in ("sys", "X11/extensions", "tests"):
-        (root / d).mkdir(parents=True)
-    (root / "stdio.h").write_text("int printf(const char *, ...);\n")
-    (root / "sys" / "types.h").write_text("/* © */ typedef long ssize_t;\n")
-    (root / "X11" / "extensions" / "Xge.h").write_bytes(XGE.encode("latin-1"))
-    (root / "X11" / "README").write_text("see the docs\n")
-    (root / "tests" / "t.h").write_text("int test;\n")
-    return root
 
 
 def _tokens(out: Path) -> list[bytes]:
@@ -55,7 +40,7 @@ def test_a_latin1_header_stops_strict_packs_replaced_or_exact_and_is_counted(hea
     run_cli("verify", tmp_path / "replace", "--source")  # the source read again as the run read it
 
     run_cli("pack", headers, "-o", tmp_path / "latin", *BASE, "--decode", "latin-1")
-    (headers / "X11" / "extensions" / "Xge.h").write_text(XGE)  # the same header, as UTF-8
+    (headers / "X11" / "extensions" / "Xge.h").write_text(LATIN1)  # the same header, as UTF-8
     run_cli("pack", headers, "-o", tmp_path / "utf8", *BASE)
     assert _tokens(tmp_path / "latin") == _tokens(tmp_path / "utf8")  # the exact text
     latin, utf8 = manifest_json(tmp_path / "latin"), manifest_json(tmp_path / "utf8")
@@ -103,7 +88,7 @@ def test_include_exclude_and_followed_links_are_recorded_counted_and_a_glob_pack
 
 def test_a_prefix_in_a_store_takes_the_same_options_and_packs_as_the_local_tree(s3, headers, tmp_path):
     url = s3.put_tree("include", headers)
-    opts = ["--exclude", "tests", "--exclude", "README", "--decode", "latin-1"]
+    opts = ["--exclude", "tests", "--exclude", "README.md", "--decode", "latin-1"]
     run_cli("pack", url, "-o", tmp_path / "remote", *BASE, *opts)
     run_cli("pack", headers, "-o", tmp_path / "local", *BASE, *opts)
     assert _tokens(tmp_path / "remote") == _tokens(tmp_path / "local")

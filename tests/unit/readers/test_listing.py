@@ -15,9 +15,8 @@ from packtool.options import PackOptions
 from packtool.readers.inputs import expand_inputs, read_inputs, unread_files
 from packtool.readers.listing import Patterns, match, pattern_parts
 from packtool.readers.options import FileOptions
+from tests.fixtures.header_tree import LATIN1, headers  # noqa: F401 - fixtures
 from tests.fixtures.s3 import s3, s3_server  # noqa: F401 - fixtures
-
-LATIN1 = "/* Copyright © 2009 Peter Hutterer, Müller */\nint x;\n"  # X11/extensions/Xge.h's kind
 
 
 def _read(inputs, sink=None, **options) -> tuple[list[str], ErrorSink]:
@@ -28,20 +27,6 @@ def _read(inputs, sink=None, **options) -> tuple[list[str], ErrorSink]:
         for b in pickle.loads(pickle.dumps(piece)).load(sink):
             out += b.batch.column("text").to_pylist()
     return out, sink
-
-
-@pytest.fixture
-def headers(tmp_path):
-    """A header tree as /usr/include ships one: UTF-8 headers, one Latin-1 header two levels down."""
-    root = tmp_path / "include"
-    for d in ("sys", "X11/extensions", "tests"):
-        (root / d).mkdir(parents=True)
-    (root / "stdio.h").write_text("int printf(const char *, ...);\n")
-    (root / "sys" / "types.h").write_text("/* © UTF-8 */ typedef long ssize_t;\n")
-    (root / "X11" / "extensions" / "Xge.h").write_bytes(LATIN1.encode("latin-1"))
-    (root / "X11" / "README.md").write_text("notes")
-    (root / "tests" / "t.h").write_text("int test;\n")
-    return root
 
 
 def test_patterns_match_names_at_any_depth_and_directories_whole():
