@@ -29,6 +29,7 @@ from pathlib import Path
 
 from packtool.errors import InputError
 from packtool.readers.compressed import input_format as name_format
+from packtool.storage.files import has_glob
 
 Parts = tuple[str, ...]  # a path relative to the input, by its parts
 
@@ -43,11 +44,6 @@ _FILE_READERS = {
 KNOWN = ".jsonl .json .ndjson .parquet .txt .tar"
 
 
-def has_magic(part: str) -> bool:
-    """Whether a path part holds glob characters."""
-    return any(c in part for c in "*?[")
-
-
 def split_glob(spec: str) -> tuple[str, Parts]:
     """``(folder, pattern)``: the leading parts of ``spec`` without glob characters (``""`` for none), and
     the parts of the rest.
@@ -56,7 +52,7 @@ def split_glob(spec: str) -> tuple[str, Parts]:
     (('docs', ('**', '*.txt')), ('', ('*.jsonl',)), ('/usr/include', ('*', 'x.h')))
     """
     parts = spec.split("/")
-    fixed = next(i for i, part in enumerate(parts) if has_magic(part))
+    fixed = next(i for i, part in enumerate(parts) if has_glob(part))
     folder = "/".join(parts[:fixed])
     if fixed and not folder:  # the root: /*.jsonl
         folder = "/"
@@ -103,9 +99,6 @@ class Patterns:
     @classmethod
     def of(cls, include: Iterable[str] = (), exclude: Iterable[str] = ()) -> Patterns:
         return cls(tuple(map(pattern_parts, include)), tuple(map(pattern_parts, exclude)))
-
-    def __bool__(self) -> bool:
-        return bool(self.include or self.exclude)
 
     def excludes_dir(self, parts: Parts) -> bool:
         """An exclude pattern matches the directory ``parts``: nothing below it is read (nor listed)."""
