@@ -117,6 +117,8 @@ def option_params() -> list[click.Parameter]:
             kwargs["type"] = _Choice(spec.choices, as_declared)
         elif spec.kind in (int, float):
             kwargs["type"] = spec.kind
+        elif spec.kind is list:  # repeatable: --exclude A --exclude B
+            kwargs.update(multiple=True, default=tuple(spec.default), show_default=False)
         option = click.Option([*names, spec.name], **kwargs)
         option.section = spec.section  # type: ignore[attr-defined]
         params.append(option)

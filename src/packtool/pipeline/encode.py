@@ -340,7 +340,7 @@ def chunks_per_task(options: PackOptions, workers: int) -> int:
     if workers <= 1:
         return 1
     rows = 0
-    for kind, source, _ in expand_inputs(options.reading.inputs, options.reading.files.input_format):
+    for kind, source, _ in expand_inputs(options.reading.inputs, options.reading.files):
         if kind != "parquet":
             return 1
         rows += parquet_rows(source)
@@ -420,7 +420,7 @@ def first_bad_record(options: PackOptions, err: InputError) -> InputError:
                 split=options.reading.split,
                 text_field=options.encoding.text_field,
                 sink=probe,
-                input_format=options.reading.files.input_format,
+                files=options.reading.files,
             ),
         )
     ]

@@ -59,7 +59,7 @@ def memory_store_bytes(options: PackOptions, sample_format: str) -> int | None:
     ):
         return None
     total = 0
-    for kind, source, _ in expand_inputs(options.reading.inputs, options.reading.files.input_format):
+    for kind, source, _ in expand_inputs(options.reading.inputs, options.reading.files):
         if kind != "parquet":
             return None
         try:

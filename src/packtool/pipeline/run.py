@@ -93,6 +93,7 @@ from packtool.pipeline.stores import EncodedStore, open_store
 from packtool.pipeline.summary import build_manifest, input_entries, lowest_version, run_stats, with_path
 from packtool.pipeline.write import ShardTask, finished_shard, output_columns, split_shard_ranges
 from packtool.readers.base import SourceBatch
+from packtool.readers.decode import decoded_warnings
 from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs, unread_files
 from packtool.readers.parquet import num_rows as parquet_rows
 from packtool.schema import per_pack_sum
@@ -172,10 +173,10 @@ class _Say:
             self.say(text)
 
 
-def _input_rows(inputs: list[str], input_format: str) -> int | None:
+def _input_rows(inputs: list[str], files: Any) -> int | None:
     """Records in the inputs when the files say so cheaply (Parquet footers), else ``None``."""
     total = 0
-    for kind, source, _ in expand_inputs(inputs, input_format):
+    for kind, source, _ in expand_inputs(inputs, files):
         if kind != "parquet":
             return None
         try:
@@ -289,8 +290,8 @@ def _start(options: PackOptions, say: _Say, engine: Any) -> _Started:
     run's identity; say what the user should know before the work."""
     sink = ErrorSink(options.running.on_error)  # bad records met while reading
     fields = _FieldsRead(options)
-    input_format = options.reading.files.input_format
-    expand = functools.partial(expand_inputs, input_format=input_format)
+    files = options.reading.files
+    expand = functools.partial(expand_inputs, files=files)
     # workers (local processes or Ray tasks) read their own rows and lines: the driver hands out ranges
     batches = read_inputs(
         options.reading.inputs,
@@ -299,7 +300,7 @@ def _start(options: PackOptions, say: _Say, engine: Any) -> _Started:
         sink=sink,
         lazy=True,
         used_fields=fields,
-        input_format=input_format,
+        files=files,
     )
     first = next(batches, None)
     if first is None:
@@ -311,9 +312,9 @@ def _start(options: PackOptions, say: _Say, engine: Any) -> _Started:
     if sample_format == "vision":
         check_vision_options(options)
     run_warnings = unread_token_fields(first.schema) if sample_format == "pretokenized" else []
-    for unread in unread_files(options.reading.inputs, input_format):  # what the directories hold unread
+    for unread in unread_files(options.reading.inputs, files):  # what the directories hold unread
         run_warnings += unread.warnings()
-        if note := unread.note():
+        for note in unread.notes():
             say.note(f"note: {note}")
     _say_positions(options, say)
     spec, facts = start_run(options, sample_format, engine)
@@ -358,9 +359,9 @@ def _encode(
 ) -> None:
     """Encode the input into ``store``, with the encode bar: the input's bytes where they are known as
     ranges are handed out, else Parquet's rows from the footers, else records."""
-    input_format = options.reading.files.input_format
-    size = input_bytes(options.reading.inputs, input_format) if show else None
-    rows = _input_rows(options.reading.inputs, input_format) if show and size is None else None
+    files = options.reading.files
+    size = input_bytes(options.reading.inputs, files) if show else None
+    rows = _input_rows(options.reading.inputs, files) if show and size is None else None
     kw = dict(unit="B", unit_scale=True, unit_divisor=1024, total=size) if size else {"total": rows}
     encoded, records_done = 0, 0
     with _progress(show, desc="encode", **({"unit": " records"} | kw)) as bar:
@@ -560,7 +561,7 @@ def _manifest(
             f"{precut:,} text sample(s) longer than {limit:,} characters were cut to that length before "
             "tokenizing (--long-samples truncate keeps only their first tokens)",
         ]
-    manifest.warnings = warnings
+    manifest.warnings = warnings + decoded_warnings(planned.skipped.notes, options.reading.files.decode)
     write_dataset_card(out.staging, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
     return manifest
 
@@ -574,8 +575,9 @@ def _merge_skipped(options: PackOptions, sink: ErrorSink, metas: list[dict]) -> 
     for part in (sink, encoding):
         for code, n in part.counts.items():
             total.counts[code] = total.counts.get(code, 0) + n
+        total.merge({"notes": part.notes})  # what the readers did to records kept (--decode, --exclude)
     # each part's entries are its first MAX_LOGGED in input order, so together they hold the first overall
-    inputs = expand_inputs(options.reading.inputs, options.reading.files.input_format)
+    inputs = expand_inputs(options.reading.inputs, options.reading.files)
     order = {src: i for i, (_, src, _) in enumerate(inputs)}
     entries = sorted(
         sink.entries + encoding.entries,
