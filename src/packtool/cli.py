@@ -11,7 +11,8 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -24,6 +25,8 @@ from packtool.errors import (
     ConfigError,
     PacktoolError,
 )
+from packtool.storage.urls import configure as configure_storage
+from packtool.storage.urls import is_url
 
 # where a value set by the user comes from: the command line or the config file (click's default_map)
 _SET = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.DEFAULT_MAP)
@@ -179,6 +182,37 @@ def _read_config_file(ctx: click.Context, param: click.Parameter, path: str | No
     return path
 
 
+class _PathOrURL(click.Path):
+    """A local path that must exist (as ``click.Path`` checks it), or a URL of an object store, taken as
+    it is (never as a path: ``s3://b/out`` is no local folder named ``s3:``)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        return value if is_url(value) else super().convert(value, param, ctx)
+
+
+_STORAGE_OPTIONS = click.option(
+    "--storage-options",
+    help="For an output in an object store: its settings as a JSON object (fsspec's storage_options) "
+    "[default: the store's own variables, e.g. AWS_*].",
+)
+
+
+@contextmanager
+def _read_output(given: str, storage_options: str | None) -> Iterator[str]:
+    """The local folder to read output ``given`` from (a URL's view in the cache: ``storage.outputs``);
+    messages raised meanwhile name ``given``, not the cache."""
+    from packtool.storage.outputs import output_dir  # fsspec and the cache: a command that reads an output
+
+    configure_storage(storage_options)
+    local = str(output_dir(given))
+    try:
+        yield local
+    except PacktoolError as e:
+        if local != given and e.args and isinstance(e.args[0], str):
+            e.args = (e.args[0].replace(local, given.rstrip("/")),)
+        raise
+
+
 def _positive(value: Any) -> bool:
     """``value`` is unset or a positive integer (a bad ``--num-proc`` is named once the options are built)."""
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
@@ -243,7 +277,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
 
 
 @main.command()
-@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("sources", nargs=-1, required=True, type=_PathOrURL(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also write the histograms to this PNG file.")
 @click.option("--full", is_flag=True, help="Read every pack and recompute the figures from the data.")
@@ -261,6 +295,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     "--repeat", "repeats", type=float, multiple=True,
     help="A mixture of the DIRECTORIES: each one's repeat per epoch, in order (one --repeat per directory).",
 )  # fmt: skip
+@_STORAGE_OPTIONS
 def inspect(
     sources: tuple[str, ...],
     as_json: bool,
@@ -272,6 +307,7 @@ def inspect(
     tokenizer: str | None,
     weights: tuple[float, ...],
     repeats: tuple[float, ...],
+    storage_options: str | None,
 ) -> None:
     """Show fill rate, padding, counts, per-shard figures and histograms of a packtool output DIRECTORY.
 
@@ -280,6 +316,7 @@ def inspect(
 
     Fast: from the manifest and the shards' metadata, unless --full.
     """
+    configure_storage(storage_options)
     mixture = _mixture(sources, weights, repeats)
     if mixture is not None:
         if pack_index is not None or full or plot:
@@ -293,21 +330,25 @@ def inspect(
         else:
             render_mixture(report)
         return
-    directory = sources[0]
     # the command's own modules, imported once its options are parsed (--help stays quick)
     from packtool.inspect import inspect_report, pack_report
     from packtool.inspect.render import plot_report, render_pack, render_report
 
     if pack_index is None and (decode or tokenizer or locate):
         raise ConfigError("--locate, --decode and --tokenizer go with --pack I")
+    with _read_output(sources[0], storage_options) as directory:
+        if pack_index is not None:
+            report = pack_report(directory, pack_index, decode=decode, tokenizer=tokenizer, locate=locate)
+        else:
+            report = inspect_report(directory, full=full)
+    if "directory" in report:
+        report["directory"] = sources[0]
     if pack_index is not None:
-        report = pack_report(directory, pack_index, decode=decode, tokenizer=tokenizer, locate=locate)
         if as_json:
             click.echo(json.dumps(report, indent=2))
         else:
             render_pack(report)
         return
-    report = inspect_report(directory, full=full)
     if plot:
         plot_report(report, plot)
     if as_json:
@@ -336,7 +377,7 @@ def _mixture(sources: tuple[str, ...], weights: tuple[float, ...], repeats: tupl
 
 
 @main.command()
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.argument("directory", type=_PathOrURL(exists=True, file_okay=False))
 @click.argument("inputs", nargs=-1)
 @click.option(
     "--source",
@@ -358,6 +399,7 @@ def _mixture(sources: tuple[str, ...], weights: tuple[float, ...], repeats: tupl
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of lines.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar while re-encoding the source.")
+@_STORAGE_OPTIONS
 def verify(
     directory: str,
     inputs: tuple[str, ...],
@@ -366,6 +408,7 @@ def verify(
     processor: str | None,
     as_json: bool,
     quiet: bool,
+    storage_options: str | None,
 ) -> None:
     """Check that a packtool output DIRECTORY is whole: shards, sizes, sha256, run_id, index, packs.
 
@@ -378,13 +421,15 @@ def verify(
         raise ConfigError("input paths after DIRECTORY are the source: pass --source")
     if tokenizer and not source:
         raise ConfigError("--tokenizer is the tokenizer of --source: pass --source")
-    report = verify_output(
-        directory,
-        source=list(inputs) if source else None,
-        progress=not quiet,
-        tokenizer=tokenizer,
-        processor=processor,
-    )
+    with _read_output(directory, storage_options) as local:
+        report = verify_output(
+            local,
+            source=list(inputs) if source else None,
+            progress=not quiet,
+            tokenizer=tokenizer,
+            processor=processor,
+        )
+    report.directory = directory
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

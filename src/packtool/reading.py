@@ -19,13 +19,15 @@ from packtool.errors import InputError, PacktoolError
 from packtool.formats.base import UNIT_ERRORS, ShardMismatch
 from packtool.formats.registry import get_format
 from packtool.manifest import MANIFEST, TRAINING_COLUMNS, Manifest, ShardEntry
-from packtool.safepath import output_file_problem
+from packtool.safepath import output_file_problem, output_file_size
+from packtool.storage.outputs import output_dir, source_name
 
 
 def load_manifest(directory: str | Path) -> Manifest:
     """The output's manifest, typed (``packtool.manifest.Manifest``); ``InputError`` if ``directory``
     is not a finished packtool output or a field is not of its type (``binding.fields_problem``: the
     figures of the manifest can be computed with). ``.to_dict()`` gives ``manifest.json`` as a dict."""
+    directory = output_dir(directory)  # an output in a store: read through its local view
     manifest = Manifest.load(directory)
     if (problem := fields_problem(manifest)) is not None:
         raise InputError(f"{Path(directory) / MANIFEST}: {problem}; run packtool verify")
@@ -36,9 +38,9 @@ def shard_file_problem(directory: str | Path, entry: ShardEntry) -> str | None:
     """What is wrong with shard ``entry``'s file at a glance (a ``realpath`` and a ``stat``): it may not be
     opened (``safepath.output_file_problem``: outside the directory, not a regular file, ``missing``), or
     its size is not the recorded one; ``None`` when neither."""
-    if (problem := output_file_problem(directory, entry.path)) is not None:
+    problem, size = output_file_size(directory, entry.path)
+    if problem is not None:
         return problem
-    size = (Path(directory) / entry.path).stat().st_size
     return None if size == entry.bytes else f"{size:,} bytes on disk, manifest says {entry.bytes:,}"
 
 
@@ -77,7 +79,7 @@ def require_shard_files(directory: str | Path, manifest: Manifest) -> None:
     """``InputError`` naming the first problem ``check_shard_files`` finds (what readers do before their
     first pack)."""
     for path, problem in check_shard_files(directory, manifest)[:1]:
-        raise InputError(f"{Path(directory) / path}: {problem}; run packtool verify")
+        raise InputError(f"{source_name(directory).rstrip('/')}/{path}: {problem}; run packtool verify")
 
 
 def read_packs(
@@ -107,7 +109,7 @@ def read_packs(
     (another run's, a damaged one, one that does not parse or holds another number of packs) raises
     ``InputError`` naming it, once the packs before it are out.
     """
-    directory = Path(directory)
+    directory = output_dir(directory)  # an output in a store: read through its local view
     manifest = Manifest.load(directory)
     shard_reader = get_format(manifest.shard_format).reader
     columns = [*TRAINING_COLUMNS, "loss_mask", "cp_padding", *(manifest.image_columns or ())] + (

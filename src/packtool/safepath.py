@@ -22,19 +22,8 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from packtool.errors import InputError
-
-_KINDS = {
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFDIR: "a directory",
-}
-
-
-def file_kind(mode: int) -> str:
-    """What a ``st_mode`` is, in words (``a FIFO``); ``a regular file`` for one."""
-    return "a regular file" if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+from packtool.storage import outputs
+from packtool.storage.files import file_kind
 
 
 def _resolve(directory: str | Path, name: object) -> tuple[str | None, str | None]:
@@ -54,12 +43,25 @@ def _resolve(directory: str | Path, name: object) -> tuple[str | None, str | Non
     try:
         mode = os.stat(real).st_mode
     except FileNotFoundError:
-        return None, "missing"
+        if not outputs.fetch(root, name):  # an output in a store: fetched into its local view, if there
+            return None, "missing"
+        mode = os.stat(real).st_mode
     except OSError as e:
         return None, f"cannot be opened ({e.strerror})"
     if not stat.S_ISREG(mode):
         return None, f"is {file_kind(mode)}, not a regular file"
+    outputs.used(root, name)
     return real, None
+
+
+def output_file_size(directory: str | Path, name: object) -> tuple[str | None, int | None]:
+    """``(problem, size)`` of ``name`` inside output ``directory`` without reading it: what
+    ``output_file_problem`` finds, else its size in bytes (one ``stat``; for an output in a store whose
+    file is not in the local view yet, the store's listing: nothing is downloaded)."""
+    if isinstance(name, str) and (found := outputs.listed_size(directory, name)) is not None:
+        return found
+    real, problem = _resolve(directory, name)
+    return (problem, None) if problem is not None else (None, os.stat(real).st_size)
 
 
 def output_file_problem(directory: str | Path, name: object) -> str | None:

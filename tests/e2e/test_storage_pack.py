@@ -317,3 +317,20 @@ def test_an_input_object_replaced_before_the_resume_starts_the_run_afresh(s3, tm
     local.write_bytes(s3.get("in/a.jsonl"))
     run_cli("pack", local, *args[1:], "-o", tmp_path / "local")
     assert _packs(_download(s3, "out", tmp_path / "got")) == _packs(tmp_path / "local")
+
+
+def test_inspect_and_verify_read_an_output_in_a_bucket(s3, tmp_path):
+    url = s3.put("in/train.jsonl", DEMO / "train.jsonl")
+    out = f"{s3.url}/out"
+    env = {"PACKTOOL_CACHE": str(tmp_path / "cache")}
+    run_cli("pack", url, "-o", out, *BASE, "--shard-size", "40")
+    report = json.loads(run_cli("inspect", out, "--json", env=env).stdout)
+    assert report["directory"] == out and report["num_packs"] > 40
+    proc = run_cli("verify", out, env=env)
+    assert proc.stdout.startswith(f"OK: {out} (")
+    s3.put("out/packs-000009.parquet", s3.get("out/packs-000000.parquet"))  # a stray shard
+    s3.put("out/packs-000001.parquet", s3.get("out/packs-000002.parquet"))  # another shard in its place
+    proc = run_cli("verify", out, env=env, check=False)
+    assert proc.returncode == 1 and proc.stdout.splitlines()[-1].startswith(f"FAILED: {out}:")
+    assert "packs-000009.parquet" in proc.stdout and "packs-000001.parquet" in proc.stdout
+    assert str(tmp_path) not in proc.stdout + proc.stderr  # named by the URL, never the cache

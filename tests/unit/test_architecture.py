@@ -38,6 +38,7 @@ DEFERRED = {
         "packtool.inspect.mixture",
         "packtool.inspect.render",
         "packtool.verify",
+        "packtool.storage.outputs",  # fsspec, numpy and the cache: only a command that reads an output
     },
     "packtool.readers.inputs": {"packtool.readers.hf"},  # datasets is slow to import
     "packtool.pipeline.engines": {"packtool.pipeline.engines.ray"},  # the ray extra

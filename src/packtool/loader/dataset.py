@@ -63,6 +63,7 @@ from packtool.packs import PackArrays
 
 ON_ERROR = ("fail", "skip")
 PARCEL_BATCHES = 4  # batches a DataLoader worker sends at once (one DataLoader item)
+PREFETCH_UNITS = 2  # units whose shards a worker fetches ahead, from an output in a store
 
 
 @dataclass
@@ -425,6 +426,8 @@ class _UnitDecoder:
         self.counted = [ds.mixture and "sample_index" in o.manifest.columns for o in ds.outputs]
         self.tokens: dict[int, np.ndarray] = {}
         self.new_bad: list[int] = []  # units found unreadable since the last item
+        self.upcoming: dict[int, int] = {}  # the epoch's units this worker reads, in order of first use
+        self.order: list[int] = []
         te = ds.task_encoder
         self.encode_sample = getattr(te, "encode_sample", None)
         self.batch_fn = getattr(te, "batch", None) or default_batch
@@ -440,6 +443,8 @@ class _UnitDecoder:
         units = self.table.unit_of(ids[ids >= 0])
         self.remaining = np.bincount(units, minlength=len(self.table.sizes))
         self.cache.clear()
+        self.upcoming = {u: k for k, u in enumerate(dict.fromkeys(units.tolist()))}  # in order of first use
+        self.order = list(self.upcoming)
 
     def close(self) -> None:
         for reader in self.readers.values():
@@ -453,6 +458,7 @@ class _UnitDecoder:
         unit = output.units[int(self.table.local[u])]
         if o not in self.readers:
             self.readers[o] = output.open_reader(self.ds.verify_checksums)
+        self.prefetch_after(u)
         count = self.counted[o] and u not in self.tokens
         try:
             arrays = self.readers[o].read(unit.shard, unit.part, self.columns[o] + ["sample_index"] * count)
@@ -471,6 +477,16 @@ class _UnitDecoder:
         if count and arrays is not None:
             self.tokens[u] = arrays.real_tokens().astype(np.int32)
         return arrays
+
+    def prefetch_after(self, u: int, ahead: int = PREFETCH_UNITS) -> None:
+        """Outputs in a store: have the shards of the ``ahead`` units this worker reads after ``u`` fetched in
+        the background (``OutputSource.prefetch``)."""
+        k = self.upcoming.get(u)
+        if k is None:
+            return
+        for v in self.order[k + 1 : k + 1 + ahead]:
+            output = self.ds.outputs[int(self.table.output[v])]
+            output.prefetch([output.units[int(self.table.local[v])]])
 
     def units_of_batch(self, units: np.ndarray) -> dict[int, PackArrays | None]:
         """Decode (or take from the cache) each unit of a batch once, in order of first use; drop a unit

@@ -36,6 +36,7 @@ from packtool.loader.mixture_file import load_mixture_file
 from packtool.loader.order import Shares, Unit, mixture_counts, mixture_sequence, output_sequence, units_of
 from packtool.manifest import TRAINING_COLUMNS, Manifest
 from packtool.reading import require_shard_files
+from packtool.storage.outputs import OutputView, output_dir, view_of
 
 SHARE_KEYS = ("weight", "repeat")
 MAX_SOURCES = 10_000  # a mixture of more outputs than this is not one anybody trains on
@@ -59,16 +60,20 @@ class OutputSource:
     manifest: Manifest
     split: str | None
     units: list[Unit]
+    view: OutputView | None = None  # an output in a store: its local view (pickled with the source)
 
     @classmethod
     def open(cls, directory: str | Path, split: str | None = "train") -> OutputSource:
-        """The output at ``directory`` (``InputError`` if it is none, from ``Manifest.load``)."""
-        manifest = Manifest.load(Path(directory))
-        return cls(Path(directory), manifest, split, units_of(manifest, split))
+        """The output at ``directory``, a local path or a URL (read through a local view of it:
+        ``storage.outputs``); ``InputError`` if it is none, from ``Manifest.load``."""
+        local = output_dir(directory)
+        manifest = Manifest.load(local)
+        return cls(local, manifest, split, units_of(manifest, split), view_of(local))
 
     @property
     def name(self) -> str:
-        return str(self.directory)
+        """The output as the user named it (a URL for one in a store)."""
+        return self.view.url if self.view is not None else str(self.directory)
 
     @property
     def outputs(self) -> tuple[OutputSource, ...]:
@@ -107,8 +112,18 @@ class OutputSource:
         """What a unit is called in errors (``row group``), None for a whole shard."""
         return get_format(self.manifest.shard_format).reader.unit_kind
 
-    def shard_path(self, unit: Unit) -> Path:
-        return self.directory / self.manifest.shards[unit.shard].path
+    def shard_path(self, unit: Unit) -> str:
+        """The shard of ``unit`` as the user names it (under the output's URL for one in a store)."""
+        return f"{self.name.rstrip('/')}/{self.manifest.shards[unit.shard].path}"
+
+    def prefetch(self, units: list[Unit]) -> None:
+        """An output in a store: download the shards of ``units`` (and their index files) in the background,
+        while the ones before them are read; nothing for a local output."""
+        if self.view is None:
+            return
+        reader = get_format(self.manifest.shard_format).reader
+        entries = [self.manifest.shards[u.shard] for u in units]
+        self.view.prefetch([name for e in entries for name in (e.path, *reader.index_files(e))])
 
     def unit_name(self, unit: Unit) -> str:
         """``shard#part``, as ``loader.stats["bad_units"]`` lists it."""

@@ -65,8 +65,16 @@ from packtool.readers.options import FileOptions
 from packtool.readers.parquet import read_parquet
 from packtool.readers.text import read_text_dir, read_text_lines
 from packtool.readers.webdataset import read_webdataset
-from packtool.safepath import file_kind
-from packtool.storage.files import exists, file_sizes, glob_urls, has_glob, list_prefix, open_read, size
+from packtool.storage.files import (
+    exists,
+    file_kind,
+    file_sizes,
+    glob_urls,
+    has_glob,
+    list_prefix,
+    open_read,
+    size,
+)
 from packtool.storage.files import stat as stat_path
 from packtool.storage.urls import is_url, join
 

@@ -27,7 +27,6 @@ from typing import BinaryIO
 import numpy as np
 
 from packtool.errors import InputError
-from packtool.safepath import file_kind
 from packtool.storage.urls import filesystem, is_url, local_path, store_error
 
 READ_BLOCK = 8 << 20  # bytes a remote file fetches at a time (a ranged GET), read ahead as it is read on
@@ -200,3 +199,19 @@ def file_sizes(paths: list[str]) -> np.ndarray:
         found = listed[folder].get(path)
         out[i] = found if found is not None else size(path)
     return out
+
+
+_KINDS = {
+    stat_module.S_IFIFO: "a FIFO",
+    stat_module.S_IFCHR: "a character device",
+    stat_module.S_IFBLK: "a block device",
+    stat_module.S_IFSOCK: "a socket",
+    stat_module.S_IFDIR: "a directory",
+}
+
+
+def file_kind(mode: int) -> str:
+    """What a ``st_mode`` is, in words (``a FIFO``); ``a regular file`` for one."""
+    if stat_module.S_ISREG(mode):
+        return "a regular file"
+    return _KINDS.get(stat_module.S_IFMT(mode), "not a regular file")

@@ -10,6 +10,7 @@ from packtool.fileio import file_sha256
 from packtool.formats.registry import FORMATS, ShardFormat
 from packtool.manifest import MANIFEST, Manifest, SamplesPerPack, total_stats
 from packtool.safepath import output_file_problem
+from packtool.storage.outputs import file_names
 from packtool.verify.report import VerifyReport
 
 
@@ -48,12 +49,11 @@ def check_files(directory: Path, manifest: Manifest, report: VerifyReport, fmt: 
                 field="sha256",
             )
     # a shard of any format: one of another format left beside the output's own is stray too
-    strays = {path for other in FORMATS.values() for path in directory.glob(f"*{other.suffix}")}
-    for path in sorted(strays):
-        if path.name not in named:
-            report.add(
-                "unlisted", "shard file is not in the manifest (left from another run?)", shard=path.name
-            )
+    names = file_names(directory)  # an output in a store: the store's objects, not the cache's
+    strays = {name for other in FORMATS.values() for name in names if name.endswith(other.suffix)}
+    for name in sorted(strays):
+        if name not in named:
+            report.add("unlisted", "shard file is not in the manifest (left from another run?)", shard=name)
 
 
 def check_binding(manifest: Manifest, report: VerifyReport) -> None:

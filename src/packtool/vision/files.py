@@ -18,7 +18,7 @@ import xxhash
 
 from packtool.conventions import MAX_IMAGE_BYTES
 from packtool.errors import InputError
-from packtool.safepath import file_kind
+from packtool.storage.files import file_kind
 
 
 @dataclass(frozen=True)
