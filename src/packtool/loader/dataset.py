@@ -233,11 +233,13 @@ class PackedDataset(IterableDataset):
         self.unit_sizes = np.array([u.num_packs for u in self.units], dtype=np.int64)
         self.unit_first = np.concatenate([[0], np.cumsum(self.unit_sizes)])
         self.num_packs = int(self.unit_first[-1])
-        # each unit's first pack as an index in the output directory (all splits, shard order): pack_index
+        # each unit's first pack as an index in the output directory (all splits, shard order): pack_index,
+        # from the shards' pack counts (which the run_id binds and the shards' own metadata confirm)
         first_in_shard: dict[int, int] = {}
+        shard_starts = self.manifest.shard_starts
         self.unit_pack_base = np.empty(len(self.units), dtype=np.int64)
         for j, unit in enumerate(self.units):
-            base = first_in_shard.get(unit.shard, self.manifest.shards[unit.shard].first_pack)
+            base = first_in_shard.get(unit.shard, shard_starts[unit.shard])
             self.unit_pack_base[j] = base
             first_in_shard[unit.shard] = base + unit.num_packs
         self.batches_per_epoch = epoch_size(self.num_packs, self.world_size, self.batch_size, self.drop_last)[
