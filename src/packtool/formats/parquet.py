@@ -44,7 +44,7 @@ from packtool.formats.base import (
 )
 from packtool.formats.options import OutputOptions
 from packtool.formats.parquet_content import CONTENT_KEY, ContentRecord, record_digest, table_digests
-from packtool.formats.parquet_pages import oversized_value
+from packtool.formats.parquet_page_headers import oversized_value
 from packtool.manifest import (
     COLUMNS,
     CONTENT_DIGEST_MINOR,
@@ -487,7 +487,7 @@ def image_cells_problem(fd: int, pf: pq.ParquetFile) -> str | None:
     """The first image of the open shard ``pf`` (file descriptor ``fd``) over ``MAX_IMAGE_BYTES``, as a
     sentence naming its row group, or a page of its images that cannot be measured; None when none is.
     Read from the pages' headers and the values' lengths, before any page is decoded
-    (``parquet_pages.oversized_value``): the footer bounds what a row group's images take between them,
+    (``parquet_page_headers.oversized_value``): the footer bounds what a row group's images take between them,
     not what one takes."""
     md = pf.metadata
     for i in range(md.num_row_groups):

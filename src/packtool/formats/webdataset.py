@@ -341,18 +341,30 @@ def stack_packs(packs: list[dict[str, np.ndarray]], n: int) -> PackArrays:
     return out
 
 
-def shard_bytes(path: Path, directory: Path, size: int | None = None, images: bool = False) -> bytes:
+def shard_bytes(
+    path: Path,
+    directory: Path,
+    size: int | None = None,
+    images: bool = False,
+    buffer: bytearray | None = None,
+) -> bytes | memoryview:
     """The bytes of tar shard ``path`` of output ``directory``, read into memory at once: what a reader
     checks (its CRC-32) and then parses are the same bytes, whatever is written to the file meanwhile (a
     mapping or an open file would show a shard overwritten in place, after its check, to the parse).
     ``path`` is opened as a file of the output (``safepath.open_output_file``: a FIFO or a link out put in
     its place is ``InputError``); with ``size`` (the manifest's ``bytes``), at most ``size + 1`` bytes are
     read, and a file of another size raises ``ShardMismatch``; with ``images`` (a vision-language
-    shard's), an image member over ``MAX_IMAGE_BYTES`` is refused first (``tar.refuse_oversized_members``)."""
+    shard's), an image member over ``MAX_IMAGE_BYTES`` is refused first (``tar.refuse_oversized_members``).
+    With ``buffer`` (of at least ``size + 1`` bytes) the bytes are read into it, and a view of them is
+    returned: memory a reader reuses from shard to shard (fresh memory costs a page fault a page)."""
     with open_output_file(directory, path.relative_to(directory).as_posix()) as f:
         if images:
             tar.refuse_oversized_members(path, f.fileno())
-        data = f.read() if size is None else f.read(size + 1)
+        if buffer is not None and size is not None:
+            view = memoryview(buffer)[: size + 1]
+            data = view[: f.readinto(view)]
+        else:
+            data = f.read() if size is None else f.read(size + 1)
     if size is not None and len(data) != size:
         more = "over " if len(data) > size else ""
         raise ShardMismatch(f"{more}{len(data):,} bytes as read, the manifest says {size:,}")
@@ -368,8 +380,10 @@ def read_tar_packs(
     first_pack: int | None = None,
     directory: Path | None = None,
     size: int | None = None,
+    buffer: bytearray | None = None,
 ) -> list[dict]:
-    """The packs of one tar shard in order, as dicts of the ``columns`` asked for (views into its bytes).
+    """The packs of one tar shard in order, as dicts of the ``columns`` asked for (views into its bytes:
+    into ``buffer`` when given, valid until it is read into again).
 
     The shard is read into memory once (``shard_bytes``, at most ``size + 1`` bytes when ``size`` is
     given), and checked and parsed from there. With ``run_id``, a shard whose first pack's metadata
@@ -380,7 +394,7 @@ def read_tar_packs(
     """
     columns = set(columns)
     out = []
-    buf = shard_bytes(path, path.parent if directory is None else directory, size, IMAGES in columns)
+    buf = shard_bytes(path, path.parent if directory is None else directory, size, IMAGES in columns, buffer)
     if crc32 is not None and (found := zlib.crc32(buf)) != crc32:
         raise ShardMismatch(
             f"checksum mismatch (CRC-32 {found:08x}, written {crc32:08x}): the shard's bytes changed "
@@ -406,10 +420,12 @@ COMPRESSED_FORMAT_VERSION = 6  # the format_version from which .npy members may 
 
 
 class TarUnitReader(UnitReader):
-    """Whole tar shards of an output (a shard is one unit)."""
+    """Whole tar shards of an output (a shard is one unit), each read into memory (``shard_bytes``: the
+    buffer of the largest read so far, reused; what a unit gives is copied out of it, ``stack_packs``)."""
 
     def __init__(self, directory: Path, manifest: Manifest, verify_checksums: bool = True) -> None:
         self.directory, self.manifest, self.verify_checksums = Path(directory), manifest, verify_checksums
+        self.buffer = bytearray()
 
     def read_stored(self, shard: int, part: int, columns: list[str]) -> PackArrays:
         entry = self.manifest.shards[shard]
@@ -423,12 +439,16 @@ class TarUnitReader(UnitReader):
         first = sum(e.num_packs for e in m.shards[:shard])
         tar.check_compression(entry)  # one this packtool does not read is refused before any byte is read
         path = self.directory / entry.path
-        packs = read_tar_packs(  # (never more than the entry's bytes read into memory)
-            path, m.packed_sequence_size, columns, m.run_id, crc, first, self.directory, entry.bytes
-        )
+        if len(self.buffer) < entry.bytes + 1:  # (a new one: views of the old may live on in a traceback)
+            self.buffer = bytearray(entry.bytes + 1)
+        n, size = m.packed_sequence_size, entry.bytes  # (never more than the entry's bytes read)
+        packs = read_tar_packs(path, n, columns, m.run_id, crc, first, self.directory, size, self.buffer)
         if len(packs) != entry.num_packs:
             raise ShardMismatch(f"{len(packs)} packs, the manifest says {entry.num_packs}")
-        return stack_packs(packs, m.packed_sequence_size)
+        return stack_packs(packs, m.packed_sequence_size)  # (copies: the buffer is read into again)
+
+    def close(self) -> None:
+        self.buffer = bytearray()
 
 
 class TarWriter(ShardWriter):
