@@ -156,29 +156,6 @@ def test_item_1_a_parquet_shard_overwritten_after_it_was_opened_is_refused(tmp_p
     assert swapped.exists() and all(want[i] == ids for i, ids in got.items())
 
 
-def test_item_1_a_tar_shard_is_never_read_into_memory_with_an_image_member_over_the_limit(
-    tmp_path, vision_out, monkeypatch
-):
-    """The shard is read whole (item 1), so its image members are measured from their headers first."""
-    from tests.conftest import rewrite_tar_members
-
-    monkeypatch.setattr(tar, "MAX_IMAGE_BYTES", IMAGE_LIMIT)  # (the reader's check after the read: 256 MiB)
-    out = copy(vision_out["vision-tar"], tmp_path)
-    path = out / "packs-000000.tar"
-
-    def bigger(packs: dict[str, dict[str, bytes]]) -> None:
-        members = next(iter(packs.values()))
-        image = next(ext for ext in members if ext.startswith("img0."))
-        members[image] = bytes(2 * IMAGE_LIMIT)
-
-    rewrite_tar_members(path, bigger)
-    sha, crc = file_digests(path)
-    edit_manifest(out, lambda m: m["shards"][0].update(bytes=path.stat().st_size, sha256=sha, crc32=crc))
-    over = r"packs-000000.tar: member 000000000.img0.\w+ takes 2,097,152 bytes, over the 1,048,576 an image"
-    with pytest.raises(InputError, match=over):
-        list(read_packs(out))
-
-
 # --- the damages ----------------------------------------------------------------------------------------
 def edit_manifest(out: Path, edit: Callable[[dict], None]) -> None:
     m = json.loads((out / "manifest.json").read_text())
@@ -335,18 +312,16 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def vision_out(tmp_path_factory) -> dict[str, Path]:
-    """A vision-language output of a tiny Qwen2-VL processor's (``vision``), the same as tar shards
-    (``vision-tar``), and the ``processor``'s directory."""
+    """A vision-language output of a tiny Qwen2-VL processor's (``vision``) and the ``processor``'s
+    directory."""
     from tests.fixtures.vision_inputs import write_llava_input
     from tests.fixtures.vision_processors import build_qwen2vl
 
     root = tmp_path_factory.mktemp("round5_vision")
     processor = build_qwen2vl(root / "qwen2vl")
     source = write_llava_input(root / "in")
-    for name, fmt in (("vision", "parquet"), ("vision-tar", "webdataset")):
-        args = ["--processor", processor, "--packed-sequence-size", 120, "--format", fmt, "-q"]
-        run_cli("pack", source, *args, "-o", root / name)
-    return {"vision": root / "vision", "vision-tar": root / "vision-tar", "processor": processor}
+    run_cli("pack", "--processor", processor, source, "-o", root / "out", "--packed-sequence-size", 120, "-q")
+    return {"vision": root / "out", "processor": processor}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"item {c.item}: {c.name}" for c in CASES])
