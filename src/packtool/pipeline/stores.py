@@ -25,19 +25,18 @@ Example::
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any, Protocol
 
 from packtool.manifest import ShardEntry
 from packtool.options import PackOptions
-from packtool.pipeline.chunks import ChunkStore, chunk_dir, chunk_intact, read_chunk_meta
+from packtool.pipeline.chunks import ChunkStore, chunk_intact, chunk_name, read_chunk_meta
 from packtool.pipeline.encode import RunSpec, encode_to_chunks
 from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.memory import encode_in_memory, use_memory_store
 from packtool.pipeline.write import ShardTask, write_shard
 from packtool.readers.base import SourceBatch
+from packtool.storage.scratch import Scratch, as_scratch
 
 OnChunk = Callable[[dict, bool], None]  # (a chunk's meta, encoded now rather than kept from a killed run)
 
@@ -60,13 +59,15 @@ class EncodedStore(Protocol):
 class ScratchChunks:
     """Encoded chunks in the scratch directory ``work``, encoded and read by ``engine``'s workers."""
 
-    def __init__(self, spec: RunSpec, options: PackOptions, work: str, engine: Any, resumed: bool) -> None:
+    def __init__(
+        self, spec: RunSpec, options: PackOptions, work: Scratch, engine: Any, resumed: bool
+    ) -> None:
         self.spec, self.options, self.work, self.engine = spec, options, work, engine
         self.done = {m["index"]: m for m in _chunk_metas(work)} if resumed else {}
         self.damaged = [i for i, m in self.done.items() if not chunk_intact(work, m)]
         for i in self.damaged:  # its arrays are not what was written (a disk fault, an edit): encode it again
             del self.done[i]
-            shutil.rmtree(chunk_dir(work, i))
+            work.remove(chunk_name(i))
         self.metas: list[dict] = []
         self.chunks: ChunkStore
 
@@ -74,7 +75,7 @@ class ScratchChunks:
         self.metas = encode_to_chunks(
             self.spec, self.options, records, self.work, self.engine, on_chunk, self.done
         )
-        self.chunks = ChunkStore(Path(self.work), self.metas)
+        self.chunks = ChunkStore(self.work, self.metas)
 
     def write_shards(self, tasks: Iterable[ShardTask]) -> Iterator[ShardEntry]:
         return self.engine.map(_write_shard_task, tasks)
@@ -95,7 +96,7 @@ class ScratchChunks:
 class InMemory:
     """Encoded samples held in this process (``memory.MemoryStore``), written by ``num_proc`` threads."""
 
-    def __init__(self, spec: RunSpec, options: PackOptions, work: str) -> None:
+    def __init__(self, spec: RunSpec, options: PackOptions, work: Scratch) -> None:
         self.spec, self.options, self.work = spec, options, work
         self.metas: list[dict] = []
         self.chunks: ChunkStore
@@ -115,10 +116,11 @@ class InMemory:
 
 
 def open_store(
-    spec: RunSpec, options: PackOptions, sample_format: str, work: str, engine: Any, resumed: bool
+    spec: RunSpec, options: PackOptions, sample_format: str, work: Scratch, engine: Any, resumed: bool
 ) -> EncodedStore:
     """The run's store: in memory when the input is pretokenized Parquet that fits
     (``memory.use_memory_store``), else scratch chunks."""
+    work = as_scratch(work)
     if use_memory_store(options, sample_format):
         return InMemory(spec, options, work)
     return ScratchChunks(spec, options, work, engine, resumed)
@@ -128,11 +130,13 @@ def _write_shard_task(task: ShardTask) -> ShardEntry:
     return write_shard(task)
 
 
-def _chunk_metas(work: str) -> list[dict]:
-    """Metas of the chunks a killed attempt of this run finished."""
+def _chunk_metas(work: Scratch) -> list[dict]:
+    """Metas of the chunks a killed attempt of this run finished (those whose ``meta.json`` is there)."""
     metas = []
-    for path in sorted(Path(work).glob("chunk-*/meta.json")):
-        meta = read_chunk_meta(work, int(path.parent.name.removeprefix("chunk-")))
-        if meta is not None:
-            metas.append(meta)
+    for name in work.names():
+        folder, _, file = name.partition("/")
+        if file == "meta.json" and folder.startswith("chunk-") and folder[6:].isdigit():
+            meta = read_chunk_meta(work, int(folder[6:]))
+            if meta is not None:
+                metas.append(meta)
     return metas
