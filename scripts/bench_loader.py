@@ -24,6 +24,10 @@ A mixture row (``--mixture-only`` runs just that): the same samples packed as on
 (50%, 30%, 20% of them), read with 2 workers as the one output and as a mixture of the three (``repeat: 1``
 each: every pack once an epoch, as the one output), runs interleaved; and the three at weights.
 
+``--tar`` reads a webdataset output of the same packs instead (a tar shard is one read unit: read into
+memory whole, its CRC-32 checked and its members parsed from those bytes): ``read_packs`` and the loader
+with 0, 1 and 2 workers, packs/s and CPU seconds per 1,000 packs, medians of ``--loader-repeats``.
+
 A last row reads with the integrity checks on (Parquet page CRCs and content digests, the default) and off
 (``verify_checksums=False``), runs interleaved; and the content digests alone (``--content-only`` runs
 just that): ``read_packs`` and the loader with 0 and 2 workers reading the same output with the row groups'
@@ -68,9 +72,10 @@ from packtool.reading import load_manifest, read_packs  # noqa: E402
 N = 4096
 
 
-def make_data(work: Path, packs: int) -> Path:
-    """Pretokenized samples (64..2048 tokens) packed by the real CLI into N=4096 packs; reused if present."""
-    out = work / f"loader-{packs}"
+def make_data(work: Path, packs: int, fmt: str = "parquet") -> Path:
+    """Pretokenized samples (64..2048 tokens) packed by the real CLI into N=4096 packs of format ``fmt``;
+    reused if present."""
+    out = work / (f"loader-{packs}" + ("-tar" if fmt == "webdataset" else ""))
     newest = f"{BASE_FORMAT_VERSION}.{NEWEST_MINOR[BASE_FORMAT_VERSION]}"  # what a text output says
     if (out / "manifest.json").exists() and load_manifest(out).version == newest:
         return out  # (an output of an older format is written again: it may lack the checksums)
@@ -94,6 +99,8 @@ def make_data(work: Path, packs: int) -> Path:
         "--num-proc",
         "2",
         "--overwrite",
+        "--format",
+        fmt,
     ]
     subprocess.run(cmd, check=True, cwd=ROOT)
     return out
@@ -309,6 +316,25 @@ def read_floor(data: Path) -> dict:
     return {"packs_per_s": count / wall, "cpu_s_per_1k_packs": (cpu_seconds() - c) / count * 1000}
 
 
+def bench_tar(data: Path, args) -> None:
+    """``read_packs`` and the loader (0, 1, 2 workers) on a webdataset output: medians of
+    ``--loader-repeats`` runs; printed, or one JSON object with ``--json``."""
+    res: dict = {"packs": load_manifest(data).num_packs, "load_average": os.getloadavg()}
+    runs = [read_packs_speed(data) for _ in range(args.loader_repeats)]
+    res["read_packs"] = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+    for w in (0, 1, 2):
+        runs = [bench_loader(data, w, args.epochs) for _ in range(args.loader_repeats)]
+        res[f"loader {w} workers"] = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return
+    print(f"data: {res['packs']} packs of N={N} in tar shards; load average {res['load_average'][0]:.2f}")
+    for name, r in res.items():
+        if isinstance(r, dict):
+            cpu = r["cpu_s_per_1k_packs"]
+            print(f"{name:<18} {r['packs_per_s']:>9,.0f} packs/s  {cpu:.3f} CPU s / 1k packs")
+
+
 def random_seq_lens(batch: int, n: int, seed: int) -> list[torch.Tensor]:
     """Sequence lengths like packtool output: samples of 64..2048 tokens, then the padding."""
     rng = np.random.default_rng(seed)
@@ -396,7 +422,11 @@ def main() -> None:
     ap.add_argument("--content-only", action="store_true", help="only the content digests' cost")
     ap.add_argument("--mixture-only", action="store_true", help="only a mixture against one output")
     ap.add_argument("--content-run", nargs=2, metavar=("RUN", "CHECK"), help=argparse.SUPPRESS)
+    ap.add_argument("--tar", action="store_true", help="only the loader, on a webdataset output")
     args = ap.parse_args()
+    if args.tar:
+        bench_tar(make_data(Path(args.work), args.packs, "webdataset"), args)
+        return
 
     if args.content_run:  # one run of bench_content, in this fresh process: its figures as one JSON line
         name, check = args.content_run

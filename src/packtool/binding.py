@@ -4,6 +4,10 @@ field a reader relies on, and every shard carries it.
 * ``run_key`` (32 hex digits, in the manifest): the config, tokenizer and inputs' identity
   (``pipeline.identity.make_run_id``) and the *content* the run encoded: the digest of every scratch
   chunk's tokens (``pipeline.chunks.chunk_digest``). A line-shuffled copy of an input gives another key.
+  A vision-language output's (format 6.2 on) is followed by ``.`` and the digest of its processor record
+  (``vision.processor`` less its ``path``: ``processor_run_key``), so that the record ``inspect`` and
+  ``verify`` read (the loss rule, the chat template's and config's hashes, the image tokens) is bound too,
+  while a 6.1 reader, to which the key is a string like any other, still reads the output whole.
 * ``run_id`` (16 hex digits) = a hash of ``run_key`` and the *reading fields* (``reading_fields``): the
   conventions (``labels``, ``position_ids``), the columns and layout, ``N``, the pad id, the format and
   the shard list (each shard's name, pack count and split, in order).
@@ -11,7 +15,9 @@ field a reader relies on, and every shard carries it.
 Readers recompute the ``run_id`` from the manifest (``manifest_problem``) before the first pack, and
 check that each shard carries it (its own metadata): a manifest whose conventions, columns or shard list
 were edited no longer gives its ``run_id``; editing the ``run_id`` too leaves the shards naming another;
-a shard of another run, or one re-packed in place, names another run.
+a shard of another run, or one re-packed in place, names another run. What the manifest says twice is
+checked both ways: each shard's ``first_pack`` against the pack counts before it (``first_pack_problem``),
+the processor record against the digest in the ``run_key`` (``processor_problem``).
 
 >>> fields = reading_fields(packed_sequence_size=8, shard_format="parquet", sample_format="text",
 ...     labels="shifted", position_ids="restart", pad_token_id=0, columns=["input_ids"], layout="full",
@@ -72,6 +78,47 @@ def reading_fields(
         "layout": layout,
         "shards": [[str(p), int(k), str(s)] for p, k, s in shards],
     }
+
+
+PROCESSOR_KEY = "."  # between a run_key's 32 hex digits and its processor record's digest
+
+
+def processor_digest(record: Any) -> str:
+    """32 hex digits: sha256 of a processor record (``VisionProcessor.identity()``, as the manifest's
+    ``vision.processor`` holds it) less its ``path`` (where the processor lay, made absolute for
+    ``inspect``: the same run elsewhere writes the same shards). Any value is digested (an edited
+    manifest's), so that a record that is not the run's gives another digest.
+
+    >>> record = {"path": "/a/qwen", "loss_on": "assistant", "image_token_ids": [7]}
+    >>> processor_digest(record) == processor_digest({**record, "path": "/b/qwen"})
+    True
+    >>> processor_digest(record) == processor_digest({**record, "loss_on": "all"})
+    False
+    """
+    kept = {k: v for k, v in record.items() if k != "path"} if isinstance(record, dict) else record
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def processor_run_key(run_key: str, record: dict[str, Any]) -> str:
+    """A vision-language run's ``run_key``: ``run_key`` and, after ``PROCESSOR_KEY``, the digest of its
+    processor ``record`` (``processor_digest``), so that the ``run_id`` made from it binds the record."""
+    return f"{run_key}{PROCESSOR_KEY}{processor_digest(record)}"
+
+
+def processor_problem(manifest: Any) -> str | None:
+    """Why the manifest's processor record (``vision.processor``) is not the one its ``run_key`` binds
+    (``processor_run_key``), or None: it is, or the ``run_key`` binds none (a text output, or one written
+    before format 6.2, whose record is a record for people only)."""
+    run_key = getattr(manifest, "run_key", None)
+    if not isinstance(run_key, str) or PROCESSOR_KEY not in run_key:
+        return None
+    vision = manifest.vision if isinstance(manifest.vision, dict) else {}
+    if processor_digest(vision.get("processor")) != run_key.partition(PROCESSOR_KEY)[2]:
+        return (
+            "field 'vision.processor': not the processor record its run_key binds (an edited manifest: "
+            "its processor, loss rule, chat template or image tokens are not the run's)"
+        )
+    return None
 
 
 def bound_run_id(run_key: str, fields: dict[str, Any]) -> str:
@@ -189,11 +236,30 @@ def fields_problem(manifest: Any) -> str | None:
     return columns_problem(list(manifest.columns), manifest.labels)
 
 
+def first_pack_problem(manifest: Any) -> str | None:
+    """The first shard entry whose ``first_pack`` is not where the packs of the shards before it end
+    (``Manifest.shard_starts``: the ``run_id`` binds each shard's pack count, so this field is checked
+    against them), as a sentence; None when every one is."""
+    for i, (entry, start) in enumerate(zip(manifest.shards, manifest.shard_starts, strict=True)):
+        if entry.first_pack != start:
+            return (
+                f"field 'shards[{i}].first_pack': {entry.first_pack}, where the shards before it end at "
+                f"pack {start} (an edited manifest: its packs would be numbered wrong)"
+            )
+    return None
+
+
 def manifest_problem(manifest: Any) -> str | None:
-    """Why the manifest cannot be read as written: ``fields_problem``, or it does not give its own
-    ``run_id`` (a field a reader relies on was edited); None when neither. A manifest without
-    ``run_key`` (written before run ids were bound to content) is not checked for the second."""
+    """Why the manifest cannot be read as written: ``fields_problem``, a shard's ``first_pack`` that is not
+    its place in the shard list (``first_pack_problem``), a processor record that is not the one its
+    ``run_key`` binds (``processor_problem``), or it does not give its own ``run_id`` (a field a reader
+    relies on was edited); None when none. A manifest without ``run_key`` (written before run ids
+    were bound to content) is not checked for the last."""
     if (problem := fields_problem(manifest)) is not None:
+        return problem
+    if (problem := first_pack_problem(manifest)) is not None:
+        return problem
+    if (problem := processor_problem(manifest)) is not None:
         return problem
     run_key = getattr(manifest, "run_key", None)
     if run_key is None:

@@ -72,7 +72,10 @@ FORMAT = "packtool"
 # has one of those, else 5.1, so that a cluster pinned to a 5.x packtool keeps reading what needs no more.
 # 5.2 and 6.1: a Parquet shard entry's ``content_digest``, naming the record of its row groups' digests in
 #    its footer (``formats.parquet_content``), checked at read time; optional to a 5.1 or 6.0 reader
-NEWEST_MINOR = {5: 2, 6: 1}  # the newest minor of each major this packtool reads whole
+# 6.2: a vision-language output's ``run_key`` carries the digest of its processor record (``vision.processor``
+#    less its path: ``binding.processor_run_key``), checked at read time; a 6.1 reader reads the key as the
+#    string it always was (the run_id is made from it as before)
+NEWEST_MINOR = {5: 2, 6: 2}  # the newest minor of each major this packtool reads whole
 CONTENT_DIGEST_MINOR = {5: 2, 6: 1}  # from which minor of each major Parquet entries record content_digest
 BASE_FORMAT_VERSION = 5  # what an output using nothing newer says
 IMAGES_FORMAT_VERSION = 6  # what a vision-language output says
@@ -233,6 +236,16 @@ class Manifest:
         """Packs listed in the shard entries."""
         return sum(s.num_packs for s in self.shards)
 
+    @property
+    def shard_starts(self) -> list[int]:
+        """Each shard's first pack as its place in the shard list gives it (the packs of the shards before
+        it): what its ``first_pack`` and its own metadata must say (``binding.first_pack_problem``)."""
+        starts, first = [], 0
+        for s in self.shards:
+            starts.append(first)
+            first += s.num_packs
+        return starts
+
     def split_shards(self, split: str | None) -> list[tuple[int, ShardEntry]]:
         """``(position in shards, entry)`` of the shards of ``split`` (``train``, ``val``; ``None``: all).
 
@@ -275,10 +288,8 @@ class Manifest:
             raise InputError(f"{path}: over {MAX_MANIFEST_BYTES:,} bytes, not a packtool manifest")
         try:
             data = strict_json(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # (strict_json's "nested too deep" too)
             raise InputError(f"{path}: not valid JSON ({getattr(e, 'msg', e)})") from None
-        except RecursionError:  # arrays or objects nested thousands deep
-            raise InputError(f"{path}: not valid JSON (nested too deep)") from None
         except ValueError as e:  # strict_json's: a key twice, a number no writer gives
             raise InputError(f"{path}, {e}") from None
         return cls.from_dict(data, origin=str(path))
@@ -414,12 +425,13 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def strict_json(text: str) -> Any:
-    """``text`` parsed as JSON, refusing what ``json.loads`` takes silently from an untrusted manifest: a
-    key given twice in an object (the last would win without a word), ``NaN`` / ``Infinity`` and numbers
-    beyond a float, and integers longer than Python converts (``sys.get_int_max_str_digits``: its own
-    error names no field). Raises
-    ``ValueError`` naming the field (``json.JSONDecodeError``, one, for text that is not JSON).
+def strict_json(text: str | bytes) -> Any:
+    """``text`` parsed as JSON, refusing what ``json.loads`` takes silently from an untrusted manifest or
+    shard (a footer's records, a pack's ``.json``): a key given twice in an object (the last would win
+    without a word), ``NaN`` / ``Infinity`` and numbers beyond a float, and integers longer than Python
+    converts (``sys.get_int_max_str_digits``: its own error names no field); and what it raises no
+    ``ValueError`` for, arrays or objects nested past Python's recursion limit. Raises ``ValueError``
+    naming the field (``json.JSONDecodeError``, one, for text that is not JSON or is nested too deep).
 
     >>> strict_json('{"a": 1, "b": [2.5]}')
     {'a': 1, 'b': [2.5]}
@@ -429,10 +441,16 @@ def strict_json(text: str) -> Any:
     >>> strict_json('{"num_packs": Infinity}')
     Traceback (most recent call last):
     ValueError: field 'num_packs': Infinity (beyond a float), not a value packtool writes
+    >>> strict_json("[" * 100_000 + "]" * 100_000)
+    Traceback (most recent call last):
+    json.decoder.JSONDecodeError: nested too deep: line 1 column 1 (char 0)
     """
-    data = json.loads(
-        text, object_pairs_hook=_object, parse_int=_number, parse_float=_float, parse_constant=_float
-    )
+    try:
+        data = json.loads(
+            text, object_pairs_hook=_object, parse_int=_number, parse_float=_float, parse_constant=_float
+        )
+    except RecursionError:  # arrays or objects nested thousands deep: bounded, refused in one line
+        raise json.JSONDecodeError("nested too deep", "", 0) from None
     if (refused := _refused_in(data)) is not None:
         raise ValueError(f"the document holds {refused.what}")
     return data

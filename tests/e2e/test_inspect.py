@@ -85,6 +85,8 @@ def test_full_and_fast_notice_a_manifest_that_lies(out: Path, tmp_path: Path):
     assert any(w.startswith("num_tokens:") for w in r["warnings"])
     # the fast path reads the footer only, and still sees the pack count and tokens that do not add up
     assert inspect_json(bad)["warnings"] == [
+        "manifest: field 'shards[2].first_pack': 200, where the shards before it end at pack 201 (an edited "
+        "manifest: its packs would be numbered wrong)",
         "manifest: token fates add up to 136,006, not the 136,001 input tokens",
         "packs-000001.parquet: num_packs 100 in the file, 101 in the manifest",
     ]
@@ -97,7 +99,8 @@ def test_fast_path_notices_a_manifest_from_another_run(out: Path, tmp_path: Path
     (bad / "manifest.json").write_text(json.dumps(m))
     warnings = inspect_json(bad)["warnings"]
     assert f"packs-000000.parquet: run_id {real} in the file, 0123456789abcdef in the manifest" in warnings
-    assert len(warnings) == 3  # one per shard
+    assert warnings[0].startswith(f"manifest: its fields give run_id {real}, it says 0123456789abcdef")
+    assert len(warnings) == 4  # the manifest's fields, and one per shard
     assert "warning:" in run_cli("inspect", bad).stdout
 
 
@@ -263,7 +266,8 @@ def test_tar_fast_path_notices_a_foreign_manifest_and_a_wrong_count(tar_out: Pat
     warnings = inspect_json(bad)["warnings"]
     assert f"packs-000000.tar: run_id {real} in the file, 0123456789abcdef in the manifest" in warnings
     assert "packs-000001.tar: num_packs 100 in the file, 101 in the manifest" in warnings
-    assert len(warnings) == 4  # run_id of each shard, and the count
+    assert warnings[0].startswith("manifest: field 'shards[2].first_pack'")  # (the count edited)
+    assert len(warnings) == 5  # the manifest's first_pack, run_id of each shard, and the count
     # an output written before format_version 2: no run_id or shard in the .json, nothing to compare
     old = Path(shutil.copytree(tar_out, tmp_path / "old"))
     for path in sorted(old.glob("*.tar")):

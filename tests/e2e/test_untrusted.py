@@ -180,10 +180,20 @@ def set_field(key: str, value) -> Callable[[Path, dict], None]:
     return lambda out, ctx: edit_manifest(out, lambda m: m.update({key: value}))
 
 
+def renumbered(m: dict) -> None:
+    """Each shard entry's ``first_pack`` made where the entries before it end (what an editor who knows
+    the format changes with the list, so that the shards' own metadata is what tells)."""
+    first = 0
+    for entry in m["shards"]:
+        entry["first_pack"] = first
+        first += entry["num_packs"]
+
+
 def duplicated_shard_list(drop_run_key: bool) -> Callable[[Path, dict], None]:
     def edit(m: dict) -> None:
         m["shards"].append(dict(m["shards"][1]))
         m["stats"]["num_packs"] += m["shards"][1]["num_packs"]
+        renumbered(m)
         if drop_run_key:
             m.pop("run_key")
 
@@ -193,6 +203,7 @@ def duplicated_shard_list(drop_run_key: bool) -> Callable[[Path, dict], None]:
 def reordered_without_run_key(out: Path, ctx: dict) -> None:
     def edit(m: dict) -> None:
         m["shards"][0], m["shards"][1] = m["shards"][1], m["shards"][0]
+        renumbered(m)
         m.pop("run_key")
 
     edit_manifest(out, edit)

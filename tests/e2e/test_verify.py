@@ -678,7 +678,7 @@ def test_tar_output_of_an_older_or_newer_format_version(tar_out: Path):
     m["format_version"] = 99
     (tar_out / "manifest.json").write_text(json.dumps(m))
     code, text = verify(tar_out)
-    newer = f"format_version 99.{m['format_minor']} is newer than this packtool reads (6.1 and older"
+    newer = f"format_version 99.{m['format_minor']} is newer than this packtool reads (6.2 and older"
     assert code == 1 and newer in text
 
 

@@ -98,7 +98,7 @@ def test_bad_rows_are_counted_and_logged_and_the_good_ones_packed_with_their_ima
     code, text = pack(inputs, out, inputs["mixed"], "--on-error", "skip", "--long-samples", "drop")
     assert code == 0, text
     m = json.loads((out / "manifest.json").read_text())
-    assert (m["format_version"], m["format_minor"]) == (6, 1)  # a 5.x reader would drop the images
+    assert (m["format_version"], m["format_minor"]) == (6, 2)  # a 5.x reader would drop the images
     assert m["stats"]["skipped_by_reason"] == {
         "bad_image": 3, "image_count": 1, "image_too_large": 2, "malformed_json": 1, "missing_image": 1,
     }  # fmt: skip

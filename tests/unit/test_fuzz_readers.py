@@ -257,11 +257,15 @@ def test_fuzz_tar_index(tmp_path, outputs, edits, cut, shard):
         read_all(out)
 
 
+# JSON arrays nested deeper than Python's parser recurses (a RecursionError, were it not refused)
+DEEP = st.integers(500, 100_000).map(lambda depth: ("[" * depth + "]" * depth).encode())
+
+
 @FUZZ
-@given(record=JSON | st.binary(max_size=64), named=st.booleans())
+@given(record=JSON | st.binary(max_size=64) | DEEP, named=st.booleans())
 def test_fuzz_content_record(tmp_path, outputs, record, named):
-    """A Parquet shard whose footer's content record (``packtool.content``) is any JSON value or bytes, the
-    manifest's ``content_digest`` naming it or not."""
+    """A Parquet shard whose footer's content record (``packtool.content``) is any JSON value or bytes, or
+    arrays nested up to 100,000 deep, the manifest's ``content_digest`` naming it or not."""
     root, out = fresh(tmp_path, outputs["parquet"])
     path = out / "packs-000000.parquet"
     raw = record if isinstance(record, bytes) else json.dumps(record).encode()

@@ -126,9 +126,11 @@ class ShardMeta:
 
 
 def shard_meta_problems(
-    meta: dict | None, manifest: Manifest, index: int, report: ProblemSink, name: str
+    meta: dict | None, manifest: Manifest, index: int, report: ProblemSink, name: str, base: int | None = None
 ) -> None:
-    """Compare a shard's own ``packtool`` metadata (any format) with the manifest."""
+    """Compare a shard's own ``packtool`` metadata (any format) with the manifest: its run, its shard number
+    ``index``, its ``packed_sequence_size`` and, where it records one, its ``first_pack`` with ``base`` (the
+    shard's place in the shard list: ``Manifest.shard_starts``), as readers compare them."""
     if meta is None:
         report.add("run_id", "shard carries no packtool metadata (not written by packtool?)", shard=name)
         return
@@ -146,6 +148,14 @@ def shard_meta_problems(
             f"shard metadata says shard {meta.get('shard')}, manifest lists it as {index}",
             shard=name,
             field="shard",
+        )
+    if base is not None and meta.get("first_pack", base) != base:
+        report.add(
+            "first_pack",
+            f"shard metadata says its first pack is {meta.get('first_pack')}, its place in the manifest's "
+            f"shard list {base}",
+            shard=name,
+            field="first_pack",
         )
     n = manifest.packed_sequence_size
     if meta.get("packed_sequence_size") not in (None, n):

@@ -44,6 +44,7 @@ from packtool.formats.base import (
 )
 from packtool.formats.options import OutputOptions
 from packtool.formats.parquet_content import CONTENT_KEY, ContentRecord, record_digest, table_digests
+from packtool.formats.parquet_page_headers import oversized_value
 from packtool.manifest import (
     COLUMNS,
     CONTENT_DIGEST_MINOR,
@@ -51,6 +52,7 @@ from packtool.manifest import (
     SHARD_FORMAT_VERSION,
     Manifest,
     ShardEntry,
+    strict_json,
 )
 from packtool.packs import PackArrays
 from packtool.safepath import open_output_file
@@ -260,8 +262,8 @@ def shard_metadata(pf: pq.ParquetFile) -> dict | None:
     """The ``packtool`` key-value metadata of an open shard (None if it has none or it does not parse)."""
     raw = (pf.schema_arrow.metadata or {}).get(METADATA_KEY)
     try:
-        meta = json.loads(raw) if raw else None
-    except ValueError:
+        meta = strict_json(raw) if raw else None
+    except ValueError:  # (one nested past Python's recursion limit too)
         return None
     return meta if isinstance(meta, dict) else None
 
@@ -335,7 +337,8 @@ def open_shard(directory: Path, manifest: Manifest, shard: int, verify_checksums
     """Shard ``shard`` of the output ``directory`` open, once it is known to be the manifest's: a regular
     file inside the directory (``safepath.open_output_file``, as it is opened), of this run, at its place
     in the shard list, with a footer that declares no more than the manifest's packs hold
-    (``footer_problem``) and, with ``verify_checksums``, the content record the manifest's
+    (``footer_problem``), no image over ``MAX_IMAGE_BYTES`` (``image_cells_problem``: before any page is
+    decoded) and, with ``verify_checksums``, the content record the manifest's
     ``content_digest`` names (``content_record``; each row group read is then checked against it, as
     Arrow checks each page's CRC-32). Raises ``ShardMismatch`` (or ``InputError`` for the file) saying
     what is wrong."""
@@ -355,6 +358,8 @@ def open_shard(directory: Path, manifest: Manifest, shard: int, verify_checksums
             if meta is not None and meta.get(key, want) != want:  # a shard list duplicated or reordered
                 raise ShardMismatch(f"the shard's own {key} is {meta.get(key)}, the manifest's {want}")
         if (problem := footer_problem(pf.metadata, entry, manifest.packed_sequence_size)) is not None:
+            raise ShardMismatch(problem)
+        if manifest.image_columns is not None and (problem := image_cells_problem(f.fileno(), pf)):
             raise ShardMismatch(problem)
         record = content_record(pf.metadata, entry, manifest) if verify_checksums else None
     except BaseException:
@@ -476,6 +481,37 @@ def footer_problem(md: pq.FileMetaData, entry: ShardEntry, n: int, exact: bool =
                     f"values ({col.total_uncompressed_size:,} bytes), more than {rows:,} packs of {n} hold"
                 )
     return image_bytes_problem(md, entry) if exact else None
+
+
+def image_cells_problem(fd: int, pf: pq.ParquetFile) -> str | None:
+    """The first image of the open shard ``pf`` (file descriptor ``fd``) over ``MAX_IMAGE_BYTES``, as a
+    sentence naming its row group, or a page of its images that cannot be measured; None when none is.
+    Read from the pages' headers and the values' lengths, before any page is decoded
+    (``parquet_page_headers.oversized_value``): the footer bounds what a row group's images take between them,
+    not what one takes."""
+    md = pf.metadata
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        for j in range(rg.num_columns):
+            col = rg.column(j)
+            if col.path_in_schema != IMAGE_BYTES_PATH:
+                continue
+            column = pf.schema.column(j)
+            levels = (column.max_repetition_level > 0) + (column.max_definition_level > 0)
+            start = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+            where = f"row group {i}, column {IMAGE_BYTES_PATH}"
+            try:
+                found = oversized_value(
+                    fd, start, start + col.total_compressed_size, col.compression, levels, MAX_IMAGE_BYTES
+                )
+            except (ValueError, OSError) as e:
+                return f"{where}: {e}"
+            if found is not None:
+                return (
+                    f"{where}: image {found[0]} takes {found[1]:,} bytes, over the {MAX_IMAGE_BYTES:,} an "
+                    "image may take (read before any page is decoded)"
+                )
+    return None
 
 
 def image_bytes_problem(md: pq.FileMetaData, entry: ShardEntry) -> str | None:

@@ -17,6 +17,7 @@ from packtool.formats.parquet import (
     content_record,
     footer_problem,
     image_bytes_problem,
+    image_cells_problem,
     shard_metadata,
     with_images,
 )
@@ -51,12 +52,18 @@ class ParquetChecker(ShardChecker):
         except Exception as e:  # any parse failure of a damaged file
             report.add("parse", f"does not parse as Parquet: {str(e).splitlines()[0]}", shard=name)
             return
-        shard_meta_problems(shard_metadata(pf), manifest, index, report, name)
+        shard_meta_problems(shard_metadata(pf), manifest, index, report, name, base)
         if (problem := footer_problem(md, entry, n, exact=False)) is not None:  # nothing decoded past N
             report.add("size", problem, shard=name, field="num_packs")
             return
         if (problem := image_bytes_problem(md, entry)) is not None:  # (the bound above is the entry's)
             report.add("image_bytes", problem, shard=name, field="image_bytes")
+        if manifest.image_columns is not None:  # each image measured before any page is decoded
+            with open(path, "rb") as f:
+                problem = image_cells_problem(f.fileno(), pf)
+            if problem is not None:
+                report.add("images", problem, shard=name, field=IMAGES)
+                return
         if md.num_rows != entry.num_packs:
             report.add(
                 "num_packs",

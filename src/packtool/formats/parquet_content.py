@@ -31,6 +31,7 @@ import pyarrow as pa
 import xxhash
 
 from packtool.arrays import np_view
+from packtool.manifest import strict_json
 
 CONTENT_KEY = b"packtool.content"  # the footer's key-value pair holding a shard's ContentRecord
 DIGEST = "xxh3_64"  # what ContentRecord's digests are (a record names it: a reader refuses another)
@@ -105,9 +106,10 @@ class ContentRecord:
     def parse(cls, raw: bytes) -> ContentRecord:
         """The record stored as ``raw``; ``ValueError`` saying why when it is not one this packtool reads."""
         try:
-            record = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise ValueError("its packtool.content record is not JSON") from None
+            record = strict_json(raw)
+        except ValueError as e:  # (nested past Python's recursion limit too: strict_json)
+            why = f" ({e.msg})" if isinstance(e, json.JSONDecodeError) and e.msg == "nested too deep" else ""
+            raise ValueError(f"its packtool.content record is not JSON{why}") from None
         if not isinstance(record, dict) or record.get("digest") != DIGEST:
             raise ValueError(f"its packtool.content record is not of {DIGEST} digests")
         columns, groups = record.get("columns"), record.get("row_groups")

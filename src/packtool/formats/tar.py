@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from packtool.conventions import MAX_IMAGE_BYTES
 from packtool.errors import InputError
 from packtool.manifest import COLUMNS, Manifest, ShardEntry
 from packtool.safepath import open_output_file
@@ -362,6 +363,36 @@ def members(path: Path, buf) -> Iterator[tuple[str, int, int]]:
         pos += member_size(info.size)
     if pos != end:
         raise InputError(f"{path}: truncated tar archive (ends inside the member at byte {pos})")
+
+
+class _FileBytes:
+    """An open file as ``tar.members`` reads an archive (``len`` and slices), each slice one ``os.pread``:
+    its headers walked without reading its members' data."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.size = fd, os.fstat(fd).st_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, part: slice) -> bytes:
+        return os.pread(self.fd, part.stop - part.start, part.start)
+
+
+def refuse_oversized_members(path: Path, fd: int) -> None:
+    """``InputError`` naming the first image member (``KEY.img{k}.{ext}``) of the tar open as ``fd`` over
+    ``MAX_IMAGE_BYTES``, from the members' headers alone: before a vision-language shard is read into
+    memory. A shard that does not parse is left to the reader (which says where)."""
+    walk = members(path, _FileBytes(fd))
+    while True:
+        try:
+            name, _, size = next(walk)
+        except (StopIteration, InputError):  # the end, or a damaged header: the reader says where
+            return
+        if size > MAX_IMAGE_BYTES and IMAGE_MEMBER.fullmatch(name.partition(".")[2]):
+            raise InputError(
+                f"{path}: member {name} takes {size:,} bytes, over the {MAX_IMAGE_BYTES:,} an image may take"
+            )
 
 
 def samples(

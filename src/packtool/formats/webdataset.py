@@ -74,7 +74,7 @@ from packtool.formats.tar import (
     tar_index_name,
 )
 from packtool.formats.webdataset_index import write_dataset_index
-from packtool.manifest import BASE_FORMAT_VERSION, COLUMNS, Column, Manifest, ShardEntry
+from packtool.manifest import BASE_FORMAT_VERSION, COLUMNS, Column, Manifest, ShardEntry, strict_json
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
 from packtool.safepath import open_output_file, output_file_problem
@@ -245,8 +245,8 @@ def pack_meta(path: Path, key: str, found: dict[str, tuple[int, int]], buf) -> d
     if META in found:
         offset, size = found[META]
         try:
-            meta = json.loads(bytes(buf[offset : offset + size]))
-        except ValueError:
+            meta = strict_json(bytes(buf[offset : offset + size]))
+        except ValueError:  # (one nested past Python's recursion limit too)
             meta = None
         if not isinstance(meta, dict):
             raise InputError(f"{path}: member {key}.{META} is not a JSON object")
@@ -285,11 +285,12 @@ def _check_run_id(path: Path, meta: dict | None, run_id: str, first: int | None)
 
 
 def _stored_columns(
-    path: Path, key: str, found: dict[str, tuple[int, int]], buf, columns, n: int
+    path: Path, key: str, found: dict[str, tuple[int, int]], buf: bytes, columns, n: int
 ) -> dict[str, np.ndarray]:
     """The stored columns of pack ``key`` named in ``columns`` (its members ``{ext: (data offset, size)}``
-    in ``buf``: ``NAME.npy``, and the fields of ``small_columns.npy``; ``.npy.gz`` decompressed to at most
-    what a pack of ``n`` tokens holds), as array copies by name (``buf`` may close after)."""
+    in ``buf``, the shard's or the pack's bytes in memory: ``NAME.npy``, and the fields of
+    ``small_columns.npy``; ``.npy.gz`` decompressed to at most what a pack of ``n`` tokens holds), as
+    read-only views by name (each keeps ``buf``, or its member decompressed, alive)."""
     out = {}
     if IMAGES in columns:
         out[IMAGES] = image_members(path, key, found, buf)
@@ -298,9 +299,9 @@ def _stored_columns(
         name = f"{key}.{ext}"
         if stored == SMALL_COLUMNS:
             fields = record_fields(path, name, tar.npy_member(path, name, buf, offset, size, n))
-            out.update({c: a.copy() for c, a in fields.items() if c in columns})
+            out.update({c: a for c, a in fields.items() if c in columns})
         elif stored.endswith(".npy") and (column := stored[: -len(".npy")]) in columns:
-            out[column] = tar.npy_member(path, name, buf, offset, size, n).copy()
+            out[column] = tar.npy_member(path, name, buf, offset, size, n)
     return out
 
 
@@ -341,6 +342,36 @@ def stack_packs(packs: list[dict[str, np.ndarray]], n: int) -> PackArrays:
     return out
 
 
+def shard_bytes(
+    path: Path,
+    directory: Path,
+    size: int | None = None,
+    images: bool = False,
+    buffer: bytearray | None = None,
+) -> bytes | memoryview:
+    """The bytes of tar shard ``path`` of output ``directory``, read into memory at once: what a reader
+    checks (its CRC-32) and then parses are the same bytes, whatever is written to the file meanwhile (a
+    mapping or an open file would show a shard overwritten in place, after its check, to the parse).
+    ``path`` is opened as a file of the output (``safepath.open_output_file``: a FIFO or a link out put in
+    its place is ``InputError``); with ``size`` (the manifest's ``bytes``), at most ``size + 1`` bytes are
+    read, and a file of another size raises ``ShardMismatch``; with ``images`` (a vision-language
+    shard's), an image member over ``MAX_IMAGE_BYTES`` is refused first (``tar.refuse_oversized_members``).
+    With ``buffer`` (of at least ``size + 1`` bytes) the bytes are read into it, and a view of them is
+    returned: memory a reader reuses from shard to shard (fresh memory costs a page fault a page)."""
+    with open_output_file(directory, path.relative_to(directory).as_posix()) as f:
+        if images:
+            tar.refuse_oversized_members(path, f.fileno())
+        if buffer is not None and size is not None:
+            view = memoryview(buffer)[: size + 1]
+            data = view[: f.readinto(view)]
+        else:
+            data = f.read() if size is None else f.read(size + 1)
+    if size is not None and len(data) != size:
+        more = "over " if len(data) > size else ""
+        raise ShardMismatch(f"{more}{len(data):,} bytes as read, the manifest says {size:,}")
+    return data
+
+
 def read_tar_packs(
     path: Path,
     n: int,
@@ -349,40 +380,39 @@ def read_tar_packs(
     crc32: int | None = None,
     first_pack: int | None = None,
     directory: Path | None = None,
+    size: int | None = None,
+    buffer: bytearray | None = None,
 ) -> list[dict]:
-    """The packs of one tar shard in order, as dicts of the ``columns`` asked for.
+    """The packs of one tar shard in order, as dicts of the ``columns`` asked for (views into its bytes:
+    into ``buffer`` when given, valid until it is read into again).
 
-    The shard is memory-mapped; each column read becomes one array copy. With ``run_id``, a shard whose
-    first pack's metadata (``pack_meta``) names another run raises ``InputError``; with ``crc32``, a shard
-    whose bytes have another CRC-32 (a damaged or replaced file) raises ``ShardMismatch`` before any pack
-    is parsed; with ``first_pack`` (the global index of its first pack in the manifest), so does a shard
-    whose first pack says another. ``path`` is opened as a file of output ``directory`` (its folder by
-    default: ``safepath.open_output_file``): a FIFO or a link out put in its place is ``InputError``.
+    The shard is read into memory once (``shard_bytes``, at most ``size + 1`` bytes when ``size`` is
+    given), and checked and parsed from there. With ``run_id``, a shard whose first pack's metadata
+    (``pack_meta``) names another run raises ``InputError``; with ``crc32``, a shard whose bytes have
+    another CRC-32 (a damaged or replaced file) raises ``ShardMismatch`` before any pack is parsed; with
+    ``first_pack`` (the global index of its first pack in the manifest), so does a shard whose first pack
+    says another. ``directory``: the output's (``path``'s folder by default).
     """
     columns = set(columns)
     out = []
-    directory = path.parent if directory is None else directory
-    with open_output_file(directory, path.relative_to(directory).as_posix()) as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return []
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            if crc32 is not None and (found := zlib.crc32(buf)) != crc32:
-                raise ShardMismatch(
-                    f"checksum mismatch (CRC-32 {found:08x}, written {crc32:08x}): the shard's bytes changed "
-                    "since it was written"
-                )
-            for key, _start, found, _end in tar.samples(path, buf):
-                if run_id is not None:
-                    _check_run_id(path, pack_meta(path, key, found, buf), run_id, first_pack)
-                    run_id = None  # the first pack's is enough: a shard is written by one run
-                pack = _stored_columns(path, key, found, buf, columns, n)
-                missing = [c for c in columns if c not in pack]
-                if missing:
-                    raise InputError(f"{path}: pack {key} stores no {', '.join(missing)}")
-                if "input_ids" in pack and pack["input_ids"].shape != (n,):
-                    shape = pack["input_ids"].shape
-                    raise InputError(f"{path}: pack {key} has input_ids of shape {shape}, expected ({n},)")
-                out.append(pack)
+    buf = shard_bytes(path, path.parent if directory is None else directory, size, IMAGES in columns, buffer)
+    if crc32 is not None and (found := zlib.crc32(buf)) != crc32:
+        raise ShardMismatch(
+            f"checksum mismatch (CRC-32 {found:08x}, written {crc32:08x}): the shard's bytes changed "
+            "since it was written"
+        )
+    for key, _start, found, _end in tar.samples(path, buf):
+        if run_id is not None:
+            _check_run_id(path, pack_meta(path, key, found, buf), run_id, first_pack)
+            run_id = None  # the first pack's is enough: a shard is written by one run
+        pack = _stored_columns(path, key, found, buf, columns, n)
+        missing = [c for c in columns if c not in pack]
+        if missing:
+            raise InputError(f"{path}: pack {key} stores no {', '.join(missing)}")
+        if "input_ids" in pack and pack["input_ids"].shape != (n,):
+            shape = pack["input_ids"].shape
+            raise InputError(f"{path}: pack {key} has input_ids of shape {shape}, expected ({n},)")
+        out.append(pack)
     return out
 
 
@@ -391,10 +421,12 @@ COMPRESSED_FORMAT_VERSION = 6  # the format_version from which .npy members may 
 
 
 class TarUnitReader(UnitReader):
-    """Whole tar shards of an output (a shard is one unit)."""
+    """Whole tar shards of an output (a shard is one unit), each read into memory (``shard_bytes``: the
+    buffer of the largest read so far, reused; what a unit gives is copied out of it, ``stack_packs``)."""
 
     def __init__(self, directory: Path, manifest: Manifest, verify_checksums: bool = True) -> None:
         self.directory, self.manifest, self.verify_checksums = Path(directory), manifest, verify_checksums
+        self.buffer = bytearray()
 
     def read_stored(self, shard: int, part: int, columns: list[str]) -> PackArrays:
         entry = self.manifest.shards[shard]
@@ -408,10 +440,16 @@ class TarUnitReader(UnitReader):
         first = sum(e.num_packs for e in m.shards[:shard])
         tar.check_compression(entry)  # one this packtool does not read is refused before any byte is read
         path = self.directory / entry.path
-        packs = read_tar_packs(path, m.packed_sequence_size, columns, m.run_id, crc, first, self.directory)
+        if len(self.buffer) < entry.bytes + 1:  # (a new one: views of the old may live on in a traceback)
+            self.buffer = bytearray(entry.bytes + 1)
+        n, size = m.packed_sequence_size, entry.bytes  # (never more than the entry's bytes read)
+        packs = read_tar_packs(path, n, columns, m.run_id, crc, first, self.directory, size, self.buffer)
         if len(packs) != entry.num_packs:
             raise ShardMismatch(f"{len(packs)} packs, the manifest says {entry.num_packs}")
-        return stack_packs(packs, m.packed_sequence_size)
+        return stack_packs(packs, m.packed_sequence_size)  # (copies: the buffer is read into again)
+
+    def close(self) -> None:
+        self.buffer = bytearray()
 
 
 class TarWriter(ShardWriter):

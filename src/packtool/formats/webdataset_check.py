@@ -6,7 +6,6 @@ the tar really has. Problems name global pack numbers, and the member or the col
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ from packtool.formats.tar import (
 )
 from packtool.formats.webdataset import TarUnitReader, image_members, images_array
 from packtool.formats.webdataset_index import check_dataset_index, old_minimal_layout
-from packtool.manifest import COLUMNS, Manifest, ShardEntry
+from packtool.manifest import COLUMNS, Manifest, ShardEntry, strict_json
 from packtool.packs import PackArrays
 from packtool.safepath import output_file_problem
 from packtool.schema import IMAGES
@@ -160,8 +159,8 @@ def _pack_json(buf, key: str, members: dict, problem: Callable) -> dict | None:
     """The ``.json`` member of one pack, or None (reported) if it does not parse as an object."""
     offset, nbytes = members["json"]
     try:
-        meta = json.loads(bytes(buf[offset : offset + nbytes]))
-    except ValueError:
+        meta = strict_json(bytes(buf[offset : offset + nbytes]))
+    except ValueError:  # (one nested past Python's recursion limit too)
         meta = None
     if not isinstance(meta, dict):
         problem("json", f"member {key}.json is not a JSON object", "json")

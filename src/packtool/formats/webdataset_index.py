@@ -18,7 +18,7 @@ from packtool.errors import PacktoolError
 from packtool.formats.base import FetchShard, ProblemSink
 from packtool.formats.energon_index import INDEX_UUID, SQLITE_INDEX, write_sqlite_index
 from packtool.formats.tar import INDEX_SUFFIX, member_compression, pack_members, stored_name, tar_index_name
-from packtool.manifest import MANIFEST, MAX_MANIFEST_BYTES, MINIMAL_TAR_RECORD_VERSION, Manifest
+from packtool.manifest import MANIFEST, MAX_MANIFEST_BYTES, MINIMAL_TAR_RECORD_VERSION, Manifest, strict_json
 from packtool.safepath import open_output_file, output_file_problem
 
 WIDS_INDEX = "wids.json"  # the training shards only: a wids reader of it never sees held-out packs
@@ -173,9 +173,12 @@ def check_dataset_index(directory: Path, manifest: Manifest, report: ProblemSink
                 text = f.read(MAX_MANIFEST_BYTES + 1).decode()  # (a few KiB: the shards' names)
             if len(text) > MAX_MANIFEST_BYTES:
                 raise ValueError(f"over {MAX_MANIFEST_BYTES:,} bytes")
-            got = json.loads(text) if name.endswith(".json") else yaml.safe_load(text)
+            got = strict_json(text) if name.endswith(".json") else yaml.safe_load(text)
         except (ValueError, yaml.YAMLError, PacktoolError) as e:
             report.add("dataset index", f"does not parse ({str(e).splitlines()[0]})", shard=name)
+            continue
+        except RecursionError:  # YAML nested thousands deep (strict_json refuses JSON so nested itself)
+            report.add("dataset index", "does not parse (nested too deep)", shard=name)
             continue
         if name.endswith("split.yaml") and isinstance(got, dict) and "val" not in got.get("split_parts", {}):
             want = {**want, "split_parts": {"train": want["split_parts"]["train"]}}  # an older packtool's

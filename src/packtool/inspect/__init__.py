@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from packtool.binding import manifest_problem
 from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
 from packtool.fileio import file_sha256
@@ -77,6 +78,8 @@ def inspect_report(directory: str | Path, *, full: bool = False) -> dict:
     losses = m.stats.losses(m.packed_sequence_size, m.option("max_packs"))
     lost = [f"lost: {line}" for line in [*m.warnings, *losses]]
     warnings[:0] = lost + [f"manifest: {w}" for w in m.stats.check()]
+    if (problem := manifest_problem(m)) is not None:  # what it shows (provenance, processor) is not the run's
+        warnings.insert(len(lost), f"manifest: {problem}")
     report = {
         "directory": str(directory),
         "run_id": m.run_id,

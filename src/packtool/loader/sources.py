@@ -130,11 +130,13 @@ class OutputSource:
         return f"{self.manifest.shards[unit.shard].path}#{unit.part}"
 
     def pack_bases(self) -> np.ndarray:
-        """Each unit's first pack as an index in the output directory (all splits, shard order)."""
+        """Each unit's first pack as an index in the output directory (all splits, shard order), from the
+        shards' pack counts (which the run_id binds and the shards' own metadata confirm)."""
         first_in_shard: dict[int, int] = {}
+        shard_starts = self.manifest.shard_starts
         out = np.empty(len(self.units), dtype=np.int64)
         for j, unit in enumerate(self.units):
-            base = first_in_shard.get(unit.shard, self.manifest.shards[unit.shard].first_pack)
+            base = first_in_shard.get(unit.shard, shard_starts[unit.shard])
             out[j] = base
             first_in_shard[unit.shard] = base + unit.num_packs
         return out

@@ -51,7 +51,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm import tqdm
 
-from packtool.binding import content_run_key
+from packtool.binding import content_run_key, processor_run_key
 from packtool.encoders.registry import SLOW_TO_BUILD, fields_read, resolve_sample_format
 from packtool.errors import (
     MAX_LOGGED,
@@ -413,6 +413,8 @@ def _plan(store: EncodedStore, started: _Started, options: PackOptions, say: _Sa
         raise InputError(_nothing_left(skipped), source=", ".join(options.reading.inputs), code="empty_input")
     lengths = chunks.lengths()
     run_key = content_run_key(started.identity_key, [content_key(chunks)])  # what the run encoded
+    if chunks.images is not None:  # the processor record the manifest keeps, bound (processor_run_key)
+        run_key = processor_run_key(run_key, started.identity["processor"])
     # a too-long sample is named by the field it was read from
     field = {"text": options.encoding.text_field, "pretokenized": "input_ids"}.get(sample_format)
     plan = make_plan(

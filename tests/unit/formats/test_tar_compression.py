@@ -41,7 +41,7 @@ def test_options_list_the_compressions_tar_knows():
 
 def test_gzip_output_gives_the_same_packs_through_every_reader(wds_out, wds_gzip_out):
     m = manifest_json(wds_gzip_out)
-    assert (m["format_version"], m["format_minor"]) == (6, 1)  # a 5.x reader would find no NAME.npy
+    assert (m["format_version"], m["format_minor"]) == (6, 2)  # a 5.x reader would find no NAME.npy
     assert {s["compression"] for s in m["shards"]} == {"gzip"}
     raw_m = manifest_json(wds_out)
     assert {s["compression"] for s in raw_m["shards"]} == {"none"}

@@ -308,3 +308,30 @@ def test_pack_tar_bytes_predicts_every_pack_and_shard_exactly(tmp_path, layout, 
         assert size == -(-(int(sizes[a:b].sum()) + 2 * BLOCK) // RECORD) * RECORD <= limit
         if b < plan.num_packs:  # cut as late as the limit allows
             assert -(-(int(sizes[a : b + 1].sum()) + 2 * BLOCK) // RECORD) * RECORD > limit
+
+
+def test_a_shard_is_read_from_the_bytes_it_was_checked_in_and_never_past_its_size(tmp_path, monkeypatch):
+    """``shard_bytes``: what the CRC-32 is checked on and the packs parsed from is one read of the file, at
+    most the entry's ``bytes`` + 1 long; a vision shard's image member over the limit is refused from its
+    header, before the shard is read into memory."""
+    from packtool.errors import InputError
+    from packtool.formats import tar
+    from packtool.formats.base import ShardMismatch
+    from packtool.formats.webdataset import shard_bytes
+
+    path = tmp_path / "packs-000000.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as archive:
+        for name, data in (("000000000.json", b"{}"), ("000000000.img0.png", b"\x89PNG" * 750)):
+            archive.addfile(tar.tarinfo(name, len(data)), io.BytesIO(data))
+    size = path.stat().st_size
+    assert bytes(shard_bytes(path, tmp_path, size, True, bytearray(size + 1))) == path.read_bytes()
+    with pytest.raises(ShardMismatch, match=f"over {size:,} bytes as read, the manifest says {size - 1:,}"):
+        shard_bytes(path, tmp_path, size - 1)
+    monkeypatch.setattr(tar, "MAX_IMAGE_BYTES", 2048)
+    buffer = bytearray(size + 1)
+    with pytest.raises(
+        InputError, match="member 000000000.img0.png takes 3,000 bytes, over the 2,048 an image"
+    ):
+        shard_bytes(path, tmp_path, size, True, buffer)
+    assert not any(buffer)  # refused from the headers: nothing read into memory
+    assert bytes(shard_bytes(path, tmp_path, size, False)) == path.read_bytes()  # (no images looked for)
