@@ -105,15 +105,23 @@ class EncoderFacts:
     warnings: list[str]
 
 
-def describe_encoder(task: tuple[RunSpec, dict, int]) -> EncoderFacts:
-    """Build this process's encoder for ``(spec, named, pad_token_id)`` (a bad tokenizer or processor fails
-    here, before any record is encoded) and return what the driver needs of it (``EncoderFacts``;
-    ``named``: the BOS/EOS the user named). Run by the driver, or by a worker for a sample format whose
-    encoder is slow to build (``encoders.registry.SLOW_TO_BUILD``): the driver then never loads it."""
-    spec, named, pad_token_id = task
+def describe_encoder(task: tuple[RunSpec, dict, int, SourceBatch | None]) -> EncoderFacts:
+    """Build this process's encoder for ``(spec, named, pad_token_id, probe)`` (a bad tokenizer or processor
+    fails here, before any record is encoded) and return what the driver needs of it (``EncoderFacts``;
+    ``named``: the BOS/EOS the user named). An encoder that is code (a custom one) is run on ``probe``,
+    the run's first records, and its identity holds the digest of what it made of them. Run by the driver,
+    or by a worker for a sample format whose encoder is slow to build (``encoders.registry.SLOW_TO_BUILD``):
+    the driver then never loads it."""
+    spec, named, pad_token_id, probe = task
     encoder = worker(spec).encoder
     state = encoder.state() if hasattr(encoder, "state") else None
     identity = encoder.identity()
+    if probe is not None and hasattr(encoder, "probe"):
+        try:
+            records = probe.load(ErrorSink("skip"))
+        except PacktoolError:  # (the run meets it again, and says so, when it reads these records)
+            records = []
+        identity["probe_sha256"] = encoder.probe(records)
     with_names, guesses = name_special_tokens(identity, encoder, named, pad_token_id)
     return EncoderFacts(json.dumps(state), identity, with_names, guesses)
 

@@ -200,18 +200,26 @@ class _FieldsRead:
         return fields_read(self.options.encoding, self.sample_format)
 
 
-def start_run(options: PackOptions, sample_format: str, engine: Any = None) -> tuple[RunSpec, EncoderFacts]:
+PROBE_RECORDS = 16  # the first records a custom encoder is run on for its identity (``describe_encoder``)
+
+
+def start_run(
+    options: PackOptions, sample_format: str, engine: Any = None, first: SourceBatch | None = None
+) -> tuple[RunSpec, EncoderFacts]:
     """The run's ``RunSpec`` and what the driver needs of its encoder (``EncoderFacts``), from an encoder
     built in this process, or in one of ``engine``'s workers when it is slow to build (``SLOW_TO_BUILD``):
     a bad tokenizer or processor fails here, before any record is encoded. The spec carries what that
-    encoder found that the workers' need not find again (``Encoder.state()``)."""
+    encoder found that the workers' need not find again (``Encoder.state()``); a custom encoder's identity
+    holds what it makes of ``first``'s first ``PROBE_RECORDS`` records."""
     spec = RunSpec(json.dumps(options.to_dict()), sample_format, os.urandom(8).hex())
     tokens = options.encoding.tokens
-    task = (spec, {"bos": tokens.bos_token, "eos": tokens.eos_token}, options.packing.pad_token_id)
-    if engine is not None and sample_format in SLOW_TO_BUILD:
+    named = {"bos": tokens.bos_token, "eos": tokens.eos_token}
+    if engine is not None and sample_format in SLOW_TO_BUILD:  # (no custom encoder: nothing to probe)
+        task = (spec, named, options.packing.pad_token_id, None)
         (facts,) = engine.map(describe_encoder, [task])  # unpacked: the map generator runs to its end
     else:
-        facts = describe_encoder(task)
+        probe = first.slice(0, min(first.num_rows, PROBE_RECORDS)) if first is not None else None
+        facts = describe_encoder((spec, named, options.packing.pad_token_id, probe))
     return dataclasses.replace(spec, encoder_state=facts.state), facts
 
 
@@ -312,7 +320,7 @@ def _start(options: PackOptions, say: _Say, engine: Any) -> _Started:
         if note := unread.note():
             say.note(f"note: {note}")
     _say_positions(options, say)
-    spec, facts = start_run(options, sample_format, engine)
+    spec, facts = start_run(options, sample_format, engine, first)
     vocab = facts.identity.get("vocab_size")
     if vocab is not None and options.packing.pad_token_id >= vocab:
         raise ConfigError(
