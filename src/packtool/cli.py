@@ -48,7 +48,9 @@ class PacktoolGroup(click.Group):
         except click.ClickException as e:  # a usage error: an unknown option, a bad value, ...
             click.echo(f"packtool: error: {_one_line(e.format_message())}", err=True)
             sys.exit(EXIT_USAGE)
-        except (KeyboardInterrupt, click.Abort):
+        except (KeyboardInterrupt, click.Abort) as e:
+            if isinstance(e.__cause__, EOFError):  # click makes an EOFError (a file read short) an Abort
+                _internal_error(e.__cause__)
             _stop_helpers()
             click.echo(
                 "packtool: interrupted; no complete-looking output was left behind "
@@ -60,15 +62,20 @@ class PacktoolGroup(click.Group):
             click.echo(f"packtool: error: {e.filename or ''}: {e.strerror or e}", err=True)
             sys.exit(EXIT_FAILURE)
         except Exception as e:  # an internal error: say so, with the traceback only when asked
-            if os.environ.get("PACKTOOL_DEBUG"):
-                traceback.print_exc()
-            click.echo(
-                f"packtool: internal error: {type(e).__name__}: {_one_line(e)} "
-                "(set PACKTOOL_DEBUG=1 for a traceback)",
-                err=True,
-            )
-            sys.exit(EXIT_FAILURE)
+            _internal_error(e)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _internal_error(e: BaseException) -> None:
+    """Exit 4 with one line naming ``e`` (its traceback with ``PACKTOOL_DEBUG=1``)."""
+    if os.environ.get("PACKTOOL_DEBUG"):
+        traceback.print_exception(e)
+    click.echo(
+        f"packtool: internal error: {type(e).__name__}: {_one_line(e)} "
+        "(set PACKTOOL_DEBUG=1 for a traceback)",
+        err=True,
+    )
+    sys.exit(EXIT_FAILURE)
 
 
 def _stop_helpers() -> None:

@@ -62,11 +62,11 @@ class ScratchChunks:
 
     def __init__(self, spec: RunSpec, options: PackOptions, work: str, engine: Any, resumed: bool) -> None:
         self.spec, self.options, self.work, self.engine = spec, options, work, engine
-        self.done = {m["index"]: m for m in _chunk_metas(work)} if resumed else {}
-        self.damaged = [i for i, m in self.done.items() if not chunk_intact(work, m)]
-        for i in self.damaged:  # its arrays are not what was written (a disk fault, an edit): encode it again
-            del self.done[i]
-            shutil.rmtree(chunk_dir(work, i))
+        found = _chunk_metas(work) if resumed else {}
+        self.damaged = [i for i, m in found.items() if not chunk_intact(work, m, i)]
+        self.done = {i: _without_digest(m) for i, m in found.items() if i not in self.damaged}
+        for i in self.damaged:  # not what was written (a disk fault, an edit): encode it again
+            _remove(chunk_dir(work, i))
         self.metas: list[dict] = []
         self.chunks: ChunkStore
 
@@ -87,8 +87,8 @@ class ScratchChunks:
             return []
         return [
             f"{len(self.damaged)} scratch chunk(s) of the interrupted run are not what was encoded (chunk "
-            f"{self.damaged[0]}: its arrays do not give its digest, or an image file changed since); "
-            "encoding them again"
+            f"{self.damaged[0]}: its meta or its arrays are damaged or do not give their digests, or an "
+            "image file changed since); encoding them again"
         ]
 
 
@@ -128,11 +128,25 @@ def _write_shard_task(task: ShardTask) -> ShardEntry:
     return write_shard(task)
 
 
-def _chunk_metas(work: str) -> list[dict]:
-    """Metas of the chunks a killed attempt of this run finished."""
-    metas = []
+def _chunk_metas(work: str) -> dict[int, object]:
+    """The ``meta.json`` of each chunk a killed attempt of this run finished, by index (as read: None or
+    anything else where it is not a chunk's whole meta, ``chunks.chunk_intact`` tells)."""
+    metas = {}
     for path in sorted(Path(work).glob("chunk-*/meta.json")):
-        meta = read_chunk_meta(work, int(path.parent.name.removeprefix("chunk-")))
-        if meta is not None:
-            metas.append(meta)
+        number = path.parent.name.removeprefix("chunk-")
+        if number.isdigit():  # (not a chunk-NNNNNN.tmp-PID a killed worker left: its own writer removes it)
+            metas[int(number)] = read_chunk_meta(work, int(number))
     return metas
+
+
+def _without_digest(meta: dict) -> dict:
+    """A kept chunk's meta as the run that wrote it returned it (``meta_digest`` is the file's)."""
+    return {k: v for k, v in meta.items() if k != "meta_digest"}
+
+
+def _remove(path: Path) -> None:
+    """A damaged chunk's directory removed (or a link put in its place)."""
+    if path.is_symlink():
+        path.unlink()
+    else:
+        shutil.rmtree(path)
