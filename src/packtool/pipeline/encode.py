@@ -243,7 +243,10 @@ def check_lengths(
         if len(long):
             i = int(long[0])
             # the chunk's samples say how common such samples are: the first error tells it
-            message = too_long_message(int(lengths[i]), n, np.concatenate(per_batch), "this chunk's")
+            everything = np.concatenate(per_batch)
+            message = too_long_message(
+                int(lengths[i]), n, everything, "this chunk's", sample_format != "vision"
+            )
             raise batch.error(i, field, message, "too_long")
 
 

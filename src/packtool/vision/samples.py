@@ -189,7 +189,7 @@ def _image_ref(value: Any, base: Path, name: str) -> ImageRef | None:
             return ImageRef(path=value, name=value, remote=True)
         path = value.removeprefix("file://")
         resolved = str(base / path) if not Path(path).is_absolute() else path
-        return ImageRef(path=resolved, name=value)
+        return ImageRef(path=resolved, name=value.replace("\0", "\\x00"))  # (a NUL on one error line)
     return None
 
 
