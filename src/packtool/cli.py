@@ -220,7 +220,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
         start_forkserver(num_proc, worker_preload(values))
     # imported after the forkserver started: the two processes then import numpy and pyarrow side by side
     from packtool.options import PackOptions
-    from packtool.pipeline.run import run_pack, summary_line
+    from packtool.pipeline.run import losses_line, run_pack, summary_line
 
     options = PackOptions.from_dict(values, origin=config_file or "options", given=given & set(values))
     options = options.replace(num_proc=num_proc)
@@ -238,13 +238,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     for line in losses:
         click.echo(f"packtool: warning: {line}", err=True)
     if losses:
-        samples, tokens = s.lost_totals()
-        click.echo(
-            f"packtool: warning: in all {samples:,} of {s.input_samples:,} samples were not packed whole "
-            f"and {tokens:,} of {s.input_tokens:,} tokens are not in the packs "
-            "(--strict makes this an error)",
-            err=True,
-        )
+        click.echo(f"packtool: warning: {losses_line(s)}", err=True)
 
 
 @main.command()

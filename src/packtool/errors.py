@@ -21,6 +21,7 @@ first ``MAX_LOGGED`` locations for ``errors.jsonl``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 
@@ -111,12 +112,19 @@ class ErrorSink:
     on_error: str = "fail"
     counts: dict[str, int] = dc_field(default_factory=dict)
     entries: list[dict] = dc_field(default_factory=list)  # first MAX_LOGGED, in input order
+    # how an error is told to the user: e.g. a record of a directory named by its file, not its index
+    rename: Callable[[InputError], InputError] | None = dc_field(default=None, repr=False, compare=False)
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
 
+    def named(self, err: InputError) -> InputError:
+        """``err`` as this sink tells it (``rename``)."""
+        return err if self.rename is None else self.rename(err)
+
     def bad(self, err: InputError) -> None:
+        err = self.named(err)
         if self.on_error != "skip":  # say the way past it, which the error alone does not
             hint = err.hint or "--on-error skip leaves bad records out and counts them"
             raise InputError(

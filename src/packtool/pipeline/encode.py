@@ -142,20 +142,50 @@ def encode_records(
     meta adds about them (``skipped``, ``input_rows``). Bad records go by the run's ``on_error``; under
     ``long_samples=error`` the first sample too long fails here."""
     w = worker(spec)
-    sink = ErrorSink(w.options.running.on_error)
+    sink = ErrorSink(w.options.running.on_error, rename=FileNames.of(pieces))
     limit = precut_limit(w.options, spec.sample_format)
     cut = 0
-    if limit is not None:  # a text record far longer than the tokens kept is cut before it is tokenized
-        pieces, cut = _precut_pieces(pieces, w.options.encoding.text_field, limit, sink)
-    kept, encoded = encode_batches(w.encoder, pieces, sink)
-    if w.options.packing.long_samples == "error" and not w.options.packing.split_across_pack:
-        check_lengths(kept, encoded, w.options, spec.sample_format)  # fail at once, not after the input
+    try:
+        if limit is not None:  # a text record far longer than the tokens kept is cut before it is tokenized
+            pieces, cut = _precut_pieces(pieces, w.options.encoding.text_field, limit, sink)
+        kept, encoded = encode_batches(w.encoder, pieces, sink)
+        if w.options.packing.long_samples == "error" and not w.options.packing.split_across_pack:
+            check_lengths(kept, encoded, w.options, spec.sample_format)  # fail at once, not after the input
+    except InputError as e:  # (one the sink did not see: named as the sink names them)
+        raise sink.named(e) from None
     # in meta.json: a resumed run counts the chunk's skipped records, and compares input_rows (rows or
     # lines of input the chunk covers, bad and blank ones included) with the chunk it would make
     extra = {"skipped": sink.to_dict(), "input_rows": sum(p.num_rows for p in pieces)}
     if cut:
         extra["precut_samples"] = cut
     return kept, encoded, extra
+
+
+@dataclass(frozen=True)
+class FileNames:
+    """The files a chunk's records of a directory are (``readers.text.TextFiles``: a record per file,
+    numbered in its directory): an error about one names that file, as one found reading it does, not
+    the directory and the file's number."""
+
+    files: dict[tuple[str, int], str]
+
+    @staticmethod
+    def of(pieces: list[SourceBatch]) -> FileNames | None:
+        files = {
+            (piece.source, piece.first_row + k): name
+            for piece in pieces
+            if piece.row_kind == "file" and isinstance(getattr(piece, "files", None), list)
+            for k, name in enumerate(piece.files)
+        }
+        return FileNames(files) if files else None
+
+    def __call__(self, err: InputError) -> InputError:
+        name = self.files.get((err.source, err.row)) if err.row_kind == "file" else None
+        if name is None:
+            return err
+        named = InputError(err.reason, source=name, field=err.field, code=err.code)
+        named.hint = err.hint
+        return named
 
 
 # --long-samples truncate keeps a text sample's first N tokens: a text of more than this many characters

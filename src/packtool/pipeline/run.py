@@ -90,7 +90,8 @@ from packtool.pipeline.images import vision_record
 from packtool.pipeline.interrupt import stop_on_interrupt
 from packtool.pipeline.output import OutputDir
 from packtool.pipeline.preflight import check_memory, check_vision_options, unread_token_fields
-from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
+from packtool.pipeline.report import losses_line as losses_line  # the CLI's, imported with run_pack
+from packtool.pipeline.report import summary_line as summary_line
 from packtool.pipeline.stores import EncodedStore, open_store
 from packtool.pipeline.summary import build_manifest, input_entries, lowest_version, run_stats, with_path
 from packtool.pipeline.write import ShardTask, finished_shard, output_columns, split_shard_ranges
