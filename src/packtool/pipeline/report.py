@@ -109,6 +109,6 @@ def losses_line(s: Stats) -> str:
         f"{s.input_tokens:,} tokens are not in the packs"
     )
     if s.skipped_samples:
-        what = "bad record was" if s.skipped_samples == 1 else "bad records were"
-        line += f", and {s.skipped_samples:,} {what} skipped (their tokens not known: never encoded)"
+        what = "bad record was skipped (its" if s.skipped_samples == 1 else "bad records were skipped (their"
+        line += f", and {s.skipped_samples:,} {what} tokens not known: never encoded)"
     return line + " (--strict makes this an error)"
