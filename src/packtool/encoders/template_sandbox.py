@@ -14,9 +14,9 @@ conversation within its budget:
 * **size**: no value made larger than ``MAX_TEXT`` characters or items, no integer over ``MAX_INT_BITS``
   bits, and no more than ``MAX_TEXT`` characters written in all. A value is measured before it is made
   where it could grow past its inputs (``*``, ``**``, ``%`` and ``format`` widths, ``indent``,
-  ``center``, ``ljust``, ``replace``, ``join``, ``tojson``'s indent, ``lipsum``, ``to_bytes``), so no
-  such value is ever allocated; any other value is at most a few times its inputs and is measured once
-  made.
+  ``center``, ``ljust``, ``replace``, ``join``, ``tojson``'s indent, ``lipsum``, ``to_bytes``: the sizes
+  of ``template_sizes``), so no such value is ever allocated; any other value is at most a few times its
+  inputs and is measured once made.
 
 Going over either is ``TemplateBudgetError`` (a ``ValueError``), raised in the render: the chat encoder
 makes it that record's bad input (``template_budget``), named and skipped under ``--on-error skip``. A
@@ -34,10 +34,8 @@ test is wrapped.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterator, Sized
 from contextvars import ContextVar
-from string import Formatter
 from typing import Any
 
 from jinja2 import nodes, pass_context
@@ -47,10 +45,21 @@ from jinja2.utils import _PassArg
 from jinja2.visitor import NodeTransformer
 from transformers.utils import chat_template_utils
 
+from packtool.encoders.template_sizes import (
+    CONTAINERS,
+    FILTER_SIZES,
+    GLOBAL_SIZES,
+    MAX_INT_BITS,
+    MAX_TEXT,
+    METHOD_SIZES,
+    TEXT,
+    binop_size,
+    int_bits,
+    integers,
+)
+
 STEP_BUDGET = 1_000_000  # steps one render may take (about 2 s of the slowest, a filter's each)
 CHARS_PER_STEP = 64  # characters a step reads or makes
-MAX_TEXT = 64 << 20  # characters (or items) one value may hold, and one render may write
-MAX_INT_BITS = 1 << 16  # the largest integer a template may make (Python prints at most 4,300 digits)
 
 
 class TemplateBudgetError(ValueError):
@@ -91,10 +100,6 @@ def _take(steps: int) -> None:
         budget.take(steps)
 
 
-TEXT = (str, bytes)
-CONTAINERS = (list, tuple, dict, set, frozenset)
-
-
 def _weight(value: Any) -> int:
     """The steps reading ``value`` takes beyond one: an item of a container, ``CHARS_PER_STEP`` characters.
 
@@ -117,6 +122,13 @@ def _too_large(size: int, how: str = "") -> None:
         )
 
 
+def _too_many_bits(bits: int) -> None:
+    if bits > MAX_INT_BITS:
+        raise TemplateBudgetError(
+            f"the chat template would make an integer of {bits:,} bits or more (at most {MAX_INT_BITS:,})"
+        )
+
+
 def _made(value: Any) -> Any:
     """``value`` once made: within the size limits, its weight taken from the budget."""
     if isinstance(value, TEXT):
@@ -130,166 +142,6 @@ def _made(value: Any) -> Any:
             _too_many_bits(value.bit_length())
         _take(1)
     return value
-
-
-# --- sizes of values before they are made ------------------------------------------------------------
-
-
-def _count(value: Any) -> int:
-    """A width or count as an argument gives it (an int; a string's length, as ``indent`` takes one)."""
-    if isinstance(value, bool):
-        return 0
-    if isinstance(value, int):
-        return max(value, 0)
-    return len(value) if isinstance(value, str) else 0
-
-
-_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
-_NUMBER = re.compile(r"\d+")
-
-
-def _number(digits: str) -> int:
-    return int(digits) if len(digits) < 10 else MAX_TEXT + 1
-
-
-def _percent_widths(form: str) -> tuple[int, bool]:
-    """The widths and precisions ``form``'s ``%`` conversions name, and whether one takes its own from the
-    arguments (``%*d``).
-
-    >>> _percent_widths("%-8s|%.3f|%d%%")
-    (11, False)
-    """
-    total, star = 0, False
-    for spec in _PERCENT_SPEC.finditer(form):
-        for part in spec.groups():
-            star |= part == "*"
-            total += _number(part) if part and part != "*" else 0
-    return total, star
-
-
-def _format_widths(form: str) -> tuple[int, bool]:
-    """The numbers in ``form``'s ``str.format`` specs (widths, precisions), and whether a spec takes one
-    from the arguments (``{:{w}}``).
-
-    >>> _format_widths("{0:>10}|{x:.2f}|{y:{w}}")
-    (12, True)
-    """
-    total, nested = 0, False
-    try:
-        fields = list(Formatter().parse(form))
-    except ValueError:  # the call itself says what is wrong
-        return 0, False
-    for _, _, spec, _ in fields:
-        if spec:
-            nested |= "{" in spec
-            total += sum(_number(n) for n in _NUMBER.findall(spec))
-    return total, nested
-
-
-def _format_size(form: str, args: tuple, kwargs: dict, percent: bool) -> int:
-    """At most the characters ``form % args`` (``percent``) or ``form.format(*args, **kwargs)`` makes: the
-    form, the widths it names, the arguments' lengths (an int's digits), and ints among them as widths
-    where the form takes widths from its arguments (``%*d``, ``{:{w}}``)."""
-    widths, from_args = _percent_widths(form) if percent else _format_widths(form)
-    size = len(form) + widths
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, int) and not isinstance(value, bool):
-            size += value.bit_length() // 3 + 2 + (max(value, 0) if from_args else 0)
-        else:
-            size += 6 * _deep_size(value) + 2
-    return size
-
-
-def _deep_size(value: Any, limit: int = MAX_TEXT) -> int:
-    """Characters and items in ``value``, walked until they pass ``limit``."""
-    if isinstance(value, TEXT):
-        return len(value)
-    if isinstance(value, dict):
-        value = [*value.keys(), *value.values()]
-    if not isinstance(value, list | tuple):  # (a number, None)
-        return 8
-    total = len(value)
-    for item in value:
-        total += _deep_size(item, limit - total)
-        if total > limit:
-            break
-    return total
-
-
-def _depth(value: Any, limit: int = 1000) -> int:
-    if isinstance(value, dict):
-        value = list(value.values())
-    if not isinstance(value, list | tuple) or not value or limit <= 0:
-        return 0
-    return 1 + max(_depth(v, limit - 1) for v in value)
-
-
-def _json_size(value: Any, indent: Any = None, separators: Any = None, **_: Any) -> int:
-    """At most the characters ``json.dumps(value, indent=indent)`` makes: six per character (``\\uXXXX``),
-    and every item on a line of its own at its depth's indent."""
-    size = 6 * _deep_size(value) + 2
-    if separators is not None:
-        size += _deep_size(value) * sum(len(s) for s in separators if isinstance(s, str))
-    if indent is not None:
-        size += _deep_size(value) * (1 + _count(indent) * _depth(value))
-    return size
-
-
-def _replace_size(text: Any, old: Any, new: Any, count: Any = -1) -> int:
-    if not (isinstance(text, bytes) and isinstance(old, bytes) and isinstance(new, bytes)):
-        text, old, new = str(text), str(old), str(new)
-    times = text.count(old) if old else len(text) + 1
-    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
-        times = min(times, count)
-    return len(text) + times * max(0, len(new) - len(old))
-
-
-def _join_size(items: list, separator: Any = "") -> int:
-    return sum(len(str(x)) if isinstance(x, str) else _deep_size(x) for x in items) + len(items) * len(
-        str(separator)
-    )
-
-
-def _lines(value: Any) -> int:
-    return str(value).count("\n") + 1
-
-
-# what a filter makes, at most, from its value and arguments (filters whose output is a few times their
-# input at most, or smaller, are measured once made)
-FILTER_SIZES = {
-    "indent": lambda s, width=4, *_, **__: len(str(s)) + _lines(s) * _count(width),
-    "center": lambda s, width=80: max(len(str(s)), _count(width)),
-    "wordwrap": lambda s, width=79, break_long_words=True, wrapstring=None, *_: (
-        len(str(s)) * (1 + len(str(wrapstring or "\n")))
-    ),
-    "replace": _replace_size,
-    "format": lambda form, *args, **kwargs: _format_size(str(form), args, kwargs, True),
-    "tojson": _json_size,
-    "pprint": lambda value: _deep_size(value) * (1 + _depth(value)) * 2 + 2,
-    "batch": lambda value, count, *_: _deep_size(value) + _count(count),
-    "slice": lambda value, count, *_: _deep_size(value) + _count(count),
-    "join": lambda items, d="", attribute=None: _join_size(items, d),
-}
-
-# what a call makes, at most, by the called method's name and the object it is bound to
-METHOD_SIZES = {
-    "ljust": lambda s, width, *_: max(len(s), _count(width)),
-    "rjust": lambda s, width, *_: max(len(s), _count(width)),
-    "center": lambda s, width, *_: max(len(s), _count(width)),
-    "zfill": lambda s, width: max(len(s), _count(width)),
-    "expandtabs": lambda s, tabsize=8: (
-        len(s) + s.count("\t" if isinstance(s, str) else b"\t") * _count(tabsize)
-    ),
-    "replace": _replace_size,
-    "join": lambda sep, items: _join_size(items, sep),
-    "format": lambda form, *args, **kwargs: _format_size(form, args, kwargs, False),
-    "format_map": lambda form, mapping: _format_size(form, (), dict(mapping), False),
-    "translate": lambda s, table: len(s) * max([1, *(len(str(v)) for v in dict(table).values())]),
-    "to_bytes": lambda n, length=1, *_, **__: _count(length),
-}
-GLOBAL_SIZES = {  # lipsum(n, html, min, max): n paragraphs of at most ``max`` words
-    "generate_lorem_ipsum": lambda n=5, html=True, min=20, max=100: _count(n) * (_count(max) + 1) * 16
-}
 
 
 def _check_call(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -337,15 +189,7 @@ def _metered_filter(name: str, func: Any) -> Any:
             except (TypeError, ValueError, AttributeError):  # the filter itself says what is wrong
                 size = 0
             _too_large(size, f" with |{name}")
-        if pass_arg is _PassArg.context:
-            result = func(context, value, *args, **kwargs)
-        elif pass_arg is _PassArg.eval_context:
-            result = func(context.eval_ctx, value, *args, **kwargs)
-        elif pass_arg is _PassArg.environment:
-            result = func(context.environment, value, *args, **kwargs)
-        else:
-            result = func(value, *args, **kwargs)
-        return _made(result)
+        return _made(_passed(func, pass_arg, context, value, args, kwargs))
 
     return metered_filter
 
@@ -358,15 +202,21 @@ def _metered_test(func: Any) -> Any:
     @functools.wraps(func)
     def metered_test(context, value, *args, **kwargs):
         _take(1 + _weight(value) + sum(map(_weight, args)))
-        if pass_arg is _PassArg.context:
-            return func(context, value, *args, **kwargs)
-        if pass_arg is _PassArg.eval_context:
-            return func(context.eval_ctx, value, *args, **kwargs)
-        if pass_arg is _PassArg.environment:
-            return func(context.environment, value, *args, **kwargs)
-        return func(value, *args, **kwargs)
+        return _passed(func, pass_arg, context, value, args, kwargs)
 
     return metered_test
+
+
+def _passed(func: Any, pass_arg: Any, context: Any, value: Any, args: tuple, kwargs: dict) -> Any:
+    """``func(value, *args, **kwargs)`` given first what its Jinja ``pass_*`` marker asks for (the context,
+    its eval context or the environment), as Jinja calls a filter or test."""
+    if pass_arg is _PassArg.context:
+        return func(context, value, *args, **kwargs)
+    if pass_arg is _PassArg.eval_context:
+        return func(context.eval_ctx, value, *args, **kwargs)
+    if pass_arg is _PassArg.environment:
+        return func(context.environment, value, *args, **kwargs)
+    return func(value, *args, **kwargs)
 
 
 # --- the template's own steps: loops, output, concatenation, comparison ---------------------------------
@@ -472,10 +322,10 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         if operator == "+" and type(left) is str and type(right) is str:  # (the common case, the fastest)
             _too_large(len(left) + len(right), " with +")
             return _made(left + right)
-        if _integers(left, right) and operator in ("*", "**"):
-            _too_many_bits(_int_bits(operator, left, right))
+        if integers(left, right) and operator in ("*", "**"):
+            _too_many_bits(int_bits(operator, left, right))
         else:
-            _too_large(_binop_size(operator, left, right), f" with {operator}")
+            _too_large(binop_size(operator, left, right), f" with {operator}")
         return _made(super().call_binop(context, operator, left, right))
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - the sandbox's own signature
@@ -497,46 +347,6 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         if budget is not None:
             budget.take(1 + _weight(value) if type(argument) is slice else 1)
         return value
-
-
-def _integers(*values: Any) -> bool:
-    for v in values:
-        if not isinstance(v, int) or isinstance(v, bool):
-            return False
-    return True
-
-
-def _int_bits(operator: str, left: int, right: int) -> int:
-    """At least the bits of ``left * right`` or ``left ** right``, less one (``*``)."""
-    if operator == "*":
-        return left.bit_length() + right.bit_length() - 1
-    if right <= 0 or abs(left) <= 1:
-        return 1
-    return (abs(left).bit_length() - 1) * right + 1
-
-
-def _too_many_bits(bits: int) -> None:
-    if bits > MAX_INT_BITS:
-        raise TemplateBudgetError(
-            f"the chat template would make an integer of {bits:,} bits or more (at most {MAX_INT_BITS:,})"
-        )
-
-
-def _binop_size(operator: str, left: Any, right: Any) -> int:
-    """At most the characters or items ``left operator right`` makes, a string, list or tuple."""
-    sized = (str, bytes, list, tuple)
-    if operator == "*":
-        if isinstance(left, sized) and _integers(right):
-            return len(left) * max(right, 0)
-        if isinstance(right, sized) and _integers(left):
-            return len(right) * max(left, 0)
-    if operator == "%" and isinstance(left, TEXT):
-        args = right if isinstance(right, tuple) else (right,)
-        form = left if isinstance(left, str) else left.decode("latin-1")
-        return _format_size(form, args, {}, True)
-    if operator == "+" and isinstance(left, sized) and isinstance(right, sized):
-        return len(left) + len(right)
-    return 0
 
 
 def bounded_template(text: str, like: Any) -> Any:
