@@ -15,9 +15,9 @@ and ``shift_labels``: packtool's labels are never shifted twice) and move with t
   ``packtool.loader.hf_trainer.trainer_dataloader`` (its order; each batch moved where the model is; its
   state saved in every checkpoint and restored by ``train(resume_from_checkpoint=...)``, exactly).
 
-The masks honour the model's attention: ``attention=model.config`` gives them its sliding window
-(``--sliding-window W`` trains a tiny Mistral with one). Checkpoints every ``--save-steps`` steps;
-``--resume`` continues from the last one in ``--checkpoints``:
+The masks are the model's: ``attention=model.config`` gives them its sliding window (``--sliding-window W``
+trains a tiny Mistral with one) and refuses a path the model would not train on exactly. Checkpoints every
+``--save-steps`` steps; ``--resume`` continues from the last one in ``--checkpoints``:
 
     python examples/train_hf_trainer.py out/demo --via loader --steps 6 --save-steps 2
     python examples/train_hf_trainer.py out/demo --via loader --steps 6 --save-steps 2 --resume

@@ -9,8 +9,9 @@ models"): eager the additive float mask, sdpa the bool mask, flex_attention the 
 where a GPU is: flex_attention has no backward on CPU); "flat" feeds the batch as one flattened row
 (``batch.flattened()``), whose boundaries sdpa finds from position_ids. ``model(**batch)`` gives the model
 the batch's keyword arguments (``PackedBatch.model_inputs``): the mask, and packtool's labels as
-``shift_labels`` too (the model must not shift them again). ``attention=model.config`` gives the masks
-the model's sliding window, for a model that has one (Mistral, Gemma 2/3...). Resume with
+``shift_labels`` too (the model must not shift them again). ``attention=model.config`` (required for the
+masks: they are the model's) gives them the model's sliding window, for a model that has one (Mistral,
+Gemma 2/3...), and refuses a path the model would not train on exactly. Resume with
 ``loader.state_dict()`` / ``load_state_dict()``.
 """
 

@@ -6,9 +6,11 @@
 
 TRL's padding-free collator reads a packed row's boundaries from ``seq_lengths`` and shifts the labels
 itself: ``packtool.loader.trl.trl_dataset`` gives each pack in that form (labels unshifted, whatever the
-output's convention), so the loss is each sample's alone (docs/loader.md, "TRL"). ``max_length=None``:
-the packs are already N tokens; TRL would otherwise cut them to its default 1024 without their
-``seq_lengths``.
+output's convention), so the loss is each sample's alone (docs/loader.md, "TRL"). TRL's batch is one
+flattened row, which not every model's code keeps apart: ``trl_dataset(..., attention=model.config)``
+checks the model (a Llama does; transformers' GPT-OSS does not, and is refused naming what works).
+``max_length=None``: the packs are already N tokens; TRL would otherwise cut them to its default 1024
+without their ``seq_lengths``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def make_trainer(output: str, model, tokenizer, checkpoints: str, steps: int, ba
         learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False,
         disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
-    train = trl_dataset(output, cache_dir=f"{checkpoints}/hf-cache")
+    train = trl_dataset(output, cache_dir=f"{checkpoints}/hf-cache", attention=model.config)
     return SFTTrainer(model=model, args=args, train_dataset=train, processing_class=tokenizer)
 
 

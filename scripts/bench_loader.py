@@ -20,6 +20,10 @@ Prints, for packs of N=4096 tokens written by ``packtool pack`` (Parquet, zstd, 
   do. As timed here each mask is dropped before the next is built, as in a training loop. Rows with a
   sliding window of N / 8, alone and beside the full mask (a model with sliding and full layers).
 
+A mixture row (``--mixture-only`` runs just that): the same samples packed as one output and as three
+(50%, 30%, 20% of them), read with 2 workers as the one output and as a mixture of the three (``repeat: 1``
+each: every pack once an epoch, as the one output), runs interleaved; and the three at weights.
+
 A last row reads with the integrity checks on (Parquet page CRCs and content digests, the default) and off
 (``verify_checksums=False``), runs interleaved; and the content digests alone (``--content-only`` runs
 just that): ``read_packs`` and the loader with 0 and 2 workers reading the same output with the row groups'
@@ -27,7 +31,8 @@ digests checked, and as an output written before content digests is read (their 
 CRCs still checked), runs interleaved.
 
 Targets: >= 3,000 packs/s with 2 workers (issue 16); first batch < 1 s; integrity checks on cost at most
-10% of the CPU per pack against off (issue 19); the content digests at most 5% of the loader's CPU per pack
+10% of the CPU per pack against off (issue 19); a mixture of 3 sources within 5% of the packs/s of one
+output of the same samples (issue 43); the content digests at most 5% of the loader's CPU per pack
 with 2 workers (issue 36; CPU rather than wall-clock time, which moves by more on a shared machine);
 flex_block_mask >= 100x faster
 than create_block_mask at N=4096; block_causal_mask >= 10x faster than NeMo's, identical output.
@@ -94,15 +99,68 @@ def make_data(work: Path, packs: int) -> Path:
     return out
 
 
+def make_mixture_data(work: Path, packs: int) -> tuple[Path, list[Path]]:
+    """``make_data``'s samples in three parts (50%, 30%, 20%), each packed by the CLI into its own output, and
+    the three packed together into one: the same samples, in packs of the same N. Reused if present."""
+    import pyarrow.parquet as pq
+
+    make_data(work, packs)
+    whole, parts = work / f"mixture-{packs}-whole", [work / f"mixture-{packs}-{i}" for i in range(3)]
+    if all((p / "manifest.json").exists() for p in (whole, *parts)):
+        return whole, parts
+    table = pq.read_table(work / f"loader-{packs}-input.parquet")
+    cuts = [0, len(table) // 2, len(table) * 8 // 10, len(table)]
+    inputs = [work / f"mixture-{packs}-{i}-input.parquet" for i in range(3)]
+    for i, src in enumerate(inputs):
+        pq.write_table(table.slice(cuts[i], cuts[i + 1] - cuts[i]), src)
+    base = [sys.executable, "-m", "packtool.cli", "pack", "--packed-sequence-size", str(N), "-q"]
+    base.append("--overwrite")
+    for src, out in zip(inputs, parts, strict=True):
+        subprocess.run([*base, str(src), "-o", str(out)], check=True, cwd=ROOT)
+    subprocess.run([*base, *map(str, inputs), "-o", str(whole)], check=True, cwd=ROOT)
+    return whole, parts
+
+
+def bench_mixture(work: Path, packs: int, repeats: int, epochs: int) -> dict:
+    """The loader (2 workers) over one output and over a mixture of three of the same samples, every pack
+    once an epoch (``repeat: 1``), runs interleaved; and the three at weights (their sizes'): medians."""
+    whole, parts = make_mixture_data(work, packs)
+    sources = {
+        "one output": whole,
+        "mixture of 3 (repeat 1)": [{"path": str(p), "repeat": 1} for p in parts],
+        "mixture of 3 (weights)": {str(p): load_manifest(p).num_packs for p in parts},
+    }
+    runs: dict = {name: [] for name in sources}
+    for i in range(repeats):
+        for name in list(sources)[:: 1 if i % 2 == 0 else -1]:  # neither always first
+            runs[name].append(bench_loader(sources[name], 2, epochs))
+    return {name: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for name, rs in runs.items()}
+
+
+def report_mixture(mixture: dict) -> list[tuple[str, bool]]:
+    """Print the mixture's packs/s beside one output's; return the target check."""
+    one = mixture["one output"]
+    print("a mixture of 3 outputs against one output of the same samples, 2 workers, interleaved (medians):")
+    for name, r in mixture.items():
+        print(
+            f"  {name:<24} {r['packs_per_s']:>8,.0f} packs/s ({r['packs_per_s'] / one['packs_per_s']:.3f}x), "
+            f"{r['cpu_s_per_1k_packs']:.3f} CPU s / 1k packs "
+            f"({r['cpu_s_per_1k_packs'] / one['cpu_s_per_1k_packs']:.3f}x)"
+        )
+    ratio = mixture["mixture of 3 (repeat 1)"]["packs_per_s"] / one["packs_per_s"]
+    return [("a mixture of 3 sources within 5% of one output's packs/s (2 workers)", ratio >= 0.95)]
+
+
 def cpu_seconds() -> float:
     """CPU time (user + system) of this process and its reaped children (the DataLoader workers)."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def bench_loader(data: Path, workers: int, epochs: int, verify_checksums: bool = True) -> dict:
+def bench_loader(data: Path | list, workers: int, epochs: int, verify_checksums: bool = True) -> dict:
     """Wall-clock packs/s after the first batch, and CPU seconds per 1,000 packs over the whole run
-    (workers included, start-up too): the second does not depend on what else runs on the machine."""
+    (workers included, start-up too): the second does not depend on what else runs on the machine.
+    ``data``: an output directory, or a mixture (``packtool.loader.sources``)."""
     ds = PackedDataset(
         data, batch_size=8, shuffle=True, seed=0, infinite=True, verify_checksums=verify_checksums
     )
@@ -336,6 +394,7 @@ def main() -> None:
     ap.add_argument("--work", default=str(ROOT / ".bench"), help="where the data is written (reused)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--content-only", action="store_true", help="only the content digests' cost")
+    ap.add_argument("--mixture-only", action="store_true", help="only a mixture against one output")
     ap.add_argument("--content-run", nargs=2, metavar=("RUN", "CHECK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -348,6 +407,14 @@ def main() -> None:
     data = make_data(Path(args.work), args.packs)
     manifest = json.loads((data / "manifest.json").read_text())
     res: dict = {"packs": manifest["stats"]["num_packs"], "N": N, "fill_rate": manifest["stats"]["fill_rate"]}
+    if args.mixture_only:
+        res["mixture"] = bench_mixture(Path(args.work), args.packs, args.loader_repeats, args.epochs)
+        if args.json:
+            print(json.dumps(res, indent=1, default=str))
+            return
+        for name, ok in report_mixture(res["mixture"]):
+            print(f"target {'MET ' if ok else 'MISS'}  {name}")
+        return
     if args.content_only:
         res["load_average"] = os.getloadavg()
         res["content"] = bench_content(data, args.loader_repeats, args.epochs)
@@ -380,6 +447,7 @@ def main() -> None:
         for name, runs in (("on", on), ("off", off))
     }
     res["content"] = bench_content(data, args.loader_repeats, args.epochs)
+    res["mixture"] = bench_mixture(Path(args.work), args.packs, args.loader_repeats, args.epochs)
 
     torch.set_num_threads(args.threads)
     try:
@@ -472,6 +540,7 @@ def report(res: dict, args) -> None:
         ratio = m4["nemo_create_block_causal_mask"]["s_per_batch"] / m4["block_causal_mask"]["s_per_batch"]
         checks.append(("block_causal_mask >= 10x NeMo, identical", ratio >= 10 and m4["identical_to_nemo"]))
     checks += report_content(res["content"])
+    checks += report_mixture(res["mixture"])
     for name, ok in checks:
         print(f"target {'MET ' if ok else 'MISS'}  {name}")
 

@@ -124,6 +124,8 @@ def option_params() -> list[click.Parameter]:
             kwargs["type"] = _Choice(spec.choices, as_declared)
         elif spec.kind in (int, float):
             kwargs["type"] = spec.kind
+        elif spec.kind is list:  # repeatable: --exclude A --exclude B
+            kwargs.update(multiple=True, default=tuple(spec.default), show_default=False)
         option = click.Option([*names, spec.name], **kwargs)
         option.section = spec.section  # type: ignore[attr-defined]
         params.append(option)
@@ -242,7 +244,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
 
 
 @main.command()
-@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.argument("sources", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Also write the histograms to this PNG file.")
 @click.option("--full", is_flag=True, help="Read every pack and recompute the figures from the data.")
@@ -252,8 +254,16 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
 )
 @click.option("--decode", is_flag=True, help="With --pack: the text of each sample, via the run's tokenizer.")
 @click.option("--tokenizer", help="With --decode: use this tokenizer instead of the manifest's.")
+@click.option(
+    "--weight", "weights", type=float, multiple=True,
+    help="A mixture of the DIRECTORIES: each one's weight, in order (one --weight per directory).",
+)  # fmt: skip
+@click.option(
+    "--repeat", "repeats", type=float, multiple=True,
+    help="A mixture of the DIRECTORIES: each one's repeat per epoch, in order (one --repeat per directory).",
+)  # fmt: skip
 def inspect(
-    directory: str,
+    sources: tuple[str, ...],
     as_json: bool,
     plot: str | None,
     full: bool,
@@ -261,11 +271,30 @@ def inspect(
     locate: bool,
     decode: bool,
     tokenizer: str | None,
+    weights: tuple[float, ...],
+    repeats: tuple[float, ...],
 ) -> None:
     """Show fill rate, padding, counts, per-shard figures and histograms of a packtool output DIRECTORY.
 
+    Or of a mixture: a mixture file (mixture.yaml), or several DIRECTORIES with a --weight or a --repeat
+    each: each source's packs, tokens, fill and its share of an epoch.
+
     Fast: from the manifest and the shards' metadata, unless --full.
     """
+    mixture = _mixture(sources, weights, repeats)
+    if mixture is not None:
+        if pack_index is not None or full or plot:
+            raise ConfigError("--pack, --full and --plot go with one output directory, not a mixture")
+        from packtool.inspect.mixture import mixture_report  # torch (the loader's sources): a mixture only
+        from packtool.inspect.render import render_mixture
+
+        report = mixture_report(mixture)
+        if as_json:
+            click.echo(json.dumps(report, indent=2))
+        else:
+            render_mixture(report)
+        return
+    directory = sources[0]
     # the command's own modules, imported once its options are parsed (--help stays quick)
     from packtool.inspect import inspect_report, pack_report
     from packtool.inspect.render import plot_report, render_pack, render_report
@@ -288,6 +317,23 @@ def inspect(
         render_report(report)
         if plot:
             click.echo(f"histograms written to {plot}", err=True)
+
+
+def _mixture(sources: tuple[str, ...], weights: tuple[float, ...], repeats: tuple[float, ...]) -> Any:
+    """What ``inspect SOURCES`` names when it is a mixture (a mixture file, or the directories with their
+    weights or repeats, as ``packtool.loader.sources.open_source`` takes them), else None."""
+    if weights and repeats:
+        raise ConfigError("--weight and --repeat: a mixture takes one kind of share")
+    shares = weights or repeats
+    if len(sources) == 1 and not shares:
+        return sources[0] if os.path.isfile(sources[0]) else None
+    if len(shares) != len(sources) or any(os.path.isfile(s) for s in sources):
+        raise ConfigError(
+            f"a mixture of {len(sources)} output directories takes one --weight (or --repeat) each, in "
+            f"order; got {len(shares)} (a mixture file goes alone)"
+        )
+    key = "weight" if weights else "repeat"
+    return [{"path": s, key: v} for s, v in zip(sources, shares, strict=True)]
 
 
 @main.command()

@@ -26,39 +26,16 @@ from packtool.errors import ConfigError
 from packtool.options import SPECS, PackOptions, closest
 from packtool.packing.options import STRATEGIES
 from packtool.plugins import is_plugin_spec
+from packtool.storage.files import open_read
+from packtool.storage.urls import is_url, join, parent
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a few hundred bytes; a larger one is not a config
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """The file's keys and values (checked as ``PackOptions.from_dict`` checks them), paths resolved."""
-    import yaml  # imported when a config file is read: yaml costs ~20 ms of every other start-up
-
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes: not a packtool config file")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a YAML config file (not UTF-8 text at byte {e.start})") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        data = _load_without_aliases(loader, yaml)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML: {e.problem or e.context}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
-    finally:
-        loader.dispose()
+    path = path if is_url(str(path)) else Path(path)  # a URL is read from its store, never as a path
+    data = read_yaml(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -69,10 +46,44 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"{path}: unknown key {name!r}{closest(name, SPECS)}")
     # types and ranges, naming the file; options against each other once the flags are in (cli.pack)
     PackOptions.from_dict(values, origin=str(path), given=set(), check=False)
-    return resolve_paths(values, path.parent)
+    return resolve_paths(values, parent(path) if is_url(str(path)) else path.parent)
 
 
-def _load_without_aliases(loader: Any, yaml: Any) -> Any:
+def read_yaml(path: str | Path, kind: str = "config") -> Any:
+    """The one YAML document of the file at ``path`` as plain data (``yaml.SafeLoader``: no tag builds an
+    object, no code runs), read safely: at most ``MAX_CONFIG_BYTES``, UTF-8, no aliases. Every problem is a
+    ``ConfigError`` naming the file (and the line where YAML knows it); ``kind`` is what the file should be
+    (``config``, ``mixture``), for the messages."""
+    import yaml  # imported when a config file is read: yaml costs ~20 ms of every other start-up
+
+    path = path if is_url(str(path)) else Path(path)  # a URL is read from its store, never as a path
+    try:
+        with open_read(path, block_size=MAX_CONFIG_BYTES + 1) as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {kind} file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the {kind} file ({e.strerror or e})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: over {MAX_CONFIG_BYTES:,} bytes: not a packtool {kind} file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a YAML {kind} file (not UTF-8 text at byte {e.start})") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        return _load_without_aliases(loader, yaml, kind)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML: {e.problem or e.context}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    finally:
+        loader.dispose()
+
+
+def _load_without_aliases(loader: Any, yaml: Any, kind: str = "config") -> Any:
     """The one document of ``loader``; a YAML alias (``*name``) is an error at its line: a config needs
     none, and nested ones expand to billions of nodes from a few hundred bytes."""
     compose = loader.compose_node
@@ -81,7 +92,7 @@ def _load_without_aliases(loader: Any, yaml: Any) -> Any:
         if loader.check_event(yaml.AliasEvent):
             event = loader.peek_event()
             raise yaml.MarkedYAMLError(
-                problem="YAML aliases (*name) are not allowed in a packtool config",
+                problem=f"YAML aliases (*name) are not allowed in a packtool {kind}",
                 problem_mark=event.start_mark,
             )
         return compose(parent, index)
@@ -90,9 +101,10 @@ def _load_without_aliases(loader: Any, yaml: Any) -> Any:
     return loader.get_single_data()
 
 
-def resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
+def resolve_paths(values: dict[str, Any], base: Path | str) -> dict[str, Any]:
     """``values`` with the relative paths of a config file made relative to ``base`` (the file's folder),
-    so that a config file means the same files from any working directory.
+    so that a config file means the same files from any working directory. A URL is left as it is; in a
+    config file that is itself in a store, a relative path is relative to its folder there.
 
     Paths are the ``inputs`` (not ``hf:`` names), ``output``, ``chat_template``, and ``tokenizer`` or
     ``strategy`` when they are a path (a ``.py`` file of a ``file.py:callable`` spec; not a dotted module).
@@ -104,7 +116,9 @@ def resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
     """
 
     def rel(p: str) -> str:
-        return p if os.path.isabs(p) else os.path.normpath(os.path.join(base, p))
+        if is_url(p) or os.path.isabs(p):
+            return p
+        return join(str(base), p) if is_url(str(base)) else os.path.normpath(os.path.join(base, p))
 
     def spec_or_path(p: str, named: tuple[str, ...] = ()) -> str:
         if p in named:

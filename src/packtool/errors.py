@@ -16,7 +16,9 @@ code  name                 when
 
 ``ErrorSink`` is the ``on_error`` policy in one place: readers and the encoding step hand it every bad
 record; under ``fail`` it raises the error, under ``skip`` it counts the record by reason and keeps the
-first ``MAX_LOGGED`` locations for ``errors.jsonl``.
+first ``MAX_LOGGED`` locations for ``errors.jsonl``. It also counts what the readers did to the input
+that is no bad record (``note``: records decoded by ``--decode``, files left out by ``--exclude``), so
+that those counts reach the run's summary from every worker the same way.
 """
 
 from __future__ import annotations
@@ -112,8 +114,14 @@ class ErrorSink:
     on_error: str = "fail"
     counts: dict[str, int] = dc_field(default_factory=dict)
     entries: list[dict] = dc_field(default_factory=list)  # first MAX_LOGGED, in input order
+    notes: dict[str, int] = dc_field(default_factory=dict)  # what was done to records kept, by kind
     # how an error is told to the user: e.g. a record of a directory named by its file, not its index
     rename: Callable[[InputError], InputError] | None = dc_field(default=None, repr=False, compare=False)
+
+    def note(self, kind: str, n: int = 1) -> None:
+        """Count ``n`` of ``kind`` (``decoded_records``, ``excluded_files``, ...): said, never a loss of
+        a record, under every ``on_error``."""
+        self.notes[kind] = self.notes.get(kind, 0) + n
 
     @property
     def total(self) -> int:
@@ -144,6 +152,11 @@ class ErrorSink:
         for code, n in other.get("counts", {}).items():
             self.counts[code] = self.counts.get(code, 0) + n
         self.entries.extend(other.get("entries", [])[: MAX_LOGGED - len(self.entries)])
+        for kind, n in other.get("notes", {}).items():
+            self.note(kind, n)
 
     def to_dict(self) -> dict:
-        return {"counts": dict(sorted(self.counts.items())), "entries": list(self.entries)}
+        out = {"counts": dict(sorted(self.counts.items())), "entries": list(self.entries)}
+        if self.notes:  # (left out when there are none: chunk metas as before)
+            out["notes"] = dict(sorted(self.notes.items()))
+        return out

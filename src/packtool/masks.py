@@ -89,6 +89,11 @@ FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
 LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 """The layer types (transformers' ``config.layer_types``) that packtool builds masks for."""
 
+CAUSAL = "causal"
+"""``attention="causal"``: the explicit declaration that every layer of a model attends causally to the
+whole of its sequence (no window); ``attention_pattern(CAUSAL)`` is ``AttentionPattern()``. For a model of
+your own; a transformers model is described by its config (``attention=model.config``)."""
+
 
 def check_window(window: Any) -> int | None:
     """``window`` as a positive int, or None (no window); ``ValueError`` otherwise."""
@@ -156,10 +161,11 @@ def attention_pattern(source: Any) -> AttentionPattern:
 
     ``source``: a transformers config (``model.config``; a multimodal model's text config is read), a
     mapping with the same keys (``sliding_window``, ``layer_types``, ...), an ``AttentionPattern``
-    (returned as is) or None (full attention on every layer). With ``layer_types`` the window applies to
-    the ``"sliding_attention"`` layers; without, to every layer when ``sliding_window`` is set (0 or
-    ``use_sliding_window=False``: no window). Refused (``ValueError``): attention that is not causal
-    (``use_bidirectional_attention``, ``is_causal=False``) and layer types other than full and sliding.
+    (returned as is), or ``CAUSAL`` (``"causal"``) or None: full attention on every layer. With
+    ``layer_types`` the window applies to the ``"sliding_attention"`` layers; without, to every layer when
+    ``sliding_window`` is set (0 or ``use_sliding_window=False``: no window). Refused (``ValueError``):
+    attention that is not causal (``use_bidirectional_attention``, ``is_causal=False``) and layer types
+    other than full and sliding.
 
     Example::
 
@@ -167,7 +173,9 @@ def attention_pattern(source: Any) -> AttentionPattern:
         >>> attention_pattern(MistralConfig(sliding_window=4096)).windows()  # doctest: +SKIP
         {'sliding_attention': 4096}
     """
-    if source is None:
+    if isinstance(source, str) and source != CAUSAL:
+        raise ValueError(f"attention: the one declaration by name is {CAUSAL!r}, got {source!r}")
+    if source is None or isinstance(source, str):
         return AttentionPattern()
     if isinstance(source, AttentionPattern):
         return source

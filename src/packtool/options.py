@@ -74,8 +74,9 @@ class PackOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if unknown:
             raise ConfigError(f"{origin}: unknown key {unknown[0]!r}{closest(unknown[0], SPECS)}")
         values = {name: canonical_choice(name, value) for name, value in values.items()}
-        if isinstance(values.get("inputs"), str):
-            values["inputs"] = [values["inputs"]]
+        for name, value in values.items():  # one input, one pattern: a list of one
+            if isinstance(value, str) and SPECS[name].kind is list:
+                values[name] = [value]
         nested: dict[str, Any] = {}
         for name, value in values.items():
             node = nested
@@ -123,6 +124,7 @@ class PackOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                         f"--{flag(name)} does not apply to --{flag(applies.key)} {flag(chosen)}: "
                         f"it is for {applies.describe()}; drop it"
                     )
+        self.reading.check()
         self.encoding.check()
         self.packing.check(self.given)
 

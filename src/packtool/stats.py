@@ -27,6 +27,11 @@ import numpy as np
 
 FATES = "fates"  # one fate per sample (whole_samples recorded)
 COUNTS = "counts"  # before the fates: packed_samples and overlapping counts
+# what the readers count beside the samples' fates (ErrorSink.notes), each a Stats field of that name
+READ_NOTES = (
+    "excluded_files", "excluded_dirs", "followed_links", "unfollowed_links", "decoded_records",
+    "replaced_characters",
+)  # fmt: skip
 
 
 # --- totals ----------------------------------------------------------------------------------------
@@ -105,6 +110,13 @@ class Stats:
     empty_loss_tokens: int = 0  # tokens of those left out
     skipped_samples: int = 0  # bad records left out under on_error=skip, by reason below
     skipped_by_reason: dict[str, int] = field(default_factory=dict)
+    # what the listing and the reading did beside (readers.listing, readers.decode): no sample's fate
+    excluded_files: int = 0  # files --include/--exclude left out
+    excluded_dirs: int = 0  # directories --exclude left out (not gone into)
+    followed_links: int = 0  # symbolic links to directories followed (--follow-symlinks)
+    unfollowed_links: int = 0  # ... not followed: all without it, loops and second paths with it
+    decoded_records: int = 0  # records that were not UTF-8, read by --decode (replace or an encoding)
+    replaced_characters: int = 0  # characters of them replaced by U+FFFD (--decode replace)
     policy_token_delta: int = 0  # tokens a custom pack_selected_samples added (+) or removed (-)
     policy_packs: int = 0  # packs a custom pack_selected_samples made: their tokens are the policy's
 

@@ -321,3 +321,48 @@ def test_pack_shows_where_each_piece_comes_from_and_what_is_trained(tmp_path: Pa
         "inspect", "../out", "--pack", "1", "--locate", "--decode", cwd=elsewhere, env={"COLUMNS": "200"}
     ).stdout
     assert "data/sft.jsonl:1" in text and "32 (continued)" in text and "continued from token 32" in text
+
+
+# --- a mixture -------------------------------------------------------------------------------------------
+def test_inspect_of_a_mixture_gives_each_sources_figures_and_share(out: Path, tar_out: Path, tmp_path: Path):
+    """A mixture file (repeats) and directories with --weight: each source's packs, tokens and fill from its
+    manifest, and what an epoch takes of it: exact for repeats, expected for weights."""
+    mixture = tmp_path / "mixture.yaml"
+    mixture.write_text(f"sources:\n  - {{path: {out}, repeat: 2}}\n  - {{path: {tar_out}, repeat: 0.5}}\n")
+    r = inspect_json(mixture)
+    stats = [json.loads((d / "manifest.json").read_text())["stats"] for d in (out, tar_out)]
+    assert r["kind"] == "repeat" and r["packed_sequence_size"] == 512 and r["mixture"] == str(mixture)
+    a, b = r["sources"]
+    assert (a["path"], a["repeat"], b["repeat"]) == (str(out), 2.0, 0.5)
+    assert [a["packs"], b["packs"]] == [s["num_packs"] for s in stats]
+    assert [a["tokens"], b["tokens"]] == [s["num_tokens"] for s in stats]
+    assert a["fill_rate"] == stats[0]["fill_rate"]
+    assert [a["epoch_packs"], b["epoch_packs"]] == [2 * a["packs"], b["packs"] // 2]
+    assert [a["source_epochs"], b["source_epochs"]] == [2.0, round(b["packs"] // 2 / b["packs"], 4)]
+    want = 2 * a["tokens"] / (2 * a["tokens"] + b["packs"] // 2 * b["tokens"] / b["packs"])
+    assert abs(a["token_share"] - want) < 1e-6 and abs(a["token_share"] + b["token_share"] - 1) < 1e-5
+    text = run_cli("inspect", mixture, env={"COLUMNS": "100"}).stdout
+    for needle in (str(out), str(tar_out), "repeat", "tokens/ep", f"{a['token_share']:.2%}", "laps"):
+        assert needle in text, needle
+    w = inspect_json(out, tar_out, "--weight", "3", "--weight", "1")
+    assert w["kind"] == "weight" and [s["pack_share"] for s in w["sources"]] == [0.75, 0.25]
+    assert w["epoch_packs"] == a["packs"] + b["packs"]
+
+
+def test_inspect_refuses_a_mixture_it_cannot_read(out: Path, tar_out: Path, tmp_path: Path):
+    """Outputs that do not mix (another packed_sequence_size), a bad share, shares that do not match the
+    directories, and the one-output options: exit 2, one line."""
+    other = tmp_path / "n256"
+    run_cli("pack", TRAIN, "-o", other, "--tokenizer", DEMO_TOKENIZER, "-q", "--packed-sequence-size", "256",
+            "--long-samples", "truncate")  # fmt: skip
+    cases = [
+        ((out, other, "--weight", "1", "--weight", "1"), f"cannot mix {out} and {other}: they differ in "
+                                                          "packed_sequence_size (512 and 256)"),
+        ((out, tar_out, "--weight", "1", "--weight", "-1"), "sources[1]: weight must be a finite positive"),
+        ((out, tar_out), "takes one --weight (or --repeat) each"),
+        ((out, tar_out, "--weight", "1", "--repeat", "1"), "--weight and --repeat"),
+        ((out, tar_out, "--weight", "1", "--weight", "1", "--pack", "0"), "go with one output directory"),
+    ]  # fmt: skip
+    for args, message in cases:
+        proc = run_cli("inspect", *args, check=False)
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.splitlines()) == 1, args

@@ -19,6 +19,7 @@ import pytest
 import ray  # noqa: E402  (a dev dependency: the Ray engine is tested in CI, never skipped)
 
 from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
+from tests.fixtures.s3 import s3, s3_server  # noqa: F401 - fixtures
 from tests.fixtures.vision_inputs import llava_rows, write_llava_input
 from tests.fixtures.vision_processors import build_qwen2vl
 
@@ -247,7 +248,7 @@ def test_ray_starts_a_local_ray_without_address(tmp_path, ray_address):
     assert local == on_ray
 
 
-def test_ray_on_a_two_node_cluster_equals_local(tmp_path):
+def test_ray_on_a_two_node_cluster_equals_local(tmp_path, s3, s3_server):
     """A multi-node local cluster (``ray.cluster_utils.Cluster``: a head and a worker node, one CPU each,
     so tasks run on both): the same bytes as the local engine, for every kind of input the tasks read
     themselves. The cluster is separate from the module's Ray; the CLI joins it by its address, as a job
@@ -293,5 +294,48 @@ def test_ray_on_a_two_node_cluster_equals_local(tmp_path):
         args += ["--chunk-size", "4"]
         local, on_ray = local_then_ray(tmp_path / "vout", args, ["--ray-address", cluster.address])
         assert local == on_ray and json.loads(local["manifest.json"])["vision"]["packed_images"] == 20
+        # inputs, tokenizer and output in a store: the nodes share nothing else (each keeps its scratch in a
+        # local folder of its own), and the shards are the local engine's
+        args = [s3.put("in/train.jsonl", DEMO / "train.jsonl"), "--tokenizer",
+                s3.put("models/tokenizer.json", DEMO_TOKENIZER), *TEXT_ARGS[3:], "-q",
+                "--storage-options", _store_options(s3_server)]  # fmt: skip
+        run_cli("pack", *args, "-o", f"{s3.url}/out", "--num-proc", "2")
+        local = _bucket_files(s3, "out")
+        run_cli("pack", *args, "-o", f"{s3.url}/out", "--overwrite", "--engine", "ray",
+                "--ray-address", cluster.address)  # fmt: skip
+        assert len(local) == 10 and _bucket_files(s3, "out") == local
     finally:
         cluster.shutdown()
+
+
+def _store_options(s3_server: str) -> str:
+    """--storage-options that reach the test's S3 server: they travel with the job to Ray's workers, which
+    were started before the test set the AWS variables."""
+    return json.dumps({"s3": {"endpoint_url": s3_server, "key": "testing", "secret": "testing"}})
+
+
+def _bucket_files(s3, prefix: str) -> dict[str, bytes]:
+    """The output's objects by name, less the manifest and card (they name the output's URL)."""
+    return {
+        k[len(prefix) + 1 :]: s3.get(k)
+        for k in s3.keys(prefix)
+        if not k.endswith(("manifest.json", "README.md"))
+    }
+
+
+def test_ray_packs_bucket_to_bucket_as_the_local_engine(tmp_path, ray_address, s3, s3_server):
+    """Inputs, tokenizer and output in a store: Ray's tasks read their ranges from the store and write their
+    chunks and shards to it, each node in a local folder of its own (the driver's is another), and the
+    shards are the local engine's, byte for byte."""
+    url = s3.put("in/train.jsonl", DEMO / "train.jsonl")
+    tokenizer = s3.put("models/tokenizer.json", DEMO_TOKENIZER)
+    args = [url, "--tokenizer", tokenizer, "--add-eos", "--packed-sequence-size", "512",
+            "--long-samples", "truncate", "--chunk-size", "150", "--shard-size", "25", "-q",
+            "--storage-options", _store_options(s3_server)]  # fmt: skip
+    run_cli("pack", *args, "-o", f"{s3.url}/out", "--num-proc", "2")  # (the output's URL is in the run_id)
+    local, run_id = _bucket_files(s3, "out"), json.loads(s3.get("out/manifest.json"))["run_id"]
+    run_cli(
+        "pack", *args, "-o", f"{s3.url}/out", "--overwrite", "--engine", "ray", "--ray-address", ray_address
+    )
+    assert len(local) == 10 and _bucket_files(s3, "out") == local
+    assert json.loads(s3.get("out/manifest.json"))["run_id"] == run_id

@@ -77,7 +77,7 @@ def test_hf_datasets_rows_and_the_dense_mask(interop_parquet, tmp_path):
     ds = datasets.load_dataset(str(interop_parquet), split="train", cache_dir=str(tmp_path / "hf"))
     want = reference(interop_parquet)
     loader = torch.utils.data.DataLoader(
-        ds, batch_size=B, collate_fn=functools.partial(collate_packs, mask="dense")
+        ds, batch_size=B, collate_fn=functools.partial(collate_packs, mask="dense", attention="causal")
     )
     check_batches(loader, want, False)
     batch = next(iter(loader))

@@ -34,7 +34,8 @@ def test_energon_gives_each_pack_with_its_images_as_packtools_loader(tar_output)
     from packtool.vision.energon import VisionPackTaskEncoder
 
     vp, out = tar_output
-    ours = {int(b.pack_index): b for b in vision_dataset(out, vp, batch_size=1, shuffle=False, mask="dense")}
+    ours = vision_dataset(out, vp, batch_size=1, shuffle=False, mask="dense", attention="causal")
+    ours = {int(b.pack_index): b for b in ours}
     ds = get_train_dataset(
         out,
         dataset_config="crude.yaml",
@@ -42,7 +43,7 @@ def test_energon_gives_each_pack_with_its_images_as_packtools_loader(tar_output)
         shuffle_buffer_size=None,
         max_samples_per_sequence=None,
         worker_config=WorkerConfig(rank=0, world_size=1, num_workers=1),
-        task_encoder=VisionPackTaskEncoder(vp, mask="dense"),
+        task_encoder=VisionPackTaskEncoder(vp, mask="dense", attention="causal"),  # as ours
         repeat=False,
     )
     got = {}

@@ -156,11 +156,11 @@ def test_trl_rows_are_refused_by_collate_packs_and_trainer_columns_named(outputs
     seq_lens dropped by transformers.Trainer's remove_unused_columns."""
     from packtool.loader.trl import trl_dataset
 
-    rows = list(trl_dataset(outputs["shifted"], cache_dir=str(tmp_path / "hf")).select(range(2)))
-    with pytest.raises(ValueError, match="trl_dataset"):
-        collate_packs(rows)
     example = _example("train_hf_trainer")
     model = example.tiny_model(str(outputs["shifted"]), "sdpa", torch.float64)
+    rows = trl_dataset(outputs["shifted"], cache_dir=str(tmp_path / "hf"), attention=model.config)
+    with pytest.raises(ValueError, match="trl_dataset"):
+        collate_packs(list(rows.select(range(2))))
     trainer = example.make_trainer(str(outputs["shifted"]), model, str(tmp_path), STEPS, B, "collator")
     trainer.args.remove_unused_columns = True
     with pytest.raises(ValueError, match=r"remove_unused_columns=False"):
@@ -174,14 +174,16 @@ def test_a_plain_dataloader_over_packed_dataset_trains_on_each_sample_alone(outp
     from accelerate import Accelerator
 
     directory = outputs["unshifted"]
-    ds = PackedDataset(directory, batch_size=B, shuffle=True, seed=1, mask="dense", lanes=2)
+    example = _example("train_hf_trainer")
+    model = example.tiny_model(str(directory), "sdpa", torch.float64)
+    ds = PackedDataset(
+        directory, batch_size=B, shuffle=True, seed=1, mask="dense", attention=model.config, lanes=2
+    )
     want = [b.pack_index.tolist() for b in get_loader(ds, num_workers=0)]
     assert [b.pack_index.tolist() for b in ds] == want
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     seen = [batch.pack_index.tolist() for batch in loader if isinstance(batch, PackedBatch)]
     assert seen == want and len(seen) > STEPS
-    example = _example("train_hf_trainer")
-    model = example.tiny_model(str(directory), "sdpa", torch.float64)
     check = PerTokenCheck(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     accelerator = Accelerator(cpu=True)
@@ -204,7 +206,7 @@ def test_flattened_is_complete_whatever_the_models_cache_default(outputs):
     model = example.tiny_model(str(directory), "sdpa", torch.float64).train()
     assert model.config.use_cache
     check = PerTokenCheck(model)
-    batch = next(iter(PackedDataset(directory, batch_size=B, shuffle=False)))
+    batch = next(iter(PackedDataset(directory, batch_size=B, shuffle=False, attention=model.config)))
     kwargs = batch.flattened()
     assert kwargs["use_cache"] is False and torch.equal(
         kwargs["shift_labels"], batch.labels.reshape(1, -1).long()
@@ -239,7 +241,9 @@ def _packed_trainer(directory: Path, checkpoints: Path, infinite: bool, workers:
         "save_strategy": "steps", "save_steps": 2, "report_to": [], "use_cpu": True, "disable_tqdm": True,
         "dataloader_num_workers": workers, "remove_unused_columns": False, **training,
     })  # fmt: skip
-    packs = PackedDataset(directory, batch_size=B, shuffle=True, seed=3, mask="dense", infinite=infinite)
+    packs = PackedDataset(
+        directory, batch_size=B, shuffle=True, seed=3, mask="dense", attention=model.config, infinite=infinite
+    )
     trainer = example.PackedTrainer(model=model, args=args, packed_dataset=packs)
     return trainer, Recorder(model)
 
@@ -298,28 +302,39 @@ def test_resuming_without_the_loader_state_is_refused(outputs, tmp_path):
 
 
 def test_packed_trainer_refuses_masks_that_do_not_fit_the_model(outputs, tmp_path):
-    """The model's sliding window missing from the dataset's masks, or a mask its attention ignores."""
-    from transformers import TrainingArguments
+    """The Trainer route checks the model itself: its sliding window missing from the dataset's masks (a
+    dataset declared for full attention), a mask its attention ignores, and a flattened row its code does
+    not keep apart (transformers' GPT-OSS builds its masks without the position_ids)."""
+    from transformers import GptOssConfig, GptOssForCausalLM, TrainingArguments
 
     from packtool.loader.hf_trainer import trainer_dataloader
 
     directory = outputs["shifted"]
     example = _example("train_hf_trainer")
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=1)
+
+    def refused(model, dataset: PackedDataset, match: str) -> None:
+        trainer = example.PackedTrainer(model=model, args=args, packed_dataset=dataset)
+        with pytest.raises(ValueError, match=match) as said:
+            trainer_dataloader(trainer, trainer.packed_dataset)
+        assert "\n" not in str(said.value)
+
     sliding = example.tiny_model(str(directory), "sdpa", torch.float64, sliding_window=16)
-    trainer = example.PackedTrainer(
-        model=sliding, args=args, packed_dataset=PackedDataset(directory, batch_size=B, mask="dense")
-    )
-    with pytest.raises(ValueError, match=r"window 16\).*attention=model.config"):
-        trainer_dataloader(trainer, trainer.packed_dataset)
+    declared = PackedDataset(directory, batch_size=B, mask="dense", attention="causal")
+    refused(sliding, declared, r"window 16\).*attention=model.config")
     eager = example.tiny_model(str(directory), "eager", torch.float64)
-    with pytest.raises(ValueError, match="mask='dense' does not fit attn_implementation='eager'"):
+    with pytest.raises(ValueError, match="mask='dense' does not fit llama with attn_implementation='eager'"):
         PackedDataset(directory, batch_size=B, mask="dense", attention=eager.config)
-    trainer = example.PackedTrainer(
-        model=eager, args=args, packed_dataset=PackedDataset(directory, batch_size=B, mask="dense")
-    )
-    with pytest.raises(ValueError, match="use mask='additive'"):
-        trainer_dataloader(trainer, trainer.packed_dataset)
+    refused(eager, declared, r"use mask='additive' \(or 'varlen'\)$")
+    config = GptOssConfig(
+        vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    gpt_oss = GptOssForCausalLM._from_config(config, attn_implementation="eager")
+    flattened = PackedDataset(directory, batch_size=B, mask="varlen")  # cu_seqlens only: no model given
+    refused(gpt_oss, flattened, r"^mask='varlen' does not fit gpt_oss .*position_ids.*; use mask='additive'$")
+    refused(gpt_oss, declared, r"^mask='dense' does not fit gpt_oss .*: use mask='additive'$")  # not varlen
 
 
 def test_the_trainers_skip_gets_placeholders_that_cannot_train(outputs):

@@ -9,7 +9,9 @@ flex has no backward on CPU). For every piece of every pack, the per-token loss 
 piece run alone (positions from 0), and the gradient of one parameter of the summed loss equals that of
 the pieces alone: within 1e-9 under sdpa, 1e-6 under eager (Llama's eager softmax is float32 in any
 dtype). Data: pretokenized samples, the same with ``--split-across-pack`` (a piece's reference is the
-piece alone), pretokenized with a loss mask, and chat data through a template.
+piece alone), pretokenized with a loss mask, and chat data through a template. Then sliding windows
+(Mistral, Gemma 2, Gemma 3), and every architecture the docs name on every path, each offered path
+exact and each refused one refused in one line (and wrong when forced past the check).
 """
 
 from __future__ import annotations
@@ -74,6 +76,20 @@ def _model(attn: str, vocab: int, dtype: torch.dtype):
     return LlamaForCausalLM._from_config(config, attn_implementation=attn, dtype=dtype).eval()
 
 
+@pytest.fixture
+def unfused_flex(monkeypatch):
+    """flex_attention unfused: torch.compile of flex on CPU takes ~20 s; flex has no backward there."""
+    import torch.nn.attention.flex_attention as flex
+    import transformers.integrations.flex_attention as hf_flex
+
+    monkeypatch.setattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
+    monkeypatch.setattr(
+        hf_flex,
+        "compile_friendly_flex_attention",
+        lambda q, k, v, training=False, **kw: flex.flex_attention(q, k, v, **kw),
+    )
+
+
 def _token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per-token cross entropy (0 where the label is -100); packtool's labels are already shifted."""
     flat = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), ignore_index=-100, reduction="none")
@@ -110,7 +126,7 @@ def _vocab(directory: Path) -> int:
     return max(int(p["input_ids"].max()) for p in read_packs(directory)) + 1
 
 
-def _batches(directory: Path, mask: str, attention=None) -> list:
+def _batches(directory: Path, mask: str, attention) -> list:
     ds = PackedDataset(
         directory, batch_size=B, shuffle=False, mask=mask, drop_last=False, attention=attention
     )
@@ -131,15 +147,15 @@ PATHS = [
 def test_packed_loss_and_gradient_equal_each_sample_alone(outputs, data, attn, mask, how):
     directory = outputs[data]
     model = _model(attn, _vocab(directory), torch.float64)
-    taken = _train_and_compare(model, directory, mask, how, TOL[attn])
+    taken = _train_and_compare(model, directory, mask, how, TOL[attn], attention=model.config)
     assert taken > 100
 
 
-def _train_and_compare(model, directory: Path, mask: str, how: str, tol: float, attention=None) -> int:
+def _train_and_compare(model, directory: Path, mask: str, how: str, tol: float, attention) -> int:
     """Each batch of ``directory`` through ``model`` (``how``: its ``mask`` as ``attention_mask``, or
     ``batch.flattened()``): every token's loss and the gradient of the first layer's ``q_proj`` equal
     those of each piece run alone, within ``tol``. Returns the number of targets compared."""
-    param = model.model.layers[0].self_attn.q_proj.weight
+    param = next(model.model.layers[0].self_attn.parameters())  # q_proj's weight (Phi-3: the fused qkv)
     pieces = _pieces(directory)
     taken = 0
     for batch in _batches(directory, mask, attention):
@@ -163,23 +179,14 @@ def _train_and_compare(model, directory: Path, mask: str, how: str, tol: float, 
     return taken
 
 
-def test_flex_attention_forward_equals_each_sample_alone(outputs, monkeypatch):
-    """flex_attention with the loader's BlockMask; unfused (torch.compile of flex on CPU takes ~20 s)."""
-    import torch.nn.attention.flex_attention as flex
-    import transformers.integrations.flex_attention as hf_flex
-
-    monkeypatch.setattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
-    monkeypatch.setattr(
-        hf_flex,
-        "compile_friendly_flex_attention",
-        lambda q, k, v, training=False, **kw: flex.flex_attention(q, k, v, **kw),
-    )
+def test_flex_attention_forward_equals_each_sample_alone(outputs, unfused_flex):
+    """flex_attention with the loader's BlockMask (unfused)."""
     directory = outputs["split"]
     model = _model("flex_attention", _vocab(directory), torch.float32)
     alone_model = _model("sdpa", _vocab(directory), torch.float32)  # the same weights (same seed)
     pieces = _pieces(directory)
     with torch.no_grad():
-        for batch in _batches(directory, "flex"):
+        for batch in _batches(directory, "flex", model.config):
             logits = model(
                 input_ids=batch.input_ids, attention_mask=batch.block_mask, position_ids=batch.position_ids,
                 use_cache=False,
@@ -194,8 +201,10 @@ def test_a_bool_mask_masks_nothing_under_eager(outputs):
     """Why eager gets the additive mask: transformers adds the mask to the scores, True/False as 1/0."""
     directory = outputs["pretokenized"]
     model = _model("eager", _vocab(directory), torch.float64)
-    batch = _batches(directory, "dense")[0]
-    additive = _batches(directory, "additive")[0]
+    with pytest.raises(ValueError, match="mask='dense' does not fit llama with attn_implementation='eager'"):
+        _batches(directory, "dense", model.config)
+    batch = _batches(directory, "dense", "causal")[0]  # forced: a declaration is taken on the user's word
+    additive = _batches(directory, "additive", model.config)[0]
     kw = {"input_ids": batch.input_ids, "position_ids": batch.position_ids, "use_cache": False}
     with torch.no_grad():
         wrong = model(**kw, attention_mask=batch.attention_mask).logits
@@ -207,7 +216,7 @@ def test_flattened_batch_is_what_data_collator_with_flattening_gives(outputs):
     from transformers import DataCollatorWithFlattening
 
     collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
-    for batch in _batches(outputs["split"], "varlen"):
+    for batch in _batches(outputs["split"], "varlen", "causal"):  # any model: the kwargs are compared
         features = []
         for j in range(len(batch)):
             ends = np.cumsum(batch.seq_lens[j][batch.seq_lens[j] > 0].numpy())
@@ -282,22 +291,13 @@ def test_sliding_window_flattened_equals_each_sample_alone(long_samples, family,
     """The flattened batch needs no window from packtool: transformers finds the sequences from the
     position_ids and applies each layer's window inside them (flash_attention_2: its kernel's window)."""
     model = _sliding_model(family, attn, _vocab(long_samples))
-    taken = _train_and_compare(model, long_samples, "varlen", "flattened", TOL[attn])
+    taken = _train_and_compare(model, long_samples, "varlen", "flattened", TOL[attn], attention=model.config)
     assert taken > 1000
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3"])
-def test_sliding_window_flex_attention_forward_equals_each_sample_alone(long_samples, family, monkeypatch):
+def test_sliding_window_flex_attention_forward_equals_each_sample_alone(long_samples, family, unfused_flex):
     """The BlockMask per layer type (forward only, unfused: flex_attention has no backward on CPU)."""
-    import torch.nn.attention.flex_attention as flex
-    import transformers.integrations.flex_attention as hf_flex
-
-    monkeypatch.setattr(flex, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
-    monkeypatch.setattr(
-        hf_flex,
-        "compile_friendly_flex_attention",
-        lambda q, k, v, training=False, **kw: flex.flex_attention(q, k, v, **kw),
-    )
     model = _sliding_model(family, "flex_attention", _vocab(long_samples))
     alone_model = _sliding_model(family, "eager", _vocab(long_samples))  # the same weights (same seed)
     pieces = _pieces(long_samples)
@@ -325,7 +325,7 @@ def test_without_the_models_attention_a_mask_sees_past_the_window(long_samples, 
     pieces = _pieces(long_samples)
     worst = 0.0
     with torch.no_grad():
-        for batch in _batches(long_samples, mask):
+        for batch in _batches(long_samples, mask, "causal"):  # declared full attention: wrong for it
             logits = model(
                 input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                 position_ids=batch.position_ids, use_cache=False,
@@ -335,3 +335,139 @@ def test_without_the_models_attention_a_mask_sees_past_the_window(long_samples, 
                     alone = model(input_ids=batch.input_ids[j : j + 1, a:b], use_cache=False).logits
                     worst = max(worst, (logits[j, a:b] - alone[0]).abs().max().item())
     assert worst > 1e-3
+
+
+# --- every architecture the docs name, on every path: offered only where exact, refused in one line --------
+# A tiny random model of each (2 layers, window 16, Llama 4's chunk 32) over the pretokenized packs (samples
+# of 4-49 tokens in packs of 64). Each row is what the loader does with PackedDataset(mask=..., attention=
+# model.config): "exact" (the per-token loss and a gradient equal each sample's alone, float64; flex:
+# the forward) or "refused" (one line naming the model type and what works), and a refused row trains
+# wrongly when forced (its samples see each other): the refusal is not a guess.
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 16}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"sliding_window": 16, "pad_token_id": 0}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
+              {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"sliding_window": 16}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"sliding_window": 16}),
+    "ministral": ("MinistralConfig", "MinistralForCausalLM", {"sliding_window": 16}),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {"sliding_window": 16}),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", {"sliding_window": 16}),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", {"sliding_window": 16, "num_local_experts": 4}),
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", {"attention_chunk_size": 32, "num_local_experts": 4}),
+    "bamba": (
+        "BambaConfig", "BambaForCausalLM",
+        {"attn_layer_indices": [1], "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8,
+         "mamba_chunk_size": 16},
+    ),
+}  # fmt: skip
+ALTERNATING = {"gemma2", "gemma3", "cohere2", "olmo3", "gpt_oss"}  # a sliding layer, then a full one
+
+
+def _tiny(family: str, attn: str, vocab: int):
+    import transformers
+
+    config_name, model_name, extra = ARCHITECTURES[family]
+    shape = dict(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=4 * N, **extra,
+    )  # fmt: skip
+    if family in ALTERNATING:
+        shape["layer_types"] = ["sliding_attention", "full_attention"]
+    if family == "llama4":
+        shape["intermediate_size_mlp"] = 64
+    config = getattr(transformers, config_name)(**shape)
+    kwargs = {"experts_implementation": "eager"} if family in ("gpt_oss", "llama4") else {}  # float64 MoE
+    torch.manual_seed(0)
+    model_class = getattr(transformers, model_name)
+    return model_class._from_config(config, attn_implementation=attn, dtype=torch.float64, **kwargs).eval()
+
+
+FULL = {"eager": ["additive", "varlen"], "sdpa": ["dense", "varlen"], "flex_attention": ["flex", "varlen"]}
+IMPLEMENTATIONS = {family: ["eager", "sdpa", "flex_attention"] for family in ARCHITECTURES}
+IMPLEMENTATIONS["gemma2"] = IMPLEMENTATIONS["gpt_oss"] = [
+    "eager",
+    "flex_attention",
+]  # no sdpa in transformers
+IMPLEMENTATIONS["bamba"] = ["eager", "sdpa"]  # no flex_attention in transformers
+OFFERED = {family: FULL for family in ARCHITECTURES}
+OFFERED["gpt_oss"] = {"eager": ["additive"], "flex_attention": ["flex"]}  # its masks ignore position_ids
+OFFERED["llama4"] = OFFERED["bamba"] = {}  # chunked attention; Mamba layers: no packtool mask
+ROWS = [
+    (family, attn, mask, "exact" if mask in OFFERED[family].get(attn, ()) else "refused")
+    for family in ARCHITECTURES
+    for attn in IMPLEMENTATIONS[family]
+    for mask in ("additive", "dense", "flex", "varlen")
+]
+# the refusals that guard against a silently wrong loss, each checked by forcing the path: the model's
+# layers or code (the implementation's own masks refused), a bool mask under eager, a float32 mask under
+# float64 sdpa. Left out: Llama 4's flattened row, which measures exact under eager, sdpa and flex (its
+# chunks counted inside each sample) but has no packtool path; Bamba's, which transformers itself refuses
+# on CPU (without causal_conv1d); GPT-OSS under flex_attention, which runs on CUDA only.
+SILENT = {
+    row[:3]
+    for row in ROWS
+    if row[3] == "refused"
+    and (row[2] in FULL[row[1]] or row[1:3] in (("eager", "dense"), ("sdpa", "additive")))
+    and row[::2] not in (("llama4", "varlen"), ("bamba", "varlen"))
+    and row[:2] != ("gpt_oss", "flex_attention")
+}
+FAST = {  # in make test: the rows of the defects this table was written for, and one of each kind
+    ("gpt_oss", "eager", "varlen"), ("gpt_oss", "eager", "additive"), ("gpt_oss", "eager", "dense"),
+    ("llama4", "sdpa", "dense"), ("bamba", "sdpa", "dense"), ("mistral", "sdpa", "varlen"),
+    ("gemma3", "sdpa", "dense"), ("phi3", "eager", "additive"), ("llama", "sdpa", "additive"),
+}  # fmt: skip
+
+
+def _worst_forward(model, batches: list, pieces: dict, how: str) -> float:
+    """The largest logit difference between each piece in the packed forward and the piece alone."""
+    worst = 0.0
+    with torch.no_grad():
+        for batch in batches:
+            if how == "flattened":
+                kwargs = {k: v for k, v in batch.flattened().items() if k not in ("labels", "shift_labels")}
+                logits = model(**kwargs).logits.view(*batch.input_ids.shape, -1)
+            else:
+                inputs = batch.model_inputs()
+                logits = model(
+                    **{k: v for k, v in inputs.items() if k not in ("labels", "shift_labels")}
+                ).logits
+            for j, p in enumerate(batch.pack_index.tolist()):
+                for a, b in pieces[p]:
+                    alone = model(input_ids=batch.input_ids[j : j + 1, a:b], use_cache=False).logits
+                    worst = max(worst, (logits[j, a:b] - alone[0]).abs().max().item())
+    return worst
+
+
+@pytest.mark.parametrize(
+    ("family", "attn", "mask", "expected"),
+    [pytest.param(*row, marks=() if row[:3] in FAST else pytest.mark.slow) for row in ROWS],
+    ids=["-".join(row) for row in ROWS],
+)
+def test_each_architecture_is_offered_exactly_the_paths_that_train_it_exactly(
+    outputs, unfused_flex, family, attn, mask, expected
+):
+    from packtool.loader import masks_for_model
+
+    directory = outputs["pretokenized"]
+    model = _tiny(family, attn, _vocab(directory))
+    offered = masks_for_model(model.config)
+    assert list(offered) == OFFERED[family].get(attn, [])
+    how = "flattened" if mask == "varlen" else "mask"
+    if expected == "exact" and attn == "flex_attention":  # forward only: flex has no backward on CPU
+        if family == "gpt_oss":
+            pytest.skip("transformers runs GPT-OSS's attention sinks under flex_attention on CUDA only")
+        assert _worst_forward(model, _batches(directory, mask, model.config), _pieces(directory), how) < 1e-6
+    elif expected == "exact":
+        tol = 1e-6 if attn == "eager" else 1e-9
+        assert _train_and_compare(model, directory, mask, how, tol, attention=model.config) > 100
+    else:
+        with pytest.raises(ValueError) as refused:
+            PackedDataset(directory, batch_size=B, mask=mask, attention=model.config)
+        said = str(refused.value)
+        assert "\n" not in said and f"mask={mask!r} does not fit {model.config.model_type}" in said
+        assert ("use mask=" in said) == bool(offered) and ("unpacked" in said) == (not offered)
+        if (family, attn, mask) in SILENT:  # forced past the check (a declaration, on the user's word)
+            forced = _batches(directory, mask, "causal")
+            assert _worst_forward(model, forced, _pieces(directory), how) > 1e-3

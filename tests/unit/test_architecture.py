@@ -35,6 +35,7 @@ DEFERRED = {
         "packtool.pipeline.engines.local",
         "packtool.pipeline.run",
         "packtool.inspect",
+        "packtool.inspect.mixture",
         "packtool.inspect.render",
         "packtool.verify",
     },
@@ -45,7 +46,10 @@ DEFERRED = {
     "packtool.verify": {"packtool.vision.checks"},  # the vision extra, for image outputs only
 }
 # importer -> third-party modules it may import inside a function (each site says why)
-DEFERRED_THIRD_PARTY = {"packtool.config_file": {"yaml"}}  # yaml: ~20 ms of every start-up
+DEFERRED_THIRD_PARTY = {
+    "packtool.config_file": {"yaml"},  # yaml: ~20 ms of every start-up
+    "packtool.storage.urls": {"fsspec"},  # ~90 ms, paid only by a command that opens a URL
+}
 
 
 def module_name(path: Path) -> str:

@@ -23,6 +23,8 @@ from packtool.encoders.base import add_special, encoded_batch, make_labels
 from packtool.errors import ConfigError
 from packtool.fileio import file_sha256
 from packtool.readers.base import SourceBatch
+from packtool.storage.cache import local_copy
+from packtool.storage.urls import is_url
 
 _EOS_GUESSES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]", "<|im_end|>")
 _BOS_GUESSES = ("<s>", "<bos>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]")
@@ -42,7 +44,7 @@ class HFTokenizer:
     """A loaded tokenizer with one call, ``encode_batch(texts) -> list[list[int]]``."""
 
     def __init__(self, spec: str) -> None:
-        path = Path(spec)
+        path = local_copy(spec, "tokenizer") if is_url(spec) else Path(spec)  # a store's: copied here once
         self.spec = spec
         self._hf = None
         self._fast = None

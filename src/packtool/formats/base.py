@@ -25,7 +25,8 @@ Nothing outside a format's module knows its file layout.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +42,10 @@ from packtool.layout import rebuild, stored_columns
 from packtool.manifest import BASE_FORMAT_VERSION, SHARD_PREFIXES, Manifest, ShardEntry
 from packtool.packing.plan import PackPlan
 from packtool.packs import PackArrays
+
+# where a written shard can be read back by name, when not in the output's local folder (a shard already
+# uploaded to a store): a context holding a local copy (``StoreOutput.fetch_shard``); None: in the folder
+FetchShard = Callable[[str], AbstractContextManager[Path]] | None
 
 # errors that mean "this unit cannot be read": a damaged or foreign file (anything else is a bug)
 UNIT_ERRORS: tuple[type[BaseException], ...] = (
@@ -212,7 +217,7 @@ class ShardWriter(ABC):
         return BASE_FORMAT_VERSION
 
     def write_dataset_index(
-        self, directory: Path, manifest: Manifest, options: OutputOptions
+        self, directory: Path, manifest: Manifest, options: OutputOptions, fetch_shard: FetchShard = None
     ) -> list[str] | None:
         """Write the dataset-level index files, if the format has any; return their names."""
         return None

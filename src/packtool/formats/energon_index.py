@@ -19,7 +19,10 @@ import re
 import sqlite3
 import tarfile
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
+
+from packtool.formats.base import FetchShard
 
 ENERGON_DIR = ".nv-meta"
 SQLITE_INDEX = f"{ENERGON_DIR}/index.sqlite"
@@ -60,9 +63,12 @@ def index_uuid(run_id: str) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"packtool:{run_id}"))
 
 
-def write_sqlite_index(directory: str | Path, shard_paths: list[str], run_id: str) -> list[str]:
+def write_sqlite_index(
+    directory: str | Path, shard_paths: list[str], run_id: str, fetch_shard: FetchShard = None
+) -> list[str]:
     """Write ``.nv-meta/index.sqlite`` and ``index.uuid`` for the shards (relative paths, in manifest
-    order); return their relative names."""
+    order); return their relative names. The shards are read in ``directory``, or where ``fetch_shard``
+    puts each (a shard already uploaded to a store: ``formats.base.FetchShard``)."""
     directory = Path(directory)
     path = directory / SQLITE_INDEX
     path.unlink(missing_ok=True)
@@ -72,12 +78,13 @@ def write_sqlite_index(directory: str | Path, shard_paths: list[str], run_id: st
             db.execute(statement)
         for shard_id, name in enumerate(shard_paths):
             samples, parts = [], []
-            for key, index, start, end, members in _tar_samples(directory / name):
-                samples.append((shard_id, key, index, start, end - start))
-                parts += [(shard_id, index, part, offset, size) for part, offset, size in members]
-                if len(parts) >= BATCH_ROWS:
-                    _insert(db, samples, parts)
-                    samples, parts = [], []
+            with fetch_shard(name) if fetch_shard else nullcontext(directory / name) as path:
+                for key, index, start, end, members in _tar_samples(path):
+                    samples.append((shard_id, key, index, start, end - start))
+                    parts += [(shard_id, index, part, offset, size) for part, offset, size in members]
+                    if len(parts) >= BATCH_ROWS:
+                        _insert(db, samples, parts)
+                        samples, parts = [], []
             _insert(db, samples, parts)
         for statement in INDEXES:
             db.execute(statement)

@@ -44,6 +44,7 @@ from packtool.fileio import written_whole
 from packtool.formats import tar
 from packtool.formats.base import (
     MAX_IMAGE_BYTES,
+    FetchShard,
     ShardMeta,
     ShardMismatch,
     ShardReader,
@@ -447,8 +448,11 @@ class TarWriter(ShardWriter):
             COMPRESSED_FORMAT_VERSION if fields.get("compression", "none") != "none" else BASE_FORMAT_VERSION
         )
 
-    def write_dataset_index(self, directory: Path, manifest: Manifest, options: OutputOptions) -> list[str]:
-        return write_dataset_index(directory, manifest, energon=options.webdataset.energon_index)
+    def write_dataset_index(
+        self, directory: Path, manifest: Manifest, options: OutputOptions, fetch_shard: FetchShard = None
+    ) -> list[str]:
+        energon = options.webdataset.energon_index
+        return write_dataset_index(directory, manifest, energon=energon, fetch_shard=fetch_shard)
 
 
 class TarReader(ShardReader):

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from packtool.errors import PacktoolError
-from packtool.formats.base import ProblemSink
+from packtool.formats.base import FetchShard, ProblemSink
 from packtool.formats.energon_index import INDEX_UUID, SQLITE_INDEX, write_sqlite_index
 from packtool.formats.tar import INDEX_SUFFIX, member_compression, pack_members, stored_name, tar_index_name
 from packtool.manifest import MANIFEST, MAX_MANIFEST_BYTES, MINIMAL_TAR_RECORD_VERSION, Manifest
@@ -99,7 +99,9 @@ def dataset_index_contents(manifest: Manifest) -> dict[str, dict]:
     }
 
 
-def write_dataset_index(directory: str | Path, manifest: Manifest, *, energon: bool = True) -> list[str]:
+def write_dataset_index(
+    directory: str | Path, manifest: Manifest, *, energon: bool = True, fetch_shard: FetchShard = None
+) -> list[str]:
     """Write the dataset-level index files into ``directory``; return their relative names (Energon's
     ``index.sqlite`` and ``index.uuid`` among them when ``energon`` and megatron-energon is installed)."""
     directory = Path(directory)
@@ -114,7 +116,9 @@ def write_dataset_index(directory: str | Path, manifest: Manifest, *, energon: b
         (directory / name).write_text(text)
     names = list(contents)
     if energon:
-        names += write_sqlite_index(directory, [s.path for s in manifest.shards], manifest.run_id)
+        names += write_sqlite_index(
+            directory, [s.path for s in manifest.shards], manifest.run_id, fetch_shard
+        )
     return names
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -177,6 +178,38 @@ def render_report(report: dict) -> None:
             console.print(f"[bold red]warning:[/bold red] {w} (run packtool verify)")
     for note in report.get("notes", []):  # what this version read by its rules, not a problem
         console.print(f"note: {note}")
+
+
+def render_mixture(report: dict) -> None:
+    """Print a mixture's table (``inspect.mixture.mixture_report``): each source's figures and its share."""
+    kind = report["kind"]
+    title = f"mixture: {report['mixture'] or 'sources'} (N = {report['packed_sequence_size']:,})"
+    table = Table(title=title)
+    columns = ("source", kind, "packs", "tokens", "fill", "packs/ep", "tokens/ep", "share", "laps/ep")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "source" else "right", no_wrap=True)
+    for s in report["sources"]:
+        table.add_row(
+            s["path"], f"{s[kind]:g}", f"{s['packs']:,}", f"{s['tokens']:,}", f"{s['fill_rate']:.2%}",
+            f"{s['epoch_packs']:,.1f}", f"{s['epoch_tokens']:,.0f}", f"{s['token_share']:.2%}",
+            f"{s['source_epochs']:.2f}",
+        )  # fmt: skip
+    table.add_section()
+    table.add_row("epoch", "", "", "", "", f"{report['epoch_packs']:,.1f}", f"{report['epoch_tokens']:,.0f}",
+                  "100%", "")  # fmt: skip
+    console = Console()
+    wide = console.options.update(max_width=1 << 14)  # the paths whole, however wide
+    console.width = max(console.width, Measurement.get(console, wide, table).maximum)
+    console.print(table)
+    how = (
+        "exactly each source's repeat times its packs"
+        if kind == "repeat"
+        else "each pack drawn from a source with probability weight / sum(weights): expected figures"
+    )
+    console.print(
+        f"per epoch (ep): {how}; share: of the epoch's tokens, and of every 1,000 steps' alike; laps: times "
+        "over the source's own packs"
+    )
 
 
 def image_rows(images: dict) -> list[tuple[str, str]]:

@@ -98,7 +98,7 @@ def _rows(
         text_field=options.encoding.text_field,
         sink=sink,
         used_fields=used,
-        input_format=options.reading.files.input_format,  # files read as the run read them
+        files=options.reading.files,  # files listed and read as the run did
     )
     for batch in batches:
         src = os.path.abspath(batch.source)

@@ -1,16 +1,18 @@
-"""Train time: stream a packtool output directory into PyTorch.
+"""Train time: stream a packtool output directory, or a mixture of them, into PyTorch.
 
-``PackedDataset`` (the stream: order, ranks, workers, shuffle; ``loader.dataset``), ``get_loader`` /
+The sources (``loader.sources``: one output, or a mixture of outputs at weights or repeats, from
+``{directory: weight}`` or a mixture file), ``PackedDataset`` (the stream: order, ranks, workers, shuffle;
+``loader.dataset``), ``get_loader`` /
 ``PackedLoader`` (a ``torch.utils.data.DataLoader`` with an exact resume cursor; ``loader.loader``),
 ``PackedBatch`` and the Energon-style batching helpers (``loader.batch``), the epoch's order computed
 from pack indices alone (``loader.order``), and ``collate_packs`` for packs read by other libraries
-(``loader.collate``).
+(``loader.collate``), and which mask paths train a model exactly (``loader.fit``).
 
 Example::
 
     from packtool.loader import PackedDataset, get_loader
 
-    ds = PackedDataset("out/", batch_size=8, shuffle=True, seed=0, mask="flex")
+    ds = PackedDataset("out/", batch_size=8, shuffle=True, seed=0, mask="flex", attention=model.config)
     loader = get_loader(ds, num_workers=2)
     for batch in loader:                      # PackedBatch
         batch = batch.to("cuda")              # the mask is built here, on the device
@@ -29,12 +31,16 @@ from packtool.loader.batch import (
 )
 from packtool.loader.collate import collate_packs
 from packtool.loader.dataset import PackedDataset
+from packtool.loader.fit import masks_for_model
 from packtool.loader.loader import PackedLoader, get_loader
 from packtool.loader.order import Unit, epoch_plan, units_of
+from packtool.loader.sources import Mixture, OutputSource, open_source
 
 __all__ = [
     "MASKS",
     "IgnoreSample",
+    "Mixture",
+    "OutputSource",
     "PackedBatch",
     "PackedDataset",
     "PackedLoader",
@@ -48,5 +54,7 @@ __all__ = [
     "epoch_plan",
     "gather_batch",
     "get_loader",
+    "masks_for_model",
+    "open_source",
     "units_of",
 ]

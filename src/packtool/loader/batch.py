@@ -32,16 +32,6 @@ LABELS = ("shifted", "unshifted")  # the manifest's ``labels``: how labels[i] re
 # varlen: cu_seqlens only (FlashAttention varlen, TE THD, flattening_kwargs); dense: bool, for SDPA;
 # additive: 0 / -inf floats, for eager attention (it adds the mask to the scores); flex: a BlockMask
 MASKS = ("varlen", "dense", "additive", "flex")
-# transformers' attn_implementation -> the masks it takes exactly (the first is the one to use): eager adds
-# the mask to the scores (a bool mask masks nothing there), flash attention reads no 4-D mask, flex_attention
-# takes a BlockMask; every one finds the sequences of a flattened batch ("varlen") from its position_ids
-MASKS_FOR_ATTENTION = {
-    "eager": ("additive", "varlen"),
-    "sdpa": ("dense", "additive", "varlen"),
-    "flex_attention": ("flex", "varlen"),
-    "flash_attention_2": ("varlen",),
-    "flash_attention_3": ("varlen",),
-}
 WIDE_FIELDS = TOKEN_COLUMNS  # kept as stored (int32 / int8) on the host, widened to int64 by PackedBatch.to
 
 
@@ -55,32 +45,6 @@ class SkipSample(Exception):
 
 
 IgnoreSample = SkipSample  # Megatron-Energon's other name for it
-
-
-def check_mask_for_model(mask: str, config: Any) -> None:
-    """Refuse (``ValueError``) a ``mask`` that the attention implementation of the model behind transformers
-    ``config`` (``config._attn_implementation``) does not apply exactly; other implementations, or a config
-    not yet bound to one, pass.
-
-    >>> eager = type("Config", (), {"_attn_implementation": "eager"})()
-    >>> check_mask_for_model("additive", eager)
-    >>> check_mask_for_model("dense", eager)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ValueError: mask='dense' does not fit attn_implementation='eager' (...): use mask='additive' (or 'varlen')
-    """
-    implementation = getattr(config, "_attn_implementation", None)
-    fits = MASKS_FOR_ATTENTION.get(implementation) if isinstance(implementation, str) else None
-    if fits is None or mask in fits:
-        return
-    why = {
-        "eager": " (its attention adds the mask to the scores)",
-        "flex_attention": " (it takes a BlockMask)",
-    }.get(implementation, " (it reads no 4-D mask)" if implementation.startswith("flash") else "")
-    others = f" (or {', '.join(map(repr, fits[1:]))})" if len(fits) > 1 else ""
-    raise ValueError(
-        f"mask={mask!r} does not fit attn_implementation={implementation!r}{why}: "
-        f"use mask={fits[0]!r}{others}"
-    )
 
 
 # --- batching helpers --------------------------------------------------------------------------------
@@ -191,10 +155,11 @@ class PackedBatch:
       ``[B, 1, N, N]``, for SDPA), ``"additive"`` (``attention_mask``, float32 ``[B, 1, N, N]``, ``0`` /
       ``-inf``, for eager attention, which adds it to the scores) or ``"flex"`` (``block_mask``, a
       ``flex_attention.BlockMask``);
-    * ``attention``: the model's ``AttentionPattern`` (``masks.attention_pattern(model.config)``; None:
-      full attention): the masks keep each query inside its sequence and inside the sliding window of the
-      layers that have one. With one layer type ``attention_mask`` / ``block_mask`` is one mask; with
-      several (Gemma 2 and 3: sliding and full layers) a dict of masks keyed by layer type
+    * ``attention``: the model's ``AttentionPattern`` (``masks.attention_pattern(model.config)``; None
+      only for ``"varlen"``: the other masks are never built without it): the masks keep each query
+      inside its sequence and inside the sliding window of the layers that have one. With one layer
+      type ``attention_mask`` / ``block_mask`` is one mask; with several (Gemma 2 and 3: sliding and
+      full layers) a dict of masks keyed by layer type
       (``{"sliding_attention": ..., "full_attention": ...}``), which transformers' models take as
       ``attention_mask`` and give to each layer by its type;
     * ``labels_convention``: the output's ``labels`` (manifest): ``"shifted"`` (``labels[i]`` is the
@@ -233,6 +198,12 @@ class PackedBatch:
     labels_convention: str = "shifted"
     attention: AttentionPattern | None = None
     _inputs: dict | None = field(default=None, init=False, repr=False, compare=False)  # model_inputs() cache
+
+    @property
+    def source(self) -> torch.Tensor | None:
+        """``(B,)`` int64: the source each pack of a mixture's batch came from (an index into the dataset's
+        ``outputs``); None for a batch of one output."""
+        return self.extra.get("source")
 
     @property
     def packed_sequence_size(self) -> int:
@@ -279,6 +250,11 @@ class PackedBatch:
         """
         if self.mask not in MASKS:
             raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {self.mask!r}")
+        if self.mask != "varlen" and self.attention is None:
+            raise ValueError(
+                f"PackedBatch: mask={self.mask!r} is built for the model's attention and this batch has "
+                "none: make it with attention=model.config (PackedDataset, collate_packs), or set .attention"
+            )
         n, seq_lens = self.packed_sequence_size, self.seq_lens
         if self.mask == "dense" and self.attention_mask is None:
             self.attention_mask = self._per_layer_type(lambda w: block_causal_mask(seq_lens, n, window=w))
@@ -292,7 +268,7 @@ class PackedBatch:
         """``build(window)`` for each layer type of ``attention``: the mask alone for one type, else a dict
         by type. A window no shorter than the batch's longest sequence (``max_seqlen``) cuts nothing: that
         type shares the full mask."""
-        windows = (self.attention or AttentionPattern()).windows()
+        windows = self.attention.windows()
         longest = self.max_seqlen
         built: dict[int | None, Any] = {}
         for window in windows.values():
@@ -342,8 +318,17 @@ class PackedBatch:
         packtool's labels again, and no target crosses into the next sequence), and ``use_cache=False``:
         with a cache, transformers builds a causal mask over the whole row instead of detecting the
         sequences from ``position_ids`` (attention then crosses samples). Runs with ``flash_attention_2``;
-        ``sdpa`` / ``eager`` find the boundaries from the ``position_ids``.
+        ``sdpa`` / ``eager`` find the boundaries from the ``position_ids`` where the model's code gives them
+        to its mask construction, which not every model's does. So the batch must know the model
+        (``attention``: ``attention=model.config`` on the dataset, checked by ``loader.fit``, or a
+        declaration such as ``"causal"``); without it, ``ValueError`` (``cu_seqlens`` stay for a kernel of
+        your own).
         """
+        if self.attention is None:
+            raise ValueError(
+                "PackedBatch: a flattened row keeps its samples apart only where the model's code finds them "
+                "from position_ids: make the batch with attention=model.config (checked against the model)"
+            )
         kwargs = flattening_kwargs(self.seq_lens, self.packed_sequence_size)
         device = self.input_ids.device
         out: dict[str, Any] = {"input_ids": self.input_ids.reshape(1, -1).to(torch.int64)}
@@ -464,7 +449,7 @@ def packed_batch(
     """A ``PackedBatch`` from a raw batch (``default_batch``'s dict: ``(B, N)`` token tensors, ``(B, S)``
     ``seq_lens`` padded with ``SEQ_LENS_PAD``, ``pack_index`` a list or None); other keys go to
     ``extra``; ``labels_convention`` is the output's ``labels`` (manifest); ``attention`` the model's
-    ``AttentionPattern`` (None: full attention)."""
+    ``AttentionPattern`` (None: the batch's ``dense``, ``additive`` and ``flex`` masks cannot be built)."""
     seq_lens = raw["seq_lens"]
     cu, max_seqlen = host_cu_seqlens(seq_lens)
     pack_index = raw.get("pack_index")

@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from packtool.loader.batch import LABELS, MASKS, PackedBatch, check_mask_for_model, packed_batch
+from packtool.loader.batch import LABELS, MASKS, PackedBatch, packed_batch
+from packtool.loader.fit import model_attention
 from packtool.manifest import IMAGE_COLUMNS, TOKEN_COLUMNS
-from packtool.masks import SEQ_LENS_PAD, attention_pattern
+from packtool.masks import SEQ_LENS_PAD
 
 REQUIRED = ("input_ids", "labels", "position_ids", "seq_lens")
 PACK_FIELDS = (*TOKEN_COLUMNS, "seq_lens", "cp_padding")  # what a pack of any reader may give
@@ -113,9 +114,10 @@ def collate_packs(
             embeddings and ``F.cross_entropy`` take); ``False`` keeps the stored int32 / int8.
         labels: the output's ``labels`` convention (its manifest's ``labels``: ``shifted``, packtool's
             default, or ``unshifted``), which the batch's ``shift_labels()`` / ``model_inputs()`` follow.
-        attention: the model's transformers config (``model.config``) or a ``masks.AttentionPattern``:
-            the masks keep each query inside its sliding window too, one per layer type (as
-            ``PackedDataset(attention=...)``); None: full attention.
+        attention: the model's transformers config (``model.config``; the path is checked against the
+            model, ``loader.fit``), or ``"causal"`` or a ``masks.AttentionPattern`` for a model of your own:
+            the masks keep each query inside its sliding window too, one per layer type; required for the
+            ``dense``, ``additive`` and ``flex`` masks (as ``PackedDataset(attention=...)``).
     """
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {mask!r}")
@@ -128,8 +130,7 @@ def collate_packs(
             "collate_packs: the packs hold images, which a text batch would drop (the model would train on "
             f"its image tokens as text): read a vision-language output with {VISION_READERS}"
         )
-    pattern = attention_pattern(attention) if attention is not None else None
-    check_mask_for_model(mask, attention)
+    pattern = model_attention(mask, attention)
     fields = [_fields(s) for s in samples]
     missing = [k for k in REQUIRED if any(k not in f for f in fields)]
     if missing:

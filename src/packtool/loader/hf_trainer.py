@@ -33,6 +33,7 @@ Example::
             return trainer_dataloader(self, self.packed_dataset)
 
     packs = PackedDataset("out/", batch_size=8, mask="dense", attention=model.config, infinite=True)
+    # or a mixture of outputs: PackedDataset({"out/web": 0.7, "out/code": 0.3}, ...) or "mixture.yaml"
     PackedTrainer(model=model, args=args, packed_dataset=packs).train(resume_from_checkpoint=True)
 """
 
@@ -45,8 +46,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from packtool.loader.batch import check_mask_for_model
 from packtool.loader.dataset import PackedDataset
+from packtool.loader.fit import check_mask_for_model
 from packtool.loader.loader import PackedLoader, get_loader
 from packtool.masks import AttentionPattern, attention_pattern
 
@@ -98,15 +99,16 @@ def _describe(pattern: AttentionPattern) -> str:
 
 
 def check_dataset_fits_model(dataset: PackedDataset, model: Any) -> None:
-    """Refuse (``ValueError``) a dataset whose batches the model would train on inexactly: a mask its
-    ``attn_implementation`` does not apply, or masks without the model's sliding window (or with another)."""
+    """Refuse (``ValueError``, one line) a dataset whose batches the model would train on inexactly: a mask
+    path that does not fit the model (``loader.fit.check_mask_for_model``: its layers, its
+    ``attn_implementation``, its code), or masks without the model's sliding window (or with another)."""
     config = getattr(model, "config", None)
     if config is None:
         return
-    check_mask_for_model(dataset.mask, config)
+    check_mask_for_model(dataset.mask, config, mrope=getattr(dataset.task_encoder, "mrope", False))
     if dataset.mask == "varlen":  # the model applies its own windows inside each sequence
         return
-    want, have = attention_pattern(config), dataset.attention or AttentionPattern()
+    want, have = attention_pattern(config), dataset.attention
     if want.windows() != have.windows():
         raise ValueError(
             f"the model's attention is {_describe(want)}, the dataset's masks are for {_describe(have)}: "

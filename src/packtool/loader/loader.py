@@ -5,29 +5,30 @@ Example::
 
     from packtool.loader import PackedDataset, get_loader
 
-    ds = PackedDataset("out/", batch_size=8, shuffle=True, seed=0, mask="flex")
+    ds = PackedDataset("out/", batch_size=8, shuffle=True, seed=0, mask="flex", attention=model.config)
     loader = get_loader(ds, num_workers=2)
     for batch in loader:                      # PackedBatch
         batch = batch.to("cuda")              # the mask is built here, on the device
         ...
     state = loader.state_dict()               # save with the checkpoint
-    loader = get_loader(PackedDataset("out/", batch_size=8, shuffle=True, seed=0, mask="flex"), num_workers=3)
+    loader = get_loader(PackedDataset("out/", batch_size=8, shuffle=True, seed=0, mask="flex",
+                                      attention=model.config), num_workers=3)
     loader.load_state_dict(state)             # continues with the next batch, nothing replayed
 
-**Resume.** The state is one global cursor: ``(epoch, batches consumed in it)`` plus ``lanes``. What may
-change between save and restore: ``num_workers`` (and ``pin_memory``, ``prefetch_factor``, ``mask``, the
-task encoder). What may not (``load_state_dict`` refuses): the data (``run_id``, the split, pack count,
-and ``shards``: a digest of the split's shard paths and sha256s from the manifest, so the state of one run
-never resumes another run's packs, even one with the same ``run_id``), ``seed``, ``batch_size``,
-``world_size``, ``shuffle``, ``shuffle_buffer``, ``drop_last``; ``lanes`` is taken from the state, so the
-stream continues exactly; with ``num_workers != lanes`` some units are decoded by more than one worker.
-Every field of a state is checked (type and range) before it is used: a damaged or hand-edited state
-raises ``ValueError`` naming the field.
+**Resume.** The state (``loader.state``) is one global cursor: ``(epoch, batches consumed in it)`` plus
+``lanes`` and what defines the stream. What may change between save and restore: ``num_workers`` (and
+``pin_memory``, ``prefetch_factor``, ``mask``, the task encoder), and ``world_size`` and ``batch_size``:
+the stream then follows the order of the run that started it, cut into the new global batches
+(docs/loader.md, resume semantics). What may not (``load_state_dict`` refuses, naming the field): the
+data (one output's ``run_id``, split, pack count and ``shards``, a digest of the split's shard paths and
+sha256s, so the state of one run never resumes another run's packs, even one with the same ``run_id``; a
+mixture's sources and their shares), ``seed``, ``shuffle``, ``shuffle_buffer``, ``drop_last``. ``lanes``
+is taken from the state, so the stream continues exactly; with ``num_workers != lanes`` some units are
+decoded by more than one worker.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -36,73 +37,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from packtool.loader.dataset import PARCEL_BATCHES, PackedDataset, ParcelStream, _Item
-from packtool.manifest import Manifest
-
-STATE_VERSION = 1
-_STAT_COUNTS = ("skipped_packs", "skipped_batches", "bad_packs")
-# the fields that define the stream: a state resumes only the same stream
-_FIXED = ("run_id", "split", "shards", "num_packs", "seed", "batch_size", "world_size", "shuffle",
-          "shuffle_buffer", "drop_last")  # fmt: skip
-# the type of every field of a state; states saved before a field existed get its default here
-_TYPES = {
-    "epoch": int, "batch": int, "lanes": int, "run_id": str, "split": (str, type(None)), "shards": str,
-    "num_packs": int, "seed": int, "batch_size": int, "world_size": int, "shuffle": bool,
-    "shuffle_buffer": int, "drop_last": bool, "rank": int, "stats": dict,
-}  # fmt: skip
-_OLDER = {"drop_last": True}  # fields a state of this version may lack (saved before they existed)
-INT64_MAX = (1 << 63) - 1  # a state's counts are used as NumPy int64
-# lanes: the DataLoader workers of the loader that saved the state (torch starts one process each)
-MAX_STATE_INT = {"lanes": 1 << 16}
-
-
-def shards_digest(manifest: Manifest, split: str | None) -> str:
-    """sha256 over the paths and sha256s of the shards of ``split``, from the manifest: what a loader
-    state (and ``trl_dataset``'s cache) binds to, besides ``run_id``."""
-    h = hashlib.sha256()
-    for _, entry in manifest.split_shards(split):
-        h.update(f"{entry.path}\0{entry.sha256}\n".encode())
-    return h.hexdigest()
-
-
-def _field_error(key: str, value: Any, want: str) -> ValueError:
-    return ValueError(f"loader state: field {key!r} must be {want}, got {value!r}")
-
-
-def check_state(state: Any) -> dict:
-    """``state`` with every field checked (``ValueError`` naming the first bad field) and the defaults
-    of fields older states lack."""
-    if not isinstance(state, dict):
-        raise ValueError(
-            f"loader state: must be a dict (from PackedLoader.state_dict), got {type(state).__name__}"
-        )
-    if state.get("format") != "packtool-loader" or state.get("version") != STATE_VERSION:
-        raise ValueError("not a packtool loader state (or from another version)")
-    state = {**_OLDER, **state}
-    for key, kind in _TYPES.items():
-        if key not in state:
-            raise ValueError(f"loader state: field {key!r} is missing")
-        value = state[key]
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        # bool is an int in Python: an int field takes no bool, a bool field no int
-        if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
-            raise _field_error(
-                key, value, " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-            )
-        if kinds == (int,) and value < (1 if key in ("lanes", "batch_size", "world_size") else 0):
-            raise _field_error(
-                key, value, "positive" if key in ("lanes", "batch_size", "world_size") else "non-negative"
-            )
-        if kinds == (int,) and value > MAX_STATE_INT.get(key, INT64_MAX):  # no loader runs that many
-            raise _field_error(key, value, f"at most {MAX_STATE_INT.get(key, INT64_MAX):,}")
-    stats = state["stats"]
-    for key in _STAT_COUNTS:
-        value = stats.get(key, 0)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise _field_error(f"stats.{key}", value, "a non-negative int")
-    units = stats.get("bad_units", [])
-    if not isinstance(units, list) or not all(isinstance(u, str) for u in units):
-        raise _field_error("stats.bad_units", units, "a list of strings")
-    return state
+from packtool.loader.state import (
+    FIXED,
+    STAT_COUNTS,
+    STATE_VERSION,
+    check_state,
+    data_fields,
+    resume_point,
+    source_differences,
+)
 
 
 # --- the loader --------------------------------------------------------------------------------------
@@ -134,13 +77,16 @@ class PackedLoader:
             self.stream, batch_size=None, num_workers=num_workers, collate_fn=_identity, **dataloader_kwargs
         )
         self.epoch, self.batch = 0, 0
-        self.stats: dict[str, Any] = {
-            "skipped_packs": 0,
-            "skipped_batches": 0,
-            "bad_packs": 0,
-            "bad_units": [],
-        }
+        self.stats: dict[str, Any] = {**dict.fromkeys(STAT_COUNTS, 0), "bad_units": []}
+        if dataset.mixture:  # per source: packs and tokens drawn (tokens None where an output has no
+            # sample_index to count them from), and the epochs of its own it has begun
+            self.stats["sources"] = [
+                {"name": o.name, "packs": 0, "tokens": 0 if "sample_index" in o.manifest.columns else None,
+                 "epochs": 0}
+                for o in dataset.outputs
+            ]  # fmt: skip
         self._iterating = False
+        self._epoch_size = (-1, 0)  # (epoch, its batches): _batches
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (also in infinite mode: what an LR schedule counts in)."""
@@ -162,7 +108,6 @@ class PackedLoader:
         ds.lanes = self.lanes
         self.stream.start = (self.epoch, self.batch)
         self.stream.per_parcel = PARCEL_BATCHES if self.num_workers > 0 else 1
-        nb = ds.batches_per_epoch
         self._iterating = True
         try:
             for item in self._items():
@@ -172,17 +117,37 @@ class PackedLoader:
                         f"expected {self.batch} of {self.epoch}"
                     )
                 self.batch += 1
-                if self.batch == nb:
-                    self.epoch, self.batch = self.epoch + 1, 0
-                for k, v in item.counts.items():
-                    self.stats[k] += v
-                for name in item.bad_units:
-                    if name not in self.stats["bad_units"]:
-                        self.stats["bad_units"].append(name)
+                self._next_epoch_if_done()
+                self._count(item)
                 if item.batch is not None:
                     yield item.batch if self.device is None else item.batch.to(self.device)
         finally:
             self._iterating = False
+
+    def _next_epoch_if_done(self) -> None:
+        """Move the cursor past the end of its epoch (past an epoch with no batch left, too)."""
+        while self.batch >= self._batches(self.epoch):
+            self.epoch, self.batch = self.epoch + 1, 0
+
+    def _batches(self, epoch: int) -> int:
+        """``dataset.epoch_batches(epoch)``, kept for the epoch the cursor is in (asked every batch)."""
+        if self._epoch_size[0] != epoch:
+            self._epoch_size = (epoch, self.dataset.epoch_batches(epoch))
+        return self._epoch_size[1]
+
+    def _count(self, item: _Item) -> None:
+        for k, v in item.counts.items():
+            self.stats[k] += v
+        for name in item.bad_units:
+            if name not in self.stats["bad_units"]:
+                self.stats["bad_units"].append(name)
+        if item.sources is not None:
+            for counts, (packs, tokens, laps) in zip(
+                self.stats["sources"], item.sources.tolist(), strict=True
+            ):
+                counts["packs"] += packs
+                counts["tokens"] = None if counts["tokens"] is None else counts["tokens"] + tokens
+                counts["epochs"] = max(counts["epochs"], laps)
 
     def _items(self) -> Iterator[_Item]:
         """The DataLoader's parcels unpacked in stream order: batch ``s`` (from the start of this
@@ -199,16 +164,17 @@ class PackedLoader:
     def state_dict(self) -> dict:
         """The global cursor and what defines the stream (a small JSON-able dict)."""
         ds = self.dataset
+        resume = ds.resume_at
+        stats = {**self.stats, "bad_units": list(self.stats["bad_units"])}
+        if "sources" in stats:
+            stats["sources"] = [{k: s[k] for k in ("packs", "tokens", "epochs")} for s in stats["sources"]]
         return {
             "format": "packtool-loader",
             "version": STATE_VERSION,
             "epoch": self.epoch,
             "batch": self.batch,
             "lanes": self.lanes,
-            "run_id": ds.manifest.run_id,
-            "split": ds.split,
-            "shards": shards_digest(ds.manifest, ds.split),
-            "num_packs": ds.num_packs,
+            **data_fields(ds.source),
             "seed": ds.seed,
             "batch_size": ds.batch_size,
             "world_size": ds.world_size,
@@ -216,29 +182,46 @@ class PackedLoader:
             "shuffle_buffer": ds.shuffle_buffer,
             "drop_last": ds.drop_last,
             "rank": ds.rank,
-            "stats": {**self.stats, "bad_units": list(self.stats["bad_units"])},
+            "order": {"world_size": ds.order_layout[0], "batch_size": ds.order_layout[1]},
+            "start": resume[1] if resume is not None and resume[0] == self.epoch else 0,
+            "stats": stats,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state`` (from ``state_dict``); refuses a state whose stream differs."""
+        """Continue from ``state`` (from ``state_dict``, at this or another world size and batch size);
+        refuses a state whose stream differs, naming what differs."""
         if self._iterating:
             raise RuntimeError("load_state_dict during iteration: call it before iterating the loader")
         state = check_state(state)
         ds = self.dataset
         mine = self.state_dict()
-        diff = [f"{k}: saved {state[k]!r}, now {mine[k]!r}" for k in _FIXED if state[k] != mine[k]]
+        diff = source_differences(state, mine)
+        diff += [
+            f"{k}: saved {state[k]!r}, now {mine[k]!r}" for k in FIXED if state[k] != mine[k] and not diff
+        ]
         if diff:
             raise ValueError("loader state does not match this dataset: " + "; ".join(diff))
-        if state["batch"] >= ds.batches_per_epoch:
-            raise _field_error(
-                "batch", state["batch"], f"below the batches per epoch ({ds.batches_per_epoch})"
-            )
-        self.epoch, self.batch, self.lanes = state["epoch"], state["batch"], state["lanes"]
+        order, epoch, consumed = resume_point(state, ds.num_packs)
+        own = order == (ds.world_size, ds.batch_size) and consumed % (ds.world_size * ds.batch_size) == 0
+        self.lanes = ds.lanes = state["lanes"]
+        self._epoch_size = (-1, 0)  # the epochs' sizes change with the order
+        if own:  # this world size's own order, at a global batch of it
+            ds.continue_order(order, None)
+            self.epoch, self.batch = epoch, consumed // (ds.world_size * ds.batch_size)
+        else:  # the order of the run that started the stream, cut into this world size's batches
+            ds.continue_order(order, (epoch, consumed))
+            self.epoch, self.batch = epoch, 0
+        self._next_epoch_if_done()
         stats = state["stats"]
         self.stats = {
-            **{k: stats.get(k, 0) for k in _STAT_COUNTS},
+            **self.stats,
+            **{k: stats.get(k, 0) for k in STAT_COUNTS},
             "bad_units": list(stats.get("bad_units", [])),
         }
+        if "sources" in self.stats and len(stats.get("sources", [])) == len(self.stats["sources"]):
+            self.stats["sources"] = [
+                {**now, **saved} for now, saved in zip(self.stats["sources"], stats["sources"], strict=True)
+            ]
 
 
 def get_loader(

@@ -45,10 +45,16 @@ from packtool.pipeline.images import MAPPED, ChunkImages, chunk_images, images_i
 from packtool.pipeline.open_files import default_max_open
 from packtool.pipeline.policy_chunks import policy_chunk
 from packtool.readers.base import SourceBatch
+from packtool.storage.scratch import Scratch, as_scratch
+
+
+def chunk_name(index: int) -> str:
+    """The folder of chunk ``index`` in the scratch."""
+    return f"chunk-{index:06d}"
 
 
 def chunk_dir(work_dir: str | Path, index: int) -> Path:
-    return Path(work_dir) / f"chunk-{index:06d}"
+    return Path(work_dir) / chunk_name(index)
 
 
 def write_chunk(
@@ -176,7 +182,7 @@ def chunk_parts(
 CHECKED = (*DIGESTED, "source_ids")  # the arrays a scratch chunk's ``digest`` covers (with the lengths)
 
 
-def chunk_intact(work_dir: str | Path, meta: object, index: int) -> bool:
+def chunk_intact(scratch: Scratch | str | Path, meta: object, index: int) -> bool:
     """Whether scratch chunk ``index`` (its ``meta.json`` read back: ``meta``, None if unreadable) still
     holds what was written: its meta gives its ``meta_digest`` and names ``index``, every file in it is a
     regular file (a FIFO would block the reader), its arrays give ``meta["digest"]`` (a chunk without
@@ -189,8 +195,11 @@ def chunk_intact(work_dir: str | Path, meta: object, index: int) -> bool:
         or meta.get("meta_digest") != meta_digest(meta)
     ):
         return False
-    path = chunk_dir(work_dir, index)
+    name, scratch = chunk_name(index), as_scratch(scratch)
     try:
+        for file in scratch.names(name):  # a chunk in a store: its files fetched here first
+            scratch.fetch(file)
+        path = scratch.path(name)
         if path.is_symlink() or not all(stat.S_ISREG(p.lstat().st_mode) for p in path.iterdir()):
             return False
         arrays = {
@@ -224,24 +233,27 @@ def _save_parts(path: Path, parts: list[np.ndarray], dtype) -> None:
 CHUNK_LIST = "chunks.json"  # the metas of a run's chunks, in order, once all are encoded
 
 
-def write_chunk_list(work_dir: str | Path, metas: list[dict]) -> None:
-    with written_whole(Path(work_dir) / CHUNK_LIST, fsync=False) as tmp:
+def write_chunk_list(scratch: Scratch | str | Path, metas: list[dict]) -> None:
+    scratch = as_scratch(scratch)
+    scratch.local.mkdir(parents=True, exist_ok=True)
+    with written_whole(scratch.path(CHUNK_LIST), fsync=False) as tmp:
         tmp.write_text(json.dumps(metas))
+    scratch.publish(CHUNK_LIST)
 
 
-def read_chunk_list(work_dir: str | Path) -> list[dict]:
-    return json.loads((Path(work_dir) / CHUNK_LIST).read_text())
+def read_chunk_list(scratch: Scratch | str | Path) -> list[dict]:
+    return json.loads(as_scratch(scratch).fetch(CHUNK_LIST, fresh=True).read_text())
 
 
-def read_chunk_meta(work_dir: str | Path, index: int) -> object:
-    """Chunk ``index``'s ``meta.json`` as JSON, None where it is missing, is no regular file or is no
-    JSON (``chunk_intact`` says whether it is a chunk's whole meta)."""
-    path = chunk_dir(work_dir, index) / "meta.json"
+def read_chunk_meta(scratch: Scratch | str | Path, index: int) -> object:
+    """Chunk ``index``'s ``meta.json`` as JSON (fetched from the store when mirrored), None where it is
+    missing, is no regular file or is no JSON (``chunk_intact`` says whether it is a chunk's whole meta)."""
     try:
+        path = as_scratch(scratch).fetch(f"{chunk_name(index)}/meta.json")
         if not stat.S_ISREG(path.lstat().st_mode):
             return None
         return json.loads(path.read_bytes())
-    except (OSError, ValueError):  # (a JSONDecodeError, or bytes that are no UTF-8)
+    except (OSError, ValueError):  # (none there, a JSONDecodeError, or bytes that are no UTF-8)
         return None
 
 
@@ -256,9 +268,11 @@ OFFSETS_CACHE_BYTES = 64 << 20  # chunks' small arrays kept in memory (offsets: 
 
 @dataclass
 class ChunkStore:
-    """All encoded chunks of a run, memory-mapped, addressed by global sample index."""
+    """All encoded chunks of a run, memory-mapped, addressed by global sample index. ``scratch``: where
+    the chunks are (``storage.scratch``: a chunk in a store is fetched here, a file at a time, when first
+    read)."""
 
-    work_dir: Path
+    scratch: Scratch | str | Path
     metas: list[dict]
     max_open: int | None = None  # chunks mapped at once (default: what the open-file limit allows)
     _open: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
@@ -269,7 +283,7 @@ class ChunkStore:
     _zigzag: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.work_dir = Path(self.work_dir)
+        self.scratch = as_scratch(self.scratch)
         counts = np.array([m["num_samples"] for m in self.metas], dtype=np.int64)
         self.sample_starts = np.concatenate([[0], np.cumsum(counts)])
         self.has_loss_mask = any(m["has_loss_mask"] for m in self.metas)
@@ -280,6 +294,11 @@ class ChunkStore:
         if self.max_open is None:  # an open chunk maps its token columns, and its image table and blob
             self.max_open = default_max_open(3 + len(MAPPED) * with_images)
         self.images = ChunkImages(self) if with_images else None  # a vision-language run's (pipeline.images)
+
+    @property
+    def work_dir(self) -> Path:
+        """This machine's folder of the chunks."""
+        return self.scratch.local
 
     def drop_caches(self) -> None:
         """Unmap every chunk and forget the small arrays and headers read (read again when next needed): a
@@ -297,16 +316,17 @@ class ChunkStore:
         first = self.num_samples
         index = max((m["index"] for m in self.metas), default=-1) + 1
         arrays, meta = policy_chunk(packs, self.labels_rule)
-        final = chunk_dir(self.work_dir, index)
+        final = self.scratch.path(chunk_name(index))
         shutil.rmtree(final, ignore_errors=True)
         final.mkdir(parents=True)
         for name, values in arrays.items():
             np.save(final / f"{name}.npy", values)
         meta = {"index": index, **meta}
         (final / "meta.json").write_text(json.dumps(meta))
+        self.scratch.publish_dir(chunk_name(index), last="meta.json")
         self.metas.append(meta)
         self.__post_init__()
-        write_chunk_list(self.work_dir, self.metas)
+        write_chunk_list(self.scratch, self.metas)
         return first + np.arange(meta["num_samples"], dtype=np.int64)
 
     def samples(self, sample: np.ndarray, lengths: np.ndarray) -> list[dict]:
@@ -352,12 +372,12 @@ class ChunkStore:
         while len(self._open) >= self.max_open:
             old, _ = self._open.popitem(last=False)  # unmapped (and its descriptor closed) once unreferenced
             self._maps.pop(old, None)
-        d = chunk_dir(self.work_dir, self.metas[c]["index"])
+        d = chunk_name(self.metas[c]["index"])
         names = ["input_ids", "labels"] + (["loss_mask"] if self.metas[c]["has_loss_mask"] else [])
         names += list(MAPPED) if "num_images" in self.metas[c] else []
         arrays, maps = {}, []
         for k in names:  # the token columns (and images) are mapped: one descriptor each while open
-            arrays[k], m = self._map(d / f"{k}.npy")
+            arrays[k], m = self._map(self.scratch.fetch(f"{d}/{k}.npy"))
             if m is not None:
                 maps.append(m)
         arrays["offsets"] = self.offsets(c)
@@ -389,7 +409,7 @@ class ChunkStore:
 
     def _small(self, c: int, name: str) -> np.ndarray:
         """A chunk's per-sample array (``offsets``, ``rows``, ``source_ids``, ``origin``), read whole."""
-        path = chunk_dir(self.work_dir, self.metas[c]["index"]) / f"{name}.npy"
+        path = self.scratch.fetch(f"{chunk_name(self.metas[c]['index'])}/{name}.npy")
         with open(path, "rb") as f:
             shape, dtype, offset = self._header(str(path), f)
             f.seek(offset)

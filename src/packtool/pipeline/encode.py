@@ -22,13 +22,11 @@ import itertools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from packtool.arrays import np_view
 from packtool.encoders.registry import Encoder, build_encoder, resolve_sample_format
@@ -36,11 +34,21 @@ from packtool.errors import ErrorSink, InputError, PacktoolError
 from packtool.options import PackOptions
 from packtool.packing.planner import too_long_message
 from packtool.pipeline import progress
-from packtool.pipeline.chunks import ChunkStore, labels_rule, read_chunk_list, write_chunk, write_chunk_list
+from packtool.pipeline.chunks import (
+    ChunkStore,
+    chunk_name,
+    labels_rule,
+    read_chunk_list,
+    write_chunk,
+    write_chunk_list,
+)
 from packtool.pipeline.options import CHUNK_BYTES
 from packtool.pipeline.report import name_special_tokens
 from packtool.readers.base import SourceBatch
 from packtool.readers.inputs import expand_inputs, piece_bytes, read_inputs, record_bytes
+from packtool.readers.parquet import num_rows as parquet_rows
+from packtool.storage.scratch import Scratch, as_scratch
+from packtool.storage.urls import configure as configure_storage
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,8 @@ class Worker:
     def __init__(self, spec: RunSpec) -> None:
         self.options = PackOptions.from_dict(json.loads(spec.config), given=set())  # checked by the driver
         self.sample_format, self.encoder_state = spec.sample_format, spec.encoder_state
-        self.stores: dict[str, ChunkStore] = {}
+        self.stores: dict[Scratch, ChunkStore] = {}
+        configure_storage(self.options.running.storage_options)  # a process the run started: its stores
         self._encoder: Encoder | None = None
 
     @property
@@ -74,10 +83,11 @@ class Worker:
             self._encoder = build_encoder(self.options.encoding, self.sample_format, n, state)
         return self._encoder
 
-    def store(self, work_dir: str) -> ChunkStore:
-        if work_dir not in self.stores:
-            self.stores[work_dir] = ChunkStore(Path(work_dir), read_chunk_list(work_dir))
-        return self.stores[work_dir]
+    def store(self, scratch: Scratch) -> ChunkStore:
+        scratch = as_scratch(scratch)
+        if scratch not in self.stores:
+            self.stores[scratch] = ChunkStore(scratch, read_chunk_list(scratch))
+        return self.stores[scratch]
 
 
 _WORKER: list[tuple[tuple[str, str, str], Worker]] = []  # this process's: (its run's key, its state)
@@ -105,20 +115,24 @@ class EncoderFacts:
     warnings: list[str]
 
 
+PROBE_RECORDS = 16  # the first records a custom encoder is run on for its identity
+
+
 def describe_encoder(task: tuple[RunSpec, dict, int, SourceBatch | None]) -> EncoderFacts:
-    """Build this process's encoder for ``(spec, named, pad_token_id, probe)`` (a bad tokenizer or processor
+    """Build this process's encoder for ``(spec, named, pad_token_id, first)`` (a bad tokenizer or processor
     fails here, before any record is encoded) and return what the driver needs of it (``EncoderFacts``;
-    ``named``: the BOS/EOS the user named). An encoder that is code (a custom one) is run on ``probe``,
-    the run's first records, and its identity holds the digest of what it made of them. Run by the driver,
+    ``named``: the BOS/EOS the user named). An encoder that is code (a custom one) is run on the run's
+    first ``PROBE_RECORDS`` records (of the batch ``first``), and its identity holds the digest of what it
+    made of them. Run by the driver,
     or by a worker for a sample format whose encoder is slow to build (``encoders.registry.SLOW_TO_BUILD``):
     the driver then never loads it."""
-    spec, named, pad_token_id, probe = task
+    spec, named, pad_token_id, first = task
     encoder = worker(spec).encoder
     state = encoder.state() if hasattr(encoder, "state") else None
     identity = encoder.identity()
-    if probe is not None and hasattr(encoder, "probe"):
+    if first is not None and hasattr(encoder, "probe"):
         try:
-            records = probe.load(ErrorSink("skip"))
+            records = first.slice(0, min(first.num_rows, PROBE_RECORDS)).load(ErrorSink("skip"))
         except PacktoolError:  # (the run meets it again, and says so, when it reads these records)
             records = []
         identity["probe_sha256"] = encoder.probe(records)
@@ -126,13 +140,20 @@ def describe_encoder(task: tuple[RunSpec, dict, int, SourceBatch | None]) -> Enc
     return EncoderFacts(json.dumps(state), identity, with_names, guesses)
 
 
-def encode_chunk(spec: RunSpec, index: int, pieces: list[SourceBatch], work_dir: str, start: int = 0) -> dict:
-    """Encode one chunk (its first record the input's ``start``-th) and write it to ``work_dir``; returns
-    its meta. Every engine runs this function."""
+def encode_chunk(
+    spec: RunSpec, index: int, pieces: list[SourceBatch], scratch: Scratch, start: int = 0
+) -> dict:
+    """Encode one chunk (its first record the input's ``start``-th) and write it to the ``scratch`` (on
+    this machine, and published to the store of a mirrored one); returns its meta. Every engine runs this
+    function."""
     progress.step_done("encode_chunk", index)  # a test may kill the worker here (out of memory)
+    scratch = as_scratch(scratch)
     kept, encoded, extra = encode_records(spec, pieces)
     extra["input_start"] = start
-    return write_chunk(work_dir, index, kept, encoded, extra, labels_rule=labels_rule(worker(spec).options))
+    rule = labels_rule(worker(spec).options)
+    meta = write_chunk(scratch.local, index, kept, encoded, extra, labels_rule=rule)
+    scratch.publish_dir(chunk_name(index), last="meta.json")
+    return meta
 
 
 def encode_records(
@@ -239,7 +260,7 @@ def _precut_pieces(
     return out, cut
 
 
-def encode_chunks(tasks: list[tuple[RunSpec, int, list[SourceBatch], str, int]]) -> list[dict]:
+def encode_chunks(tasks: list[tuple[RunSpec, int, list[SourceBatch], Scratch, int]]) -> list[dict]:
     """Several consecutive chunks in one task: a worker reading lazy Parquet rows then continues one
     stream through them instead of decoding the row groups that other workers' chunks share."""
     return [encode_chunk(*task) for task in tasks]
@@ -364,10 +385,10 @@ def chunks_per_task(options: PackOptions, workers: int) -> int:
     if workers <= 1:
         return 1
     rows = 0
-    for kind, source, _ in expand_inputs(options.reading.inputs, options.reading.files.input_format):
+    for kind, source, _ in expand_inputs(options.reading.inputs, options.reading.files):
         if kind != "parquet":
             return 1
-        rows += pq.ParquetFile(source).metadata.num_rows
+        rows += parquet_rows(source)
     chunks = -(-rows // chunk_records(options, "pretokenized"))
     return max(1, min(8, -(-chunks // (4 * workers))))
 
@@ -376,22 +397,24 @@ def encode_to_chunks(
     spec: RunSpec,
     options: PackOptions,
     batches: Iterator[SourceBatch],
-    work: str,
+    scratch: Scratch,
     engine: Any,
     on_chunk: Callable[[dict, bool], None] = lambda meta, new: None,
     done: dict[int, dict] | None = None,
 ) -> list[dict]:
-    """Encode ``batches`` into chunks in ``work`` with ``engine``; returns every chunk's meta in order and
-    writes the list (``chunks.json``). ``done`` holds chunks a killed attempt of this run finished: a chunk
-    covering the same input rows is not encoded again (its records are still read past). ``on_chunk`` is
-    called with each chunk's meta as it is finished (with ``input_bytes``, the bytes of input it covers where
-    known: ``readers.piece_bytes``), and whether it was encoded now (progress, test hooks)."""
+    """Encode ``batches`` into chunks in the ``scratch`` with ``engine``; returns every chunk's meta in
+    order and writes the list (``chunks.json``). ``done`` holds chunks a killed attempt of this run
+    finished: a chunk covering the same input rows is not encoded again (its records are still read past).
+    ``on_chunk`` is called with each chunk's meta as it is finished (with ``input_bytes``, the bytes of
+    input it covers where known: ``readers.piece_bytes``), and whether it was encoded now (progress, test
+    hooks)."""
     done = done if done is not None else {}
+    scratch = as_scratch(scratch)
     reused: dict[int, dict] = {}
 
     handed: dict[int, int] = {}  # chunk -> bytes of input it covers, where known (progress)
 
-    def tasks() -> Iterator[tuple[RunSpec, int, list[SourceBatch], str, int]]:
+    def tasks() -> Iterator[tuple[RunSpec, int, list[SourceBatch], Scratch, int]]:
         start = 0  # input rows before the chunk: a kept chunk must cover the same rows
         for i, chunk in enumerate(chunked(batches, chunk_records(options, spec.sample_format))):
             rows = sum(b.num_rows for b in chunk)
@@ -401,7 +424,7 @@ def encode_to_chunks(
                 on_chunk({**meta, "input_bytes": sum(piece_bytes(b) for b in chunk)}, False)
             else:
                 handed[i] = sum(piece_bytes(b) for b in chunk)
-                yield (spec, i, chunk, work, start)
+                yield (spec, i, chunk, scratch, start)
             start += rows
 
     metas = []
@@ -412,7 +435,7 @@ def encode_to_chunks(
             on_chunk({**meta, "input_bytes": handed.pop(meta["index"], 0)}, True)
     metas = sorted([*metas, *reused.values()], key=lambda m: m["index"])
     assert [m["index"] for m in metas] == list(range(len(metas)))
-    write_chunk_list(work, metas)
+    write_chunk_list(scratch, metas)
     return metas
 
 
@@ -442,7 +465,7 @@ def first_bad_record(options: PackOptions, err: InputError) -> InputError:
                 split=options.reading.split,
                 text_field=options.encoding.text_field,
                 sink=probe,
-                input_format=options.reading.files.input_format,
+                files=options.reading.files,
             ),
         )
     ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,11 +19,15 @@ from packtool.options import PackOptions
 from packtool.pipeline.chunks import CHUNK_ARRAYS, ChunkStore
 from packtool.pipeline.content import DIGESTED
 from packtool.readers.inputs import expand_inputs
+from packtool.storage.files import file_sizes, is_dir, list_prefix, stat
+from packtool.storage.urls import is_url
 
 
 def _files(source: str, files: list[str]) -> list[str]:
     if files:
         return files
+    if is_url(source):  # an object, or a prefix (a dataset saved to a store)
+        return list_prefix(source).files if is_dir(source) else [source]
     if Path(source).is_dir():
         return sorted(str(p) for p in Path(source).rglob("*") if p.is_file())
     return [source] if Path(source).is_file() else []
@@ -38,21 +41,26 @@ def input_fingerprint(inputs: list[str], expand: Expand = expand_inputs) -> list
     """Names, reader kinds and sizes of the inputs (what the ``run_id`` and the manifest record);
     ``expand``: how the run's reader names them (the text readers' ``expand_inputs`` by default)."""
     return [
-        {"source": source, "kind": kind, "bytes": sum(os.path.getsize(p) for p in _files(source, files))}
+        {"source": source, "kind": kind, "bytes": int(file_sizes(_files(source, files)).sum())}
         for kind, source, files in expand(inputs)
     ]
 
 
 def input_stamps(inputs: list[str], expand: Expand = expand_inputs) -> list[list]:
-    """``[path, size, mtime_ns, ctime_ns, inode]`` of every input file: a resumed run must see the very
-    same files. The change time and the inode tell a file rewritten at the same size with its
-    modification time set back (``os.utime``), or another file moved over it: no one can set them."""
+    """``[path, size, mtime_ns, ctime_ns, inode]`` of every input file, ``[url, size, ETag]`` of every
+    object in a store (``storage.files.Stat.stamp``): a resumed run must see the very same files. The
+    change time and the inode tell a file rewritten at the same size with its modification time set back
+    (``os.utime``), or another file moved over it: no one can set them; a store gives a rewritten object
+    a new ETag (or generation)."""
     out = []
     for _kind, source, files in expand(inputs):
         paths = _files(source, files)
         for p in paths:
-            st = os.stat(p)
-            out.append([str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino])
+            try:
+                st = stat(p)
+            except FileNotFoundError:
+                raise InputError("no such file or object", source=str(p)) from None
+            out.append([str(p), *st.stamp])
         if not paths:
             out.append([source, None, None, None, None])
     return out

@@ -27,7 +27,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -40,6 +39,7 @@ from packtool.pipeline.policy_chunks import policy_chunk
 from packtool.plugins import is_plugin_spec
 from packtool.readers.base import SourceBatch
 from packtool.readers.inputs import expand_inputs
+from packtool.storage.scratch import Scratch, as_scratch
 from packtool.threads import prefetch
 
 MEMORY_STORE_ENV = "PACKTOOL_MEMORY_STORE_BYTES"
@@ -59,7 +59,7 @@ def memory_store_bytes(options: PackOptions, sample_format: str) -> int | None:
     ):
         return None
     total = 0
-    for kind, source, _ in expand_inputs(options.reading.inputs, options.reading.files.input_format):
+    for kind, source, _ in expand_inputs(options.reading.inputs, options.reading.files):
         if kind != "parquet":
             return None
         try:
@@ -123,7 +123,7 @@ class MemoryStore(ChunkStore):
     """A ``ChunkStore`` whose chunks are arrays in this process's memory: ``units[c]`` holds what chunk
     ``c``'s files would (``input_ids``, ``labels``, ``loss_mask`` if any, ``offsets`` from 0, ``rows``,
     ``source_ids``; ``origin`` for packs of a custom policy) and ``metas[c]`` its meta. Every gather and
-    lookup of ``ChunkStore`` works on it unchanged; ``work_dir`` is the run's, for the shard records."""
+    lookup of ``ChunkStore`` works on it unchanged; ``scratch`` is the run's, for the shard records."""
 
     units: list[dict[str, np.ndarray]] = field(default_factory=list)
 
@@ -166,7 +166,7 @@ def encode_in_memory(
     spec: RunSpec,
     options: PackOptions,
     batches: Iterator[SourceBatch],
-    work: str,
+    scratch: Scratch,
     on_chunk: Callable[[dict, bool], None] = lambda meta, new: None,
 ) -> tuple[MemoryStore, list[dict]]:
     """Read and encode ``batches`` in this process, in chunks of ``chunk_size`` records as the workers
@@ -203,7 +203,7 @@ def encode_in_memory(
             units.append(part)
         metas.append(meta)
         on_chunk(meta, True)
-    return MemoryStore(Path(work), unit_metas, units=units), metas
+    return MemoryStore(as_scratch(scratch), unit_metas, units=units), metas
 
 
 def _load(pieces: list[SourceBatch]) -> list[SourceBatch]:

@@ -60,4 +60,17 @@ class RunningOptions(OptionGroup):
     quiet: option(
         bool, "No progress bars or notes (the result line and warnings stay).", runtime=True, short="q"
     ) = False
+    storage_options: option(
+        str | None,
+        "The object store's settings as a JSON object, as fsspec's storage_options take them (endpoint, "
+        "credentials, ...), for inputs and an output in a store; per scheme under its name "
+        "('{\"s3\": {...}}') [default: the store's own variables, e.g. AWS_*].",
+        runtime=True,
+    ) = None
+    scratch: option(
+        str | None,
+        "A store prefix for the scratch (encoded chunks, state) of a run whose output is in a store "
+        "[default: <output>/.partial/].",
+        runtime=True,
+    ) = None
     ray: RayOptions = msgspec.field(default_factory=RayOptions)

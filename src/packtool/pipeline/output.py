@@ -1,4 +1,10 @@
-"""The output directory, written atomically, and resumable.
+"""The output directory, written atomically, and resumable: on local disk (``OutputDir``) or in an object
+store (``StoreOutput``); ``open_output`` picks the one for ``--output``. Both give the pipeline the same
+things: ``staging`` (the local folder its files are written in), ``scratch`` (``storage.scratch.Scratch``),
+``kept_in`` (what a message names as holding the kept work), ``shard_url`` and ``has_shard`` (where a
+written shard goes, whether an earlier attempt's is there), and ``begin``, ``commit``, ``abort``.
+
+**On local disk.**
 
 A run works in ``<output>.partial/`` (its scratch space in ``_work/``, guarded by a lock ``<output>.lock``
 so that a second job on the same output is refused) and renames it to ``<output>`` only when every shard
@@ -27,6 +33,9 @@ import filelock
 from packtool.errors import ConfigError
 from packtool.fileio import write_json_atomic
 from packtool.manifest import MANIFEST, Manifest
+from packtool.pipeline.store_output import StoreOutput
+from packtool.storage.scratch import Scratch
+from packtool.storage.urls import is_url
 
 
 class OutputDir:
@@ -38,6 +47,10 @@ class OutputDir:
             raise ConfigError(f"{output}: cannot be the output directory (the root of the file system)")
         self.partial = self.final.with_name(self.final.name + ".partial")
         self.work = self.partial / "_work"
+        self.staging, self.scratch, self.kept_in = self.partial, Scratch(str(self.work)), str(self.partial)
+        self.shard_url: str | None = None  # shards stay where they are written: the directory is renamed
+        self.fetch_shard = None  # (formats.base.FetchShard) the shards are in staging
+        self.taken_over = None  # the lock is released by the system when its holder dies: never taken over
         self.overwrite = overwrite
         self.lock_path = self.final.with_name(self.final.name + ".lock")
         self._lock: filelock.FileLock | None = None
@@ -109,6 +122,14 @@ class OutputDir:
     def path(self, name: str) -> Path:
         return self.partial / name
 
+    def has_shard(self, name: str, size: int) -> bool:
+        """Whether an earlier attempt of this run left the shard ``name`` whole (``size`` bytes)."""
+        path = self.partial / name
+        return path.exists() and path.stat().st_size == size
+
+    def before_write(self) -> None:
+        """Nothing to do before the shards are written: an old output is replaced only at ``commit``."""
+
     def commit(self, manifest: Manifest) -> None:
         """Write the manifest last, drop the scratch space, and move the whole directory into place."""
         shutil.rmtree(self.work, ignore_errors=True)
@@ -173,3 +194,16 @@ def _take_lock(lock_path: Path, final: Path) -> filelock.FileLock:
             f"wait for it to finish (lock {lock_path})"
         ) from None
     return lock
+
+
+Output = OutputDir | StoreOutput
+
+
+def open_output(output: str, overwrite: bool = False, scratch: str | None = None) -> Output:
+    """The run's output, opened (checked, locked): ``OutputDir`` for a local path, ``StoreOutput`` for a
+    URL (``scratch``: a store prefix for the run's scratch, else ``<output>/.partial/``)."""
+    if is_url(output):
+        return StoreOutput(output, overwrite=overwrite, scratch=scratch).open()
+    if scratch is not None:
+        raise ConfigError("--scratch: takes a store prefix for an output in a store (--output s3://...)")
+    return OutputDir(output, overwrite=overwrite).open()

@@ -45,12 +45,10 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from packtool.binding import content_run_key
@@ -88,7 +86,7 @@ from packtool.pipeline.identity import (
 )
 from packtool.pipeline.images import vision_record
 from packtool.pipeline.interrupt import stop_on_interrupt
-from packtool.pipeline.output import OutputDir
+from packtool.pipeline.output import Output, open_output
 from packtool.pipeline.preflight import check_memory, check_vision_options, unread_token_fields
 from packtool.pipeline.report import losses_line as losses_line  # the CLI's, imported with run_pack
 from packtool.pipeline.report import summary_line as summary_line
@@ -96,8 +94,11 @@ from packtool.pipeline.stores import EncodedStore, open_store
 from packtool.pipeline.summary import build_manifest, input_entries, lowest_version, run_stats, with_path
 from packtool.pipeline.write import ShardTask, finished_shard, output_columns, split_shard_ranges
 from packtool.readers.base import SourceBatch
+from packtool.readers.decode import decoded_warnings
 from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs, unread_files
+from packtool.readers.parquet import num_rows as parquet_rows
 from packtool.schema import per_pack_sum
+from packtool.storage.urls import configure as configure_storage
 from packtool.version import __version__
 
 DEFAULT_RANKS = 8  # the step the image statistics' spread is measured over without --balance-visual-tokens
@@ -119,11 +120,13 @@ def run_pack(
     same command resumes the run.
     """
     options.check_required()
+    configure_storage(options.running.storage_options)  # inputs, output and workers' stores
     # resolved once: the memory check and the engine size themselves by it
     options = options.replace(num_proc=resolve_num_proc(options.to_dict()))
     check_memory(options)
     show = (not options.running.quiet) if progress is None else progress
-    out = OutputDir(options.output.output, overwrite=options.running.overwrite).open()
+    running = options.running
+    out = open_output(options.output.output, overwrite=running.overwrite, scratch=running.scratch)
     try:
         with stop_on_interrupt():  # Ctrl-C: "stopping" at once, a second one stops at once
             try:
@@ -136,7 +139,7 @@ def run_pack(
     except WorkerDied as e:  # killed from outside (out of memory): keep the work for a resume
         out.abort(keep=True)
         raise WorkerDied(
-            f"{e}; the finished work is kept in {out.partial}: run the same command again to resume"
+            f"{e}; the finished work is kept in {out.kept_in}: run the same command again to resume"
         ) from None
     except OSError as e:  # reading errors are InputError by now: this is the output (disk full, ...)
         out.abort()
@@ -171,14 +174,14 @@ class _Say:
             self.say(text)
 
 
-def _input_rows(inputs: list[str], input_format: str) -> int | None:
+def _input_rows(inputs: list[str], files: Any) -> int | None:
     """Records in the inputs when the files say so cheaply (Parquet footers), else ``None``."""
     total = 0
-    for kind, source, _ in expand_inputs(inputs, input_format):
+    for kind, source, _ in expand_inputs(inputs, files):
         if kind != "parquet":
             return None
         try:
-            total += pq.ParquetFile(source).metadata.num_rows
+            total += parquet_rows(source)
         except Exception:  # the reader names a damaged file; the bar just goes without its total
             return None
     return total
@@ -201,9 +204,6 @@ class _FieldsRead:
         return fields_read(self.options.encoding, self.sample_format)
 
 
-PROBE_RECORDS = 16  # the first records a custom encoder is run on for its identity (``describe_encoder``)
-
-
 def start_run(
     options: PackOptions, sample_format: str, engine: Any = None, first: SourceBatch | None = None
 ) -> tuple[RunSpec, EncoderFacts]:
@@ -211,16 +211,14 @@ def start_run(
     built in this process, or in one of ``engine``'s workers when it is slow to build (``SLOW_TO_BUILD``):
     a bad tokenizer or processor fails here, before any record is encoded. The spec carries what that
     encoder found that the workers' need not find again (``Encoder.state()``); a custom encoder's identity
-    holds what it makes of ``first``'s first ``PROBE_RECORDS`` records."""
+    holds what it makes of ``first``'s first records (``encode.describe_encoder``)."""
     spec = RunSpec(json.dumps(options.to_dict()), sample_format, os.urandom(8).hex())
     tokens = options.encoding.tokens
-    named = {"bos": tokens.bos_token, "eos": tokens.eos_token}
+    task = (spec, {"bos": tokens.bos_token, "eos": tokens.eos_token}, options.packing.pad_token_id, first)
     if engine is not None and sample_format in SLOW_TO_BUILD:  # (no custom encoder: nothing to probe)
-        task = (spec, named, options.packing.pad_token_id, None)
-        (facts,) = engine.map(describe_encoder, [task])  # unpacked: the map generator runs to its end
+        (facts,) = engine.map(describe_encoder, [(*task[:3], None)])  # the map generator runs to its end
     else:
-        probe = first.slice(0, min(first.num_rows, PROBE_RECORDS)) if first is not None else None
-        facts = describe_encoder((spec, named, options.packing.pad_token_id, probe))
+        facts = describe_encoder(task)
     return dataclasses.replace(spec, encoder_state=facts.state), facts
 
 
@@ -258,21 +256,23 @@ class _Planned:
     warnings: list[str]
 
 
-def _run(options: PackOptions, out: OutputDir, show: bool, say: _Say) -> Manifest:
+def _run(options: PackOptions, out: Output, show: bool, say: _Say) -> Manifest:
     values = options.to_dict()
     with make_engine(options.running, resolve_num_proc(values), worker_preload(values)) as engine:
+        if out.taken_over is not None:
+            say.warning(f"{out.final}: took over the lock of a run that is dead ({out.taken_over})")
         started = _start(options, say, engine)
         stamps = input_stamps(options.reading.inputs, started.expand)  # the inputs as the run starts reading
         resume = out.begin({"run_id": started.identity_key, "inputs": stamps, "packtool": __version__})
         if resume is not None and not resume["resumed"]:
             say.note(
-                f"{out.partial} holds an interrupted run of another job (options, inputs or tokenizer "
+                f"{out.kept_in} holds an interrupted run of another job (options, inputs or tokenizer "
                 "differ); starting afresh"
             )
         resumed = bool(resume and resume["resumed"])
         if resumed:
-            say.note(f"resuming the interrupted run in {out.partial} (finished chunks and shards kept)")
-        store = open_store(started.spec, options, started.sample_format, str(out.work), engine, resumed)
+            say.note(f"resuming the interrupted run in {out.kept_in} (finished chunks and shards kept)")
+        store = open_store(started.spec, options, started.sample_format, out.scratch, engine, resumed)
         for line in store.resume_notes():
             say.note(line)
         progress.step_done("read", 0)  # (a test or a benchmark may time the steps from here)
@@ -294,8 +294,8 @@ def _start(options: PackOptions, say: _Say, engine: Any) -> _Started:
     run's identity; say what the user should know before the work."""
     sink = ErrorSink(options.running.on_error)  # bad records met while reading
     fields = _FieldsRead(options)
-    input_format = options.reading.files.input_format
-    expand = functools.partial(expand_inputs, input_format=input_format)
+    files = options.reading.files
+    expand = functools.partial(expand_inputs, files=files)
     # workers (local processes or Ray tasks) read their own rows and lines: the driver hands out ranges
     batches = read_inputs(
         options.reading.inputs,
@@ -304,7 +304,7 @@ def _start(options: PackOptions, say: _Say, engine: Any) -> _Started:
         sink=sink,
         lazy=True,
         used_fields=fields,
-        input_format=input_format,
+        files=files,
     )
     first = next(batches, None)
     if first is None:
@@ -316,9 +316,9 @@ def _start(options: PackOptions, say: _Say, engine: Any) -> _Started:
     if sample_format == "vision":
         check_vision_options(options)
     run_warnings = unread_token_fields(first.schema) if sample_format == "pretokenized" else []
-    for unread in unread_files(options.reading.inputs, input_format):  # what the directories hold unread
+    for unread in unread_files(options.reading.inputs, files):  # what the directories hold unread
         run_warnings += unread.warnings()
-        if note := unread.note():
+        for note in unread.notes():
             say.note(f"note: {note}")
     _say_positions(options, say)
     spec, facts = start_run(options, sample_format, engine, first)
@@ -363,9 +363,9 @@ def _encode(
 ) -> None:
     """Encode the input into ``store``, with the encode bar: the input's bytes where they are known as
     ranges are handed out, else Parquet's rows from the footers, else records."""
-    input_format = options.reading.files.input_format
-    size = input_bytes(options.reading.inputs, input_format) if show else None
-    rows = _input_rows(options.reading.inputs, input_format) if show and size is None else None
+    files = options.reading.files
+    size = input_bytes(options.reading.inputs, files) if show else None
+    rows = _input_rows(options.reading.inputs, files) if show and size is None else None
     kw = dict(unit="B", unit_scale=True, unit_divisor=1024, total=size) if size else {"total": rows}
     encoded, records_done = 0, 0
     with _progress(show, desc="encode", **({"unit": " records"} | kw)) as bar:
@@ -476,30 +476,31 @@ def _write(
     store: EncodedStore,
     spec: RunSpec,
     options: PackOptions,
-    out: OutputDir,
+    out: Output,
     resumed: bool,
     show: bool,
     say: _Say,
 ) -> list[ShardEntry]:
     """Write the shards (those a killed attempt of this run finished are kept); their entries in order."""
-    work, plan, numbers = str(out.work), planned.plan, shard_numbers(planned.ranges)
+    plan, numbers = planned.plan, shard_numbers(planned.ranges)
     finished = {}
     if resumed:
         finished = {
-            i: e for i in range(len(planned.ranges)) if (e := finished_shard(work, str(out.partial), i))
+            i: e for i in range(len(planned.ranges)) if (e := finished_shard(out.scratch, out.has_shard, i))
         }
         say.note(store.resumed_note(f"{len(finished)} of {len(planned.ranges)} shards were already done"))
-    (Path(work) / "shards").mkdir(exist_ok=True)
+    out.before_write()
     n = options.packing.packed_sequence_size
     tasks = (
         ShardTask(
             spec,
             ShardMeta(planned.run_id, i, a, n),
             plan.slice(a, b),
-            work,
-            str(out.partial),
+            out.scratch,
+            str(out.staging),
             split,
             numbers[i],
+            out.shard_url,
         )  # fmt: skip
         for i, (a, b, split) in enumerate(planned.ranges)
         if i not in finished
@@ -521,11 +522,11 @@ def _manifest(
     metas: list[dict],
     started: _Started,
     options: PackOptions,
-    out: OutputDir,
+    out: Output,
 ) -> Manifest:
     """The finished run's errors log, manifest, dataset index and card (the manifest is committed last)."""
     if planned.skipped.total:
-        with open(out.partial / ERRORS_LOG, "w") as f:
+        with open(out.staging / ERRORS_LOG, "w") as f:
             f.writelines(json.dumps(e) + "\n" for e in planned.skipped.entries)
     identity = {k: v for k, v in started.identity.items() if k != "processor"}  # (its own record below)
     manifest = build_manifest(
@@ -552,7 +553,9 @@ def _manifest(
             options.encoding.vision.balance_visual_tokens or DEFAULT_RANKS,
         )
     fmt = get_format(options.output.format)
-    manifest.index_files = fmt.writer.write_dataset_index(out.partial, manifest, options.output)
+    manifest.index_files = fmt.writer.write_dataset_index(
+        out.staging, manifest, options.output, out.fetch_shard
+    )
     warnings = planned.warnings
     precut = sum(m.get("precut_samples", 0) for m in metas)
     if precut:  # recorded: what of the input was never tokenized
@@ -562,8 +565,8 @@ def _manifest(
             f"{precut:,} text sample(s) longer than {limit:,} characters were cut to that length before "
             "tokenizing (--long-samples truncate keeps only their first tokens)",
         ]
-    manifest.warnings = warnings
-    write_dataset_card(out.partial, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
+    manifest.warnings = warnings + decoded_warnings(planned.skipped.notes, options.reading.files.decode)
+    write_dataset_card(out.staging, manifest, fmt.suffix)  # datasets.load_dataset(DIR) reads it
     return manifest
 
 
@@ -576,8 +579,9 @@ def _merge_skipped(options: PackOptions, sink: ErrorSink, metas: list[dict]) -> 
     for part in (sink, encoding):
         for code, n in part.counts.items():
             total.counts[code] = total.counts.get(code, 0) + n
+        total.merge({"notes": part.notes})  # what the readers did to records kept (--decode, --exclude)
     # each part's entries are its first MAX_LOGGED in input order, so together they hold the first overall
-    inputs = expand_inputs(options.reading.inputs, options.reading.files.input_format)
+    inputs = expand_inputs(options.reading.inputs, options.reading.files)
     order = {src: i for i, (_, src, _) in enumerate(inputs)}
     entries = sorted(
         sink.entries + encoding.entries,

@@ -25,19 +25,18 @@ Example::
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any, Protocol
 
 from packtool.manifest import ShardEntry
 from packtool.options import PackOptions
-from packtool.pipeline.chunks import ChunkStore, chunk_dir, chunk_intact, read_chunk_meta
+from packtool.pipeline.chunks import ChunkStore, chunk_intact, chunk_name, read_chunk_meta
 from packtool.pipeline.encode import RunSpec, encode_to_chunks
 from packtool.pipeline.engines.local import thread_map
 from packtool.pipeline.memory import encode_in_memory, use_memory_store
 from packtool.pipeline.write import ShardTask, write_shard
 from packtool.readers.base import SourceBatch
+from packtool.storage.scratch import Scratch, as_scratch
 
 OnChunk = Callable[[dict, bool], None]  # (a chunk's meta, encoded now rather than kept from a killed run)
 
@@ -60,13 +59,15 @@ class EncodedStore(Protocol):
 class ScratchChunks:
     """Encoded chunks in the scratch directory ``work``, encoded and read by ``engine``'s workers."""
 
-    def __init__(self, spec: RunSpec, options: PackOptions, work: str, engine: Any, resumed: bool) -> None:
+    def __init__(
+        self, spec: RunSpec, options: PackOptions, work: Scratch, engine: Any, resumed: bool
+    ) -> None:
         self.spec, self.options, self.work, self.engine = spec, options, work, engine
         found = _chunk_metas(work) if resumed else {}
         self.damaged = [i for i, m in found.items() if not chunk_intact(work, m, i)]
         self.done = {i: _without_digest(m) for i, m in found.items() if i not in self.damaged}
         for i in self.damaged:  # not what was written (a disk fault, an edit): encode it again
-            _remove(chunk_dir(work, i))
+            _remove(work, chunk_name(i))
         self.metas: list[dict] = []
         self.chunks: ChunkStore
 
@@ -74,7 +75,7 @@ class ScratchChunks:
         self.metas = encode_to_chunks(
             self.spec, self.options, records, self.work, self.engine, on_chunk, self.done
         )
-        self.chunks = ChunkStore(Path(self.work), self.metas)
+        self.chunks = ChunkStore(self.work, self.metas)
 
     def write_shards(self, tasks: Iterable[ShardTask]) -> Iterator[ShardEntry]:
         return self.engine.map(_write_shard_task, tasks)
@@ -95,7 +96,7 @@ class ScratchChunks:
 class InMemory:
     """Encoded samples held in this process (``memory.MemoryStore``), written by ``num_proc`` threads."""
 
-    def __init__(self, spec: RunSpec, options: PackOptions, work: str) -> None:
+    def __init__(self, spec: RunSpec, options: PackOptions, work: Scratch) -> None:
         self.spec, self.options, self.work = spec, options, work
         self.metas: list[dict] = []
         self.chunks: ChunkStore
@@ -115,10 +116,11 @@ class InMemory:
 
 
 def open_store(
-    spec: RunSpec, options: PackOptions, sample_format: str, work: str, engine: Any, resumed: bool
+    spec: RunSpec, options: PackOptions, sample_format: str, work: Scratch, engine: Any, resumed: bool
 ) -> EncodedStore:
     """The run's store: in memory when the input is pretokenized Parquet that fits
     (``memory.use_memory_store``), else scratch chunks."""
+    work = as_scratch(work)
     if use_memory_store(options, sample_format):
         return InMemory(spec, options, work)
     return ScratchChunks(spec, options, work, engine, resumed)
@@ -128,14 +130,18 @@ def _write_shard_task(task: ShardTask) -> ShardEntry:
     return write_shard(task)
 
 
-def _chunk_metas(work: str) -> dict[int, object]:
+def _chunk_metas(work: Scratch) -> dict[int, object]:
     """The ``meta.json`` of each chunk a killed attempt of this run finished, by index (as read: None or
-    anything else where it is not a chunk's whole meta, ``chunks.chunk_intact`` tells)."""
+    anything else where it is not a chunk's whole meta, ``chunks.chunk_intact`` tells); locally, a
+    ``meta.json`` that is no regular file (a FIFO) counts too, to be found damaged."""
+    names = set(work.names())
+    if work.local.is_dir():
+        names |= {p.relative_to(work.local).as_posix() for p in work.local.glob("chunk-*/meta.json")}
     metas = {}
-    for path in sorted(Path(work).glob("chunk-*/meta.json")):
-        number = path.parent.name.removeprefix("chunk-")
-        if number.isdigit():  # (not a chunk-NNNNNN.tmp-PID a killed worker left: its own writer removes it)
-            metas[int(number)] = read_chunk_meta(work, int(number))
+    for name in sorted(names):
+        folder, _, file = name.partition("/")
+        if file == "meta.json" and folder.startswith("chunk-") and folder[6:].isdigit():
+            metas[int(folder[6:])] = read_chunk_meta(work, int(folder[6:]))
     return metas
 
 
@@ -144,9 +150,8 @@ def _without_digest(meta: dict) -> dict:
     return {k: v for k, v in meta.items() if k != "meta_digest"}
 
 
-def _remove(path: Path) -> None:
-    """A damaged chunk's directory removed (or a link put in its place)."""
-    if path.is_symlink():
-        path.unlink()
-    else:
-        shutil.rmtree(path)
+def _remove(work: Scratch, name: str) -> None:
+    """A damaged chunk removed, here and in the store (a link put in its folder's place too)."""
+    if work.path(name).is_symlink():
+        work.path(name).unlink()
+    work.remove(name)

@@ -24,6 +24,7 @@ from packtool.manifest import (
 )
 from packtool.options import PackOptions
 from packtool.packing.plan import PackPlan
+from packtool.stats import READ_NOTES
 
 
 def run_stats(
@@ -36,7 +37,8 @@ def run_stats(
     """What happened to every input sample and token of the run, from its plan.
 
     ``lengths``: the planned samples' lengths; ``empty_loss``: (samples, tokens) with nothing to learn
-    (under ``empty_loss=drop`` they reach the planner as empty samples); ``skipped``: the bad records.
+    (under ``empty_loss=drop`` they reach the planner as empty samples); ``skipped``: the bad records,
+    and what the readers counted beside them (``READ_NOTES``).
     Raises ``AssertionError`` when the fates do not add up (a packtool bug).
     """
     n = options.packing.packed_sequence_size
@@ -67,6 +69,7 @@ def run_stats(
         empty_loss_tokens=empty_loss_tokens if dropping else 0,
         skipped_samples=skipped.total if skipped else 0,
         skipped_by_reason=dict(sorted(skipped.counts.items())) if skipped else {},
+        **{k: skipped.notes.get(k, 0) for k in READ_NOTES if skipped},
     )
     wrong = stats.check()
     assert not wrong, f"packtool bug, the run's accounting: {'; '.join(wrong)}"

@@ -9,6 +9,7 @@ leaves a record in ``_work/shards/`` so that a resumed run keeps it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from packtool.packs import PackArrays, pack_position_ids
 from packtool.pipeline.chunks import ChunkStore
 from packtool.pipeline.encode import RunSpec, worker
 from packtool.schema import pack_of_piece, pack_seq_lens, piece_starts
+from packtool.storage.folders import StoreFolder
+from packtool.storage.scratch import Scratch, as_scratch
 
 
 def output_columns(options: PackOptions, store: ChunkStore) -> list[str]:
@@ -107,26 +110,29 @@ def build_pack_arrays(
 @dataclass(frozen=True)
 class ShardTask:
     """One shard to write: the run (``spec``), the shard (``meta``: the run id, its index, its first pack),
-    its packs (``plan``), where the encoded samples (``work_dir``) and the output (``out_dir``) are, its
-    ``split`` and its ``number`` among the shards of its split (``val-000000`` is the first validation
-    shard)."""
+    its packs (``plan``), where the encoded samples are (``scratch``) and the local folder it is written in
+    (``out_dir``), its ``split`` and its ``number`` among the shards of its split (``val-000000`` is the
+    first validation shard); ``out_url``: the store prefix it is uploaded to once written (an output in a
+    store), else None."""
 
     spec: RunSpec
     meta: ShardMeta
     plan: PackPlan
-    work_dir: str
+    scratch: Scratch
     out_dir: str
     split: str = "train"
     number: int = 0
+    out_url: str | None = None
 
 
 def write_shard(task: ShardTask, store: ChunkStore | None = None) -> ShardEntry:
-    """Write ``task``'s shard into its output directory; returns its manifest entry. The tokens come from
-    ``store`` (a ``MemoryStore`` the caller holds), else from the chunks in ``task.work_dir``."""
-    spec, meta, plan, work_dir = task.spec, task.meta, task.plan, task.work_dir
+    """Write ``task``'s shard into its output directory (uploaded to the store of an output there, and
+    removed here); returns its manifest entry. The tokens come from ``store`` (a ``MemoryStore`` the caller
+    holds), else from the chunks in ``task.scratch``."""
+    spec, meta, plan, scratch = task.spec, task.meta, task.plan, as_scratch(task.scratch)
     w = worker(spec)
     options = w.options
-    store = store if store is not None else w.store(work_dir)
+    store = store if store is not None else w.store(scratch)
     writer = get_format(options.output.format).writer
     step = writer.block_packs(options.output, options.packing.packed_sequence_size) or max(plan.num_packs, 1)
     columns = output_columns(options, store)
@@ -137,8 +143,17 @@ def write_shard(task: ShardTask, store: ChunkStore | None = None) -> ShardEntry:
         for a in range(0, plan.num_packs, step)
     )
     path = Path(task.out_dir) / writer.shard_name(task.number, task.split)
+    path.parent.mkdir(parents=True, exist_ok=True)  # a machine of a cluster that wrote nothing yet
     entry = shard_entry(path, meta, plan, task.split, writer.write(path, blocks, meta, options.output))
-    write_json_atomic(_record(work_dir, meta.shard), entry.to_dict())  # done: a resumed run skips it
+    if task.out_url is not None:
+        shard_format = get_format(options.output.format)
+        for name in [entry.path, *shard_format.reader.index_files(entry)]:  # the shard, then its index
+            StoreFolder(task.out_url).put_file(path.with_name(name), name)
+            path.with_name(name).unlink()
+    record = _record(meta.shard)
+    scratch.path(record).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(scratch.path(record), entry.to_dict())  # done: a resumed run skips it
+    scratch.publish(record)
     return entry
 
 
@@ -160,18 +175,22 @@ def shard_entry(path: Path, meta: ShardMeta, plan: PackPlan, split: str, fields:
     )
 
 
-def _record(work_dir: str, index: int) -> Path:
-    return Path(work_dir) / "shards" / f"packs-{index:06d}.json"
+def _record(index: int) -> str:
+    """The scratch's record of finished shard ``index``."""
+    return f"shards/packs-{index:06d}.json"
 
 
-def finished_shard(work_dir: str, out_dir: str, index: int) -> ShardEntry | None:
-    """The entry of shard ``index`` if an earlier attempt of this run wrote it whole, else None."""
-    record = _record(work_dir, index)
+def finished_shard(scratch: Scratch, has_shard: Callable[[str, int], bool], index: int) -> ShardEntry | None:
+    """The entry of shard ``index`` if an earlier attempt of this run wrote it whole (its record is in the
+    ``scratch``, and ``has_shard(name, size)`` finds it in the output), else None."""
+    try:
+        record = as_scratch(scratch).fetch(_record(index), fresh=True)
+    except FileNotFoundError:
+        return None
     if not record.exists():
         return None
     entry = ShardEntry.from_dict(json.loads(record.read_text()))
-    shard = Path(out_dir) / entry.path
-    return entry if shard.exists() and shard.stat().st_size == entry.bytes else None
+    return entry if has_shard(entry.path, entry.bytes) else None
 
 
 def split_shard_ranges(

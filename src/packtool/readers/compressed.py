@@ -22,6 +22,9 @@ from typing import BinaryIO
 
 import pyarrow as pa
 
+from packtool.storage.files import open_read
+from packtool.storage.urls import is_url
+
 # a file's last suffix -> pyarrow's codec name
 CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".zstd": "zstd", ".lz4": "lz4"}
 # the first bytes of a stream of each codec (lz4: the frame format, which pyarrow's "lz4" reads)
@@ -46,7 +49,7 @@ def codec_of(path: str | os.PathLike) -> str | None:
     'gzip'
     """
     try:
-        with open(path, "rb") as f:
+        with open_read(path, block_size=1 << 16) as f:
             head = f.read(4)
     except OSError:
         return input_format(path)[1]
@@ -63,5 +66,6 @@ def open_input(path: str | os.PathLike) -> BinaryIO:
     found."""
     codec = codec_of(path)
     if codec is None:
-        return open(path, "rb")
-    return io.BufferedReader(pa.input_stream(os.fspath(path), compression=codec), buffer_size=1 << 20)
+        return open_read(path)
+    source = open_read(path) if is_url(os.fspath(path)) else os.fspath(path)  # pyarrow opens a local one
+    return io.BufferedReader(pa.input_stream(source, compression=codec), buffer_size=1 << 20)

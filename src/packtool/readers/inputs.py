@@ -12,26 +12,32 @@ Supported inputs, with ``input_format="auto"`` (files known by name):
   (``readers.webdataset``);
 * ``*.txt``: one sample per non-blank line;
 * those but Parquet and tar compressed (gzip, bz2, zstd, lz4; ``readers.compressed``, told by content);
-* a directory: its files and its subdirectories' (hidden ones and symbolic links to directories left
-  out), each read by its name; if they are all text files, one sample per file. Files of no known
-  format in it (a README, ``copyright``, ``changelog.Debian.gz``) are left out, and ``unread_files``
-  says which, for the run to say so;
+* a directory: its files and its subdirectories' (hidden ones left out; symbolic links to directories
+  too, unless ``follow_symlinks``: then each real directory is read once), each read by its name; if
+  they are all text files, one sample per file. Files of no known format in it (a README,
+  ``copyright``, ``changelog.Debian.gz``) are left out, and ``unread_files`` says which, for the run to
+  say so;
 * a directory written by ``datasets``' ``save_to_disk``;
 * ``hf:NAME[:CONFIG]``: ``datasets.load_dataset`` (offline from the local cache).
 
-Globs take ``**`` for any depth of subdirectories. ``input_format`` ``jsonl``, ``parquet`` or ``text``
-reads every file as that format, whatever its name (``text``: a file gives one sample per line, a
-directory one sample per file, every file of it).
+Globs take ``**`` for any depth of subdirectories; a local one is listed by the walk a directory has
+(``listing.scan_directory``), so that ``DIR/**`` and ``DIR`` read the same files. ``include`` and
+``exclude`` patterns (``listing.Patterns``) pick the files of a directory, a prefix or a glob, by their
+path below it. ``input_format`` ``jsonl``, ``parquet`` or ``text`` reads every file as that format,
+whatever its name (``text``: a file gives one sample per line, a directory one sample per file, every
+file of it). Text that is not UTF-8 is read by ``decode`` (``readers.decode``). All of these come in
+the run's ``FileOptions``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import glob
 import os
 import stat
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,94 +47,367 @@ from packtool.readers.base import SourceBatch, UsedFields
 from packtool.readers.compressed import input_format as name_format
 from packtool.readers.compressed import is_compressed
 from packtool.readers.jsonl import read_jsonl
+from packtool.readers.listing import (
+    KNOWN,
+    DirectoryTree,
+    Parts,
+    Patterns,
+    Unread,
+    match,
+    plain_name,
+    reader_of,
+    scan_directory,
+    split_glob,
+)
+from packtool.readers.listing import count_of as _count
+from packtool.readers.listing import names_of as _names
+from packtool.readers.options import FileOptions
 from packtool.readers.parquet import read_parquet
 from packtool.readers.text import read_text_dir, read_text_lines
 from packtool.readers.webdataset import read_webdataset
 from packtool.safepath import file_kind
+from packtool.storage.files import exists, file_sizes, glob_urls, has_glob, list_prefix, open_read, size
+from packtool.storage.files import stat as stat_path
+from packtool.storage.urls import is_url, join
 
 __all__ = [
     "SourceBatch",
     "expand_inputs",
     "input_bytes",
+    "list_input",
     "piece_bytes",
     "read_inputs",
     "record_bytes",
     "unread_files",
 ]
 
-_FILE_READERS = {
-    ".jsonl": "jsonl",
-    ".json": "jsonl",
-    ".ndjson": "jsonl",
-    ".parquet": "parquet",
-    ".txt": "text",
-    ".tar": "webdataset",
-}
-KNOWN = ".jsonl .json .ndjson .parquet .txt .tar"
 
-
-def _is_hf_disk(path: Path) -> bool:
+def _is_hf_disk(path: Path | str) -> bool:
+    if is_url(str(path)):
+        return exists(join(str(path), "state.json")) or exists(join(str(path), "dataset_dict.json"))
     return (path / "state.json").exists() or (path / "dataset_dict.json").exists()
 
 
-def expand_inputs(inputs: list[str], input_format: str = "auto") -> list[tuple[str, str, list[str]]]:
+Entry = tuple[str, str, list[str]]  # (reader kind, source, the files of a text directory, else [])
+
+
+def file_options(files: FileOptions | str) -> FileOptions:
+    """``files`` as ``FileOptions``: a string names the input format alone (``"text"``)."""
+    return FileOptions(input_format=files) if isinstance(files, str) else files
+
+
+@dataclass
+class InputListing:
+    """One input, listed: its ``entries`` (``expand_inputs``), and what it holds that a run leaves out or
+    reads otherwise than the user may think (``unread``: one per directory read, one for a pattern)."""
+
+    entries: list[Entry]
+    unread: list[Unread]
+
+
+def expand_inputs(inputs: list[str], files: FileOptions | str = "auto") -> list[Entry]:
     """Resolve inputs to ``(kind, source, files)`` entries, in a deterministic order (``files``: a text
-    directory's files, one sample each; else empty). A file is read once per input even where a glob
-    matches it and a directory above it (``DIR/**``).
+    directory's files, one sample each; else empty). The ``files`` argument is the run's ``FileOptions``,
+    which pick the files (``--include``, ``--exclude``, ``--follow-symlinks``) and read them, or the input
+    format alone. A file is read once per input even where a glob matches it and a directory above it
+    (``DIR/**``).
 
     Raises ``InputError`` for a path that does not exist or has no known format.
     """
-    out: list[tuple[str, str, list[str]]] = []
-    for spec in inputs:
-        if spec.startswith("hf:"):
-            out.append(("hf_hub", spec, []))
+    files = file_options(files)
+    return [entry for spec in inputs for entry in list_input(spec, files).entries]
+
+
+def list_input(spec: str, files: FileOptions) -> InputListing:
+    """``InputListing`` of one input: ``hf:NAME``, a URL, a file, a directory or a glob."""
+    if spec.startswith("hf:"):
+        return InputListing([("hf_hub", spec, [])], [])
+    if is_url(spec):
+        return _list_url(spec, files)
+    if glob.has_magic(spec) and not os.path.lexists(spec):  # (data[1].jsonl may be a file's name)
+        return _list_glob(spec, files)
+    path = Path(spec)
+    plain_name(path)
+    if not path.exists():
+        raise _missing(path)
+    if not path.is_dir():
+        return InputListing([_file_entry(str(path), files.input_format)], [])
+    if _is_hf_disk(path):
+        return InputListing([("hf_disk", str(path), [])], [])
+    patterns = Patterns.of(files.include, files.exclude)
+    tree = scan_directory(path, follow_symlinks=files.follow_symlinks, patterns=patterns)
+    listing = _read_tree(str(path), lambda p: str(path.joinpath(*p)), tree, (), files, patterns)
+    if not listing.entries:
+        raise InputError(
+            _nothing_known("directory holds no file {known}", "holds", "file", listing.unread, str(path)),
+            source=str(path),
+        )
+    return listing
+
+
+def _file_entry(name: str, input_format: str) -> Entry:
+    """A file read by itself: its reader, once a local one is known to be a readable regular file."""
+    kind = reader_of(name, input_format)
+    if not kind:
+        raise _unknown_format(name)
+    if is_url(name):
+        return (kind, name, [])
+    mode = os.stat(name).st_mode
+    if not stat.S_ISREG(mode):  # a FIFO would be read once and then block; a device never ends
+        raise InputError(f"is {file_kind(mode)}, not a regular file: write it to a file first", source=name)
+    if not os.access(name, os.R_OK):
+        raise InputError("file is not readable (permission denied)", source=name)
+    return (kind, name, [])
+
+
+def _read_tree(
+    source: str,
+    name: Callable[[Parts], str],
+    tree: DirectoryTree,
+    top: Parts,
+    files: FileOptions,
+    patterns: Patterns,
+) -> InputListing:
+    """The directory (or prefix) ``source`` read as one input: one text directory when every file read is
+    text (the others, a README, are not read), else each file by its reader; and what it leaves out.
+    ``tree``: what it holds, by parts below what the patterns match against (``top``: the directory's
+    own parts there); ``name(parts)``: a file's path or URL."""
+    fmt = files.input_format
+    kept, left, left_dirs = _pick(tree.files, patterns)
+    for parts in tree.broken:  # a broken link among the files read is named as one (not skipped)
+        if patterns.keeps(parts) and reader_of(parts[-1], fmt):
+            raise _missing(Path(name(parts)))
+    known = [p for p in kept if reader_of(p[-1], fmt)]
+    kinds = {reader_of(p[-1], fmt) for p in known}
+    if not known:
+        entries = []
+    elif kinds == {"text"}:
+        entries = [("text_dir", source, [name(p) for p in known])]
+    else:
+        entries = [(reader_of(p[-1], fmt), name(p), []) for p in known]
+
+    def rel(items: list[Parts]) -> list[str]:
+        return ["/".join(p[len(top) :]) for p in items]
+
+    unknown = [p for p in kept if not reader_of(p[-1], fmt)]
+    unknown += [p for p in tree.broken if not reader_of(p[-1], fmt)]
+    unread = Unread(
+        source,
+        rel(sorted(unknown)),
+        rel(tree.linked_dirs),
+        rel(tree.other),
+        rel(tree.hidden),
+        excluded=_excluded(rel, sorted(tree.excluded + left_dirs), left),
+        followed=rel(tree.followed),
+        repeated=list(
+            zip(rel([p for p, _ in tree.repeated]), [why for _, why in tree.repeated], strict=True)
+        ),
+    )
+    return InputListing(entries, [unread] if unread.warnings() or unread.notes() else [])
+
+
+def _pick(found: list[Parts], patterns: Patterns) -> tuple[list[Parts], list[Parts], list[Parts]]:
+    """The files of ``found`` the patterns keep, those they leave out, and the directories above files
+    that an exclude pattern matches (``Patterns.left_out``; a listing that went into them), in order."""
+    kept, files, dirs = [], [], {}
+    for parts in found:
+        out = patterns.left_out(parts)
+        if out is None:
+            kept.append(parts)
+        elif len(out) < len(parts):
+            dirs[out] = None
+        else:
+            files.append(parts)
+    return kept, files, list(dirs)
+
+
+def _excluded(names: Callable[[list[Parts]], list[str]], dirs: list[Parts], files: list[Parts]) -> list[str]:
+    """What ``--include``/``--exclude`` leave out, by ``names`` (a directory ``name/``), in tree order."""
+    marked = [(p, n + "/") for p, n in zip(dirs, names(dirs), strict=True)]
+    marked += zip(files, names(files), strict=True)
+    return [n for _, n in sorted(marked)]
+
+
+def _list_glob(spec: str, files: FileOptions) -> InputListing:
+    """A local pattern, listed by the walk a directory input has (hidden entries, links, ``--include`` and
+    ``--exclude`` alike, relative to the pattern's folder): a directory it matches is read as a directory
+    input (``DIR/**`` matches ``DIR``: the files below are read once), a file it matches by itself."""
+    folder, rest = split_glob(spec)
+    root = Path(folder or ".")
+    if not root.is_dir():
+        raise InputError("no file matches this pattern", source=spec)
+    patterns = Patterns.of(files.include, files.exclude)
+
+    def group_of(parts: Parts) -> Parts | None:
+        """The highest directory above ``parts`` the pattern matches (``()``: the folder itself)."""
+        return next((parts[:k] for k in range(len(parts)) if match(rest, parts[:k])), None)
+
+    def within(parts: Parts) -> bool:  # a directory the pattern may match, or one below a match
+        return match(rest, parts, partial=True) or group_of(parts) is not None
+
+    tree = scan_directory(root, follow_symlinks=files.follow_symlinks, patterns=patterns, within=within)
+    groups: dict[Parts, DirectoryTree] = {}
+    own = DirectoryTree()  # what the walk met outside the directories the pattern matches
+    for kind in dataclasses.fields(DirectoryTree):
+        for item in getattr(tree, kind.name):
+            group = group_of(item[0] if kind.name == "repeated" else item)
+            target = own if group is None else groups.setdefault(group, DirectoryTree())
+            getattr(target, kind.name).append(item)
+    entries: list[tuple[Parts, list[Entry]]] = []
+    unread: list[Unread] = []
+    for group, found in groups.items():
+        source = str(root.joinpath(*group))
+        if _is_hf_disk(root.joinpath(*group)):
+            entries.append((group, [("hf_disk", source, [])]))
             continue
-        literal, matches = _matches(spec)
+        listing = _read_tree(source, lambda p: str(root.joinpath(*p)), found, group, files, patterns)
+        entries.append((group, listing.entries))
+        unread += listing.unread
+    selected = sorted(p for p in own.files + own.broken + own.other if match(rest, p))
+    own.hidden = [p for p in own.hidden if match(rest, p, partial=True)]  # those it would have matched
+    mine, said = _read_matches(spec, lambda p: _under(folder, p), selected, own, files, patterns)
+    entries += [(parts, [entry]) for parts, entry in mine]
+    unread += [said] if said.warnings() or said.notes() else []
+    if not any(e for _, e in entries):
+        head = (
+            "no file {known} matches this pattern" if groups or selected else "no file matches this pattern"
+        )
+        said_too = [] if said in unread else [said]
+        raise InputError(_nothing_known(head, "matches", "file", [*unread, *said_too], spec), source=spec)
+    return InputListing([e for _, part in sorted(entries, key=lambda x: x[0]) for e in part], unread)
+
+
+def _under(folder: str, parts: Parts) -> str:
+    """A path below a pattern's folder, spelled as the pattern spells the folder (``./data/a.jsonl``)."""
+    if not folder:
+        return "/".join(parts)
+    return folder.rstrip("/") + "/" + "/".join(parts)
+
+
+def _read_matches(
+    spec: str,
+    name: Callable[[Parts], str],
+    selected: list[Parts],
+    own: DirectoryTree,
+    files: FileOptions,
+    patterns: Patterns,
+) -> tuple[list[tuple[Parts, Entry]], Unread]:
+    """The files pattern ``spec`` matches by themselves (``selected``, in tree order), each read as if
+    given by name; and what it leaves out: files of no known format it matches, those ``--include`` and
+    ``--exclude`` leave out, the links and hidden entries (``own``: what the walk met outside the
+    directories the pattern matches)."""
+    fmt = files.input_format
+    kept, left, left_dirs = _pick(selected, patterns)
+    broken = set(own.broken)
+    entries, unknown, per_line = [], [], []
+    for parts in kept:
+        if not reader_of(parts[-1], fmt):
+            unknown.append(name(parts))
+            continue
+        if parts in broken:
+            raise _missing(Path(name(parts)))
+        entries.append((parts, _file_entry(name(parts), fmt)))
+        if fmt == "text" and name_format(parts[-1])[0].lower() != ".txt":  # read a sample per line
+            per_line.append(name(parts))
+    names = lambda items: [name(p) for p in items]  # noqa: E731
+    said = Unread(
+        spec,
+        unknown,
+        names(own.linked_dirs),
+        [],
+        names(own.hidden),
+        excluded=_excluded(names, sorted(own.excluded + left_dirs), left),
+        followed=names(own.followed),
+        repeated=[(name(p), why) for p, why in own.repeated],
+        per_line=per_line,
+    )
+    return entries, said
+
+
+def _list_url(spec: str, files: FileOptions) -> InputListing:
+    """An object, a prefix (a directory: its objects, as a local directory's files) or a pattern (``*``,
+    ``**``: each object it matches by itself) in a store; ``--include``/``--exclude`` as for local inputs.
+    There are no links in a store, and objects under a hidden part (``.cache/``) are left out, as a local
+    tree's hidden entries."""
+    patterns = Patterns.of(files.include, files.exclude)
+    if has_glob(spec):
+        folder, _ = split_glob(spec)
+        base = folder.rstrip("/")
+        matches = glob_urls(spec)
         if not matches:
-            raise InputError("no file matches this pattern", source=spec)
-        seen: set[str] = set()  # the files this input's entries read so far
-        for m in matches:
-            if not literal and _unknown_file(Path(m), input_format):  # left out as in a directory
-                continue
-            for kind, source, files in _expand_path(Path(m), input_format):
-                if kind == "text_dir":
-                    files = [f for f in files if f not in seen]
-                    if not files:
-                        continue
-                elif source in seen:
-                    continue
-                seen.update(files or [source])
-                out.append((kind, source, files))
-        if not seen:
-            names = [m for m in matches if _unknown_file(Path(m), input_format)]
+            raise InputError("no object matches this pattern", source=spec)
+        own = DirectoryTree()
+        for url in matches:
+            parts = tuple(url[len(base) + 1 :].split("/"))
+            (own.hidden if any(p.startswith(".") for p in parts) else own.files).append(parts)
+        mine, said = _read_matches(spec, lambda p: join(base, *p), own.files, own, files, patterns)
+        if not mine:
             raise InputError(
-                f"no file of a known format ({KNOWN}, compressed or not) matches this pattern: it matches "
-                f"{_count(names, 'file')} ({_names(names)}); --input-format text reads every file as text",
+                _nothing_known("no object {known} matches this pattern", "matches", "object", [said], spec),
                 source=spec,
             )
+        return InputListing([e for _, e in mine], [said] if said.warnings() or said.notes() else [])
+    try:
+        kind = stat_path(spec).kind
+    except FileNotFoundError:
+        raise InputError("no such file or object (nor a prefix holding any)", source=spec) from None
+    if kind != "directory":
+        return InputListing([_file_entry(spec, files.input_format)], [])
+    base = spec.rstrip("/")
+    if _is_hf_disk(spec):
+        return InputListing([("hf_disk", base, [])], [])
+    listing = list_prefix(spec)
+    tree = DirectoryTree(
+        files=[tuple(f[len(base) + 1 :].split("/")) for f in listing.files],
+        hidden=[tuple(h.split("/")) for h in listing.hidden],
+    )
+    out = _read_tree(base, lambda p: join(base, *p), tree, (), files, patterns)
+    if not out.entries:
+        raise InputError(
+            _nothing_known("directory holds no file {known}", "holds", "file", out.unread, base), source=base
+        )
     return out
 
 
-def _matches(spec: str) -> tuple[bool, list[str]]:
-    """``(literal, paths)``: ``spec`` itself when it exists or has no glob characters (``data[1].jsonl``
-    is a file's name), else its glob's matches, sorted (``**``: any depth of subdirectories)."""
-    if not glob.has_magic(spec) or os.path.lexists(spec):
-        return True, [spec]
-    return False, sorted(glob.glob(spec, recursive=True))
+def _unknown_format(path: str | Path) -> InputError:
+    suffix, codec = name_format(path)
+    ext = os.path.splitext(os.fspath(path))[1]
+    return InputError(
+        f"unknown input format '{ext if codec is None else suffix + ext}' (known: "
+        f"{KNOWN}, those but .parquet compressed, a save_to_disk directory, hf:NAME; "
+        "--input-format text reads any file as text)",
+        source=str(path),
+    )
 
 
-def _unknown_file(path: Path, input_format: str) -> bool:
-    """``path`` is a file (or a link to none) that no reader reads by its name."""
-    return not path.is_dir() and not _reader_of(path, input_format)
+def _nothing_known(head: str, verb: str, one: str, unread: list[Unread], source: str) -> str:
+    """The error of the directory or pattern ``source`` of which no file is read: ``head`` (``{known}``:
+    of a known format), what it ``verb``s (``...: it holds 2 files (README, NEWS); --input-format text
+    ...``), and what the listing left out that may be why (below a directory a pattern matches: named by
+    their path)."""
 
+    def named(kind: str) -> list[str]:
+        return [n if u.source == source else f"{u.source}/{n}" for u in unread for n in getattr(u, kind)]
 
-def _plain_name(path: Path) -> None:
-    """``InputError`` when ``path``'s name is not UTF-8: the manifest, Arrow and JSON need one."""
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:
-        shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-        raise InputError("file name is not valid UTF-8: rename it", source=shown) from None
+    names, excluded, links = named("files"), named("excluded"), named("linked_dirs")
+    parts = []
+    if names:
+        parts.append(
+            f"it {verb} {_count(names, one)} ({_names(names)}); --input-format text reads every file as text"
+        )
+    elif "{known}" in head:
+        parts.append(f"it {verb} no {one}")
+    if excluded:
+        parts.append(
+            f"{_count(excluded, 'entry', 'entries')} left out by --include/--exclude ({_names(excluded)})"
+        )
+    if links:
+        parts.append(
+            f"{_count(links, 'symbolic link')} to a directory not followed ({_names(links)}; "
+            "--follow-symlinks follows them)"
+        )
+    head = head.format(known=f"of a known format ({KNOWN}, compressed or not)")
+    return f"{head}: {'; '.join(parts)}" if parts else head
 
 
 def _missing(path: Path) -> InputError:
@@ -145,209 +424,11 @@ def _missing(path: Path) -> InputError:
     return InputError("no such file or directory", source=str(path))
 
 
-def _expand_path(path: Path, input_format: str) -> list[tuple[str, str, list[str]]]:
-    _plain_name(path)
-    if not path.exists():
-        raise _missing(path)
-    if path.is_dir():
-        return _expand_dir(path, input_format)
-    kind = _reader_of(path, input_format)
-    if not kind:
-        suffix, codec = name_format(path)
-        raise InputError(
-            f"unknown input format '{path.suffix if codec is None else suffix + path.suffix}' (known: "
-            f"{KNOWN}, those but .parquet compressed, a save_to_disk directory, hf:NAME; "
-            "--input-format text reads any file as text)",
-            source=str(path),
-        )
-    mode = path.stat().st_mode
-    if not stat.S_ISREG(mode):  # a FIFO would be read once and then block; a device never ends
-        raise InputError(
-            f"is {file_kind(mode)}, not a regular file: write it to a file first", source=str(path)
-        )
-    if not os.access(path, os.R_OK):
-        raise InputError("file is not readable (permission denied)", source=str(path))
-    return [(kind, str(path), [])]
-
-
-def _expand_dir(path: Path, input_format: str) -> list[tuple[str, str, list[str]]]:
-    """A directory's entries: a ``save_to_disk`` dataset, one text directory (one sample per file), or
-    each of its files by its reader."""
-    if _is_hf_disk(path):
-        return [("hf_disk", str(path), [])]
-    tree = scan_directory(path)
-    for p in tree.broken:  # a broken link among the files read is named as one (not skipped)
-        if _reader_of(p, input_format):
-            raise _missing(p)
-    reader = {p: _reader_of(p, input_format) for p in tree.files}
-    known = [p for p in tree.files if reader[p]]
-    if not known:
-        names = [str(p.relative_to(path)) for p in tree.files]
-        held = f"it holds {_count(names, 'file')} ({_names(names)})" if names else "it holds no file"
-        hint = "; --input-format text reads every file as text" if names else ""
-        raise InputError(
-            f"directory holds no file of a known format ({KNOWN}, compressed or not): {held}{hint}",
-            source=str(path),
-        )
-    if all(reader[p] == "text" for p in known):  # the others (README, notes) are not read
-        return [("text_dir", str(path), [str(p) for p in known])]
-    return [(reader[p], str(p), []) for p in known]
-
-
-@dataclass
-class DirectoryTree:
-    """What a directory holds, its subdirectories included: ``files``, the regular files (symbolic links
-    to files too) sorted in tree order; what is never read: ``hidden`` entries (names starting with
-    ``.``, not looked into), ``linked_dirs`` (symbolic links to directories, not followed: a tree linking
-    into itself would be read without end, one linking elsewhere twice), ``other`` entries (FIFOs,
-    sockets, devices) and ``broken`` links. The last four relative to the directory, except ``broken``."""
-
-    files: list[Path] = field(default_factory=list)
-    hidden: list[str] = field(default_factory=list)
-    linked_dirs: list[str] = field(default_factory=list)
-    other: list[str] = field(default_factory=list)
-    broken: list[Path] = field(default_factory=list)
-
-
-def scan_directory(path: Path) -> DirectoryTree:
-    """Walk ``path`` and its subdirectories (``DirectoryTree``); ``InputError`` naming a subdirectory
-    that cannot be listed, rather than leaving its files out unsaid.
-
-    Files are in tree order: sorted by their path's parts (``a/z.txt`` before ``a.txt``, a directory's
-    files in name order, as a flat directory's always were)."""
-    tree = DirectoryTree()
-
-    def unreadable(e: OSError) -> None:
-        raise InputError(f"cannot list a directory: {e.strerror or e}", source=e.filename or str(path))
-
-    for root, dirs, names in os.walk(path, onerror=unreadable):
-        here = Path(root)
-        keep = []
-        for d in dirs:
-            rel = str((here / d).relative_to(path))
-            if d.startswith("."):
-                tree.hidden.append(rel)
-            elif (here / d).is_symlink():
-                tree.linked_dirs.append(rel)
-            else:
-                keep.append(d)
-        dirs[:] = keep
-        for n in names:
-            p = here / n
-            if n.startswith("."):
-                tree.hidden.append(str(p.relative_to(path)))
-            elif p.is_file():
-                _plain_name(p)
-                tree.files.append(p)
-            elif p.is_symlink() and not p.exists():
-                tree.broken.append(p)
-            else:
-                tree.other.append(str(p.relative_to(path)))
-    tree.files.sort(key=lambda p: p.relative_to(path).parts)
-    for names in (tree.hidden, tree.linked_dirs, tree.other):
-        names.sort()
-    return tree
-
-
-def _reader_of(path: Path, input_format: str = "auto") -> str | None:
-    """The reader of a file: ``input_format`` unless ``auto``, else by its name's suffixes, None if
-    none (a compressed file's inner suffix decides; Parquet compresses its own pages: a file named as
-    compressed Parquet is not read; nor a compressed tar, which has no member offsets to hand out)."""
-    if input_format != "auto":
-        return input_format
-    suffix, codec = name_format(path)
-    kind = _FILE_READERS.get(suffix.lower())
-    return None if codec is not None and kind in ("parquet", "webdataset") else kind
-
-
-@dataclass
-class Unread:
-    """What the directory ``source`` (an input) holds that a run leaves out (``DirectoryTree``):
-    ``files`` of no known format (with ``input_format`` ``auto``), ``linked_dirs``, ``other`` entries and
-    ``hidden`` ones, relative to it."""
-
-    source: str
-    files: list[str]
-    linked_dirs: list[str]
-    other: list[str]
-    hidden: list[str]
-
-    def warnings(self) -> list[str]:
-        """A line per kind of entry a user may have meant to pack (hidden ones are said by ``note``)."""
-        out = []
-        if self.files:
-            out.append(
-                f"{self.source}: {_count(self.files, 'file')} of no known format not read "
-                f"({_names(self.files)}; known: {KNOWN}, compressed or not; --input-format text reads "
-                "every file as text)"
-            )
-        if self.linked_dirs:
-            out.append(
-                f"{self.source}: {_count(self.linked_dirs, 'symbolic link')} to a directory not followed "
-                f"({_names(self.linked_dirs)}; give the directory as an input of its own)"
-            )
-        if self.other:
-            out.append(
-                f"{self.source}: {_count(self.other, 'entry', 'entries')} that are not regular files not "
-                f"read ({_names(self.other)})"
-            )
-        return out
-
-    def note(self) -> str | None:
-        """The hidden entries left out, if any: never meant as data, said all the same."""
-        if not self.hidden:
-            return None
-        hidden = _count(self.hidden, "hidden entry", "hidden entries")
-        return f"{self.source}: {hidden} left out ({_names(self.hidden)})"
-
-
-def _count(names: list[str], one: str, many: str | None = None) -> str:
-    return f"{len(names):,} {one if len(names) == 1 else (many or one + 's')}"
-
-
-def _names(names: list[str], shown: int = 3) -> str:
-    more = f" and {len(names) - shown:,} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
-
-
-def unread_files(inputs: list[str], input_format: str = "auto") -> list[Unread]:
-    """What each directory among ``inputs`` (and among a glob's matches) holds that is not read, and
-    the files a glob matches that are not read, where there are any; each entry said once per input
-    (``DIR/**`` matches the directory and what it holds)."""
-    out = []
-    for spec in inputs:
-        if spec.startswith("hf:"):
-            continue
-        literal, matches = _matches(spec)
-        said: set[str] = set()
-        for m in matches:
-            path = Path(m)
-            if not path.is_dir() or _is_hf_disk(path):
-                continue
-            tree = scan_directory(path)
-            unread = [
-                str(p.relative_to(path))
-                for p in [*tree.files, *tree.broken]
-                if not _reader_of(p, input_format)
-            ]
-            lists = [
-                _not_said(path, names, said) for names in (unread, tree.linked_dirs, tree.other, tree.hidden)
-            ]
-            entry = Unread(str(path), *lists)
-            if entry.warnings() or entry.note():
-                out.append(entry)
-        unknown = [] if literal else [m for m in matches if _unknown_file(Path(m), input_format)]
-        unknown = [m for m in unknown if m not in said]
-        if unknown:
-            out.append(Unread(spec, unknown, [], [], []))
-    return out
-
-
-def _not_said(directory: Path, names: list[str], said: set[str]) -> list[str]:
-    """``names`` (relative to ``directory``) whose paths are not in ``said`` yet, sorted; adds them."""
-    new = sorted(n for n in names if str(directory / n) not in said)
-    said.update(str(directory / n) for n in new)
-    return new
+def unread_files(inputs: list[str], files: FileOptions | str = "auto") -> list[Unread]:
+    """What each input holds that a run leaves out or reads otherwise (``Unread``), where there is any:
+    for each directory read (a directory input, one a glob matches, a prefix), and for each pattern."""
+    files = file_options(files)
+    return [u for spec in inputs for u in list_input(spec, files).unread]
 
 
 def read_inputs(
@@ -358,7 +439,7 @@ def read_inputs(
     sink: ErrorSink | None = None,
     lazy: bool = False,
     used_fields: UsedFields = None,
-    input_format: str = "auto",
+    files: FileOptions | str = "auto",
 ) -> Iterator[SourceBatch]:
     """Stream every input as ``SourceBatch`` objects, in order.
 
@@ -372,20 +453,31 @@ def read_inputs(
     an integer beyond int64, a lone surrogate) is left out of the batch rather than being an error.
 
     Bad records go to ``sink`` (default: raise ``InputError``); a file that cannot be read at all raises
-    ``InputError`` under every policy. ``input_format``: see the module's docstring.
+    ``InputError`` under every policy. ``files``: the ``FileOptions`` (see the module's docstring), or the
+    input format alone. What the listing left out or followed, and the records read by ``decode``, are
+    counted in ``sink`` (``ErrorSink.note``).
     """
     sink = sink or ErrorSink()
-    for kind, source, files in expand_inputs(inputs, input_format):
+    files = file_options(files)
+    listings = [list_input(spec, files) for spec in inputs]
+    for unread in (u for listing in listings for u in listing.unread):
+        for kind, n in unread.counts().items():
+            if n:
+                sink.note(kind, n)
+    decode = files.decode
+    for kind, source, names in (e for listing in listings for e in listing.entries):
         if kind == "jsonl":
-            batches = read_jsonl(source, sink=sink, text_field=text_field, lazy=lazy, used_fields=used_fields)
+            batches = read_jsonl(
+                source, sink=sink, text_field=text_field, lazy=lazy, used_fields=used_fields, decode=decode
+            )
         elif kind == "parquet":
             batches = read_parquet(source, lazy=lazy)
         elif kind == "text":
-            batches = read_text_lines(source, text_field=text_field, sink=sink, lazy=lazy)
+            batches = read_text_lines(source, text_field=text_field, sink=sink, lazy=lazy, decode=decode)
         elif kind == "text_dir":
-            batches = read_text_dir(files, source, text_field=text_field, sink=sink, lazy=lazy)
+            batches = read_text_dir(names, source, text_field=text_field, sink=sink, lazy=lazy, decode=decode)
         elif kind == "webdataset":
-            batches = read_webdataset(source, sink=sink, lazy=lazy)
+            batches = read_webdataset(source, sink=sink, lazy=lazy, decode=decode)
         else:  # datasets is slow to import: only a run that reads a dataset pays for it
             from packtool.readers import hf
 
@@ -399,20 +491,20 @@ def read_inputs(
             raise InputError(f"cannot read: {e.strerror or e}", source=e.filename or source) from None
 
 
-def input_bytes(inputs: list[str], input_format: str = "auto") -> int | None:
+def input_bytes(inputs: list[str], files: FileOptions | str = "auto") -> int | None:
     """Bytes of the inputs when each is read as line or file ranges whose bytes are known as they are
     handed out (plain JSON Lines, ``.txt`` files and directories of text files), so a progress bar can
     show a total and an ETA from the start; ``None`` otherwise (Parquet counts rows from its footers
     instead; compressed files, JSON arrays and datasets have no such measure)."""
     total = 0
-    for kind, source, files in expand_inputs(inputs, input_format):
+    for kind, source, names in expand_inputs(inputs, files):
         if kind not in ("jsonl", "text", "text_dir") or (kind != "text_dir" and is_compressed(source)):
             return None
         if kind == "jsonl":
-            with open(source, "rb") as f:
+            with open_read(source, block_size=1 << 16) as f:
                 if f.read(64).lstrip().startswith(b"["):  # a JSON array: read whole, in one piece
                     return None
-        total += sum(os.path.getsize(f) for f in files) if kind == "text_dir" else os.path.getsize(source)
+        total += int(file_sizes(names).sum()) if kind == "text_dir" else size(source)
     return total
 
 

@@ -5,6 +5,7 @@ a ``.json`` file holding one array of objects is read whole (JSON arrays cannot 
 standard library). Lines are 1-based in error messages; blank lines are skipped. A bad line (not UTF-8,
 malformed JSON, not an object, a field of the wrong type) goes to the ``ErrorSink``: it stops the run
 (``on_error=fail``) or is left out and counted (``skip``). A JSON array that does not parse stops the run.
+A line (or an array's file) that is not UTF-8 is first read by the ``decode`` policy (``readers.decode``).
 
 **Fast path.** A JSON Lines file is parsed by ``pyarrow.json`` (C++, much faster than ``json.loads`` per
 line plus columnarizing, and without the pandas import ``pa.array`` costs) as far as a scan, run in
@@ -36,7 +37,10 @@ import pyarrow.json as pj
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, UsedFields, batch_from_pylist, resolve_used
 from packtool.readers.compressed import is_compressed, open_input
+from packtool.readers.decode import DECODED, REPLACED, decode_text, not_utf8, read_text
 from packtool.readers.lines import PIECE_BYTES, SCAN_BLOCK, line_ranges, read_span, split_lines
+from packtool.storage.files import open_read
+from packtool.storage.urls import is_url
 
 
 def read_jsonl(
@@ -46,6 +50,7 @@ def read_jsonl(
     text_field: str = "text",
     lazy: bool = False,
     used_fields: UsedFields = None,
+    decode: str = "strict",
 ) -> Iterator[SourceBatch | JsonlLines]:
     """Yield batches of at most ``batch_rows`` records from a JSON Lines or JSON-array file (read line by
     line, at most ``lines.PIECE_BYTES`` of lines, or one longer line, too).
@@ -57,20 +62,20 @@ def read_jsonl(
 
     ``used_fields`` (see ``base.UsedFields``) names the fields the caller reads: a field outside them whose
     values cannot be one column is left out instead of being an error; the ranges carry the set resolved
-    from the first record's fields.
+    from the first record's fields. ``decode``: what a line that is not UTF-8 is read as.
     """
     sink = sink or ErrorSink()
     with open_input(path) as f:
         head = f.read(64).lstrip()
     if head.startswith(b"["):
-        yield from _read_json_array(path, batch_rows, sink, text_field, used_fields)
+        yield from _read_json_array(path, batch_rows, sink, text_field, used_fields, decode)
         return
     if is_compressed(path):  # no byte ranges in a compressed stream: read here, line by line
-        yield from _read_lines(path, batch_rows, sink, text_field, used_fields=used_fields)
+        yield from _read_lines(path, batch_rows, sink, text_field, used_fields=used_fields, decode=decode)
         return
     if lazy:
         names = None
-        for piece in _line_ranges(path, batch_rows, text_field):
+        for piece in _line_ranges(path, batch_rows, text_field, decode):
             if names is not None:
                 piece.used_fields = resolve_used(used_fields, names)
                 yield piece
@@ -87,7 +92,9 @@ def read_jsonl(
         skip += batch.num_rows  # one record per line: these lines are plain, none blank
     if state["complete"]:
         return
-    yield from _read_lines(path, batch_rows, sink, text_field, skip=skip, used_fields=used_fields)
+    yield from _read_lines(
+        path, batch_rows, sink, text_field, skip=skip, used_fields=used_fields, decode=decode
+    )
 
 
 def _read_lines(
@@ -97,11 +104,12 @@ def _read_lines(
     text_field: str,
     skip: int = 0,
     used_fields: UsedFields = None,
+    decode: str = "strict",
 ) -> Iterator[SourceBatch]:
     """The line-by-line path, from line ``skip + 1`` on."""
     with open_input(path) as f:
         numbered = ((n, raw) for n, raw in enumerate(f, start=1) if n > skip)
-        yield from _parse_lines(path, numbered, batch_rows, sink, text_field, used_fields)
+        yield from _parse_lines(path, numbered, batch_rows, sink, text_field, used_fields, decode)
 
 
 def _bounded_int(digits: str) -> int | str:
@@ -117,9 +125,10 @@ def _parse_lines(
     sink: ErrorSink,
     text_field: str,
     used_fields: UsedFields = None,
+    decode: str = "strict",
 ) -> Iterator[SourceBatch]:
     """``(line number, raw line)`` pairs parsed one by one with ``json``; blank lines are skipped, bad
-    ones go to ``sink``."""
+    ones go to ``sink``; a line that is not UTF-8 is read by the ``decode`` policy."""
     records: list[dict] = []
     lines: list[int] = []
     size = 0  # bytes of the lines in ``records``: a batch holds at most PIECE_BYTES (or one longer line)
@@ -131,18 +140,18 @@ def _parse_lines(
             message = f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
             sink.bad(_line_error(message, path, lineno, "too_deep"))
             continue
-        try:
-            rec = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            sink.bad(_line_error(f"not valid UTF-8 (byte {e.start})", path, lineno, "not_utf8"))
+        text = read_text(raw, decode, sink, {"source": path, "row": lineno, "row_kind": "line"})
+        if text is None:
             continue
+        try:
+            rec = json.loads(text)
         except json.JSONDecodeError as e:
             sink.bad(
                 _line_error(f"malformed JSON: {e.msg} (column {e.colno})", path, lineno, "malformed_json")
             )
             continue
         except ValueError:  # an integer past Python's 4,300 digits: kept as its text, so an unread field
-            rec = json.loads(raw.decode("utf-8"), parse_int=_bounded_int)  # costs nothing, a read one is bad
+            rec = json.loads(text, parse_int=_bounded_int)  # costs nothing, a read one is bad
         if not isinstance(rec, dict):
             sink.bad(
                 _line_error(f"expected a JSON object, got {type(rec).__name__}", path, lineno, "not_object")
@@ -181,7 +190,7 @@ class _PlainLines:
 
     def cover(self, lines: int) -> bool:
         """Scan on until lines ``1..lines`` are known plain (True) or cannot be (False)."""
-        with open(self.path, "rb") as f:
+        with open_read(self.path) as f:
             while self.lines < lines and not self.stopped:
                 f.seek(self.offset)
                 self._block(f.read(_SCAN_BLOCK), f)
@@ -269,7 +278,8 @@ class JsonlLines:
 
     It stands for a ``SourceBatch`` until ``load(sink)`` reads and parses it (``num_rows`` counts lines, blank
     ones included); pickling it costs 8 bytes a line whatever the lines hold, so a worker reads its own.
-    ``used_fields``: the fields the encoder reads (``base.UsedFields``; None: all).
+    ``used_fields``: the fields the encoder reads (``base.UsedFields``; None: all); ``decode``: what a
+    line that is not UTF-8 is read as (``readers.decode``).
     """
 
     source: str
@@ -278,6 +288,7 @@ class JsonlLines:
     text_field: str = "text"
     row_kind: str = "line"
     used_fields: UsedFields = None
+    decode: str = "strict"
 
     @property
     def num_rows(self) -> int:
@@ -287,8 +298,9 @@ class JsonlLines:
         length = min(length, self.num_rows - offset)
         starts = self.line_starts[offset : offset + length + 1]
         return JsonlLines(
-            self.source, self.first_line + offset, starts, self.text_field, used_fields=self.used_fields
-        )
+            self.source, self.first_line + offset, starts, self.text_field, used_fields=self.used_fields,
+            decode=self.decode,
+        )  # fmt: skip
 
     def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
         """The records of these lines, as the whole-file reader would give them (same line numbers, same
@@ -302,7 +314,9 @@ class JsonlLines:
         lines = split_lines(data)
         numbered = enumerate(lines, start=self.first_line)
         return list(
-            _parse_lines(self.source, numbered, len(lines) or 1, sink, self.text_field, self.used_fields)
+            _parse_lines(
+                self.source, numbered, len(lines) or 1, sink, self.text_field, self.used_fields, self.decode
+            )
         )
 
     def _load_arrow(self, data: bytes) -> list[SourceBatch] | None:
@@ -325,10 +339,12 @@ class JsonlLines:
         return out
 
 
-def _line_ranges(path: str, lines_per_piece: int, text_field: str) -> Iterator[JsonlLines]:
+def _line_ranges(
+    path: str, lines_per_piece: int, text_field: str, decode: str = "strict"
+) -> Iterator[JsonlLines]:
     """The lines of ``path`` as ``JsonlLines`` of ``lines_per_piece`` lines, from one scan for newlines."""
     for first_line, starts in line_ranges(path, lines_per_piece):
-        yield JsonlLines(path, first_line, starts, text_field)
+        yield JsonlLines(path, first_line, starts, text_field, decode=decode)
 
 
 def _same_as_python(t: pa.DataType) -> bool:
@@ -350,7 +366,8 @@ def _read_arrow(path: str, batch_rows: int, state: dict) -> Iterator[SourceBatch
         return
     row = 0
     try:
-        reader = pj.open_json(path, read_options=pj.ReadOptions(block_size=ARROW_BLOCK))
+        source = open_read(path) if is_url(path) else path  # pyarrow opens a local path itself
+        reader = pj.open_json(source, read_options=pj.ReadOptions(block_size=ARROW_BLOCK))
         for batch in reader:
             if not all(_same_as_python(f.type) for f in batch.schema):
                 return
@@ -375,13 +392,31 @@ def _line_error(message: str, path: str, lineno: int, code: str) -> InputError:
 
 
 def _read_json_array(
-    path: str, batch_rows: int, sink: ErrorSink, text_field: str, used_fields: UsedFields = None
+    path: str,
+    batch_rows: int,
+    sink: ErrorSink,
+    text_field: str,
+    used_fields: UsedFields = None,
+    decode: str = "strict",
 ) -> Iterator[SourceBatch]:
+    """The objects of a file holding one JSON array, read whole; one that is not UTF-8 is read by the
+    ``decode`` policy (each of its records counted as decoded) or stops the run."""
+    with open_input(path) as f:
+        raw = f.read()
+    replaced = None
     try:
-        with open_input(path) as f:
-            data = json.loads(f.read().decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InputError(f"not valid UTF-8 (byte {e.start})", source=path, code="not_utf8") from None
+        try:
+            text, replaced = decode_text(raw, decode)
+        except UnicodeError as again:
+            err = not_utf8(e, decode, again)  # the whole file: no record to leave out
+            way = " (--decode replace or --decode ENCODING, e.g. latin-1, reads it)"
+            raise InputError(
+                err.reason + (way if decode == "strict" else ""), source=path, code="not_utf8"
+            ) from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(
             f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})", source=path, code="malformed_json"
@@ -390,6 +425,10 @@ def _read_json_array(
         raise InputError("JSON nested too deep to parse", source=path, code="too_deep") from None
     if not isinstance(data, list):
         raise InputError(f"expected a JSON array of objects, got {type(data).__name__}", source=path)
+    if replaced is not None:
+        sink.note(DECODED, sum(isinstance(rec, dict) for rec in data))
+        if replaced:
+            sink.note(REPLACED, replaced)
     rows = []
     for i, rec in enumerate(data):
         if isinstance(rec, dict):

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from packtool.errors import InputError
+from packtool.storage.files import open_read
 
 SCAN_BLOCK = 1 << 24  # bytes scanned for newlines at a time
 PIECE_BYTES = 4 << 20  # bytes of input a range (or a batch read by the driver) holds at most
@@ -32,7 +33,7 @@ def line_ranges(
     bytes_per_piece = bytes_per_piece or PIECE_BYTES
     pending = np.zeros(1, dtype=np.int64)  # line starts not handed out yet (the first one included)
     first_line, pos = 1, 0
-    with open(path, "rb") as f:
+    with open_read(path) as f:
         while block := f.read(SCAN_BLOCK):
             ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10) + (pos + 1)
             pos += len(block)
@@ -76,7 +77,7 @@ def read_span(source: str, start: int, end: int, first_line: int) -> bytes:
     """Bytes ``start .. end - 1`` of ``source``; ``InputError`` if it cannot be read or is shorter now
     than when it was scanned (``first_line``: the range's first line, for the message)."""
     try:
-        with open(source, "rb") as f:
+        with open_read(source, block_size=max(end - start, 1 << 16)) as f:
             f.seek(start)
             data = f.read(end - start)
     except OSError as e:

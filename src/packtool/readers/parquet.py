@@ -11,7 +11,6 @@ Two ways to read:
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ import pyarrow.parquet as pq
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
+from packtool.storage.files import open_read, stat
+from packtool.storage.urls import is_url
 
 BATCH_ROWS = 8192
 
@@ -94,7 +95,10 @@ def _open(path: str) -> pq.ParquetFile:
     row group before the first batch, and writers default to row groups of 1Mi rows, so memory would grow
     with the file (docs/performance.md, memory)."""
     try:
-        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+        source = open_read(path) if is_url(path) else path  # pyarrow opens a local path itself
+        pf = pq.ParquetFile(source, pre_buffer=False, buffer_size=1 << 20)
+    except FileNotFoundError:
+        raise InputError("no such file or object", source=path) from None
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"not a readable Parquet file: {_one_line(e)}", source=path) from None
     names = pf.schema_arrow.names
@@ -102,6 +106,11 @@ def _open(path: str) -> pq.ParquetFile:
     if twice:  # a field by that name would be ambiguous: Arrow refuses to pick one
         raise InputError(f"{len(names) - len(set(names)) + 1} columns are named {twice[0]!r}", source=path)
     return pf
+
+
+def num_rows(path: str) -> int:
+    """Rows of the Parquet file ``path``, from its footer (a ranged read of its end in a store)."""
+    return _open(path).metadata.num_rows
 
 
 def read_parquet(path: str, batch_rows: int = BATCH_ROWS, lazy: bool = False) -> Iterator[SourceBatch]:
@@ -177,12 +186,11 @@ _CURSORS: OrderedDict[str, _Cursor] = OrderedDict()  # per process: consecutive 
 _MAX_CURSORS = 4
 
 
-def _stamp(path: str) -> tuple[int, int]:
+def _stamp(path: str) -> tuple:
     try:
-        st = os.stat(path)
+        return stat(path).stamp
     except OSError as e:
         raise InputError(f"cannot read: {e.strerror or e}", source=path) from None
-    return st.st_size, st.st_mtime_ns
 
 
 class _Cursor:

@@ -2,7 +2,8 @@
 
 A ``.txt`` file gives one sample per non-blank line; a directory of text files gives one sample per
 file (see ``read_text_dir``), each decompressed if it is compressed. A UTF-8 byte order mark at the
-start of a file is dropped.
+start of a file is dropped; a text that is not UTF-8 is read by the ``decode`` policy (``readers.decode``:
+``strict``, ``replace`` or an encoding).
 
 **Lazy.** With ``lazy=True`` (what ``packtool pack`` uses) nothing is decoded here: a ``.txt`` file is
 scanned for newlines and yielded as ``TextLines`` (line ranges), a directory as ``TextFiles`` (its file
@@ -13,7 +14,6 @@ input (or one line or file, if longer), so long documents are handed out a few M
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -23,7 +23,9 @@ import pyarrow as pa
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
 from packtool.readers.compressed import is_compressed, open_input
+from packtool.readers.decode import read_text
 from packtool.readers.lines import PIECE_BYTES, line_ranges, read_span, split_lines
+from packtool.storage.files import file_sizes
 
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark: not part of the text
 
@@ -34,21 +36,29 @@ def read_text_lines(
     text_field: str = "text",
     sink: ErrorSink | None = None,
     lazy: bool = False,
+    decode: str = "strict",
 ) -> Iterator[SourceBatch | TextLines]:
-    """One sample per non-blank line; line numbers are 1-based. A line that is not UTF-8 goes to ``sink``.
-    Batches of at most ``batch_rows`` lines and ``PIECE_BYTES`` bytes (or one longer line).
+    """One sample per non-blank line; line numbers are 1-based. A line that is not UTF-8 is read by the
+    ``decode`` policy (or goes to ``sink``). Batches of at most ``batch_rows`` lines and ``PIECE_BYTES``
+    bytes (or one longer line).
 
     With ``lazy``, such ranges (``TextLines``) from one scan for newlines, read later."""
     if lazy and not is_compressed(path):  # a compressed file has no byte ranges: read here
         for first_line, starts in line_ranges(path, batch_rows):
-            yield TextLines(path, first_line, starts, text_field)
+            yield TextLines(path, first_line, starts, text_field, decode=decode)
         return
     with open_input(path) as f:
-        yield from _parse_lines(path, enumerate(f, start=1), batch_rows, text_field, sink or ErrorSink())
+        numbered = enumerate(f, start=1)
+        yield from _parse_lines(path, numbered, batch_rows, text_field, sink or ErrorSink(), decode)
 
 
 def _parse_lines(
-    path: str, numbered: Iterable[tuple[int, bytes]], batch_rows: int, text_field: str, sink: ErrorSink
+    path: str,
+    numbered: Iterable[tuple[int, bytes]],
+    batch_rows: int,
+    text_field: str,
+    sink: ErrorSink,
+    decode: str = "strict",
 ) -> Iterator[SourceBatch]:
     """``(line number, raw line)`` pairs -> batches of the non-blank lines' texts; bad ones go to ``sink``."""
     raws: list[bytes] = []
@@ -64,10 +74,10 @@ def _parse_lines(
         lines.append(lineno)
         size += len(raw)
         if len(raws) >= batch_rows or size >= PIECE_BYTES:
-            yield from _texts(path, raws, lines, text_field, "line", sink)
+            yield from _texts(path, raws, lines, text_field, "line", sink, decode=decode)
             raws, lines, size = [], [], 0
     if raws:
-        yield from _texts(path, raws, lines, text_field, "line", sink)
+        yield from _texts(path, raws, lines, text_field, "line", sink, decode=decode)
 
 
 def _schema(text_field: str) -> pa.Schema:
@@ -81,6 +91,7 @@ class TextLines:
 
     It stands for a ``SourceBatch`` until ``load(sink)`` reads it (``num_rows`` counts lines, blank ones
     included); pickling it costs 8 bytes a line whatever the lines hold, so a worker reads its own.
+    ``decode``: what a line that is not UTF-8 is read as (``readers.decode``).
     """
 
     source: str
@@ -88,6 +99,7 @@ class TextLines:
     line_starts: np.ndarray  # (num_rows + 1,) int64
     text_field: str = "text"
     row_kind: str = "line"
+    decode: str = "strict"
 
     @property
     def num_rows(self) -> int:
@@ -100,15 +112,14 @@ class TextLines:
     def slice(self, offset: int, length: int) -> TextLines:
         length = min(length, self.num_rows - offset)
         starts = self.line_starts[offset : offset + length + 1]
-        return TextLines(self.source, self.first_line + offset, starts, self.text_field)
+        return TextLines(self.source, self.first_line + offset, starts, self.text_field, decode=self.decode)
 
     def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
         """The non-blank lines' texts, as ``read_text_lines`` gives them (same line numbers, same errors)."""
         data = read_span(self.source, int(self.line_starts[0]), int(self.line_starts[-1]), self.first_line)
         numbered = enumerate(split_lines(data), start=self.first_line)
-        return list(
-            _parse_lines(self.source, numbered, max(self.num_rows, 1), self.text_field, sink or ErrorSink())
-        )
+        rows, sink = max(self.num_rows, 1), sink or ErrorSink()
+        return list(_parse_lines(self.source, numbered, rows, self.text_field, sink, self.decode))
 
 
 def read_text_dir(
@@ -118,20 +129,21 @@ def read_text_dir(
     text_field: str = "text",
     sink: ErrorSink | None = None,
     lazy: bool = False,
+    decode: str = "strict",
 ) -> Iterator[SourceBatch | TextFiles]:
     """One sample per file, in the order of ``files`` (the directory's, sorted); the row is the file's
-    index in that order. Ranges of at most ``batch_rows`` files and ``PIECE_BYTES`` bytes on disk (or one
-    larger file).
+    index in that order; a file that is not UTF-8 is read by the ``decode`` policy. Ranges of at most
+    ``batch_rows`` files and ``PIECE_BYTES`` bytes on disk (or one larger file).
 
     With ``lazy``, those ranges (``TextFiles``), read later."""
-    sizes = np.fromiter((os.path.getsize(f) for f in files), dtype=np.int64, count=len(files))
+    sizes = file_sizes(files)
     ends = np.cumsum(sizes)
     start = 0
     while start < len(files):
         before = int(ends[start - 1]) if start else 0
         within = int(np.searchsorted(ends, before + PIECE_BYTES, side="right"))
         stop = max(start + 1, min(start + batch_rows, within))
-        part = TextFiles(source, files[start:stop], start, text_field, sizes=sizes[start:stop])
+        part = TextFiles(source, files[start:stop], start, text_field, sizes=sizes[start:stop], decode=decode)
         if lazy:
             yield part
         else:
@@ -143,7 +155,8 @@ def read_text_dir(
 class TextFiles:
     """Files ``first_row ..`` (their indices in the directory's sorted list) of the directory ``source``,
     one sample each, not read yet; ``load(sink)`` reads them (decompressing a compressed one).
-    ``sizes``: ``(num_rows,)`` int64, each file's bytes on disk."""
+    ``sizes``: ``(num_rows,)`` int64, each file's bytes on disk; ``decode``: what a file that is not UTF-8
+    is read as (``readers.decode``)."""
 
     source: str
     files: list[str]
@@ -151,10 +164,11 @@ class TextFiles:
     text_field: str = "text"
     row_kind: str = "file"
     sizes: np.ndarray | None = None
+    decode: str = "strict"
 
     def __post_init__(self) -> None:
         if self.sizes is None:
-            self.sizes = np.fromiter(map(os.path.getsize, self.files), dtype=np.int64, count=len(self.files))
+            self.sizes = file_sizes(self.files)
 
     @property
     def num_rows(self) -> int:
@@ -168,11 +182,11 @@ class TextFiles:
         end = offset + length
         return TextFiles(
             self.source, self.files[offset:end], self.first_row + offset, self.text_field,
-            sizes=self.sizes[offset:end],
+            sizes=self.sizes[offset:end], decode=self.decode,
         )  # fmt: skip
 
     def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
-        """The files' texts (a file that is not UTF-8 goes to ``sink``)."""
+        """The files' texts (a file that is not UTF-8 is read by ``decode``, or goes to ``sink``)."""
         raws: list[bytes] = []
         for file in self.files:
             try:
@@ -182,7 +196,8 @@ class TextFiles:
                 raise InputError(f"cannot read: {e.strerror or e}", source=file) from None
             raws.append(data[len(_BOM) :] if data.startswith(_BOM) else data)
         rows = list(range(self.first_row, self.first_row + len(raws)))
-        return list(_texts(self.source, raws, rows, self.text_field, "file", sink or ErrorSink(), self.files))
+        sink = sink or ErrorSink()
+        return list(_texts(self.source, raws, rows, self.text_field, "file", sink, self.files, self.decode))
 
 
 def _texts(
@@ -193,27 +208,24 @@ def _texts(
     kind: str,
     sink: ErrorSink,
     files: list[str] | None = None,
+    decode: str = "strict",
 ) -> Iterator[SourceBatch]:
     """One batch of the texts ``raws`` (UTF-8 bytes), built in Arrow from the bytes (no Python string is
-    made, and ``pa.array`` would import pandas in every worker); a text that is not UTF-8 goes to ``sink``,
-    named by its line (``kind`` ``line``) or its file (``files``, for ``kind`` ``file``)."""
+    made, and ``pa.array`` would import pandas in every worker); a text that is not UTF-8 is read by the
+    ``decode`` policy, or goes to ``sink``, named by its line (``kind`` ``line``) or its file (``files``,
+    for ``kind`` ``file``)."""
     texts = _strings(raws)
     try:
         texts.validate(full=True)
-    except pa.ArrowInvalid:  # some text is not UTF-8: find which, and keep the others
-        keep = []
+    except pa.ArrowInvalid:  # some text is not UTF-8: find which, read or leave out those, keep the others
+        kept_raws, kept_rows = [], []
         for i, raw in enumerate(raws):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                message = f"not valid UTF-8 (byte {e.start})"
-                if files is not None:
-                    sink.bad(InputError(message, source=files[i], code="not_utf8"))
-                else:
-                    sink.bad(InputError(message, source=source, row=rows[i], row_kind=kind, code="not_utf8"))
-                continue
-            keep.append(i)
-        raws, rows = [raws[i] for i in keep], [rows[i] for i in keep]
+            where = {"source": files[i]} if files else {"source": source, "row": rows[i], "row_kind": kind}
+            text = read_text(raw, decode, sink, where)
+            if text is not None:
+                kept_raws.append(text.encode("utf-8"))
+                kept_rows.append(rows[i])
+        raws, rows = kept_raws, kept_rows
         texts = _strings(raws)
     if raws:
         batch = pa.RecordBatch.from_arrays([texts], schema=_schema(field))

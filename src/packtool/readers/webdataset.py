@@ -24,6 +24,8 @@ import pyarrow as pa
 
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch
+from packtool.readers.decode import DECODED, REPLACED, decode_text, not_utf8
+from packtool.storage.files import open_read
 
 TEXT_EXTENSIONS = frozenset({"txt", "text", "json", "cls", "caption"})
 MAX_MEMBER_BYTES = 1 << 30  # one member read whole at most (an image, a caption)
@@ -34,18 +36,23 @@ Members = tuple[str, tuple[tuple[str, int, int], ...]]
 
 
 def read_webdataset(
-    path: str, batch_rows: int = 1024, sink: ErrorSink | None = None, lazy: bool = False
+    path: str,
+    batch_rows: int = 1024,
+    sink: ErrorSink | None = None,
+    lazy: bool = False,
+    decode: str = "strict",
 ) -> Iterator[SourceBatch | TarSamples]:
-    """The samples of the tar shard ``path``, ``batch_rows`` a batch (``TarSamples`` with ``lazy``)."""
+    """The samples of the tar shard ``path``, ``batch_rows`` a batch (``TarSamples`` with ``lazy``); a
+    text member that is not UTF-8 is read by the ``decode`` policy (``readers.decode``)."""
     part: list[Members] = []
     first = 0
     for sample in _samples(path):
         part.append(sample)
         if len(part) == batch_rows:
-            yield from _emit(TarSamples(path, part, first), sink, lazy)
+            yield from _emit(TarSamples(path, part, first, decode=decode), sink, lazy)
             first, part = first + len(part), []
     if part:
-        yield from _emit(TarSamples(path, part, first), sink, lazy)
+        yield from _emit(TarSamples(path, part, first, decode=decode), sink, lazy)
 
 
 def _emit(part: TarSamples, sink: ErrorSink | None, lazy: bool) -> Iterator[SourceBatch | TarSamples]:
@@ -58,11 +65,16 @@ def _emit(part: TarSamples, sink: ErrorSink | None, lazy: bool) -> Iterator[Sour
 def _samples(path: str) -> Iterator[Members]:
     """Each sample's key and members, in the shard's order, from the members' headers."""
     try:
-        tar = tarfile.open(path, "r:")  # a compressed tar has no offsets to read members at
+        f = open_read(path)
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror or e}", source=path) from None
+    try:
+        tar = tarfile.open(fileobj=f, mode="r:")  # a compressed tar has no offsets to read members at
     except (tarfile.TarError, OSError) as e:
+        f.close()
         raise InputError(f"not a readable uncompressed tar file: {e}", source=path) from None
     key, members = None, []
-    with tar:
+    with f, tar:
         try:
             for member in tar:
                 if not member.isfile():
@@ -86,12 +98,14 @@ def _samples(path: str) -> Iterator[Members]:
 @dataclass
 class TarSamples:
     """Samples ``first_row ..`` of the tar shard ``source``, not read yet: each one's key and members'
-    offsets and sizes. It stands for a ``SourceBatch`` until ``load(sink)`` reads it."""
+    offsets and sizes. It stands for a ``SourceBatch`` until ``load(sink)`` reads it. ``decode``: what a
+    text member that is not UTF-8 is read as."""
 
     source: str
     samples: list[Members]
     first_row: int
     row_kind: str = "sample"
+    decode: str = "strict"
 
     @property
     def num_rows(self) -> int:
@@ -109,28 +123,37 @@ class TarSamples:
         return np.array([sum(size for _, _, size in members) for _, members in self.samples], dtype=np.int64)
 
     def slice(self, offset: int, length: int) -> TarSamples:
-        return TarSamples(self.source, self.samples[offset : offset + length], self.first_row + offset)
+        part = self.samples[offset : offset + length]
+        return TarSamples(self.source, part, self.first_row + offset, decode=self.decode)
 
     def load(self, sink: ErrorSink | None = None) -> list[SourceBatch]:
-        """The samples as one batch: a member that is too large, or text that is not UTF-8, makes its
-        sample a bad record (``sink``)."""
+        """The samples as one batch: a member that is too large, or text that is not UTF-8 and that the
+        ``decode`` policy does not read, makes its sample a bad record (``sink``)."""
         sink = sink or ErrorSink()
         schema = self.schema
         columns: dict[str, list] = {name: [] for name in schema.names}
         rows = []
         try:
-            f = open(self.source, "rb")
+            f = open_read(self.source)
         except OSError as e:
             raise InputError(f"cannot read: {e.strerror or e}", source=self.source) from None
         with f:
             for i, (key, members) in enumerate(self.samples):
                 row = self.first_row + i
                 try:
-                    record = {ext: _member(f, ext, offset, size) for ext, offset, size in members}
+                    read = {ext: _member(f, ext, offset, size, self.decode) for ext, offset, size in members}
                 except InputError as e:
-                    sink.bad(InputError(e.reason, source=self.source, row=row, field=e.field,
-                                        row_kind=self.row_kind, code=e.code))  # fmt: skip
+                    bad = InputError(e.reason, source=self.source, row=row, field=e.field,
+                                     row_kind=self.row_kind, code=e.code)  # fmt: skip
+                    bad.hint = e.hint
+                    sink.bad(bad)
                     continue
+                record = {ext: value for ext, (value, _) in read.items()}
+                replaced = [n for _, n in read.values() if n is not None]
+                if replaced:  # a sample is one record, however many of its members were read so
+                    sink.note(DECODED)
+                    if sum(replaced):
+                        sink.note(REPLACED, sum(replaced))
                 rows.append(row)
                 columns[KEY].append(key)
                 for name in schema.names[1:]:
@@ -146,8 +169,9 @@ def _type(extension: str) -> pa.DataType:
     return pa.large_string() if extension in TEXT_EXTENSIONS else pa.large_binary()
 
 
-def _member(f, extension: str, offset: int, size: int) -> str | bytes:
-    """A member's data: text for a text extension, else its bytes."""
+def _member(f, extension: str, offset: int, size: int, decode: str) -> tuple[str | bytes, int | None]:
+    """A member's data: text for a text extension, else its bytes; and, for a text read by the ``decode``
+    policy (not UTF-8), how many of its characters were replaced (else None)."""
     if size > MAX_MEMBER_BYTES:
         raise InputError(f"member .{extension} of {size:,} bytes is over {MAX_MEMBER_BYTES:,}",
                          field=extension, code="too_large")  # fmt: skip
@@ -156,8 +180,12 @@ def _member(f, extension: str, offset: int, size: int) -> str | bytes:
     if len(data) != size:
         raise InputError(f"member .{extension} is cut short", field=extension, code="bad_record")
     if extension not in TEXT_EXTENSIONS:
-        return data
+        return data, None
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8"), None
     except UnicodeDecodeError as e:
-        raise InputError(f"not valid UTF-8 (byte {e.start})", field=extension, code="not_utf8") from None
+        first = e
+    try:
+        return decode_text(data, decode)
+    except UnicodeError as again:
+        raise not_utf8(first, decode, again, field=extension) from None

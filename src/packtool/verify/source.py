@@ -84,7 +84,7 @@ class SourceCheck:
             text_field=options.encoding.text_field,
             sink=sink,
             used_fields=used,
-            input_format=options.reading.files.input_format,
+            files=options.reading.files,
         )
         first = next(batches, None)
         if first is None:

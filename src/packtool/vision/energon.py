@@ -14,7 +14,8 @@ Energon's ``encode_sample`` / ``batch`` / ``encode_batch``, in Energon's workers
     ds = get_train_dataset(
         "out/", dataset_config="crude.yaml", batch_size=4, shuffle_buffer_size=100,
         max_samples_per_sequence=100, worker_config=WorkerConfig.default_worker_config(),
-        task_encoder=VisionPackTaskEncoder(processor, model.model.get_rope_index, mask="dense"),
+        task_encoder=VisionPackTaskEncoder(processor, model.model.get_rope_index, mask="dense",
+                                           attention=model.config),
     )
     for batch in get_loader(ds):  # VisionBatch: model(**batch.to("cuda"))
         ...
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -108,11 +109,17 @@ class VisionPackTaskEncoder(PackTaskEncoder):
         *,
         mask: str = "varlen",
         labels_convention: str = "shifted",
+        attention: Any = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.stages = VisionTaskEncoder(
-            processor, get_rope_index, mask=mask, labels_convention=labels_convention, dtype=dtype
+            processor,
+            get_rope_index,
+            mask=mask,
+            labels_convention=labels_convention,
+            attention=attention,
+            dtype=dtype,
         )
 
     def encode_sample(self, sample: VisionPackSample) -> dict:

@@ -42,7 +42,8 @@ Example::
     from packtool.vision.processor import load_processor
 
     ds = vision_dataset("out/", load_processor("models/Qwen2-VL-2B-Instruct"),
-                        get_rope_index=model.model.get_rope_index, batch_size=4, mask="dense")
+                        get_rope_index=model.model.get_rope_index, batch_size=4, mask="dense",
+                        attention=model.config)
     for batch in get_loader(ds, num_workers=2):          # VisionBatch
         loss = model(**batch.to("cuda")).loss             # pixel_values, image_grid_thw, (3, B, N) positions
 """
@@ -51,7 +52,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,8 +62,8 @@ from packtool.arrays import ranges
 from packtool.errors import InputError
 from packtool.loader.batch import PackedBatch, batch_stack, default_batch, packed_batch
 from packtool.loader.dataset import PackedDataset
-from packtool.manifest import Manifest
-from packtool.masks import AttentionPattern
+from packtool.loader.fit import model_attention
+from packtool.loader.sources import open_source
 from packtool.schema import IMAGE_COLUMNS
 from packtool.vision.model_inputs import concat_padded, decode_images, image_inputs, token_type_rule
 from packtool.vision.positions import GetRopeIndex, pack_mrope_position_ids
@@ -132,7 +132,7 @@ class VisionBatch(PackedBatch):
             both = same if window is None else same & (distance < window)  # q - window < k, as its window
             return mask | both[:, None] if self.mask == "dense" else mask.masked_fill(both[:, None], 0.0)
 
-        windows = (self.attention or AttentionPattern()).windows()
+        windows = self.attention.windows()  # set: super().build_mask() refuses a 4-D mask without it
         if isinstance(masks, dict):
             self.attention_mask = {kind: with_blocks(m, windows.get(kind)) for kind, m in masks.items()}
         else:
@@ -179,6 +179,9 @@ class VisionTaskEncoder:
         get_rope_index: the model's M-RoPE rule (``model.model.get_rope_index``) for Qwen2-VL and
             Qwen2.5-VL; ``None`` for models with plain positions (LLaVA).
         mask, labels_convention: as the dataset's (``PackedDataset.mask``, the manifest's ``labels``).
+        attention: the model's config (``model.config``), required for the ``dense``, ``additive`` and
+            ``flex`` masks, as ``PackedDataset``'s (``loader.fit``: the path is checked against the model's
+            code, with the M-RoPE ids when ``get_rope_index`` is given: ``mrope``).
         dtype: ``pixel_values`` cast to it (the model's dtype), else the processor's float32.
 
     A pack (the dict ``encode_sample`` takes) holds the text columns, ``pack_index`` and the stored image
@@ -197,6 +200,7 @@ class VisionTaskEncoder:
         *,
         mask: str = "varlen",
         labels_convention: str = "shifted",
+        attention: Any = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         self.processor, self.get_rope_index = processor, get_rope_index
@@ -208,6 +212,8 @@ class VisionTaskEncoder:
                 f"additive, which hold those blocks (with {mask}, transformers' Gemma 3 sliding-window "
                 "layers attend across the packed samples)"
             )
+        self.mrope = get_rope_index is not None  # its batches' position ids (what the model's check needs)
+        self.attention = model_attention(mask, attention, mrope=self.mrope)
 
     def encode_sample(self, pack: dict) -> dict:
         """``pack`` with its image columns replaced by ``pixel_values`` (``None`` without images),
@@ -312,7 +318,10 @@ class VisionTaskEncoder:
 
     def encode_batch(self, raw: dict) -> VisionBatch:
         text = packed_batch(
-            {k: v for k, v in raw.items() if k not in VISION_FIELDS}, self.mask, self.labels_convention
+            {k: v for k, v in raw.items() if k not in VISION_FIELDS},
+            self.mask,
+            self.labels_convention,
+            self.attention,
         )
         fields = {f.name: getattr(text, f.name) for f in dataclasses.fields(text) if f.init}
         vision = {name: raw.get(name) for name in VISION_FIELDS}
@@ -321,22 +330,26 @@ class VisionTaskEncoder:
 
 
 def vision_dataset(
-    directory: str | Path,
+    source: Any,
     processor: VisionProcessor,
     get_rope_index: GetRopeIndex | None = None,
     *,
     dtype: torch.dtype | None = None,
     **dataset_kwargs: Any,
 ) -> PackedDataset:
-    """A ``PackedDataset`` of ``directory`` (``dataset_kwargs``: batch size, mask, shuffle, ...) whose batches
-    are ``VisionBatch`` objects: a ``VisionTaskEncoder`` with the dataset's mask and labels convention."""
+    """A ``PackedDataset`` of ``source`` (an output directory, or a mixture of outputs: ``loader.sources``;
+    text outputs of the model's tokenizer mix with vision-language ones; ``dataset_kwargs``: batch size,
+    mask, attention, shuffle, ...) whose batches are ``VisionBatch`` objects: a ``VisionTaskEncoder`` with
+    the dataset's mask, attention and labels convention."""
     if "task_encoder" in dataset_kwargs:
         raise ValueError("vision_dataset sets the task encoder; build PackedDataset yourself for another")
+    opened = open_source(source, dataset_kwargs.pop("split", "train"))
     encoder = VisionTaskEncoder(
         processor,
         get_rope_index,
         mask=dataset_kwargs.get("mask", "varlen"),
-        labels_convention=Manifest.load(Path(directory)).labels,
+        labels_convention=opened.outputs[0].manifest.labels,  # one for all the sources of a mixture
+        attention=dataset_kwargs.get("attention"),
         dtype=dtype,
     )
-    return PackedDataset(directory, task_encoder=encoder, **dataset_kwargs)
+    return PackedDataset(opened, task_encoder=encoder, split=opened.split, **dataset_kwargs)

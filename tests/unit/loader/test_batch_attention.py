@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from packtool.loader import PackedBatch, PackedDataset, collate_packs, get_loader
-from packtool.loader.batch import MASKS_FOR_ATTENTION, check_mask_for_model, default_batch, packed_batch
+from packtool.loader.batch import default_batch, packed_batch
+from packtool.loader.fit import MASKS_FOR_ATTENTION, check_mask_for_model
 from packtool.masks import AttentionPattern, additive_mask, block_causal_mask, flex_block_mask
 from packtool.reading import read_packs
 from tests.fixtures.loader_outputs import packed  # noqa: F401 - fixture
@@ -77,15 +78,23 @@ def test_collate_packs_builds_the_masks_of_the_models_attention(packed):
 
 
 def test_masks_that_an_attention_implementation_ignores_are_refused():
+    """A Llama, whose code serves every path: each implementation gets the masks it applies."""
+    from transformers import LlamaConfig
+
     def config(implementation):
-        return type("Config", (), {"_attn_implementation": implementation})()
+        llama = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2)
+        llama._attn_implementation = implementation
+        return llama
 
     for implementation, fits in MASKS_FOR_ATTENTION.items():
         for mask in ("varlen", "dense", "additive", "flex"):
             if mask in fits:
                 check_mask_for_model(mask, config(implementation))
             else:
-                with pytest.raises(ValueError, match=f"use mask={fits[0]!r}"):
+                with pytest.raises(
+                    ValueError, match=f"with attn_implementation={implementation!r}.*: use mask"
+                ):
                     check_mask_for_model(mask, config(implementation))
-    check_mask_for_model("dense", config(None))  # a config bound to no model yet
-    check_mask_for_model("dense", config("some_kernel"))  # an implementation packtool does not know
+    check_mask_for_model("dense", config(None))  # a config bound to no model yet: its code decides
+    with pytest.raises(ValueError, match="packtool does not know what 'some_kernel' does with a mask"):
+        check_mask_for_model("dense", config("some_kernel"))  # an implementation packtool does not know

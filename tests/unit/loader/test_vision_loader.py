@@ -14,6 +14,7 @@ import torch
 from packtool.errors import InputError
 from packtool.loader import PackedDataset, get_loader
 from packtool.loader.dataset import _Item, _Parcel
+from packtool.masks import AttentionPattern
 from packtool.reading import read_packs
 from packtool.vision.loader import IMAGE_COLUMNS, VisionBatch, VisionTaskEncoder, vision_dataset
 from packtool.vision.model_inputs import decode_images
@@ -42,7 +43,7 @@ def stored(tmp_path_factory):
 
 def test_a_batch_holds_each_packs_images_in_order_and_travels_whole(stored):
     vp, packs, _ = stored
-    encoder = VisionTaskEncoder(vp, mask="varlen")
+    encoder = VisionTaskEncoder(vp, mask="varlen", attention="causal")  # LLaVA's Llama: full causal
     encoded = [encoder.encode_sample(p) for p in packs]
     batch = encoder.encode_batch(encoder.batch(encoded))
     counts = [len(p["images"]) for p in packs]
@@ -207,9 +208,24 @@ def test_dense_and_additive_masks_hold_each_image_both_ways():
         text = packed_batch(raw, mask)
         names = ("input_ids", "labels", "position_ids", "seq_lens", "cu_seqlens", "max_seqlen")
         fields = {f: getattr(text, f) for f in names}
-        batch = VisionBatch(**fields, mask=mask, token_type_ids=types).build_mask()
+        batch = VisionBatch(**fields, mask=mask, token_type_ids=types, attention=AttentionPattern())
+        batch = batch.build_mask()
         allowed = batch.attention_mask[0, 0] if mask == "dense" else batch.attention_mask[0, 0] == 0
         want = torch.tril(torch.ones(8, 8, dtype=torch.bool))
         want[5:, :5] = False  # two samples: 5 and 3 tokens
         want[1:3, 1:3] = want[5:7, 5:7] = True  # each image both ways
         assert torch.equal(allowed, want), mask
+
+
+@pytest.mark.parametrize("mask", ["dense", "additive", "flex"])
+def test_a_mask_built_for_the_model_needs_the_model(stored, mask):
+    """The vision stages build the model's masks as the text loader does: never without its attention."""
+    vp, packs, output = stored
+    for make in (lambda: VisionTaskEncoder(vp, mask=mask), lambda: vision_dataset(output, vp, mask=mask)):
+        with pytest.raises(
+            ValueError, match=f"^mask='{mask}' is built for the model's attention: pass attention="
+        ):
+            make()
+    encoder = VisionTaskEncoder(vp, mask=mask, attention="causal")  # a declaration: full causal attention
+    batch = encoder.encode_batch(encoder.batch([encoder.encode_sample(p) for p in packs[:2]]))
+    assert batch.attention == AttentionPattern() and batch.build_mask().mask == mask

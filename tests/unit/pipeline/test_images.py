@@ -23,6 +23,7 @@ from packtool.pipeline.identity import content_key
 from packtool.pipeline.run import start_run
 from packtool.pipeline.stores import ScratchChunks
 from packtool.readers.inputs import read_inputs
+from packtool.storage.scratch import Scratch
 from tests.conftest import DEMO, DEMO_TOKENIZER
 from tests.fixtures.vision_inputs import llava_rows, write_jsonl, write_llava_input
 from tests.fixtures.vision_processors import build_qwen2vl
@@ -154,7 +155,7 @@ def test_a_damaged_scratch_chunk_is_encoded_again_on_resume(encoded_work, tmp_pa
     source_ids out of range an error at write time, a FIFO a hang."""
     work = Path(shutil.copytree(encoded_work, tmp_path / "work", symlinks=True))
     DAMAGES[damage](work / "chunk-000001")
-    store = ScratchChunks(None, None, str(work), None, resumed=True)
+    store = ScratchChunks(None, None, Scratch(str(work)), None, resumed=True)
     assert store.damaged == [1] and sorted(store.done) == [0, 2]
     assert not (work / "chunk-000001").exists()
     assert all("meta_digest" not in m for m in store.done.values())

@@ -61,18 +61,20 @@ def test_what_a_directory_holds_unread_is_said(tree):
         "pkg-b/changelog.Debian.gz; known: .jsonl .json .ndjson .parquet .txt .tar, compressed or not; "
         "--input-format text reads every file as text)"
     ]
-    assert unread.note() == f"{tree}: 3 hidden entries left out (.git, pkg-a/.hidden-dir, pkg-a/.notes.txt)"
+    assert unread.notes() == [
+        f"{tree}: 3 hidden entries left out (.git, pkg-a/.hidden-dir, pkg-a/.notes.txt)"
+    ]
     assert unread_files([str(tree)], "text")[0].warnings() == []  # every file read: nothing to say of them
 
 
 def test_input_format_text_reads_every_file_as_text_compressed_ones_by_content(tree):
     """copyright, README and changelog.Debian.gz are text; the gzip one is decompressed, told by its
     bytes, not its name."""
-    assert _texts([tree], input_format="text") == [
+    assert _texts([tree], files="text") == [
         "readme a", "copyright a", "guide a", "changelog b\nsecond line", "deep b", "notes b", "top"
     ]  # fmt: skip
     # a file given alone: one sample per line, as a .txt file
-    assert _texts([tree / "pkg-b" / "changelog.Debian.gz"], input_format="text") == [
+    assert _texts([tree / "pkg-b" / "changelog.Debian.gz"], files="text") == [
         "changelog b",
         "second line",
     ]
@@ -92,7 +94,7 @@ def test_a_directory_of_no_known_file_names_what_it_holds(tmp_path):
         "compressed or not): it holds 4 files (INSTALL, README, copyright and 1 more); --input-format "
         "text reads every file as text"
     )
-    assert _texts([docs], input_format="text") == ["INSTALL", "README", "copyright", "sub/NEWS"]
+    assert _texts([docs], files="text") == ["INSTALL", "README", "copyright", "sub/NEWS"]
 
 
 def test_double_star_globs_go_into_subdirectories_and_read_a_file_once(tree):
@@ -127,8 +129,7 @@ def test_symbolic_links_to_files_are_read_to_directories_not_followed(tree, tmp_
     (unread,) = unread_files([str(tree)])
     assert unread.linked_dirs == ["loop", "pkg-c"]
     assert unread.warnings()[1] == (
-        f"{tree}: 2 symbolic links to a directory not followed (loop, pkg-c; give the directory as an "
-        "input of its own)"
+        f"{tree}: 2 symbolic links to a directory not followed (loop, pkg-c; --follow-symlinks follows them)"
     )
     (tree / "pkg-a" / "gone.txt").symlink_to(tmp_path / "nowhere.txt")  # would be read: named
     with pytest.raises(InputError, match=r"gone.txt: a broken symbolic link"):
@@ -150,6 +151,6 @@ def test_compression_is_told_by_content_not_by_name(tmp_path):
 
 def test_input_format_jsonl_reads_files_of_any_name(tmp_path):
     (tmp_path / "records.log").write_text('{"text": "a"}\n{"text": "b"}\n')
-    assert _texts([tmp_path / "records.log"], input_format="jsonl") == ["a", "b"]
+    assert _texts([tmp_path / "records.log"], files="jsonl") == ["a", "b"]
     with pytest.raises(InputError, match="unknown input format '.log'"):
         expand_inputs([str(tmp_path / "records.log")])

@@ -203,7 +203,7 @@ def test_the_loader_gives_each_family_s_inputs_for_a_pack(family_dirs, few_sampl
         "images": [Path(ref.path).read_bytes() if ref.path else ref.data for s in chosen for ref in s.images],
         "pack_index": 0,
     }
-    out = VisionTaskEncoder(vp, mask="dense").encode_sample(pack)
+    out = VisionTaskEncoder(vp, mask="dense", attention="causal").encode_sample(pack)  # any model's
     alone = []
     for sample in chosen:
         if sample.images:

@@ -16,9 +16,11 @@ the file layout, while packtool's output bytes rest on chunks of exactly ``chunk
 errors name the file and row (docs/scaling.md, "Ray engine", has the measurements).
 
 * ``ray_address`` given: join that cluster (``ray.init(address=...)``); packtool's own code is shipped with
-  the job (``runtime_env py_modules``), so the cluster needs only packtool's dependencies. Input, scratch
-  and output paths must be on storage that every node sees (a shared filesystem); relative paths are
-  taken from the driver's working directory, which every task enters.
+  the job (``runtime_env py_modules``), so the cluster needs only packtool's dependencies. Inputs, the
+  tokenizer and the output must be where every node reaches them: in an object store (URLs: the nodes
+  then share nothing but the store; each reaches it with its own credentials, or the ``--storage-options``
+  that travel with the job), or on a shared filesystem, where relative paths are taken from the driver's
+  working directory, which every task enters.
 * no address: start a local Ray with ``num_proc`` CPUs and no dashboard, shut down at the end.
 * a Ray already initialized in this process (a notebook, a test) is used as it is.
 
@@ -48,15 +50,18 @@ import ray
 
 from packtool.errors import ConfigError, PacktoolError, WorkerDied
 from packtool.pipeline.engines.local import TASK_NAMES
+from packtool.storage.scratch import set_node
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2]  # packtool/, shipped to a cluster's workers
 
 
 def _call(cwd: str, fn: Callable, task: Any) -> Any:
     """In a Ray worker: enter the driver's working directory (relative input, tokenizer and output paths
-    mean the same there as in the driver; Ray workers serve one job), then ``fn(task)``."""
+    mean the same there as in the driver; Ray workers serve one job), name the node it runs on (a scratch
+    mirrored to a store keeps a local folder per node: nodes meet only in the store), then ``fn(task)``."""
     if os.getcwd() != cwd and os.path.isdir(cwd):
         os.chdir(cwd)
+    set_node(f"ray-{ray.get_runtime_context().get_node_id()[:16]}")
     return fn(task)
 
 
