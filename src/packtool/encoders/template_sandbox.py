@@ -201,7 +201,11 @@ def _metered_test(func: Any) -> Any:
     @pass_context
     @functools.wraps(func)
     def metered_test(context, value, *args, **kwargs):
-        _take(1 + _weight(value) + sum(map(_weight, args)))
+        budget = _BUDGET.get()
+        if budget is not None:  # (inline: a template tests every message, often several times)
+            budget.take(1 + _weight(value) + (sum(map(_weight, args)) if args else 0))
+        if pass_arg is None:
+            return func(value, *args, **kwargs)
         return _passed(func, pass_arg, context, value, args, kwargs)
 
     return metered_test
@@ -318,10 +322,14 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         return _Meter().visit(super()._parse(source, name, filename))
 
     def call_binop(self, context, operator, left, right):
+        if operator == "+" and type(left) is str and type(right) is str:  # (the common case, inline)
+            size = len(left) + len(right)
+            _too_large(size, " with +")
+            budget = _BUDGET.get()
+            if budget is not None:  # read both, make one of their size
+                budget.take(2 + (len(left) + len(right) + size) // CHARS_PER_STEP)
+            return left + right
         _take(1 + _weight(left) + _weight(right))
-        if operator == "+" and type(left) is str and type(right) is str:  # (the common case, the fastest)
-            _too_large(len(left) + len(right), " with +")
-            return _made(left + right)
         if integers(left, right) and operator in ("*", "**"):
             _too_many_bits(int_bits(operator, left, right))
         else:
