@@ -51,7 +51,9 @@ class PacktoolGroup(click.Group):
         except click.ClickException as e:  # a usage error: an unknown option, a bad value, ...
             click.echo(f"packtool: error: {_one_line(e.format_message())}", err=True)
             sys.exit(EXIT_USAGE)
-        except (KeyboardInterrupt, click.Abort):
+        except (KeyboardInterrupt, click.Abort) as e:
+            if isinstance(e.__cause__, EOFError):  # click makes an EOFError (a file read short) an Abort
+                _internal_error(e.__cause__)
             _stop_helpers()
             click.echo(
                 "packtool: interrupted; no complete-looking output was left behind "
@@ -63,15 +65,20 @@ class PacktoolGroup(click.Group):
             click.echo(f"packtool: error: {e.filename or ''}: {e.strerror or e}", err=True)
             sys.exit(EXIT_FAILURE)
         except Exception as e:  # an internal error: say so, with the traceback only when asked
-            if os.environ.get("PACKTOOL_DEBUG"):
-                traceback.print_exc()
-            click.echo(
-                f"packtool: internal error: {type(e).__name__}: {_one_line(e)} "
-                "(set PACKTOOL_DEBUG=1 for a traceback)",
-                err=True,
-            )
-            sys.exit(EXIT_FAILURE)
+            _internal_error(e)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _internal_error(e: BaseException) -> None:
+    """Exit 4 with one line naming ``e`` (its traceback with ``PACKTOOL_DEBUG=1``)."""
+    if os.environ.get("PACKTOOL_DEBUG"):
+        traceback.print_exception(e)
+    click.echo(
+        f"packtool: internal error: {type(e).__name__}: {_one_line(e)} "
+        "(set PACKTOOL_DEBUG=1 for a traceback)",
+        err=True,
+    )
+    sys.exit(EXIT_FAILURE)
 
 
 def _stop_helpers() -> None:
@@ -249,7 +256,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
         start_forkserver(num_proc, worker_preload(values))
     # imported after the forkserver started: the two processes then import numpy and pyarrow side by side
     from packtool.options import PackOptions
-    from packtool.pipeline.run import run_pack, summary_line
+    from packtool.pipeline.run import losses_line, run_pack, summary_line
 
     options = PackOptions.from_dict(values, origin=config_file or "options", given=given & set(values))
     options = options.replace(num_proc=num_proc)
@@ -267,13 +274,7 @@ def pack(ctx: click.Context, inputs: tuple[str, ...], config_file: str | None, *
     for line in losses:
         click.echo(f"packtool: warning: {line}", err=True)
     if losses:
-        samples, tokens = s.lost_totals()
-        click.echo(
-            f"packtool: warning: in all {samples:,} of {s.input_samples:,} samples were not packed whole "
-            f"and {tokens:,} of {s.input_tokens:,} tokens are not in the packs "
-            "(--strict makes this an error)",
-            err=True,
-        )
+        click.echo(f"packtool: warning: {losses_line(s)}", err=True)
 
 
 @main.command()

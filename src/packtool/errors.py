@@ -23,6 +23,7 @@ that those counts reach the run's summary from every worker the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 
@@ -114,6 +115,8 @@ class ErrorSink:
     counts: dict[str, int] = dc_field(default_factory=dict)
     entries: list[dict] = dc_field(default_factory=list)  # first MAX_LOGGED, in input order
     notes: dict[str, int] = dc_field(default_factory=dict)  # what was done to records kept, by kind
+    # how an error is told to the user: e.g. a record of a directory named by its file, not its index
+    rename: Callable[[InputError], InputError] | None = dc_field(default=None, repr=False, compare=False)
 
     def note(self, kind: str, n: int = 1) -> None:
         """Count ``n`` of ``kind`` (``decoded_records``, ``excluded_files``, ...): said, never a loss of
@@ -124,7 +127,12 @@ class ErrorSink:
     def total(self) -> int:
         return sum(self.counts.values())
 
+    def named(self, err: InputError) -> InputError:
+        """``err`` as this sink tells it (``rename``)."""
+        return err if self.rename is None else self.rename(err)
+
     def bad(self, err: InputError) -> None:
+        err = self.named(err)
         if self.on_error != "skip":  # say the way past it, which the error alone does not
             hint = err.hint or "--on-error skip leaves bad records out and counts them"
             raise InputError(

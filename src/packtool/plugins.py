@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import pkgutil
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ def load_plugin(spec: str, what: str = "plugin") -> Any:
     module_name, _, attr = spec.rpartition(":")
     if not module_name or not attr:
         raise ConfigError(f"{what} {spec}: not of the form module:callable")
-    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+    if _names_a_file(module_name):
         module = _import_file(Path(module_name), spec, what)
     else:
         module = _import_module(module_name, spec, what)
@@ -47,6 +49,30 @@ def load_plugin(spec: str, what: str = "plugin") -> Any:
         return getattr(module, attr)
     except AttributeError:
         raise ConfigError(f"{what} {spec}: module {module_name} has no attribute {attr}") from None
+
+
+def plugin_file(spec: str) -> Path | None:
+    """The source file of the module ``spec`` names (loaded by ``load_plugin`` first), or None where it has
+    none (a built-in module): what a run's identity hashes, so that an edited encoder is a new run.
+
+    >>> plugin_file("json:dumps").name
+    '__init__.py'
+    """
+    module_name = spec.rpartition(":")[0]
+    if _names_a_file(module_name):
+        return Path(module_name).resolve()
+    try:
+        module = pkgutil.resolve_name(module_name)
+    except Exception:  # load_plugin said why, or will
+        return None
+    if not isinstance(module, types.ModuleType):  # ``pkg.mod.Class:method``: the class's module
+        module = inspect.getmodule(module)
+    path = getattr(module, "__file__", None)
+    return Path(path) if path and Path(path).is_file() else None
+
+
+def _names_a_file(module_name: str) -> bool:
+    return module_name.endswith(".py") or "/" in module_name or "\\" in module_name
 
 
 def _import_module(name: str, spec: str, what: str) -> Any:

@@ -193,11 +193,17 @@ def test_second_job_on_the_same_output_is_refused(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     first = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     try:
-        started = out.with_name("out.partial") / "_work" / "run.json"
+        # it holds the output once its pid is in the lock (its run.json comes later: the driver runs the
+        # encoder on the first records for the run's identity, and this one waits for "go")
+        lock = out.with_name("out.lock")
+
+        def holding() -> bool:
+            return lock.exists() and lock.read_text().strip() == str(first.pid)
+
         deadline = time.monotonic() + 60
-        while not started.exists() and first.poll() is None and time.monotonic() < deadline:
+        while not holding() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert started.exists(), "the first job did not start"
+        assert holding(), "the first job did not start"
         second = run_cli(*cmd[3:], check=False)
         assert second.returncode == 2
         assert second.stderr.count("\n") == 1

@@ -18,6 +18,8 @@ per process with the ``encoder_kwargs`` config mapping.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Protocol
 
 import numpy as np
@@ -239,7 +241,13 @@ def check_token_ids(
 
 class FunctionEncoder:
     """Wraps a user's ``encode(records: dict[str, list]) -> dict`` callable into the Encoder protocol, with
-    ``bos_id`` / ``eos_id`` (``special_ids``) added around every sample's ``input_ids`` when given."""
+    ``bos_id`` / ``eos_id`` (``special_ids``) added around every sample's ``input_ids`` when given.
+
+    Its identity names the code, not only the spec: ``source_sha256`` (of the module file the spec names)
+    and, once the run's first records are known, ``probe`` (a digest of what it makes of them), so that an
+    encoder edited between a run and its resume, or one reading a changed vocabulary file, is a new run.
+    A ``vocab_size`` the callable declares bounds its ids and is recorded.
+    """
 
     def __init__(
         self,
@@ -248,9 +256,12 @@ class FunctionEncoder:
         labels: str = "shifted",
         bos_id: int | None = None,
         eos_id: int | None = None,
+        source_sha256: str | None = None,
     ) -> None:
         self.fn, self.spec, self.labels = fn, spec, labels
         self.bos_id, self.eos_id = bos_id, eos_id
+        self.source_sha256 = source_sha256
+        self.vocab_size = declared_vocab_size(fn)
 
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         try:
@@ -272,7 +283,7 @@ class FunctionEncoder:
             raise ConfigError(
                 f"encoder {self.spec} returned {len(input_ids)} rows for {batch.num_rows} records"
             )
-        check_token_ids(input_ids, batch)  # a custom encoder's ids are checked like a file's
+        check_token_ids(input_ids, batch, vocab_size=self.vocab_size)  # checked like a file's ids
         added = [f"--add-{k}" for k, i in (("bos", self.bos_id), ("eos", self.eos_id)) if i is not None]
         given = [k for k in ("labels", "loss_mask") if out.get(k) is not None]
         if added and given:
@@ -295,11 +306,40 @@ class FunctionEncoder:
         return encoded_batch(input_ids, labels, loss_mask)
 
     def identity(self) -> dict[str, Any]:
-        ident: dict[str, Any] = {"kind": "custom", "name": self.spec, "sha256": None}
+        ident: dict[str, Any] = {"kind": "custom", "name": self.spec, "sha256": self.source_sha256}
+        if self.vocab_size is not None:
+            ident["vocab_size"] = self.vocab_size
         for kind, token_id in (("bos", self.bos_id), ("eos", self.eos_id)):
             if token_id is not None:
                 ident[f"{kind}_token_id"] = token_id
         return ident
+
+    def probe(self, batches: list[SourceBatch]) -> str:
+        """sha256 of what this encoder makes of ``batches`` (a run's first few records), or of the kind of
+        error it raises on them: the same code and data files give the same digest.
+
+        >>> def encode(records): return {"input_ids": [[len(t)] for t in records["text"]]}
+        >>> rec = SourceBatch("x", pa.record_batch({"text": ["Ab"]}), np.array([1]))
+        >>> FunctionEncoder(encode, "m:encode").probe([rec])[:12]
+        '6a3a4c5fa5e4'
+        """
+        h = hashlib.sha256()
+        for batch in batches:
+            try:
+                out = self(batch)
+            except Exception as e:  # (the run meets it again, and says so, when it encodes these records)
+                h.update(f"{type(e).__name__}: {getattr(e, 'code', '')}".encode())
+                continue
+            for name in out.schema.names:
+                h.update(name.encode() + json.dumps(out.column(name).to_pylist()).encode())
+        return h.hexdigest()
+
+
+def declared_vocab_size(encoder: Any) -> int | None:
+    """The ``vocab_size`` a custom encoder declares (an attribute of the callable), if a positive int."""
+    vocab = getattr(encoder, "vocab_size", None)
+    ok = isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0
+    return vocab if ok else None
 
 
 def special_ids(
@@ -341,8 +381,7 @@ def special_ids(
                 f"give --{kind}-token-id ID, the id your tokenizer gives its {kind.upper()} token"
             )
         flag = f"{flag}: encoder {spec}'s {kind}_token_id"
-    vocab = getattr(encoder, "vocab_size", None)
-    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+    vocab = declared_vocab_size(encoder)
     ok = (
         isinstance(token_id, int)
         and not isinstance(token_id, bool)

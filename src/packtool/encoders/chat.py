@@ -28,12 +28,10 @@ How assistant turns are found, in characters of the rendered text, then mapped t
    render; a template that renders earlier turns differently from the last one (e.g. one that drops
    earlier turns' reasoning) fails this check and the record is reported as an error, naming its row.
 
-**Work bound.** Jinja's sandbox caps each ``range`` at 100,000 items, not their product: nested loops
-over ranges each under the cap would run for hours on one record. Each render gets a budget of
-``RANGE_BUDGET`` range items in all: the template's ``range`` (set among the globals of the template
-transformers compiles, before each render) counts the items its loops take, from the budget of the
-render under way (``bounded_range``; outside packtool's renders it is the sandbox's range). A template
-that takes more fails on that record, naming it, as any failing template does.
+**Work bound.** Jinja's sandbox keeps a template from Python's internals, not from working without end:
+each render runs within a fixed budget of steps and of size (``template_sandbox``: every loop item,
+call and lookup takes a step, every value is measured, an over-large one before it is made). A template
+that goes over it fails on that record (``template_budget``), naming it, as any failing template does.
 
 A token is trained when its first character lies inside a trained span. Limits: a token that straddles a
 span boundary (a BPE merge across the header and the content) is trained only if it starts inside the
@@ -47,8 +45,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -72,71 +68,6 @@ SHAREGPT_ROLES = {
     "observation": "tool",
 }
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
-RANGE_BUDGET = 1_000_000  # range items one render may take, in all its loops
-MAX_RANGE = 100_000  # Jinja's sandbox's own cap on one range (jinja2.sandbox.MAX_RANGE)
-
-
-class TemplateBudgetError(ValueError):
-    """A chat template took more than ``RANGE_BUDGET`` range items in one render."""
-
-
-class _Budget:
-    """The range items left to one render."""
-
-    def __init__(self, items: int) -> None:
-        self.left = items
-
-    def take(self) -> None:
-        self.left -= 1
-        if self.left < 0:
-            raise TemplateBudgetError(
-                f"the chat template takes more than {RANGE_BUDGET:,} range items in one conversation "
-                "(nested loops): packtool stops it"
-            )
-
-
-_RENDERING: ContextVar[_Budget | None] = ContextVar("packtool_template_budget", default=None)
-
-
-def bounded_range(*args: int) -> Sequence[int]:
-    """The templates' ``range``: the sandbox's (at most ``MAX_RANGE`` items), its items taken from the budget
-    of packtool's render under way (a plain range outside them)."""
-    items = range(*args)
-    if len(items) > MAX_RANGE:
-        raise OverflowError(f"Range too big. The sandbox blocks ranges larger than MAX_RANGE ({MAX_RANGE}).")
-    budget = _RENDERING.get()
-    return items if budget is None else _BoundedRange(items, budget)
-
-
-class _BoundedRange(Sequence):
-    """A ``range`` whose items, each time they are iterated, are taken from a ``_Budget``; ``len``, indexing,
-    slicing and ``in`` as a range's.
-
-    >>> budget = _Budget(5)
-    >>> list(_BoundedRange(range(3), budget)), budget.left
-    ([0, 1, 2], 2)
-    """
-
-    def __init__(self, items: range, budget: _Budget) -> None:
-        self._items, self._budget = items, budget
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __getitem__(self, index):
-        item = self._items[index]
-        return _BoundedRange(item, self._budget) if isinstance(item, range) else item
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._items
-
-    def __iter__(self) -> Iterator[int]:
-        for item in self._items:
-            self._budget.take()
-            yield item
-
-    def __reversed__(self) -> Iterator[int]:
-        return iter(_BoundedRange(self._items[::-1], self._budget))
 
 
 def _drop_nulls(value: Any) -> Any:
@@ -220,12 +151,16 @@ class ChatEncoder:
         empty_loss: str = "drop",
     ) -> None:
         try:  # transformers (and jinja2) are an optional extra, packtool[transformers]: chat needs them
-            from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            # (the bounded sandbox imports transformers' chat template helpers too)
+            from packtool.encoders import template_sandbox
         except ImportError:
             raise ConfigError(
                 "sample_format chat needs transformers and jinja2 (pip install 'packtool[transformers]')"
             ) from None
-        self._render_jinja, self._compiled = render_jinja_template, _compile_jinja_template
+        self._sandbox, self._compiled = template_sandbox, _compile_jinja_template
+        self._template = None  # the bounded template, compiled in each process on first use
         self.tokenizer, self.loss_on, self.labels, self.empty_loss = tokenizer, loss_on, labels, empty_loss
         self.template, self.template_source = load_chat_template(tokenizer, chat_template)
         self.span_method = "generation" if GENERATION_TAG.search(self.template) else "prefix"
@@ -236,6 +171,9 @@ class ChatEncoder:
             if type(e).__name__ == "TemplateSyntaxError":
                 raise ConfigError(f"chat template from {self.template_source}: {e}") from None
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_template": None}  # (a compiled template does not pickle)
+
     # --- rendering ---------------------------------------------------------------------------------
     def render(
         self,
@@ -244,22 +182,14 @@ class ChatEncoder:
         add_generation_prompt: bool = False,
         with_spans: bool = False,
     ) -> tuple[str, list[tuple[int, int]]]:
-        """Render one conversation; with ``with_spans``, also the ``{% generation %}`` character spans."""
-        # the template transformers renders (its compile is cached by text: set each time, it may be new)
-        self._compiled(self.template).globals["range"] = bounded_range
-        budget = _RENDERING.set(_Budget(RANGE_BUDGET))
-        try:
-            rendered, spans = self._render_jinja(
-                [messages],
-                tools=tools,
-                chat_template=self.template,
-                return_assistant_tokens_mask=with_spans,
-                add_generation_prompt=add_generation_prompt,
-                **self.template_vars,
-            )
-        finally:
-            _RENDERING.reset(budget)
-        return rendered[0], [tuple(s) for s in spans[0]] if with_spans else []
+        """Render one conversation within its budget (``template_sandbox``); with ``with_spans``, also the
+        ``{% generation %}`` character spans."""
+        if self._template is None:  # transformers' environment (of an empty template: Jinja folds the
+            # constants of what it compiles, ``2 ** 1000000000`` too), the budget's hooks added
+            self._template = self._sandbox.bounded_template(self.template, self._compiled(""))
+        return self._sandbox.render_chat(
+            self._template, messages, tools, add_generation_prompt, with_spans, self.template_vars
+        )
 
     def trained_spans(
         self, messages: list[dict], tools: list | None = None
@@ -353,7 +283,7 @@ class ChatEncoder:
             try:
                 text, sp = self.trained_spans(messages, tools[i] or None)
             except ValueError as e:
-                raise batch.error(i, fields[i], str(e)) from None
+                raise batch.error(i, fields[i], str(e), getattr(e, "skip_reason", "invalid")) from None
             except Exception as e:  # the template raised (raise_exception, an undefined variable, ...)
                 reason = str(e).splitlines()[0] if str(e) else ""
                 message = f"chat template failed: {type(e).__name__}: {reason}"

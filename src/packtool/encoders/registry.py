@@ -25,7 +25,8 @@ from packtool.encoders.pretokenized import PretokenizedEncoder
 from packtool.encoders.prompt_completion import BUILTIN_TEMPLATES, PromptCompletionEncoder, template_fields
 from packtool.encoders.text import HFTokenizer, TextEncoder
 from packtool.errors import ConfigError
-from packtool.plugins import is_plugin_spec, load_plugin
+from packtool.fileio import file_sha256
+from packtool.plugins import is_plugin_spec, load_plugin, plugin_file
 
 __all__ = ["SLOW_TO_BUILD", "Encoder", "build_encoder", "fields_read", "resolve_sample_format"]
 
@@ -130,7 +131,10 @@ def build_encoder(
             )
             for kind in ("bos", "eos")
         }
-        return FunctionEncoder(obj, options.tokenizer, options.labels, ids["bos"], ids["eos"])
+        source = plugin_file(options.tokenizer)
+        return FunctionEncoder(
+            obj, options.tokenizer, options.labels, ids["bos"], ids["eos"], source and file_sha256(source)
+        )
     if sample_format == "pretokenized":
         vocab = HFTokenizer(options.tokenizer).vocab_size if options.tokenizer else None
         return PretokenizedEncoder(

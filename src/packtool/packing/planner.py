@@ -53,13 +53,18 @@ STRATEGIES: dict[str, Callable[..., PackPlan]] = {"bfd": _bfd, "sequential": _se
 assert tuple(STRATEGIES) == STRATEGY_NAMES  # options validates the names, this dispatches on them
 
 
-def too_long_message(length: int, n: int, lengths: np.ndarray | None = None, among: str = "") -> str:
+def too_long_message(
+    length: int, n: int, lengths: np.ndarray | None = None, among: str = "", cuttable: bool = True
+) -> str:
     """What ``long_samples=error`` says of a sample of ``length`` tokens; with ``lengths`` (the samples
     known so far, ``among`` says which: ``"all"``, ``"the first chunk's"``), also how many of them are
-    longer than ``n`` and by how many tokens, so that the option is chosen knowing what it costs.
+    longer than ``n`` and by how many tokens, so that the option is chosen knowing what it costs. The
+    options it offers are those that apply: samples with images (not ``cuttable``) are never cut.
 
     >>> too_long_message(3000, 2048, np.array([3000, 10, 2100, 5]), "all")  # doctest: +ELLIPSIS
     'sample has 3000 tokens, more than ... (2 of all 4 samples are longer: 50.0%; 1,004 of the 5,115 ...'
+    >>> too_long_message(130, 120, cuttable=False)  # doctest: +ELLIPSIS
+    'sample has 130 tokens, ...; use --long-samples drop, or a larger --packed-sequence-size (a sample w...'
     """
     counts = ""
     if lengths is not None and len(lengths):
@@ -68,6 +73,11 @@ def too_long_message(length: int, n: int, lengths: np.ndarray | None = None, amo
             f" ({len(long):,} of {among} {len(lengths):,} samples are longer: "
             f"{len(long) / len(lengths):.1%}; "
             f"{int(long.sum()) - n * len(long):,} of the {int(lengths.sum()):,} tokens lie beyond N)"
+        )
+    if not cuttable:
+        return (
+            f"sample has {length} tokens, more than packed_sequence_size {n}{counts}; use --long-samples "
+            "drop, or a larger --packed-sequence-size (a sample with images is never cut)"
         )
     return (
         f"sample has {length} tokens, more than packed_sequence_size {n}{counts}; use "

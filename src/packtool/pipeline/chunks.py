@@ -24,12 +24,14 @@ import json
 import mmap
 import os
 import shutil
+import stat
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
 from packtool.arrays import groups, list_parts
 from packtool.encoders.masking import empty_loss_count
@@ -85,7 +87,7 @@ def write_chunk(
     if images is not None:  # a vision-language chunk: its samples' images beside the tokens
         meta.update(write_chunk_images(tmp, images))
     meta = {"index": index, **meta, **(extra or {})}
-    (tmp / "meta.json").write_text(json.dumps(meta))
+    (tmp / "meta.json").write_text(json.dumps({**meta, "meta_digest": meta_digest(meta)}))
     # A chunk's bytes depend only on its records, so if another writer finished it meanwhile (a task of a
     # killed run still in flight on a cluster while the run is resumed), keep theirs and drop ours.
     if not (final / "meta.json").exists():
@@ -97,6 +99,13 @@ def write_chunk(
                 raise
     shutil.rmtree(tmp, ignore_errors=True)
     return meta
+
+
+def meta_digest(meta: dict) -> str:
+    """XXH3-128 of a chunk's meta (less this digest) as JSON, written in it: a resumed run trusts no meta
+    edited since (its counts, sources and the input rows it covers are what the run's summary adds up)."""
+    body = {k: v for k, v in meta.items() if k != "meta_digest"}
+    return xxhash.xxh3_128(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 # a chunk's arrays and their dtypes (rows and source_ids: where each sample came from)
@@ -149,7 +158,7 @@ def chunk_parts(
                 part["loss_mask"] = (labels != IGNORE_INDEX).astype(np.int8)
         parts.append(part)
     meta = {
-        "digest": chunk_digest(parts, CHUNK_ARRAYS),
+        "digest": chunk_digest(parts, CHUNK_ARRAYS, CHECKED),
         "num_samples": sum(b.num_rows for b in batches),
         "num_tokens": sum(int(p["offsets"][-1]) for p in parts),
         "has_loss_mask": has_mask,
@@ -170,24 +179,38 @@ def chunk_parts(
     return parts, meta
 
 
-def chunk_intact(scratch: Scratch | str | Path, meta: dict) -> bool:
-    """Whether the scratch chunk of ``meta`` (a ``meta.json`` read back) still holds what was written: its
-    arrays give ``meta["digest"]`` (a chunk without one, of an older packtool, is not trusted), and a
-    vision-language chunk's images give ``images_digest`` with their files as they were when read."""
-    name, scratch = chunk_name(meta["index"]), as_scratch(scratch)
+CHECKED = (*DIGESTED, "source_ids")  # the arrays a scratch chunk's ``digest`` covers (with the lengths)
+
+
+def chunk_intact(scratch: Scratch | str | Path, meta: object, index: int) -> bool:
+    """Whether scratch chunk ``index`` (its ``meta.json`` read back: ``meta``, None if unreadable) still
+    holds what was written: its meta gives its ``meta_digest`` and names ``index``, every file in it is a
+    regular file (a FIFO would block the reader), its arrays give ``meta["digest"]`` (a chunk without
+    one, of an older packtool, is not trusted), and a vision-language chunk's images give
+    ``images_digest`` with their files as they were when read. A chunk that cannot be read at all (a file
+    emptied or cut, a header damaged) is not intact either: a resumed run encodes it again."""
+    if (
+        not isinstance(meta, dict)
+        or meta.get("index") != index
+        or meta.get("meta_digest") != meta_digest(meta)
+    ):
+        return False
+    name, scratch = chunk_name(index), as_scratch(scratch)
     try:
         for file in scratch.names(name):  # a chunk in a store: its files fetched here first
             scratch.fetch(file)
         path = scratch.path(name)
+        if path.is_symlink() or not all(stat.S_ISREG(p.lstat().st_mode) for p in path.iterdir()):
+            return False
         arrays = {
             name: np.load(path / f"{name}.npy", mmap_mode="r", allow_pickle=False)
-            for name in (*DIGESTED, "offsets")
+            for name in (*CHECKED, "offsets")
             if (path / f"{name}.npy").exists()
         }
-        if "digest" not in meta or chunk_digest([arrays], CHUNK_ARRAYS) != meta["digest"]:
+        if "digest" not in meta or chunk_digest([arrays], CHUNK_ARRAYS, CHECKED) != meta["digest"]:
             return False
         return "images_digest" not in meta or images_intact(path, meta)  # and its image files as they were
-    except (OSError, ValueError, pa.ArrowException):
+    except Exception:  # (np.load of an emptied file raises EOFError; of a damaged header, most anything)
         return False
 
 
@@ -222,12 +245,16 @@ def read_chunk_list(scratch: Scratch | str | Path) -> list[dict]:
     return json.loads(as_scratch(scratch).fetch(CHUNK_LIST, fresh=True).read_text())
 
 
-def read_chunk_meta(scratch: Scratch | str | Path, index: int) -> dict | None:
+def read_chunk_meta(scratch: Scratch | str | Path, index: int) -> object:
+    """Chunk ``index``'s ``meta.json`` as JSON (fetched from the store when mirrored), None where it is
+    missing, is no regular file or is no JSON (``chunk_intact`` says whether it is a chunk's whole meta)."""
     try:
         path = as_scratch(scratch).fetch(f"{chunk_name(index)}/meta.json")
-    except FileNotFoundError:
+        if not stat.S_ISREG(path.lstat().st_mode):
+            return None
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):  # (none there, a JSONDecodeError, or bytes that are no UTF-8)
         return None
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def labels_rule(options: PackOptions) -> str | None:

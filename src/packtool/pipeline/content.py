@@ -13,9 +13,10 @@ from packtool.manifest import IGNORE_INDEX
 DIGESTED = ("input_ids", "labels", "loss_mask", "rows")  # with the samples' lengths: a chunk's content
 
 
-def chunk_digest(parts: list[dict], dtypes: dict) -> str:
-    """XXH3 (128 bits, fast: docs/performance.md) of a chunk's content: its ``DIGESTED`` arrays end to end
-    in their ``dtypes``, then the samples' lengths (int64), whether given as one part or as several
+def chunk_digest(parts: list[dict], dtypes: dict, names: tuple[str, ...] = DIGESTED) -> str:
+    """XXH3 (128 bits, fast: docs/performance.md) of a chunk's content: its ``names`` arrays (``DIGESTED``,
+    and for a scratch chunk's own check its ``source_ids`` too) end to end in their ``dtypes``, then the
+    samples' lengths (int64), whether given as one part or as several
     (``chunk_parts``'s parts, or a whole chunk read back: ``{name: array, "offsets": ...}``). The run's
     identity is made from these (``binding.content_run_key``), and a resumed run checks a scratch chunk
     against its own.
@@ -29,7 +30,7 @@ def chunk_digest(parts: list[dict], dtypes: dict) -> str:
     True
     """
     out = xxhash.xxh3_128()
-    for name in (*DIGESTED, "lengths"):
+    for name in (*names, "lengths"):
         h = xxhash.xxh3_128()
         for part in parts:
             if name == "lengths":

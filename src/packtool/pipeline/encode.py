@@ -115,15 +115,27 @@ class EncoderFacts:
     warnings: list[str]
 
 
-def describe_encoder(task: tuple[RunSpec, dict, int]) -> EncoderFacts:
-    """Build this process's encoder for ``(spec, named, pad_token_id)`` (a bad tokenizer or processor fails
-    here, before any record is encoded) and return what the driver needs of it (``EncoderFacts``;
-    ``named``: the BOS/EOS the user named). Run by the driver, or by a worker for a sample format whose
-    encoder is slow to build (``encoders.registry.SLOW_TO_BUILD``): the driver then never loads it."""
-    spec, named, pad_token_id = task
+PROBE_RECORDS = 16  # the first records a custom encoder is run on for its identity
+
+
+def describe_encoder(task: tuple[RunSpec, dict, int, SourceBatch | None]) -> EncoderFacts:
+    """Build this process's encoder for ``(spec, named, pad_token_id, first)`` (a bad tokenizer or processor
+    fails here, before any record is encoded) and return what the driver needs of it (``EncoderFacts``;
+    ``named``: the BOS/EOS the user named). An encoder that is code (a custom one) is run on the run's
+    first ``PROBE_RECORDS`` records (of the batch ``first``), and its identity holds the digest of what it
+    made of them. Run by the driver,
+    or by a worker for a sample format whose encoder is slow to build (``encoders.registry.SLOW_TO_BUILD``):
+    the driver then never loads it."""
+    spec, named, pad_token_id, first = task
     encoder = worker(spec).encoder
     state = encoder.state() if hasattr(encoder, "state") else None
     identity = encoder.identity()
+    if first is not None and hasattr(encoder, "probe"):
+        try:
+            records = first.slice(0, min(first.num_rows, PROBE_RECORDS)).load(ErrorSink("skip"))
+        except PacktoolError:  # (the run meets it again, and says so, when it reads these records)
+            records = []
+        identity["probe_sha256"] = encoder.probe(records)
     with_names, guesses = name_special_tokens(identity, encoder, named, pad_token_id)
     return EncoderFacts(json.dumps(state), identity, with_names, guesses)
 
@@ -151,20 +163,50 @@ def encode_records(
     meta adds about them (``skipped``, ``input_rows``). Bad records go by the run's ``on_error``; under
     ``long_samples=error`` the first sample too long fails here."""
     w = worker(spec)
-    sink = ErrorSink(w.options.running.on_error)
+    sink = ErrorSink(w.options.running.on_error, rename=FileNames.of(pieces))
     limit = precut_limit(w.options, spec.sample_format)
     cut = 0
-    if limit is not None:  # a text record far longer than the tokens kept is cut before it is tokenized
-        pieces, cut = _precut_pieces(pieces, w.options.encoding.text_field, limit, sink)
-    kept, encoded = encode_batches(w.encoder, pieces, sink)
-    if w.options.packing.long_samples == "error" and not w.options.packing.split_across_pack:
-        check_lengths(kept, encoded, w.options, spec.sample_format)  # fail at once, not after the input
+    try:
+        if limit is not None:  # a text record far longer than the tokens kept is cut before it is tokenized
+            pieces, cut = _precut_pieces(pieces, w.options.encoding.text_field, limit, sink)
+        kept, encoded = encode_batches(w.encoder, pieces, sink)
+        if w.options.packing.long_samples == "error" and not w.options.packing.split_across_pack:
+            check_lengths(kept, encoded, w.options, spec.sample_format)  # fail at once, not after the input
+    except InputError as e:  # (one the sink did not see: named as the sink names them)
+        raise sink.named(e) from None
     # in meta.json: a resumed run counts the chunk's skipped records, and compares input_rows (rows or
     # lines of input the chunk covers, bad and blank ones included) with the chunk it would make
     extra = {"skipped": sink.to_dict(), "input_rows": sum(p.num_rows for p in pieces)}
     if cut:
         extra["precut_samples"] = cut
     return kept, encoded, extra
+
+
+@dataclass(frozen=True)
+class FileNames:
+    """The files a chunk's records of a directory are (``readers.text.TextFiles``: a record per file,
+    numbered in its directory): an error about one names that file, as one found reading it does, not
+    the directory and the file's number."""
+
+    files: dict[tuple[str, int], str]
+
+    @staticmethod
+    def of(pieces: list[SourceBatch]) -> FileNames | None:
+        files = {
+            (piece.source, piece.first_row + k): name
+            for piece in pieces
+            if piece.row_kind == "file" and isinstance(getattr(piece, "files", None), list)
+            for k, name in enumerate(piece.files)
+        }
+        return FileNames(files) if files else None
+
+    def __call__(self, err: InputError) -> InputError:
+        name = self.files.get((err.source, err.row)) if err.row_kind == "file" else None
+        if name is None:
+            return err
+        named = InputError(err.reason, source=name, field=err.field, code=err.code)
+        named.hint = err.hint
+        return named
 
 
 # --long-samples truncate keeps a text sample's first N tokens: a text of more than this many characters
@@ -252,7 +294,10 @@ def check_lengths(
         if len(long):
             i = int(long[0])
             # the chunk's samples say how common such samples are: the first error tells it
-            message = too_long_message(int(lengths[i]), n, np.concatenate(per_batch), "this chunk's")
+            everything = np.concatenate(per_batch)
+            message = too_long_message(
+                int(lengths[i]), n, everything, "this chunk's", sample_format != "vision"
+            )
             raise batch.error(i, field, message, "too_long")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from packtool.encoders.text import WEAK_GUESSES
 from packtool.manifest import Manifest
+from packtool.stats import Stats
 
 
 def name_special_tokens(
@@ -91,3 +92,23 @@ def images_part(manifest: Manifest) -> str:
         f"({images.get('image_tokens', 0):,} image tokens, {images.get('image_token_share', 0):.2%} of the "
         f"packs' tokens{left})"
     )
+
+
+def losses_line(s: Stats) -> str:
+    """The line that sums up what the packs miss (after each loss's own warning): samples not packed whole
+    and tokens not in the packs, and the bad records skipped, whose tokens are not known (never encoded).
+
+    >>> from packtool.stats import Stats
+    >>> stats = Stats(num_samples=3, whole_samples=3, skipped_samples=1, input_tokens=9, num_tokens=9)
+    >>> losses_line(stats)  # doctest: +ELLIPSIS
+    'in all 1 of 4 samples were not packed whole and 0 of 9 tokens ..., and 1 bad record was skipped ...'
+    """
+    samples, tokens = s.lost_totals()
+    line = (
+        f"in all {samples:,} of {s.input_samples:,} samples were not packed whole and {tokens:,} of "
+        f"{s.input_tokens:,} tokens are not in the packs"
+    )
+    if s.skipped_samples:
+        what = "bad record was skipped (its" if s.skipped_samples == 1 else "bad records were skipped (their"
+        line += f", and {s.skipped_samples:,} {what} tokens not known: never encoded)"
+    return line + " (--strict makes this an error)"

@@ -88,7 +88,8 @@ from packtool.pipeline.images import vision_record
 from packtool.pipeline.interrupt import stop_on_interrupt
 from packtool.pipeline.output import Output, open_output
 from packtool.pipeline.preflight import check_memory, check_vision_options, unread_token_fields
-from packtool.pipeline.report import summary_line as summary_line  # the CLI's, imported with run_pack
+from packtool.pipeline.report import losses_line as losses_line  # the CLI's, imported with run_pack
+from packtool.pipeline.report import summary_line as summary_line
 from packtool.pipeline.stores import EncodedStore, open_store
 from packtool.pipeline.summary import build_manifest, input_entries, lowest_version, run_stats, with_path
 from packtool.pipeline.write import ShardTask, finished_shard, output_columns, split_shard_ranges
@@ -203,16 +204,19 @@ class _FieldsRead:
         return fields_read(self.options.encoding, self.sample_format)
 
 
-def start_run(options: PackOptions, sample_format: str, engine: Any = None) -> tuple[RunSpec, EncoderFacts]:
+def start_run(
+    options: PackOptions, sample_format: str, engine: Any = None, first: SourceBatch | None = None
+) -> tuple[RunSpec, EncoderFacts]:
     """The run's ``RunSpec`` and what the driver needs of its encoder (``EncoderFacts``), from an encoder
     built in this process, or in one of ``engine``'s workers when it is slow to build (``SLOW_TO_BUILD``):
     a bad tokenizer or processor fails here, before any record is encoded. The spec carries what that
-    encoder found that the workers' need not find again (``Encoder.state()``)."""
+    encoder found that the workers' need not find again (``Encoder.state()``); a custom encoder's identity
+    holds what it makes of ``first``'s first records (``encode.describe_encoder``)."""
     spec = RunSpec(json.dumps(options.to_dict()), sample_format, os.urandom(8).hex())
     tokens = options.encoding.tokens
-    task = (spec, {"bos": tokens.bos_token, "eos": tokens.eos_token}, options.packing.pad_token_id)
-    if engine is not None and sample_format in SLOW_TO_BUILD:
-        (facts,) = engine.map(describe_encoder, [task])  # unpacked: the map generator runs to its end
+    task = (spec, {"bos": tokens.bos_token, "eos": tokens.eos_token}, options.packing.pad_token_id, first)
+    if engine is not None and sample_format in SLOW_TO_BUILD:  # (no custom encoder: nothing to probe)
+        (facts,) = engine.map(describe_encoder, [(*task[:3], None)])  # the map generator runs to its end
     else:
         facts = describe_encoder(task)
     return dataclasses.replace(spec, encoder_state=facts.state), facts
@@ -317,7 +321,7 @@ def _start(options: PackOptions, say: _Say, engine: Any) -> _Started:
         for note in unread.notes():
             say.note(f"note: {note}")
     _say_positions(options, say)
-    spec, facts = start_run(options, sample_format, engine)
+    spec, facts = start_run(options, sample_format, engine, first)
     vocab = facts.identity.get("vocab_size")
     if vocab is not None and options.packing.pad_token_id >= vocab:
         raise ConfigError(

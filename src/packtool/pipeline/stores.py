@@ -63,11 +63,11 @@ class ScratchChunks:
         self, spec: RunSpec, options: PackOptions, work: Scratch, engine: Any, resumed: bool
     ) -> None:
         self.spec, self.options, self.work, self.engine = spec, options, work, engine
-        self.done = {m["index"]: m for m in _chunk_metas(work)} if resumed else {}
-        self.damaged = [i for i, m in self.done.items() if not chunk_intact(work, m)]
-        for i in self.damaged:  # its arrays are not what was written (a disk fault, an edit): encode it again
-            del self.done[i]
-            work.remove(chunk_name(i))
+        found = _chunk_metas(work) if resumed else {}
+        self.damaged = [i for i, m in found.items() if not chunk_intact(work, m, i)]
+        self.done = {i: _without_digest(m) for i, m in found.items() if i not in self.damaged}
+        for i in self.damaged:  # not what was written (a disk fault, an edit): encode it again
+            _remove(work, chunk_name(i))
         self.metas: list[dict] = []
         self.chunks: ChunkStore
 
@@ -88,8 +88,8 @@ class ScratchChunks:
             return []
         return [
             f"{len(self.damaged)} scratch chunk(s) of the interrupted run are not what was encoded (chunk "
-            f"{self.damaged[0]}: its arrays do not give its digest, or an image file changed since); "
-            "encoding them again"
+            f"{self.damaged[0]}: its meta or its arrays are damaged or do not give their digests, or an "
+            "image file changed since); encoding them again"
         ]
 
 
@@ -130,13 +130,28 @@ def _write_shard_task(task: ShardTask) -> ShardEntry:
     return write_shard(task)
 
 
-def _chunk_metas(work: Scratch) -> list[dict]:
-    """Metas of the chunks a killed attempt of this run finished (those whose ``meta.json`` is there)."""
-    metas = []
-    for name in work.names():
+def _chunk_metas(work: Scratch) -> dict[int, object]:
+    """The ``meta.json`` of each chunk a killed attempt of this run finished, by index (as read: None or
+    anything else where it is not a chunk's whole meta, ``chunks.chunk_intact`` tells); locally, a
+    ``meta.json`` that is no regular file (a FIFO) counts too, to be found damaged."""
+    names = set(work.names())
+    if work.local.is_dir():
+        names |= {p.relative_to(work.local).as_posix() for p in work.local.glob("chunk-*/meta.json")}
+    metas = {}
+    for name in sorted(names):
         folder, _, file = name.partition("/")
         if file == "meta.json" and folder.startswith("chunk-") and folder[6:].isdigit():
-            meta = read_chunk_meta(work, int(folder[6:]))
-            if meta is not None:
-                metas.append(meta)
+            metas[int(folder[6:])] = read_chunk_meta(work, int(folder[6:]))
     return metas
+
+
+def _without_digest(meta: dict) -> dict:
+    """A kept chunk's meta as the run that wrote it returned it (``meta_digest`` is the file's)."""
+    return {k: v for k, v in meta.items() if k != "meta_digest"}
+
+
+def _remove(work: Scratch, name: str) -> None:
+    """A damaged chunk removed, here and in the store (a link put in its folder's place too)."""
+    if work.path(name).is_symlink():
+        work.path(name).unlink()
+    work.remove(name)

@@ -44,6 +44,11 @@ def read_image_file(path: str, name: str | None = None) -> tuple[bytes, FileStam
     Raises ``InputError`` naming ``name`` (default: the path), field ``image``.
     """
     where = name if name is not None else path
+    if "\0" in path:  # (os.open raises ValueError for it)
+        raise InputError(
+            "its path holds a NUL byte, which no file name can", source=where, field="image",
+            code="missing_image",
+        )  # fmt: skip
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)  # O_NONBLOCK: opening a FIFO does not wait for a writer

@@ -1,17 +1,20 @@
-"""An image's size from its header, without decoding its pixels.
+"""An image's size, its pixels decoded once to tell that they decode.
 
-``image_size(source, name)`` opens the image with Pillow, whose ``Image.open`` is lazy: it reads and parses
-the header only (PNG's IHDR, JPEG's SOF marker, WebP's VP8 header, GIF's screen descriptor, BMP's info
-header) and decodes no pixel. That is all the model's processor needs to count an image's tokens
-(``packtool.vision.processor``).
+``image_size(source, name)`` opens the image with Pillow, reads its size from its header (PNG's IHDR,
+JPEG's SOF marker, WebP's VP8 header, GIF's screen descriptor, BMP's info header), which is all the model's
+processor needs to count an image's tokens (``packtool.vision.processor``), and then decodes its pixels as
+the loader will (``Image.open`` and ``load``): an image whose header and end are whole but whose body is
+not (a PNG's compressed data damaged, a text chunk too large to decompress, a JPEG cut short) is found
+when it is packed, not when a training run reaches it. No check of a format's structure short of
+decoding proves that its pixels decode (a PNG's ``IEND`` and chunk checksums say nothing of its
+compressed stream), so every image is decoded, once; a JPEG at an eighth of its size (libjpeg's scaled
+decoding reads every coded block, as a full decode does, and finds the same damage, for less work).
 
 Every failure is an ``InputError`` naming the file (and the image, when a record holds several): a missing
-or unreadable file, bytes that are no image Pillow knows, a header cut short, a zero-size image, and an
-image over Pillow's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``; Pillow itself only warns up
-to twice that limit, packtool refuses it from the limit on), and a file cut short. A cut is found
-without decoding where the format says where it ends (``whole_file``): PNG's ``IEND`` chunk, JPEG's end
-of image marker, GIF's trailer, WebP's RIFF size. Where that check cannot tell (another format, or a JPEG
-followed by more data, as a motion photo is) the image is decoded to tell; ``decode=True`` always decodes.
+or unreadable file, bytes that are no image Pillow knows, a header or a body cut short or damaged, a
+zero-size image, and an image over Pillow's decompression-bomb limit (``PIL.Image.MAX_IMAGE_PIXELS``;
+Pillow itself only warns up to twice that limit, packtool refuses it from the limit on), refused from its
+header before anything is decoded.
 """
 
 from __future__ import annotations
@@ -35,18 +38,16 @@ class ImageSize:
     format: str
 
 
-def image_size(source: str | Path | bytes, name: str | None = None, *, decode: bool = False) -> ImageSize:
-    """The size of an image file or of its encoded bytes, from its header.
+def image_size(source: str | Path | bytes, name: str | None = None) -> ImageSize:
+    """The size of an image file or of its encoded bytes, from its header, once its pixels decode.
 
     Args:
         source: a path, or the image's encoded bytes (as a record or a tar member holds them).
         name: how errors name the image (``"data/a.jsonl, row 3, image 1 (cat.png)"``); the path by default.
-        decode: always decode the pixels (slower: a full decode); else only where ``whole_file`` cannot
-            tell that the file is whole.
 
     Raises:
         InputError: one line naming ``name``: missing, unreadable, not an image, zero-size, or over Pillow's
-        decompression-bomb limit, or cut short.
+        decompression-bomb limit, or its pixels do not decode (cut short or damaged).
 
     >>> buffer = io.BytesIO()
     >>> Image.new("RGB", (40, 30)).save(buffer, format="PNG")
@@ -63,14 +64,13 @@ def image_size(source: str | Path | bytes, name: str | None = None, *, decode: b
     with stream, warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            formats = _formats(stream)
-            whole = whole_file(stream, formats[0] if formats else None)
-            with Image.open(stream, formats=formats) as image:
+            with Image.open(stream, formats=_formats(stream)) as image:
                 width, height = image.size
                 kind = image.format or "unknown"
                 if width > 0 and height > 0:
                     _check_bomb(width, height, where)
-                if decode or not whole:  # the pixels tell whether the file is whole
+                    if kind == "JPEG":  # scaled decoding: every coded block read, an eighth of the pixels
+                        image.draft(image.mode, (max(1, width // 8), max(1, height // 8)))
                     image.load()
         except InputError:
             raise
@@ -95,6 +95,35 @@ def image_size(source: str | Path | bytes, name: str | None = None, *, decode: b
     return ImageSize(height=height, width=width, format=kind)
 
 
+# images this process decoded, by their bytes (the dict compares them whole: no digest to collide), so that
+# an image many samples name is decoded once; small ones only, so the bytes held stay bounded
+_DECODED: dict[bytes, ImageSize] = {}
+_DECODED_ONE, _DECODED_ALL = 1 << 20, 32 << 20  # bytes: the most an image kept, and all of them
+_decoded_bytes = [0]
+
+
+def decoded_size(data: bytes, name: str | None = None) -> ImageSize:
+    """``image_size(data, name)``, decoded once per process for the same bytes (images up to 1 MiB, the
+    last 32 MiB of them: the ones a record set names again and again, as a captioning set's logos do).
+
+    >>> buffer = io.BytesIO()
+    >>> Image.new("RGB", (4, 3)).save(buffer, format="PNG")
+    >>> decoded_size(buffer.getvalue()) == decoded_size(buffer.getvalue())
+    True
+    """
+    size = _DECODED.get(data)
+    if size is not None:
+        return size
+    size = image_size(data, name)
+    if len(data) <= _DECODED_ONE:
+        if _decoded_bytes[0] + len(data) > _DECODED_ALL:
+            _DECODED.clear()
+            _decoded_bytes[0] = 0
+        _DECODED[data] = size
+        _decoded_bytes[0] += len(data)
+    return size
+
+
 # the first bytes of the formats image datasets hold, so that Pillow opens a file with its own plugin
 # instead of trying its plugins in turn (1.6x faster header reads on the demo set's PNG/JPEG/WebP)
 MAGIC = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
@@ -108,33 +137,6 @@ def _formats(stream) -> list[str] | None:
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return ["WEBP"]
     return next(([name] for magic, name in MAGIC if head.startswith(magic)), None)
-
-
-def whole_file(stream, kind: str | None) -> bool:
-    """Whether ``stream`` (at its start; left there) ends as a whole file of Pillow format ``kind`` does:
-    PNG's ``IEND`` chunk in its last 64 bytes, JPEG's end of image marker (``FF D9``) or GIF's trailer
-    (``;``) last but for zero padding, WebP's RIFF size covering the file. ``False`` where it does not
-    or cannot tell (another format): the caller decodes to tell.
-
-    >>> whole_file(io.BytesIO(b"\\xff\\xd8\\xff..." + b"\\xff\\xd9"), "JPEG")
-    True
-    """
-    stream.seek(0, io.SEEK_END)
-    size = stream.tell()
-    stream.seek(max(0, size - 64))
-    tail = stream.read()
-    stream.seek(0)
-    head = stream.read(12)
-    stream.seek(0)
-    if kind == "PNG":
-        return b"IEND\xaeB`\x82" in tail
-    if kind == "JPEG":
-        return tail.rstrip(b"\x00").endswith(b"\xff\xd9")
-    if kind == "GIF":
-        return tail.rstrip(b"\x00").endswith(b";")
-    if kind == "WEBP":
-        return len(head) == 12 and int.from_bytes(head[4:8], "little") + 8 <= size
-    return False
 
 
 def _check_bomb(width: int, height: int, where: str) -> None:

@@ -221,8 +221,13 @@ def load_processor(
         processor = AutoProcessor.from_pretrained(str(path), local_files_only=True, backend="pil")
     except ImportError as e:  # a part needs torchvision: without the video processor, else refused
         processor, video = _without_video(path, e)
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise ConfigError(f"processor {directory}: cannot load with AutoProcessor: {first_line(e)}") from None
+    except Exception as e:  # noqa: BLE001 - its constructors run on the directory's values: the user's to fix
+        what = (
+            first_line(e)
+            if isinstance(e, OSError | ValueError | TypeError | KeyError)
+            else (f"{type(e).__name__}: {first_line(e)}")
+        )
+        raise ConfigError(f"processor {directory}: cannot load with AutoProcessor: {what}") from None
     family = _family(processor)
     if not hasattr(processor, "image_processor"):
         raise ConfigError(f"processor {directory}: {family} has no image processor")
@@ -349,7 +354,7 @@ def _images_only(cls: type) -> type:
 
 def _video_config(path: Path, processor_dict: dict) -> dict:
     file = path / "video_preprocessor_config.json"
-    config = json.loads(file.read_text()) if file.is_file() else processor_dict.get("video_processor", {})
+    config = _json(file) if file.is_file() else processor_dict.get("video_processor", {})
     return {k: v for k, v in config.items() if isinstance(k, str) and k.isidentifier()}
 
 
@@ -403,11 +408,19 @@ def check_config_values(path: Path) -> None:
             continue
         try:
             config = json.loads(file.read_text(encoding="utf-8"))
+            leaves = list(_numbers(config, ""))
         except (ValueError, UnicodeDecodeError) as e:
             raise ConfigError(f"processor {path}: {name} is not valid JSON: {first_line(e)}") from None
+        except RecursionError:
+            raise ConfigError(f"processor {path}: {name} is nested too deep for a configuration") from None
         if not isinstance(config, dict):
             raise ConfigError(f"processor {path}: {name} is not a JSON object")
-        for where, value in _numbers(config, ""):
+        token = config.get("image_token")
+        if token is not None and (not isinstance(token, str) or not token):
+            raise ConfigError(
+                f"processor {path}: {name} field 'image_token' is {token!r}: expected the image token's text"
+            )
+        for where, value in leaves:
             key = where.rsplit(".", 1)[-1].split("[")[0]
             if isinstance(value, str) and (POSITIVE.fullmatch(key) or NON_NEGATIVE.fullmatch(key)):
                 raise ConfigError(f"processor {path}: {name} field {where!r} is {value!r}: expected a number")
@@ -442,7 +455,7 @@ def _numbers(value: Any, where: str):
 def _json(file: Path) -> dict:
     try:
         value = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # (transformers says what is wrong with it)
         return {}
     return value if isinstance(value, dict) else {}
 

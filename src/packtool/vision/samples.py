@@ -24,7 +24,8 @@ Records (``sample_from_record``), told apart by their fields:
 
 Paths resolve against the directory of the input file that names them (absolute paths stay). An image is
 read once, when its sample is encoded (``ImageRef.load``): its bytes, their digest and its size from its
-header. Errors are ``InputError`` naming the file, the line or row, the field and the image.
+header, its pixels decoded to tell that they decode (as the loader will). Errors are ``InputError``
+naming the file, the line or row, the field and the image.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from packtool.conventions import MAX_IMAGE_BYTES
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, column_values
 from packtool.vision.files import FileStamp, image_digest, read_image_file
-from packtool.vision.images import ImageSize, image_size
+from packtool.vision.images import ImageSize, decoded_size
 
 LLAVA_ROLES = {
     "human": "user",
@@ -77,7 +78,8 @@ class ImageRef:
 
     def load(self) -> LoadedImage:
         """The image read once: a file as inputs are read (``images.read_image_file``: a regular file, of
-        bounded size), its digest, and its size from its header (``images.image_size``).
+        bounded size), its digest, and its size from its header once its pixels decode
+        (``images.decoded_size``).
 
         >>> import io; from PIL import Image
         >>> buffer = io.BytesIO(); Image.new("RGB", (4, 3)).save(buffer, format="PNG")
@@ -96,7 +98,7 @@ class ImageRef:
                                  field="image", code="image_too_large")  # fmt: skip
         else:
             data, stamp = read_image_file(self.path, self.name)
-        size = image_size(data, self.name)
+        size = decoded_size(data, self.name)  # its pixels decoded (once for the same bytes), as loaders do
         # a file's bytes are read again when its pack is written: only the bytes a record held are kept
         kept = data if self.path is None else b""
         return LoadedImage(self.name, kept, image_digest(data), size, self.path, stamp)
@@ -187,7 +189,7 @@ def _image_ref(value: Any, base: Path, name: str) -> ImageRef | None:
             return ImageRef(path=value, name=value, remote=True)
         path = value.removeprefix("file://")
         resolved = str(base / path) if not Path(path).is_absolute() else path
-        return ImageRef(path=resolved, name=value)
+        return ImageRef(path=resolved, name=value.replace("\0", "\\x00"))  # (a NUL on one error line)
     return None
 
 

@@ -95,8 +95,8 @@ def _render(processor: VisionProcessor, sample: VisionSample) -> _Rendered:
     sizes = sample.image_sizes()
     try:
         text, spans = processor.chat.trained_spans(sample.messages)
-    except ValueError as e:
-        raise sample.error(str(e), "messages") from None
+    except ValueError as e:  # (a template over its budget: its own reason, template_budget)
+        raise sample.error(str(e), "messages", getattr(e, "skip_reason", "invalid")) from None
     except Exception as e:  # the template raised (raise_exception, an undefined variable, ...)
         reason = str(e).splitlines()[0] if str(e) else ""
         raise sample.error(f"chat template failed: {type(e).__name__}: {reason}", "messages") from None

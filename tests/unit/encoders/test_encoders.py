@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -16,6 +17,7 @@ from packtool.encoders.registry import build_encoder
 from packtool.encoders.text import add_special
 from packtool.errors import ConfigError, InputError
 from packtool.options import PackOptions
+from packtool.pipeline.run import start_run
 from packtool.readers.inputs import read_inputs
 from tests.conftest import DEMO_TOKENIZER, write_jsonl
 
@@ -161,3 +163,48 @@ def test_pretokenized_loss_mask_without_labels_decides_the_labels(tmp_path, conv
     out = _encode(tmp_path, rows, sample_format="pretokenized", labels=convention)
     assert out.column("labels").to_pylist() == labels
     assert out.column("loss_mask").to_pylist() == mask
+
+
+VOCAB_ENCODER = """
+from pathlib import Path
+
+VOCAB = Path(__file__).with_name("vocab.txt")
+
+
+def encode(records):
+    shift = int(VOCAB.read_text())
+    return {"input_ids": [[shift + len(w) for w in t.split()] for t in records["text"]]}
+encode.vocab_size = 40
+"""
+
+
+def _identity(tmp_path) -> dict:
+    """The identity a run of ``tmp_path/enc.py:encode`` over ``tmp_path/in.jsonl`` records."""
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in TEXTS])
+    config = PackOptions.from_dict({"inputs": [str(src)], "output": "o", "packed_sequence_size": 64,
+                                    "tokenizer": f"{tmp_path / 'enc.py'}:encode"})  # fmt: skip
+    return start_run(config, "text", first=next(read_inputs([str(src)], lazy=True)))[1].identity
+
+
+def test_a_custom_encoders_identity_holds_its_code_and_what_it_makes(tmp_path):
+    """The identity a resumed run compares: the module file's sha256 (an edited encoder) and a digest of
+    its output on the run's first records (a changed file it reads); before, only the spec's text."""
+    plugin = tmp_path / "enc.py"
+    plugin.write_text(VOCAB_ENCODER)
+    (tmp_path / "vocab.txt").write_text("1")
+    first = _identity(tmp_path)
+    assert first["sha256"] == hashlib.sha256(plugin.read_bytes()).hexdigest()
+    assert first["vocab_size"] == 40 and _identity(tmp_path) == first  # (the same code and data: the same)
+    (tmp_path / "vocab.txt").write_text("7")
+    data_changed = _identity(tmp_path)
+    assert data_changed["probe_sha256"] != first["probe_sha256"] and data_changed["sha256"] == first["sha256"]
+    plugin.write_text(VOCAB_ENCODER + "\n# edited\n")
+    assert _identity(tmp_path)["sha256"] != first["sha256"]
+
+
+def test_a_custom_encoders_declared_vocab_size_bounds_its_ids(tmp_path):
+    plugin = tmp_path / "enc.py"
+    plugin.write_text(VOCAB_ENCODER)
+    (tmp_path / "vocab.txt").write_text("39")  # 39 + a word's length: past the 40 it declares
+    with pytest.raises(InputError, match=r"token id outside the vocabulary \(size 40\)"):
+        _encode(tmp_path, [{"text": t} for t in TEXTS], tokenizer=f"{plugin}:encode")

@@ -1,10 +1,13 @@
 """A vision-language run's images in its scratch chunks (``pipeline.images``): gathered into packs as the
-plan says, read again only as they were encoded, stamped; and the run's content key, which holds them and
-does not depend on where chunks start (``pipeline.identity.content_key``)."""
+plan says, read again only as they were encoded, stamped; the run's content key, which holds them and
+does not depend on where chunks start (``pipeline.identity.content_key``); and a resumed run's check of
+the chunks a killed attempt left (``pipeline.stores.ScratchChunks``)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +21,9 @@ from packtool.pipeline.encode import encode_to_chunks
 from packtool.pipeline.engines.local import LocalEngine
 from packtool.pipeline.identity import content_key
 from packtool.pipeline.run import start_run
+from packtool.pipeline.stores import ScratchChunks
 from packtool.readers.inputs import read_inputs
+from packtool.storage.scratch import Scratch
 from tests.conftest import DEMO, DEMO_TOKENIZER
 from tests.fixtures.vision_inputs import llava_rows, write_jsonl, write_llava_input
 from tests.fixtures.vision_processors import build_qwen2vl
@@ -100,3 +105,57 @@ def test_the_content_key_of_text_does_not_follow_the_chunk_size(tmp_path):
         assert len(metas) == (28 if chunk_size == 37 else 1)
         keys.add(content_key(ChunkStore(work, metas)))
     assert len(keys) == 1
+
+
+def _edit_meta(chunk: Path) -> None:
+    meta = json.loads((chunk / "meta.json").read_text())
+    meta["num_samples"] += 1
+    (chunk / "meta.json").write_text(json.dumps(meta))
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _cut(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:99])
+
+
+def _out_of_range(path: Path) -> None:
+    np.save(path, np.full_like(np.load(path), 99))
+
+
+DAMAGES = {
+    "images.npy emptied": lambda c: (c / "images.npy").write_bytes(b""),
+    "image_blob.npy cut": lambda c: _cut(c / "image_blob.npy"),
+    "images.npy a FIFO": lambda c: _fifo(c / "images.npy"),
+    "a symbolic link for input_ids.npy": lambda c: (
+        (c / "input_ids.npy").unlink()
+        or (c / "input_ids.npy").symlink_to(c.with_name("chunk-000000") / "input_ids.npy")
+    ),
+    "meta.json not JSON": lambda c: (c / "meta.json").write_text("{not json"),
+    "meta.json a list": lambda c: (c / "meta.json").write_text("[1, 2]"),
+    "meta.json's counts edited": _edit_meta,
+    "source_ids out of range": lambda c: _out_of_range(c / "source_ids.npy"),
+}
+
+
+@pytest.fixture(scope="module")
+def encoded_work(inputs, tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("damaged") / "work"
+    encoded(inputs, work, 5)
+    return work
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_scratch_chunk_is_encoded_again_on_resume(encoded_work, tmp_path, damage):
+    """A resumed run keeps the intact chunks and removes the damaged one, whatever the damage: before,
+    an emptied array was an EOFError (click's "interrupted", exit 130), a meta that is not one exit 4,
+    source_ids out of range an error at write time, a FIFO a hang."""
+    work = Path(shutil.copytree(encoded_work, tmp_path / "work", symlinks=True))
+    DAMAGES[damage](work / "chunk-000001")
+    store = ScratchChunks(None, None, Scratch(str(work)), None, resumed=True)
+    assert store.damaged == [1] and sorted(store.done) == [0, 2]
+    assert not (work / "chunk-000001").exists()
+    assert all("meta_digest" not in m for m in store.done.values())

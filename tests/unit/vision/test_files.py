@@ -10,6 +10,7 @@ import pytest
 from packtool.errors import InputError
 from packtool.vision import files
 from packtool.vision.files import FileStamp, image_digest, read_image_file
+from tests.fixtures.vision_inputs import read_samples, write_jsonl
 
 
 def test_a_regular_file_is_read_whole_with_its_stamp(tmp_path):
@@ -41,3 +42,18 @@ def test_a_file_over_the_bound_is_not_read(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="101 bytes, over the 100 an image may take") as e:
         read_image_file(str(path))
     assert e.value.code == "image_too_large"
+
+
+def test_a_path_holding_a_nul_byte_is_a_bad_record_naming_it(tmp_path):
+    """``os.open`` raises ValueError for it (exit 4 even under --on-error skip); it names no file."""
+    rows = [{"image": "img/x\u0000.png", "conversations": [{"from": "human", "value": "<image> hi"},
+                                                         {"from": "gpt", "value": "ok"}]}]  # fmt: skip
+    (sample,) = read_samples([write_jsonl(tmp_path / "a.jsonl", rows)])
+    with pytest.raises(InputError) as caught:
+        sample.load_images()
+    assert caught.value.code == "missing_image"
+    assert "\0" not in str(caught.value)
+    assert str(caught.value).endswith(
+        "a.jsonl, line 1, field 'image': image 0 (img/x\\x00.png): its path holds a NUL byte, which no file "
+        "name can"
+    )

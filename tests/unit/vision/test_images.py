@@ -1,5 +1,5 @@
-"""``image_size``: the size from the header in every format Pillow writes, and one-line errors naming the
-image for each kind of bad image."""
+"""``image_size``: the size from the header in every format Pillow writes, the pixels decoded to tell
+that they decode, and one-line errors naming the image for each kind of bad image."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 
 from packtool.errors import InputError
-from packtool.vision.images import ImageSize, image_size
+from packtool.vision.images import ImageSize, decoded_size, image_size
+from tests.fixtures.vision_inputs import garbage_idat, huge_ztxt, scrambled_idat
 
 
 def encoded(width: int, height: int, fmt: str, mode: str = "RGB") -> bytes:
@@ -112,3 +113,31 @@ def test_the_path_names_the_image_by_default(tmp_path):
     path.write_bytes(b"nope")
     with pytest.raises(InputError, match=rf"^{path}, field 'image'"):
         image_size(path)
+
+
+UNDECODABLE = [garbage_idat, scrambled_idat, huge_ztxt]
+
+
+@pytest.mark.parametrize("make", UNDECODABLE, ids=[m.__name__ for m in UNDECODABLE])
+def test_an_image_whose_header_and_end_are_whole_is_decoded_to_tell(make):
+    """A PNG's IEND says nothing of its compressed data: each of these was taken on its header and end (a
+    bad image for the loader alone); decoding its pixels finds it."""
+    data = make()
+    with Image.open(io.BytesIO(data)) as image:
+        assert image.size == (60, 40) and data.endswith(b"IEND\xaeB`\x82")
+    with pytest.raises(InputError, match=r"^a\.png, field 'image': broken image: ") as caught:
+        image_size(data, "a.png")
+    assert caught.value.code == "bad_image"
+
+
+def test_the_same_bytes_are_decoded_once_in_a_process(monkeypatch):
+    """``decoded_size``: an image many samples name is decoded once; a bad one is refused every time."""
+    data = encoded(30, 20, "PNG")
+    opened = []
+    real_open = Image.open
+    monkeypatch.setattr(Image, "open", lambda *a, **k: opened.append(1) or real_open(*a, **k))
+    sizes = [decoded_size(data, f"img{i}") for i in range(3)]
+    assert sizes == [ImageSize(20, 30, "PNG")] * 3 and len(opened) == 1
+    for _ in range(2):
+        with pytest.raises(InputError, match="broken image"):
+            decoded_size(garbage_idat(), "bad.png")

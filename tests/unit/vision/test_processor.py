@@ -178,6 +178,8 @@ BAD_VALUES = [
      "'image_processor.size.shortest_edge' is '56': expected a number"),
     ("processor_config.json", ["vision_feature_select_strategy"], "defualt",
      "'vision_feature_select_strategy' is 'defualt': expected default or full"),
+    # LlavaProcessor takes the first of the token's ids: an IndexError (exit 4) before
+    ("processor_config.json", ["image_token"], "", "'image_token' is '': expected the image token's text"),
 ]  # fmt: skip
 
 
@@ -191,6 +193,19 @@ def test_a_bad_config_value_is_a_config_error_naming_the_field(tmp_path, file, k
     node[keys[-1]] = value
     (directory / file).write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=f"{file} field {message}"):
+        load_processor(directory)
+
+
+@pytest.mark.parametrize(
+    "file, message",
+    [("processor_config.json", "processor_config.json is nested too deep for a configuration"),
+     ("tokenizer_config.json", "cannot load with AutoProcessor: RecursionError: ")],
+)  # fmt: skip
+def test_a_config_nested_too_deep_is_a_config_error(tmp_path, file, message):
+    """JSON nested 100,000 deep: Python's parser raises RecursionError, which was exit 4."""
+    directory = build_llava(tmp_path / "l")
+    (directory / file).write_text('{"a": ' * 100_000 + "1" + "}" * 100_000)
+    with pytest.raises(ConfigError, match=message):
         load_processor(directory)
 
 

@@ -26,7 +26,10 @@ errors name the file and row (docs/scaling.md, "Ray engine", has the measurement
 
 A Ray worker process builds a run's state on its first task of that run (``pipeline.encode.worker``), as
 local workers do. A task's ``PacktoolError`` (bad input naming its file and row) is raised again in the
-driver as itself, so errors read the same with every engine.
+driver as itself, so errors read the same with every engine. A worker or node that dies under a task (the
+out-of-memory killer, a node lost: ``WorkerCrashedError``, ``NodeDiedError``, ...) is ``WorkerDied``
+naming the step and what Ray says, as the local engine's is: the run keeps its finished work
+for the same command to resume.
 
 Example::
 
@@ -45,7 +48,8 @@ from typing import Any
 
 import ray
 
-from packtool.errors import ConfigError, PacktoolError
+from packtool.errors import ConfigError, PacktoolError, WorkerDied
+from packtool.pipeline.engines.local import TASK_NAMES
 from packtool.storage.scratch import set_node
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2]  # packtool/, shipped to a cluster's workers
@@ -59,6 +63,26 @@ def _call(cwd: str, fn: Callable, task: Any) -> Any:
         os.chdir(cwd)
     set_node(f"ray-{ray.get_runtime_context().get_node_id()[:16]}")
     return fn(task)
+
+
+# what ray.get raises when the worker or node running a task died under it
+DIED = (
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.LocalRayletDiedError,
+    ray.exceptions.OutOfMemoryError,
+    ray.exceptions.ObjectLostError,  # (OwnerDiedError among them: the result's holder died)
+)
+
+
+def _died(e: Exception) -> str:
+    """What Ray says of a dead worker or node, on one line: its kind and first sentence.
+
+    >>> _died(ray.exceptions.WorkerCrashedError())
+    'WorkerCrashedError: The worker died unexpectedly while executing this task'
+    """
+    first = " ".join(str(e).split()).split(". ")[0]
+    return f"{type(e).__name__}: {first[:200]}"
 
 
 class RayEngine:
@@ -99,20 +123,23 @@ class RayEngine:
             for task in tasks:
                 in_flight.append(submit(self._cwd, fn, task))
                 if len(in_flight) >= self.max_in_flight:
-                    yield self._get(in_flight.popleft())
+                    yield self._get(in_flight.popleft(), fn)
             while in_flight:
-                yield self._get(in_flight.popleft())
+                yield self._get(in_flight.popleft(), fn)
         finally:
             for ref in in_flight:
                 ray.cancel(ref, force=True)
 
-    def _get(self, ref: Any) -> Any:
+    def _get(self, ref: Any, fn: Callable) -> Any:
         try:
             return ray.get(ref)
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, PacktoolError):
                 raise e.cause from None
             raise
+        except DIED as e:  # the process (or its node) under the task is gone: not the task's own error
+            step = TASK_NAMES.get(fn.__name__, fn.__name__)
+            raise WorkerDied(f"a Ray worker died while {step} ({_died(e)})") from None
 
     def close(self) -> None:
         if self._started:
