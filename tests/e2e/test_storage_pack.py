@@ -334,3 +334,33 @@ def test_inspect_and_verify_read_an_output_in_a_bucket(s3, tmp_path):
     assert proc.returncode == 1 and proc.stdout.splitlines()[-1].startswith(f"FAILED: {out}:")
     assert "packs-000009.parquet" in proc.stdout and "packs-000001.parquet" in proc.stdout
     assert str(tmp_path) not in proc.stdout + proc.stderr  # named by the URL, never the cache
+
+
+@pytest.mark.slow  # (three vision packs, ~20 s) tests/unit/vision/test_files.py reads image objects fast
+def test_vision_records_and_their_images_in_a_bucket_pack_as_on_disk(s3, tmp_path):
+    """A LLaVA input in a store naming its images relatively (beside it in the store) and by URL: the same
+    packs and images as the same files on disk; an image object missing is that record's bad input."""
+    from tests.fixtures.vision_inputs import llava_rows, write_llava_input
+    from tests.fixtures.vision_processors import build_qwen2vl
+
+    data = write_llava_input(tmp_path / "in")
+    processor = build_qwen2vl(tmp_path / "qwen2vl")
+    url = s3.put_tree("vision", tmp_path / "in")
+    rows = llava_rows()
+    rows[1]["image"] = [f"{url}/images/b.jpg", "images/c.webp"]  # an image by its URL, one beside the input
+    (tmp_path / "in" / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s3.put("vision/data.jsonl", tmp_path / "in" / "data.jsonl")
+    args = ["--processor", processor, "--packed-sequence-size", "256", "-q"]
+    run_cli("pack", f"{url}/data.jsonl", "-o", tmp_path / "remote", *args)
+    local_rows = llava_rows()  # the same images, all beside the input on disk
+    (tmp_path / "in" / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in local_rows))
+    run_cli("pack", data, "-o", tmp_path / "local", *args)
+    got = list(read_packs(tmp_path / "remote"))
+    want = list(read_packs(tmp_path / "local"))
+    assert len(got) == len(want) and all(
+        np.array_equal(a["input_ids"], b["input_ids"]) for a, b in zip(got, want, strict=False)
+    )
+    assert [i["bytes"] for p in got for i in p["images"]] == [i["bytes"] for p in want for i in p["images"]]
+    s3.fs.rm(f"{s3.name}/vision/images/c.webp")
+    proc = run_cli("pack", f"{url}/data.jsonl", "-o", tmp_path / "gone", *args, check=False)
+    assert proc.returncode == 3 and "images/c.webp" in proc.stderr and "no such object" in proc.stderr

@@ -319,9 +319,12 @@ class FunctionEncoder:
         error it raises on them: the same code and data files give the same digest.
 
         >>> def encode(records): return {"input_ids": [[len(t)] for t in records["text"]]}
+        >>> def lower(records): return {"input_ids": [[len(t.lower()) + 1] for t in records["text"]]}
         >>> rec = SourceBatch("x", pa.record_batch({"text": ["Ab"]}), np.array([1]))
-        >>> FunctionEncoder(encode, "m:encode").probe([rec])[:12]
-        '6a3a4c5fa5e4'
+        >>> a = FunctionEncoder(encode, "m:encode").probe([rec])
+        >>> same, edited = FunctionEncoder(encode, "m:encode"), FunctionEncoder(lower, "m:encode")
+        >>> a == same.probe([rec]), a == edited.probe([rec])
+        (True, False)
         """
         h = hashlib.sha256()
         for batch in batches:

@@ -33,7 +33,6 @@ their statistics in the packs' order.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,10 +42,11 @@ import pyarrow as pa
 import xxhash
 
 from packtool.arrays import bytes_array, groups, list_parts, np_view, ranges
-from packtool.errors import InputError
+from packtool.errors import InputError, PacktoolError
 from packtool.packing.plan import PackPlan
 from packtool.schema import IMAGES, pack_of_piece, per_pack_sum, piece_starts
 from packtool.stats import image_stats_of
+from packtool.storage.files import exists
 from packtool.vision.files import FileStamp, image_digest, read_image_file
 
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # datasets.Image's storage
@@ -144,10 +144,10 @@ def first_changed(table: np.ndarray, blob: np.ndarray) -> int | None:
     times, inode) is not the one it had when it was read, or that is gone; ``None`` if there is none."""
     for i in np.flatnonzero(table[:, COL["path_len"]] >= 0).tolist():
         try:
-            st = os.stat(_text(blob, table[i], "path"))
-        except OSError:
+            now = FileStamp.of_path(_text(blob, table[i], "path"))
+        except (OSError, PacktoolError):
             return i
-        if FileStamp.of(st) != FileStamp(*table[i, STAMP].tolist()):
+        if now != FileStamp(*table[i, STAMP].tolist()):
             return i
     return None
 
@@ -285,7 +285,7 @@ class ChunkImages:
             if i is not None:
                 local = int(np.searchsorted(first, i, side="right") - 1)
                 sample = int(self.store.sample_starts[c]) + local
-                what = "changed" if os.path.exists(_text(blob, table[i], "path")) else "removed"
+                what = "changed" if exists(_text(blob, table[i], "path")) else "removed"
                 name = _text(blob, table[i], "name")
                 return self._changed(sample, i - int(first[local]), name, f"{what} while the run read it")
         return None

@@ -18,7 +18,9 @@ import xxhash
 
 from packtool.conventions import MAX_IMAGE_BYTES
 from packtool.errors import InputError
-from packtool.storage.files import file_kind
+from packtool.storage import files as storage_files
+from packtool.storage.files import file_kind, read_bytes
+from packtool.storage.urls import is_url
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,16 @@ class FileStamp:
     def of(cls, st: os.stat_result) -> FileStamp:
         return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
+    @classmethod
+    def of_path(cls, path: str) -> FileStamp:
+        """The stamp of a local file or of an object in a store (``FileNotFoundError`` if there is none):
+        an object's is its size and its ETag (or generation), digested to fit the same four integers."""
+        if not is_url(path):
+            return cls.of(os.stat(path))
+        size, tag = storage_files.stat(path).stamp
+        digest = xxhash.xxh64_intdigest(str(tag).encode()) - (1 << 63)  # an int64, as the chunks keep it
+        return cls(size, digest, 0, 0)
+
 
 def read_image_file(path: str, name: str | None = None) -> tuple[bytes, FileStamp]:
     """The bytes of the image file ``path`` and its ``FileStamp``, read as packtool reads its inputs: a
@@ -49,6 +61,8 @@ def read_image_file(path: str, name: str | None = None) -> tuple[bytes, FileStam
             "its path holds a NUL byte, which no file name can", source=where, field="image",
             code="missing_image",
         )  # fmt: skip
+    if is_url(path):
+        return _read_image_object(path, where)
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)  # O_NONBLOCK: opening a FIFO does not wait for a writer
@@ -86,6 +100,34 @@ def read_image_file(path: str, name: str | None = None) -> tuple[bytes, FileStam
     finally:
         os.close(fd)
     return b"".join(chunks), FileStamp.of(st)
+
+
+def _read_image_object(url: str, where: str) -> tuple[bytes, FileStamp]:
+    """``read_image_file`` for an image object in a store: its stamp, then its bytes (at most
+    ``MAX_IMAGE_BYTES``: refused from its size before any is read)."""
+    try:
+        stamp = FileStamp.of_path(url)
+        if stamp.size > MAX_IMAGE_BYTES:
+            raise InputError(
+                f"{stamp.size:,} bytes, over the {MAX_IMAGE_BYTES:,} an image may take",
+                source=where, field="image", code="image_too_large",
+            )  # fmt: skip
+        data = read_bytes(url, MAX_IMAGE_BYTES)
+    except FileNotFoundError:
+        raise InputError("cannot read image: no such object", source=where, field="image",
+                         code="missing_image") from None  # fmt: skip
+    except InputError as e:
+        if e.field == "image":
+            raise
+        raise InputError(f"cannot read image: {e.reason}", source=where, field="image",
+                         code="missing_image") from None  # fmt: skip
+    except OSError as e:  # the object replaced while it was read (the store refuses the rest of it)
+        raise InputError(
+            f"cannot read image: {e}", source=where, field="image", code="input_changed"
+        ) from None
+    if len(data) != stamp.size:
+        raise InputError("changed while it was read", source=where, field="image", code="input_changed")
+    return data, stamp
 
 
 def image_digest(data: bytes) -> bytes:

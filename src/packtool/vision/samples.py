@@ -14,15 +14,17 @@ Records (``sample_from_record``), told apart by their fields:
   images must be as many; a LLaVA record with one image and no placeholder is refused too (where the image
   goes is not known).
 * chat: ``messages`` whose ``content`` is a string or a list of parts; an image part (``"type": "image"``)
-  names its image under ``image``, ``path`` or ``url`` (a local path; a remote URL is refused, nothing is
-  downloaded) as a string, or holds its bytes
+  names its image under ``image``, ``path`` or ``url`` (a local path, or an object in a store:
+  ``s3://``, ``gs://``, ...; a web URL, ``http(s)://``, is refused: nothing is downloaded from the web) as a
+  string, or holds its bytes
   (``image``/``bytes``: bytes, or ``{"bytes": ..., "path": ...}`` as a ``datasets.Image`` column stores
   them); a part without one takes the next of the record's ``images`` list (TRL's layout).
 * captioning (a WebDataset shard's sample in Energon's ``CaptioningSample`` layout): one image member
   (``jpg``, ``jpeg``, ``png``, ``webp``) and a ``txt`` caption or a ``json`` with a ``caption``; the sample
   is a user turn holding the image and an assistant turn holding the caption.
 
-Paths resolve against the directory of the input file that names them (absolute paths stay). An image is
+Paths resolve against the directory of the input file that names them (absolute paths and URLs stay; an
+input in a store resolves them against its folder there). An image is
 read once, when its sample is encoded (``ImageRef.load``): its bytes, their digest and its size from its
 header, its pixels decoded to tell that they decode (as the loader will). Errors are ``InputError``
 naming the file, the line or row, the field and the image.
@@ -39,6 +41,7 @@ from typing import Any
 from packtool.conventions import MAX_IMAGE_BYTES
 from packtool.errors import ErrorSink, InputError
 from packtool.readers.base import SourceBatch, column_values
+from packtool.storage.urls import is_url, join, parent, scheme
 from packtool.vision.files import FileStamp, image_digest, read_image_file
 from packtool.vision.images import ImageSize, decoded_size
 
@@ -67,6 +70,9 @@ class LoadedImage:
     stamp: FileStamp | None = None
 
 
+WEB = ("http", "https")  # URLs of the web: never fetched
+
+
 @dataclass(frozen=True)
 class ImageRef:
     """One image of a sample: a resolved path, or its encoded bytes (``data``); ``name`` for messages."""
@@ -74,7 +80,7 @@ class ImageRef:
     path: str | None = None
     data: bytes | None = None
     name: str = ""
-    remote: bool = False  # an http(s):// or other URL: never fetched, refused when it is read
+    remote: bool = False  # a web URL (http(s)://): never fetched, refused when it is read
 
     def load(self) -> LoadedImage:
         """The image read once: a file as inputs are read (``images.read_image_file``: a regular file, of
@@ -88,8 +94,8 @@ class ImageRef:
         (3, 4, 16)
         """
         if self.remote:
-            raise InputError("a URL: packtool reads local files and bytes only, nothing is downloaded",
-                             field="image", code="missing_image")  # fmt: skip
+            raise InputError("a web URL: packtool reads files, objects in a store and bytes, nothing is "
+                             "downloaded from the web", field="image", code="missing_image")  # fmt: skip
         stamp = None
         if self.data is not None:
             data = self.data
@@ -150,7 +156,7 @@ def sample_from_record(record: dict, source: str, row: int, row_kind: str = "row
     ([{'type': 'image'}, {'type': 'text', 'text': '\\nWhat?'}], 'data/a.png')
     """
     sample = VisionSample([], [], source, row, row_kind)
-    base = Path(source).parent
+    base = parent(source) if is_url(source) else str(Path(source).parent)
     if record.get("conversations") is not None:
         _llava(record, sample, base)
     elif record.get("messages") is not None:
@@ -176,7 +182,7 @@ def batch_samples(batch: SourceBatch, fields: Collection[str]) -> list[VisionSam
     ]
 
 
-def _image_ref(value: Any, base: Path, name: str) -> ImageRef | None:
+def _image_ref(value: Any, base: str, name: str) -> ImageRef | None:
     """An image named by a path string, raw bytes, or a ``{"bytes", "path"}`` dict; ``None`` if no image."""
     if isinstance(value, dict):
         if value.get("bytes") is not None:
@@ -185,15 +191,20 @@ def _image_ref(value: Any, base: Path, name: str) -> ImageRef | None:
     if isinstance(value, bytes | bytearray):
         return ImageRef(data=bytes(value), name=name)
     if isinstance(value, str) and value:
-        if "://" in value and not value.startswith("file://"):
+        if "://" in value and not value.startswith("file://") and (not is_url(value) or scheme(value) in WEB):
             return ImageRef(path=value, name=value, remote=True)
+        if is_url(value):  # an object in a store
+            return ImageRef(path=value, name=value)
         path = value.removeprefix("file://")
-        resolved = str(base / path) if not Path(path).is_absolute() else path
+        if Path(path).is_absolute():
+            resolved = path
+        else:  # beside the input that names it, on disk or in a store
+            resolved = join(base, path) if is_url(base) else str(Path(base) / path)
         return ImageRef(path=resolved, name=value.replace("\0", "\\x00"))  # (a NUL on one error line)
     return None
 
 
-def _llava(record: dict, sample: VisionSample, base: Path) -> None:
+def _llava(record: dict, sample: VisionSample, base: str) -> None:
     images = record.get("image") if record.get("image") is not None else record.get("images")
     images = [] if images is None else images if isinstance(images, list) else [images]
     for k, value in enumerate(images):
@@ -228,7 +239,7 @@ def _llava(record: dict, sample: VisionSample, base: Path) -> None:
         )
 
 
-def _chat(record: dict, sample: VisionSample, base: Path) -> None:
+def _chat(record: dict, sample: VisionSample, base: str) -> None:
     messages = record["messages"]
     if not isinstance(messages, list):
         raise sample.error("must be a list of {role, content} messages", "messages")

@@ -10,6 +10,7 @@ import pytest
 from packtool.errors import InputError
 from packtool.vision import files
 from packtool.vision.files import FileStamp, image_digest, read_image_file
+from tests.fixtures.s3 import s3, s3_server  # noqa: F401 - fixtures
 from tests.fixtures.vision_inputs import read_samples, write_jsonl
 
 
@@ -57,3 +58,32 @@ def test_a_path_holding_a_nul_byte_is_a_bad_record_naming_it(tmp_path):
         "a.jsonl, line 1, field 'image': image 0 (img/x\\x00.png): its path holds a NUL byte, which no file "
         "name can"
     )
+
+
+def test_an_image_object_in_a_store_is_read_with_its_stamp(s3, monkeypatch):
+    """An image named by its URL, or beside an input in a store, is read from the store; its stamp
+    changes when the object is rewritten; a missing or too large one is that record's bad input; a web
+    URL is never fetched."""
+    from packtool.vision.samples import sample_from_record
+
+    url = s3.put("in/images/a.png", b"\x89PNG-bytes")
+    data, stamp = read_image_file(url)
+    assert data == b"\x89PNG-bytes" and stamp == FileStamp.of_path(url) and stamp.size == len(data)
+    s3.put("in/images/a.png", b"\x89PNG-other")  # the same size, another ETag
+    assert FileStamp.of_path(url) != stamp
+    turns = [{"from": "human", "value": "<image> <image>"}, {"from": "gpt", "value": "x"}]
+    sample = sample_from_record(
+        {"image": ["images/a.png", f"{s3.url}/elsewhere/b.png"], "conversations": turns},
+        f"{s3.url}/in/data.jsonl", 1, "line",
+    )  # fmt: skip
+    assert [i.path for i in sample.images] == [url, f"{s3.url}/elsewhere/b.png"]
+    with pytest.raises(InputError, match="no such object"):
+        read_image_file(f"{s3.url}/elsewhere/b.png")
+    monkeypatch.setattr(files, "MAX_IMAGE_BYTES", 8)
+    with pytest.raises(InputError, match="over the 8 an image may take"):
+        read_image_file(url)
+    one = [{"from": "human", "value": "<image>"}, {"from": "gpt", "value": "x"}]
+    web = sample_from_record(
+        {"image": "https://example.com/x.png", "conversations": one}, "d.jsonl", 1, "line"
+    )
+    assert web.images[0].remote  # a web URL is never fetched
