@@ -96,7 +96,14 @@ def _local_inputs(kind: str, tmp: Path) -> tuple[Path, str]:
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "json-array", "parquet", "text-folder", "glob", "tar"])
+SLOW_KINDS = ("jsonl.gz", "json-array", "tar")  # read by the readers jsonl and text-folder exercise
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param(k, marks=[pytest.mark.slow] if k in SLOW_KINDS else []) for k in
+     ["jsonl", "jsonl.gz", "json-array", "parquet", "text-folder", "glob", "tar"]],
+)  # fmt: skip
 def test_inputs_in_a_bucket_pack_as_the_same_files_on_local_disk(s3, tmp_path, kind):
     root, spec = _local_inputs(kind, tmp_path)
     url = s3.put_tree("corpus", root)
@@ -206,7 +213,7 @@ def test_a_failed_run_leaves_nothing_under_the_output(s3, tmp_path):
     assert s3.keys("out") == []
 
 
-@pytest.mark.parametrize("elsewhere", [False, True])
+@pytest.mark.parametrize("elsewhere", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_a_killed_run_resumes_from_the_bucket_byte_identical(s3, tmp_path, elsewhere):
     """SIGKILL once 2 shards are written; the same command resumes from the store (``elsewhere``: on a
     machine without this one's local copies) and writes what an uninterrupted run writes."""
