@@ -371,3 +371,14 @@ def test_vision_records_and_their_images_in_a_bucket_pack_as_on_disk(s3, tmp_pat
     s3.fs.rm(f"{s3.name}/vision/images/c.webp")
     proc = run_cli("pack", f"{url}/data.jsonl", "-o", tmp_path / "gone", *args, check=False)
     assert proc.returncode == 3 and "images/c.webp" in proc.stderr and "no such object" in proc.stderr
+
+
+@pytest.mark.slow  # (datasets' import and its copy of the dataset: ~5 s) the other input kinds run in make test
+def test_a_dataset_saved_to_a_bucket_packs_as_on_disk(s3, tmp_path):
+    import datasets  # slow to import: only this test pays for it
+
+    datasets.Dataset.from_list(_records(200)).save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    url = s3.put_tree("saved", tmp_path / "saved")
+    run_cli("pack", tmp_path / "saved", "-o", tmp_path / "local", *BASE)
+    run_cli("pack", url, "-o", tmp_path / "remote", *BASE)
+    assert _packs(tmp_path / "remote") == _packs(tmp_path / "local")
