@@ -216,15 +216,22 @@ def test_a_failed_run_leaves_nothing_under_the_output(s3, tmp_path):
 @pytest.mark.parametrize("elsewhere", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_a_killed_run_resumes_from_the_bucket_byte_identical(s3, tmp_path, elsewhere):
     """SIGKILL once 2 shards are written; the same command resumes from the store (``elsewhere``: on a
-    machine without this one's local copies) and writes what an uninterrupted run writes."""
+    machine without this one's local copies, the scratch under ``--scratch``) and writes what an
+    uninterrupted run writes."""
     url = s3.put("in/train.jsonl", DEMO / "train.jsonl")
     args = [url, *BASE, "--shard-size", "20", "--chunk-size", "100", "--num-proc", "2"]
     out = f"{s3.url}/out"
-    killed = run_cli("pack", *args, "-o", out, check=False, kill_at="write:2")
-    assert killed.returncode == -9
-    assert "out/.partial/_work/run.json" in s3.keys("out") and "out/manifest.json" not in s3.keys("out")
+    scratch = ["--scratch", f"{s3.url}/scratch"] if elsewhere else []
+    killed = run_cli("pack", *args, *scratch, "-o", out, check=False, kill_at="write:2")
+    assert killed.returncode == -9 and "out/manifest.json" not in s3.keys("out")
+    kept = [k for k in s3.keys() if k.endswith("_work/run.json")]
+    assert kept == (
+        [k for k in kept if k.startswith("scratch/")] if elsewhere else ["out/.partial/_work/run.json"]
+    )
     if elsewhere:
+        assert len(kept) == 1 and not any(k.startswith("out/.partial") for k in s3.keys())
         shutil.rmtree(staging_base(out))
+    args += scratch
     resumed = run_cli("pack", *[a for a in args if a != "-q"], "-o", out)
     assert re.search(
         r"resumed: 10 of 10 chunks and ([2-9]|1[0-2]) of 13 shards were already done", resumed.stderr
@@ -240,6 +247,7 @@ def test_a_killed_run_resumes_from_the_bucket_byte_identical(s3, tmp_path, elsew
         json.loads(s3.get("out/manifest.json"))["run_id"]
         == json.loads(s3.get("whole/manifest.json"))["run_id"]
     )
+    assert not s3.keys("scratch")  # the scratch is removed once the output is committed
 
 
 def test_a_missing_object_and_a_missing_bucket(s3, tmp_path):
@@ -373,7 +381,7 @@ def test_vision_records_and_their_images_in_a_bucket_pack_as_on_disk(s3, tmp_pat
     assert proc.returncode == 3 and "images/c.webp" in proc.stderr and "no such object" in proc.stderr
 
 
-@pytest.mark.slow  # (datasets' import and its copy of the dataset: ~5 s) the other input kinds run in make test
+@pytest.mark.slow  # (datasets' import and its copy of the dataset: ~5 s) other input kinds run in make test
 def test_a_dataset_saved_to_a_bucket_packs_as_on_disk(s3, tmp_path):
     import datasets  # slow to import: only this test pays for it
 
