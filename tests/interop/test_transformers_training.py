@@ -340,10 +340,11 @@ def test_without_the_models_attention_a_mask_sees_past_the_window(long_samples, 
 
 # --- every architecture the docs name, on every path: offered only where exact, refused in one line --------
 # A tiny random model of each (2 layers, window 16; Llama 4: a chunked layer of chunk 32, then a full one
-# without RoPE) over the pretokenized packs (samples of 4-49 tokens in packs of 64). Each row is what the loader does with PackedDataset(mask=..., attention=
-# model.config): "exact" (the per-token loss and a gradient equal each sample's alone, float64; flex:
-# the forward) or "refused" (one line naming the model type and what works), and a refused row trains
-# wrongly when forced (its samples see each other): the refusal is not a guess.
+# without RoPE) over the pretokenized packs (samples of 4-49 tokens in packs of 64). Each row is what the
+# loader does with PackedDataset(mask=..., attention=model.config): "exact" (the per-token loss and a
+# gradient equal each sample's alone, float64; flex: the forward) or "refused" (one line naming the model
+# type and what works), and a refused row trains wrongly when forced (its samples see each other): the
+# refusal is not a guess.
 ARCHITECTURES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 16}),
