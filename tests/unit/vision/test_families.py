@@ -55,6 +55,8 @@ EXPECTED = {
     "pixtral": r"\(PixtralProcessor\) is refused: it cannot be built here \(PixtralProcessor requires the "
     r"Torchvision library",
     "mistral3": r"mistral3 \(PixtralProcessor\) is refused: it cannot be built here",
+    "llama4": r"llama4 \(Llama4Processor\) is refused: it cannot be built here \(Llama4ImageProcessor "
+    r"requires the Torchvision library",
 }
 BUILDERS = {"llava": build_llava, **FAMILIES}
 
