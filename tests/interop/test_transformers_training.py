@@ -511,3 +511,29 @@ def test_llama4_rows_past_its_temperature_floor_are_refused(outputs):
         layer.self_attn.floor_scale = 8192
     right = _worst_forward(model, forced, _pieces(directory), "mask")
     assert right < 1e-6 and wrong > 1e-4, (right, wrong)
+
+
+def test_llama4_vision_language_model_takes_the_text_packs_masks(outputs):
+    """Llama 4's vision-language model (``Llama4ForConditionalGeneration``; its processor cannot be built
+    here, its image processor needing torchvision): given ``attention=model.config``, the loader reads its
+    text config's chunked and full layers and offers its paths; its language model (which its forward calls
+    with the masks as given: transformers 5.24's forward itself fails without images, on its missing
+    ``image_outputs``) gives each sample's logits alone."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    from packtool.loader import masks_for_model
+
+    directory = outputs["pretokenized"]
+    text = _tiny("llama4", "sdpa", _vocab(directory)).config.to_dict()
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+              "image_size": 28, "patch_size": 14, "vision_output_dim": 32, "projector_input_dim": 32,
+              "projector_output_dim": 32}  # fmt: skip
+    config = Llama4Config(text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    model = Llama4ForConditionalGeneration._from_config(
+        config, attn_implementation="sdpa", dtype=torch.float64, experts_implementation="eager"
+    ).eval()
+    assert masks_for_model(model.config) == ("dense", "varlen")
+    batches = _batches(directory, "dense", model.config)
+    assert set(batches[0].attention_mask) == {"chunked_attention", "full_attention"}
+    assert _worst_forward(model.language_model, batches, _pieces(directory), "mask") < 1e-6
