@@ -186,6 +186,8 @@ def test_a_path_that_would_train_wrongly_is_refused_in_one_line(packed, item, na
 
 
 def test_the_paths_that_fit_are_offered(packed):
+    import transformers
+
     assert masks_for_model(gpt_oss()) == ("additive",)
     assert masks_for_model(gpt_oss("flash_attention_2")) == ("varlen",)  # the kernel reads cu_seq_lens
     assert masks_for_model(llama()) == ("dense", "varlen")
@@ -195,6 +197,13 @@ def test_the_paths_that_fit_are_offered(packed):
     )  # text positions in front: (4, 1, L)
     assert masks_for_model(qwen2_vl()) == ("dense",)
     assert masks_for_model(bamba()) == ()
+    # Mllama: its text model (left out of transformers' model mapping), whose first layer here is a
+    # cross-attention one, skipped without images: the probe reads the first layer that runs
+    mllama = transformers.MllamaConfig(
+        text_config={**SHAPE, "cross_attention_layers": [0], "pad_token_id": 0}
+    )
+    mllama.get_text_config()._attn_implementation = "sdpa"
+    assert masks_for_model(mllama) == ("dense", "varlen")
     # Llama 4: one mask per layer type, its chunks counted in each sample; flattened, transformers counts
     # them from the position_ids (eager, sdpa, flex_attention), but flash attention is given no chunks
     assert masks_for_model(llama4()) == ("dense", "varlen")
