@@ -1,8 +1,8 @@
 """Which of packtool's mask paths train a model exactly; every other path refused in one line.
 
 A mask path (``PackedDataset(mask=...)``, ``collate_packs``, the vision stages, TRL's padding-free rows)
-trains a model on each packed sample alone only if three things hold; ``check_mask_for_model`` checks
-all three from the model's transformers config:
+trains a model on each packed sample alone only if four things hold; ``check_mask_for_model`` checks
+them from the model's transformers config (and the rows' length, where known):
 
 * **its layers**: every layer attends causally, to its whole sequence, inside a sliding window or inside
   its attention chunk (Llama 4; ``masks.attention_pattern``). Recurrent or linear layers (Bamba, Jamba,
@@ -24,16 +24,18 @@ all three from the model's transformers config:
 * **the rows it is given** (``row_tokens``: ``N`` for a 4-D mask, ``B * N`` flattened): Llama 4's layers
   without RoPE scale each query by the token's index in the row (``attn_temperature_tuning``:
   ``floor((index + 1) / floor_scale)``), not by its place in its sample, so they train a packed sample as
-  alone only in rows shorter than ``floor_scale`` (``ROW_LIMIT``); longer rows are refused.
+  alone only in rows shorter than ``floor_scale`` (``row_limit``); longer rows are refused.
 
 **How the code is checked: a probe forward, not the source.** ``probe_model_code`` builds the model's
 decoder on the meta device (no weights, no arithmetic: tens of milliseconds even for a 120B config), runs
 its own ``forward`` once on a flattened row and once on a given 4-D mask, watches transformers' mask
 construction (``masking_utils._preprocess_mask_arguments``, through which every model's masks are made)
-and stops at the first decoder layer, whose inputs it then reads. Reading the source instead is not
-reliable: the contract hides behind indirections (Mistral picks its mask function at run time, Gemma 3
-copies its keyword dict, Qwen2-VL passes ``position_ids`` in one layout only), and a forward with weights
-would need a shrunken copy of every config. One probe per config, cached.
+and stops at the first decoder layer that runs (Mllama skips a cross-attention layer without images),
+whose inputs it then reads. A text config that transformers' model mapping leaves out (Mllama's) is
+probed with the model class named after it (``MllamaTextConfig``: ``MllamaTextModel``). Reading the
+source instead is not reliable: the contract hides behind indirections (Mistral picks its mask function
+at run time, Gemma 3 copies its keyword dict, Qwen2-VL passes ``position_ids`` in one layout only), and a
+forward with weights would need a shrunken copy of every config. One probe per config, cached.
 
 A model whose code transformers does not hold (remote code), or that the probe cannot run, is offered
 nothing: declare its attention instead (``attention=masks.AttentionPattern(...)`` or ``"causal"``), which

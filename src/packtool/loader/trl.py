@@ -153,8 +153,8 @@ def trl_dataset(
     if limit is not None:
         raise ValueError(
             f"trl_dataset: the model scales its queries by their index in the row (attn_temperature_tuning, "
-            f"floor_scale {limit}), and TRL's padding-free rows (a batch of packs flattened) are longer than "
-            "packtool can check here: train through packtool.loader (PackedDataset, which checks its rows)"
+            f"floor_scale {limit}), and TRL's padding-free rows (a batch of packs flattened) have a length "
+            "packtool cannot check here: train through packtool.loader (PackedDataset, which checks its rows)"
         )
     try:
         model_attention("varlen", attention)
