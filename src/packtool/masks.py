@@ -102,26 +102,25 @@ whole of its sequence (no window); ``attention_pattern(CAUSAL)`` is ``AttentionP
 your own; a transformers model is described by its config (``attention=model.config``)."""
 
 
+def _positive_or_none(value: Any, what: str) -> int | None:
+    """``value`` as a positive int, or None; ``ValueError`` naming ``what`` it must be otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what}, got {value!r}")
+    return int(value)
+
+
 def check_window(window: Any) -> int | None:
     """``window`` as a positive int, or None (no window); ``ValueError`` otherwise."""
-    if window is None:
-        return None
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(
-            f"window must be a positive integer (the keys a query sees, itself included), got {window!r}"
-        )
-    return int(window)
+    return _positive_or_none(
+        window, "window must be a positive integer (the keys a query sees, itself included)"
+    )
 
 
 def check_chunk(chunk: Any) -> int | None:
     """``chunk`` as a positive int, or None (no chunks); ``ValueError`` otherwise."""
-    if chunk is None:
-        return None
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(
-            f"chunk must be a positive integer (the tokens of an attention chunk), got {chunk!r}"
-        )
-    return int(chunk)
+    return _positive_or_none(chunk, "chunk must be a positive integer (the tokens of an attention chunk)")
 
 
 @dataclass(frozen=True)
