@@ -392,7 +392,7 @@ def model_attention(
     and are never built without it. ``mrope`` and ``row_tokens`` as ``check_mask_for_model``.
 
     >>> model_attention("dense", "causal")
-    AttentionPattern(sliding_window=None, layer_types=None)
+    AttentionPattern(sliding_window=None, layer_types=None, attention_chunk_size=None)
     >>> model_attention("varlen", None) is None
     True
     >>> model_attention("flex", None)  # doctest: +ELLIPSIS
