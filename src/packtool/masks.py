@@ -4,8 +4,11 @@ A pack of ``N`` tokens holds several sequences end to end; ``seq_lens`` gives th
 is one more "sequence", as in NeMo AutoModel's ``PackedSequence``, so every row sums to ``N``). Attention
 is *block-causal* (document-causal): a token sees the earlier tokens of its own sequence only, and with a
 sliding ``window`` only the last ``window`` of them (itself included: query ``q`` sees key ``k`` when
-``q - window < k <= q``, transformers' convention for ``config.sliding_window``). ``AttentionPattern`` says
-which layers of a model slide (``attention_pattern(model.config)``).
+``q - window < k <= q``, transformers' convention for ``config.sliding_window``); with a ``chunk`` (Llama 4's
+chunked attention, ``config.attention_chunk_size``) only those of its own chunk: each sequence is cut into
+chunks of ``chunk`` tokens counted from the sequence's start, as the sequence alone would be.
+``AttentionPattern`` says which layers of a model slide or attend in chunks
+(``attention_pattern(model.config)``).
 
 ``seq_lens`` is accepted as a ``(B, S)`` integer tensor padded with ``0`` (the sentinel the loader uses),
 a 1-D tensor for one pack, or a list of 1-D tensors (NeMo's form). Three forms of the same mask:
@@ -85,8 +88,12 @@ def _zeroed_host_bools(size: int) -> torch.Tensor:
         return torch.from_numpy(buf)
 
 
-FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
-LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
+FULL_ATTENTION, SLIDING_ATTENTION, CHUNKED_ATTENTION = (
+    "full_attention",
+    "sliding_attention",
+    "chunked_attention",
+)
+LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION, CHUNKED_ATTENTION)
 """The layer types (transformers' ``config.layer_types``) that packtool builds masks for."""
 
 CAUSAL = "causal"
@@ -95,27 +102,41 @@ whole of its sequence (no window); ``attention_pattern(CAUSAL)`` is ``AttentionP
 your own; a transformers model is described by its config (``attention=model.config``)."""
 
 
+def _positive_or_none(value: Any, what: str) -> int | None:
+    """``value`` as a positive int, or None; ``ValueError`` naming ``what`` it must be otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what}, got {value!r}")
+    return int(value)
+
+
 def check_window(window: Any) -> int | None:
     """``window`` as a positive int, or None (no window); ``ValueError`` otherwise."""
-    if window is None:
-        return None
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(
-            f"window must be a positive integer (the keys a query sees, itself included), got {window!r}"
-        )
-    return int(window)
+    return _positive_or_none(
+        window, "window must be a positive integer (the keys a query sees, itself included)"
+    )
+
+
+def check_chunk(chunk: Any) -> int | None:
+    """``chunk`` as a positive int, or None (no chunks); ``ValueError`` otherwise."""
+    return _positive_or_none(chunk, "chunk must be a positive integer (the tokens of an attention chunk)")
 
 
 @dataclass(frozen=True)
 class AttentionPattern:
     """Which keys each layer of a model lets a query see inside its own sequence: every earlier one
-    (``"full_attention"``) or only the last ``sliding_window`` of them, itself included
+    (``"full_attention"``), only the last ``sliding_window`` of them, itself included
     (``"sliding_attention"``: query ``q`` sees key ``k`` when ``q - sliding_window < k <= q``, the meaning
-    of transformers' ``config.sliding_window``).
+    of transformers' ``config.sliding_window``), or the earlier ones of its own chunk
+    (``"chunked_attention"``, Llama 4: the sequence cut into chunks of ``attention_chunk_size`` tokens from
+    its start; ``q`` sees ``k <= q`` when ``k // attention_chunk_size == q // attention_chunk_size``,
+    positions counted in the sequence).
 
     ``layer_types`` is transformers' ``config.layer_types``, one entry per layer (Gemma 2 and 3, Qwen2 with
-    ``use_sliding_window``...); ``None``: every layer alike, sliding when ``sliding_window`` is set (Mistral,
-    Phi-3), else full. ``attention_pattern(model.config)`` reads it from a model.
+    ``use_sliding_window``, Llama 4...); ``None``: every layer alike, sliding when ``sliding_window`` is set
+    (Mistral, Phi-3), else chunked when ``attention_chunk_size`` is, else full.
+    ``attention_pattern(model.config)`` reads it from a model.
 
     Example::
 
@@ -123,13 +144,17 @@ class AttentionPattern:
         {'sliding_attention': 48, 'full_attention': None}
         >>> AttentionPattern(4096).windows()
         {'sliding_attention': 4096}
+        >>> AttentionPattern(None, ("chunked_attention", "full_attention"), 8192).chunks()
+        {'chunked_attention': 8192, 'full_attention': None}
     """
 
     sliding_window: int | None = None
     layer_types: tuple[str, ...] | None = None
+    attention_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sliding_window", check_window(self.sliding_window))
+        object.__setattr__(self, "attention_chunk_size", check_chunk(self.attention_chunk_size))
         if self.layer_types is None:
             return
         types = tuple(self.layer_types)
@@ -137,23 +162,28 @@ class AttentionPattern:
         unknown = {t: [i for i, u in enumerate(types) if u == t] for t in types if t not in LAYER_TYPES}
         if unknown:
             named = ", ".join(f"{t!r} (layers {', '.join(map(str, at))})" for t, at in unknown.items())
-            raise ValueError(
-                f"packtool builds masks for {' and '.join(map(repr, LAYER_TYPES))} layers only; this model "
-                f"also has {named}"
-            )
+            served = f"{', '.join(map(repr, LAYER_TYPES[:-1]))} and {LAYER_TYPES[-1]!r}"
+            raise ValueError(f"packtool builds masks for {served} layers only; this model also has {named}")
         if SLIDING_ATTENTION in types and self.sliding_window is None:
             raise ValueError("layer_types has 'sliding_attention' layers but sliding_window is not set")
+        if CHUNKED_ATTENTION in types and self.attention_chunk_size is None:
+            raise ValueError("layer_types has 'chunked_attention' layers but attention_chunk_size is not set")
+
+    def _types(self) -> tuple[str, ...]:
+        """The layer types, in order of first use."""
+        if self.layer_types is not None:
+            return tuple(dict.fromkeys(self.layer_types))
+        if self.sliding_window is not None:
+            return (SLIDING_ATTENTION,)
+        return (CHUNKED_ATTENTION,) if self.attention_chunk_size is not None else (FULL_ATTENTION,)
 
     def windows(self) -> dict[str, int | None]:
-        """Each layer type of the model, in order of first use, and its window (None: full attention)."""
-        if self.layer_types is None:
-            if self.sliding_window is None:
-                return {FULL_ATTENTION: None}
-            return {SLIDING_ATTENTION: self.sliding_window}
-        return {
-            t: self.sliding_window if t == SLIDING_ATTENTION else None
-            for t in dict.fromkeys(self.layer_types)
-        }
+        """Each layer type of the model, in order of first use, and its window (None: no window)."""
+        return {t: self.sliding_window if t == SLIDING_ATTENTION else None for t in self._types()}
+
+    def chunks(self) -> dict[str, int | None]:
+        """Each layer type of the model, in order of first use, and its chunk (None: no chunks)."""
+        return {t: self.attention_chunk_size if t == CHUNKED_ATTENTION else None for t in self._types()}
 
 
 def attention_pattern(source: Any) -> AttentionPattern:
@@ -162,10 +192,12 @@ def attention_pattern(source: Any) -> AttentionPattern:
     ``source``: a transformers config (``model.config``; a multimodal model's text config is read), a
     mapping with the same keys (``sliding_window``, ``layer_types``, ...), an ``AttentionPattern``
     (returned as is), or ``CAUSAL`` (``"causal"``) or None: full attention on every layer. With
-    ``layer_types`` the window applies to the ``"sliding_attention"`` layers; without, to every layer when
-    ``sliding_window`` is set (0 or ``use_sliding_window=False``: no window). Refused (``ValueError``):
-    attention that is not causal (``use_bidirectional_attention``, ``is_causal=False``) and layer types
-    other than full and sliding.
+    ``layer_types`` the window applies to the ``"sliding_attention"`` layers and ``attention_chunk_size`` to
+    the ``"chunked_attention"`` ones; without, the window to every layer when ``sliding_window`` is set (0
+    or ``use_sliding_window=False``: no window), else the chunks when ``attention_chunk_size`` is (as
+    transformers' ``create_masks_for_generate`` reads them). Refused (``ValueError``): attention that is
+    not causal (``use_bidirectional_attention``, ``is_causal=False``) and layer types other than full,
+    sliding and chunked.
 
     Example::
 
@@ -184,19 +216,24 @@ def attention_pattern(source: Any) -> AttentionPattern:
     else:
         text_config = getattr(source, "get_text_config", None)
         config = text_config(decoder=True) if callable(text_config) else source
-        keys = ("model_type", "sliding_window", "layer_types", "use_sliding_window", "is_causal")
+        keys = ("model_type", "sliding_window", "layer_types", "use_sliding_window", "is_causal",
+                "attention_chunk_size")  # fmt: skip
         values = {k: getattr(config, k) for k in (*keys, "use_bidirectional_attention") if hasattr(config, k)}
     name = values.get("model_type") or type(source).__name__
     if values.get("use_bidirectional_attention") or values.get("is_causal", True) is False:
         raise ValueError(f"{name}: its attention is bidirectional; packtool's masks are causal")
     window, layer_types = values.get("sliding_window"), values.get("layer_types")
+    chunk = values.get("attention_chunk_size")
     if layer_types is not None:
         layer_types = tuple(layer_types)
         window = window if SLIDING_ATTENTION in layer_types else None
+        chunk = chunk if CHUNKED_ATTENTION in layer_types else None
     elif not window or values.get("use_sliding_window", True) is False:
         window = None
+    else:
+        chunk = None  # every layer slides
     try:
-        return AttentionPattern(window, layer_types)
+        return AttentionPattern(window, layer_types, chunk)
     except ValueError as e:
         raise ValueError(f"{name}: {e}") from None
 
@@ -217,15 +254,23 @@ def padded_seq_lens(seq_lens: SeqLens, device: torch.device | str | None = None)
     return out.to(device=device if device is not None else out.device, dtype=torch.int64)
 
 
-def sequence_starts(seq_lens: SeqLens, packed_sequence_size: int, device=None) -> tuple[torch.Tensor, ...]:
-    """Per token: index of its sequence and the position where that sequence starts, both ``(B, N)`` int64.
+def sequence_starts(
+    seq_lens: SeqLens, packed_sequence_size: int, device=None, chunk: int | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Per token: index of its sequence and the position where that sequence starts, both ``(B, N)`` int64;
+    with ``chunk``, of its chunk instead (each sequence cut into chunks of ``chunk`` tokens from its start,
+    counted in order along the pack).
 
     Example::
 
         >>> doc, start = sequence_starts(torch.tensor([[3, 2, 1]]), 6)
         >>> doc.tolist(), start.tolist()
         ([[0, 0, 0, 1, 1, 2]], [[0, 0, 0, 3, 3, 5]])
+        >>> doc, start = sequence_starts(torch.tensor([[5, 1]]), 6, chunk=2)
+        >>> doc.tolist(), start.tolist()
+        ([[0, 0, 1, 1, 2, 3]], [[0, 0, 2, 2, 4, 5]])
     """
+    chunk = check_chunk(chunk)
     sl = padded_seq_lens(seq_lens, device)
     b, n = sl.shape[0], packed_sequence_size
     ends = sl.cumsum(1)  # (B, S): exclusive end of each sequence
@@ -234,6 +279,10 @@ def sequence_starts(seq_lens: SeqLens, packed_sequence_size: int, device=None) -
     marks.scatter_add_(1, ends.clamp(max=n), torch.ones_like(ends))
     doc = marks[:, :n].cumsum(1).clamp_(max=sl.shape[1] - 1)
     start = (ends - sl).gather(1, doc)
+    if chunk is not None and n > 0:
+        within = torch.arange(n, device=sl.device) - start
+        start = start + within - within % chunk
+        doc = (within % chunk == 0).cumsum(1) - 1  # a chunk starts where a token is first of its chunk
     return doc, start
 
 
@@ -242,10 +291,12 @@ def block_causal_mask(
     packed_sequence_size: int,
     device: torch.device | str | None = None,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Dense block-causal mask, bool ``[B, 1, N, N]``, ``True`` where query row may attend key column;
     with ``window``, only the last ``window`` keys of the query's sequence up to itself (``q - window <
-    k <= q``, transformers' sliding window).
+    k <= q``, transformers' sliding window); with ``chunk``, only the keys of the query's chunk (its
+    sequence cut into chunks of ``chunk`` tokens from its start: Llama 4's chunked attention).
 
     Without a window, equal to NeMo AutoModel's ``create_block_causal_mask`` for the same ``seq_lens``
     (rows summing to ``N``). Built on ``device`` (default: the device of ``seq_lens``).
@@ -265,9 +316,11 @@ def block_causal_mask(
         [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
         >>> block_causal_mask(torch.tensor([[3]]), 3, window=2)[0, 0].int().tolist()
         [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
+        >>> block_causal_mask(torch.tensor([[3]]), 3, chunk=2)[0, 0].int().tolist()
+        [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
     """
     window = check_window(window)
-    _, start = sequence_starts(seq_lens, packed_sequence_size, device)
+    _, start = sequence_starts(seq_lens, packed_sequence_size, device, chunk)  # a chunk: a sequence here
     n, b, dev = packed_sequence_size, start.shape[0], start.device
     within = torch.arange(n, device=dev) - start  # (B, N): index of each query inside its sequence
     w = int(within.max()) + 1 if within.numel() else 1  # longest sequence: the band's width
@@ -300,18 +353,19 @@ def additive_mask(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Block-causal mask to add to attention scores, ``[B, 1, N, N]`` of ``dtype``: ``0`` where the query
-    row may attend the key column (``block_causal_mask``, ``window`` included), ``-inf`` elsewhere (every
-    row attends at least itself, so no row is all ``-inf``). What transformers' eager attention takes as
-    ``attention_mask``.
+    row may attend the key column (``block_causal_mask``, ``window`` and ``chunk`` included), ``-inf``
+    elsewhere (every row attends at least itself, so no row is all ``-inf``). What transformers' eager
+    attention takes as ``attention_mask``.
 
     Example::
 
         >>> additive_mask(torch.tensor([[2, 1]]), 3)[0, 0].tolist()
         [[0.0, -inf, -inf], [0.0, 0.0, -inf], [-inf, -inf, 0.0]]
     """
-    allowed = block_causal_mask(seq_lens, packed_sequence_size, device, window)
+    allowed = block_causal_mask(seq_lens, packed_sequence_size, device, window, chunk)
     out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return out.masked_fill_(~allowed, float("-inf"))
 
@@ -322,9 +376,11 @@ def flex_block_mask(
     block_size: int = 128,
     device: torch.device | str | None = None,
     window: int | None = None,
+    chunk: int | None = None,
 ):
     """Document-causal ``flex_attention`` ``BlockMask`` from sequence boundaries, on ``device``; with
-    ``window``, each query sees only the last ``window`` keys of its sequence up to itself.
+    ``window``, each query sees only the last ``window`` keys of its sequence up to itself; with ``chunk``,
+    only those of its chunk (each chunk of a sequence is a sequence here).
 
     Each ``block_size x block_size`` tile is classified from the sequence ids of its first and last
     tokens: *empty* (above the diagonal, no sequence shared, or its nearest pair farther apart than the
@@ -344,7 +400,7 @@ def flex_block_mask(
     """
     window = check_window(window)
     n = packed_sequence_size
-    doc, _ = sequence_starts(seq_lens, n, device)
+    doc, _ = sequence_starts(seq_lens, n, device, chunk)
     dev = doc.device
     nb = -(-n // block_size)
     first = torch.arange(nb, device=dev) * block_size
@@ -424,23 +480,36 @@ def cu_seqlens_of(seq_lens: SeqLens, device=None) -> tuple[torch.Tensor, int]:
     return cu, int(sl.max())
 
 
-def varlen_args(seq_lens: SeqLens, packed_sequence_size: int | None = None, device=None) -> dict:
+def varlen_args(
+    seq_lens: SeqLens, packed_sequence_size: int | None = None, device=None, chunk: int | None = None
+) -> dict:
     """Arguments for FlashAttention ``flash_attn_varlen_func`` / Transformer Engine THD attention.
 
     Returns ``{"cu_seqlens": (T+1,) int32, "max_seqlen": int, "position_ids": (B, N) int64}`` where
-    ``position_ids`` is each token's index inside its own sequence. ``N`` defaults to the row sum.
+    ``position_ids`` is each token's index inside its own sequence. ``N`` defaults to the row sum. With
+    ``chunk``, ``cu_seqlens`` and ``max_seqlen`` are those of the chunks (each sequence cut into chunks of
+    ``chunk`` tokens from its start), what a varlen kernel needs for Llama 4's chunked layers; the
+    ``position_ids`` stay the sequences'.
 
     Example::
 
         >>> a = varlen_args(torch.tensor([[3, 2, 1]]))
         >>> a["cu_seqlens"].tolist(), a["max_seqlen"], a["position_ids"].tolist()
         ([0, 3, 5, 6], 3, [[0, 1, 2, 0, 1, 0]])
+        >>> a = varlen_args(torch.tensor([[3, 2, 1]]), chunk=2)
+        >>> a["cu_seqlens"].tolist(), a["max_seqlen"], a["position_ids"].tolist()
+        ([0, 2, 3, 5, 6], 2, [[0, 1, 2, 0, 1, 0]])
     """
     sl = padded_seq_lens(seq_lens, device)
     n = int(sl[0].sum()) if packed_sequence_size is None else packed_sequence_size
-    cu, max_seqlen = cu_seqlens_of(sl)
     _, start = sequence_starts(sl, n)
     position_ids = torch.arange(n, device=sl.device).view(1, n) - start
+    if chunk is None:
+        cu, max_seqlen = cu_seqlens_of(sl)
+    else:  # each chunk's length: the tokens of one chunk index, counted over the batch
+        doc, _ = sequence_starts(sl, n, chunk=chunk)
+        doc = doc + torch.arange(sl.shape[0], device=sl.device).view(-1, 1) * n  # apart across packs
+        cu, max_seqlen = cu_seqlens_of(torch.unique_consecutive(doc.reshape(-1), return_counts=True)[1])
     return {"cu_seqlens": cu, "max_seqlen": max_seqlen, "position_ids": position_ids}
 
 

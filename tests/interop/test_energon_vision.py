@@ -62,6 +62,39 @@ def test_energon_gives_each_pack_with_its_images_as_packtools_loader(tar_output)
         assert torch.equal(batch.model_inputs()["attention_mask"], want.model_inputs()["attention_mask"])
 
 
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true")
+def test_energon_gives_a_cross_attention_model_s_packs_as_packtools_loader(tmp_path):
+    """Llama 3.2 Vision: each pack's images as one row, its aspect-ratio inputs and cross_attention_mask,
+    as packtool's loader gives them (the model hooked by both: cross_attention=model)."""
+    from megatron.energon import WorkerConfig, get_loader, get_train_dataset
+
+    from packtool.vision.energon import VisionPackTaskEncoder
+    from tests.fixtures.vision_families import build_mllama
+    from tests.unit.vision.test_families import _meta_mllama
+
+    (tmp_path / "mllama").mkdir()
+    vp = load_processor(build_mllama(tmp_path / "mllama"))
+    out = tmp_path / "out"
+    options = PackOptions.of(inputs=[str(write_llava_input(tmp_path / "input"))], output=str(out),
+                             processor=vp.path, packed_sequence_size=60, format="webdataset", num_proc=1,
+                             quiet=True)  # fmt: skip
+    run_pack(options)
+    model = _meta_mllama(vp)
+    kwargs = {"mask": "dense", "attention": "causal", "cross_attention": model}
+    ours = {int(b.pack_index): b for b in vision_dataset(out, vp, batch_size=1, **kwargs)}
+    ds = get_train_dataset(out, dataset_config="crude.yaml", batch_size=1, shuffle_buffer_size=None,
+                           max_samples_per_sequence=None, repeat=False,
+                           worker_config=WorkerConfig(rank=0, world_size=1, num_workers=1),
+                           task_encoder=VisionPackTaskEncoder(vp, **kwargs))  # fmt: skip
+    got = {int(batch.pack_index): batch for batch in get_loader(ds)}
+    assert sorted(got) == sorted(ours) and len(got) >= 2
+    for k, want in ours.items():
+        a, b = got[k].model_inputs(), want.model_inputs()
+        assert a.keys() == b.keys() and "cross_attention_mask" in a and "aspect_ratio_ids" in a
+        for name, value in b.items():
+            assert value is a[name] or torch.equal(value, a[name]), (k, name)
+
+
 def test_a_vision_output_dataset_yaml_takes_no_text_task_encoder(tar_output):
     """The default dataset.yaml of a vision-language output names crude samples of subflavor
     ``vision-pack``: Energon's text path (``PackTaskEncoder``, whose cooker takes ``pack``) has no cooker

@@ -10,8 +10,9 @@ piece run alone (positions from 0), and the gradient of one parameter of the sum
 the pieces alone: within 1e-9 under sdpa, 1e-6 under eager (Llama's eager softmax is float32 in any
 dtype). Data: pretokenized samples, the same with ``--split-across-pack`` (a piece's reference is the
 piece alone), pretokenized with a loss mask, and chat data through a template. Then sliding windows
-(Mistral, Gemma 2, Gemma 3), and every architecture the docs name on every path, each offered path
-exact and each refused one refused in one line (and wrong when forced past the check).
+(Mistral, Gemma 2, Gemma 3), Llama 4's chunked attention, and every architecture the docs name on every
+path, each offered path exact and each refused one refused in one line (and wrong when forced past the
+check).
 """
 
 from __future__ import annotations
@@ -338,11 +339,12 @@ def test_without_the_models_attention_a_mask_sees_past_the_window(long_samples, 
 
 
 # --- every architecture the docs name, on every path: offered only where exact, refused in one line --------
-# A tiny random model of each (2 layers, window 16, Llama 4's chunk 32) over the pretokenized packs (samples
-# of 4-49 tokens in packs of 64). Each row is what the loader does with PackedDataset(mask=..., attention=
-# model.config): "exact" (the per-token loss and a gradient equal each sample's alone, float64; flex:
-# the forward) or "refused" (one line naming the model type and what works), and a refused row trains
-# wrongly when forced (its samples see each other): the refusal is not a guess.
+# A tiny random model of each (2 layers, window 16; Llama 4: a chunked layer of chunk 32, then a full one
+# without RoPE) over the pretokenized packs (samples of 4-49 tokens in packs of 64). Each row is what the
+# loader does with PackedDataset(mask=..., attention=model.config): "exact" (the per-token loss and a
+# gradient equal each sample's alone, float64; flex: the forward) or "refused" (one line naming the model
+# type and what works), and a refused row trains wrongly when forced (its samples see each other): the
+# refusal is not a guess.
 ARCHITECTURES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 16}),
@@ -375,8 +377,8 @@ def _tiny(family: str, attn: str, vocab: int):
     )  # fmt: skip
     if family in ALTERNATING:
         shape["layer_types"] = ["sliding_attention", "full_attention"]
-    if family == "llama4":
-        shape["intermediate_size_mlp"] = 64
+    if family == "llama4":  # a chunked layer with RoPE, a full one without (temperature-tuned from 8192)
+        shape.update(intermediate_size_mlp=64, no_rope_layers=[1, 0])
     config = getattr(transformers, config_name)(**shape)
     kwargs = {"experts_implementation": "eager"} if family in ("gpt_oss", "llama4") else {}  # float64 MoE
     torch.manual_seed(0)
@@ -393,7 +395,7 @@ IMPLEMENTATIONS["gemma2"] = IMPLEMENTATIONS["gpt_oss"] = [
 IMPLEMENTATIONS["bamba"] = ["eager", "sdpa"]  # no flex_attention in transformers
 OFFERED = {family: FULL for family in ARCHITECTURES}
 OFFERED["gpt_oss"] = {"eager": ["additive"], "flex_attention": ["flex"]}  # its masks ignore position_ids
-OFFERED["llama4"] = OFFERED["bamba"] = {}  # chunked attention; Mamba layers: no packtool mask
+OFFERED["bamba"] = {}  # Mamba layers: no packtool mask
 ROWS = [
     (family, attn, mask, "exact" if mask in OFFERED[family].get(attn, ()) else "refused")
     for family in ARCHITECTURES
@@ -402,20 +404,20 @@ ROWS = [
 ]
 # the refusals that guard against a silently wrong loss, each checked by forcing the path: the model's
 # layers or code (the implementation's own masks refused), a bool mask under eager, a float32 mask under
-# float64 sdpa. Left out: Llama 4's flattened row, which measures exact under eager, sdpa and flex (its
-# chunks counted inside each sample) but has no packtool path; Bamba's, which transformers itself refuses
-# on CPU (without causal_conv1d); GPT-OSS under flex_attention, which runs on CUDA only.
+# float64 sdpa. Left out: Bamba's flattened row, which transformers itself refuses on CPU (without
+# causal_conv1d); GPT-OSS under flex_attention, which runs on CUDA only.
 SILENT = {
     row[:3]
     for row in ROWS
     if row[3] == "refused"
     and (row[2] in FULL[row[1]] or row[1:3] in (("eager", "dense"), ("sdpa", "additive")))
-    and row[::2] not in (("llama4", "varlen"), ("bamba", "varlen"))
+    and row[::2] != ("bamba", "varlen")
     and row[:2] != ("gpt_oss", "flex_attention")
 }
 FAST = {  # in make test: the rows of the defects this table was written for, and one of each kind
     ("gpt_oss", "eager", "varlen"), ("gpt_oss", "eager", "additive"), ("gpt_oss", "eager", "dense"),
-    ("llama4", "sdpa", "dense"), ("bamba", "sdpa", "dense"), ("mistral", "sdpa", "varlen"),
+    ("llama4", "sdpa", "dense"), ("llama4", "eager", "varlen"), ("llama4", "eager", "dense"),
+    ("bamba", "sdpa", "dense"), ("mistral", "sdpa", "varlen"),
     ("gemma3", "sdpa", "dense"), ("phi3", "eager", "additive"), ("llama", "sdpa", "additive"),
 }  # fmt: skip
 
@@ -459,8 +461,8 @@ def test_each_architecture_is_offered_exactly_the_paths_that_train_it_exactly(
         if family == "gpt_oss":
             pytest.skip("transformers runs GPT-OSS's attention sinks under flex_attention on CUDA only")
         assert _worst_forward(model, _batches(directory, mask, model.config), _pieces(directory), how) < 1e-6
-    elif expected == "exact":
-        tol = 1e-6 if attn == "eager" else 1e-9
+    elif expected == "exact":  # Llama 4 takes its norms, router and rotary embedding in float32
+        tol = 1e-6 if attn == "eager" or family == "llama4" else 1e-9
         assert _train_and_compare(model, directory, mask, how, tol, attention=model.config) > 100
     else:
         with pytest.raises(ValueError) as refused:
@@ -471,3 +473,67 @@ def test_each_architecture_is_offered_exactly_the_paths_that_train_it_exactly(
         if (family, attn, mask) in SILENT:  # forced past the check (a declaration, on the user's word)
             forced = _batches(directory, mask, "causal")
             assert _worst_forward(model, forced, _pieces(directory), how) > 1e-3
+
+
+# --- Llama 4's chunked attention ------------------------------------------------------------------------
+def test_llama4_chunks_are_counted_in_each_sample(outputs):
+    """Why the masks take the model's chunks: a block-causal mask alone (declared full attention) lets a
+    chunked layer see across its chunk; and the batch's masks are a dict by layer type, the chunked one
+    cutting each sample at multiples of 32 tokens from its own start."""
+    directory = outputs["pretokenized"]
+    model = _tiny("llama4", "sdpa", _vocab(directory))
+    (batch, *_) = _batches(directory, "dense", model.config)
+    masks = batch.attention_mask
+    assert set(masks) == {"chunked_attention", "full_attention"} and not torch.equal(*masks.values())
+    forced = _batches(directory, "dense", "causal")
+    assert _worst_forward(model, forced, _pieces(directory), "mask") > 1e-3
+
+
+def test_llama4_rows_past_its_temperature_floor_are_refused(outputs):
+    """Llama 4's layers without RoPE scale each query by its index in the row (attn_temperature_tuning), not
+    in its sample: with floor_scale 16, packs of 64 are refused in one line, and wrong when forced with the
+    right masks (declared: chunk 32 on the chunked layer)."""
+    from packtool.masks import AttentionPattern
+
+    directory = outputs["pretokenized"]
+    model = _tiny("llama4", "sdpa", _vocab(directory))
+    model.config.floor_scale = 16
+    for layer in model.model.layers:
+        layer.self_attn.floor_scale = 16
+    for mask in ("dense", "varlen"):
+        with pytest.raises(ValueError, match=r"on rows of \d+ tokens: its layers without RoPE scale"):
+            PackedDataset(directory, batch_size=B, mask=mask, attention=model.config)
+    declared = AttentionPattern(None, tuple(model.config.layer_types), 32)
+    forced = _batches(directory, "dense", declared)
+    wrong = _worst_forward(model, forced, _pieces(directory), "mask")
+    model.config.floor_scale = 8192
+    for layer in model.model.layers:
+        layer.self_attn.floor_scale = 8192
+    right = _worst_forward(model, forced, _pieces(directory), "mask")
+    assert right < 1e-6 and wrong > 1e-4, (right, wrong)
+
+
+def test_llama4_vision_language_model_takes_the_text_packs_masks(outputs):
+    """Llama 4's vision-language model (``Llama4ForConditionalGeneration``; its processor cannot be built
+    here, its image processor needing torchvision): given ``attention=model.config``, the loader reads its
+    text config's chunked and full layers and offers its paths; its language model (which its forward calls
+    with the masks as given: transformers 5.24's forward itself fails without images, on its missing
+    ``image_outputs``) gives each sample's logits alone."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    from packtool.loader import masks_for_model
+
+    directory = outputs["pretokenized"]
+    text = _tiny("llama4", "sdpa", _vocab(directory)).config.to_dict()
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+              "image_size": 28, "patch_size": 14, "vision_output_dim": 32, "projector_input_dim": 32,
+              "projector_output_dim": 32}  # fmt: skip
+    config = Llama4Config(text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    model = Llama4ForConditionalGeneration._from_config(
+        config, attn_implementation="sdpa", dtype=torch.float64, experts_implementation="eager"
+    ).eval()
+    assert masks_for_model(model.config) == ("dense", "varlen")
+    batches = _batches(directory, "dense", model.config)
+    assert set(batches[0].attention_mask) == {"chunked_attention", "full_attention"}
+    assert _worst_forward(model.language_model, batches, _pieces(directory), "mask") < 1e-6

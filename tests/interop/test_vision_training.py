@@ -4,8 +4,11 @@ Tiny random models built from transformers configs, on the CPU in float64: a LLa
 Llama language model; ``LlavaForConditionalGeneration``), a LLaVA-NeXT (anyres: an image's base and grid
 tiles, their features unpadded by its ``image_sizes``), a Qwen2-VL, a Qwen2.5-VL (window attention in its
 vision tower; it reads Qwen2-VL's processor output), an Idefics3 (each image cut into tiles with
-``<row_i_col_j>`` tags, the global image last; ``pixel_attention_mask``) and a Gemma 3 (SigLIP; the tokens
-of an image attend to each other both ways, from its ``token_type_ids``). Their processors are the tiny
+``<row_i_col_j>`` tags, the global image last; ``pixel_attention_mask``), a Gemma 3 (SigLIP; the tokens
+of an image attend to each other both ways, from its ``token_type_ids``) and a Llama 3.2 Vision
+(``mllama``: its images reach the text through cross-attention layers, each token to the images its
+processor's ``cross_attention_mask`` gives it; the loader hooks the model to keep each packed sample's text
+on its own images, ``packtool.vision.cross_attention``). Their processors are the tiny
 ones of ``tests/fixtures/vision_processors.py`` and ``vision_families.py``; the samples are LLaVA records
 with one, two and no image whose images hold transparency (an RGBA logo, a palette PNG and a GIF with a
 transparent index) beside RGB ones. ``packtool pack --processor DIR`` (``run_pack``, in this process)
@@ -47,19 +50,20 @@ from packtool.vision.loader import VisionBatch, vision_dataset
 from packtool.vision.model_inputs import decode_images
 from packtool.vision.processor import load_processor
 from packtool.vision.sequences import encode_samples
-from tests.fixtures.vision_families import build_gemma3, build_idefics3, build_llava_next
+from tests.fixtures.vision_families import build_gemma3, build_idefics3, build_llava_next, build_mllama
 from tests.fixtures.vision_inputs import read_samples, write_alpha_input
 from tests.fixtures.vision_processors import LLAVA_CROP, build_llava, build_qwen2vl
+from tests.interop.test_transformers_training import unfused_flex  # noqa: F401 - fixture
 
 TOL = 1e-9
 GRAD_TOL = 1e-8  # a gradient sums every token's in another order packed than alone (Gemma 3: 1.2e-9 off)
 
 
-def _built(model_class, config, vision: str, text: str):
-    """``model_class`` from ``config`` in float64 on sdpa (seed 0, eval mode), with the vision-tower and
+def _built(model_class, config, vision: str, text: str, attn: str = "sdpa"):
+    """``model_class`` from ``config`` in float64 on ``attn`` (seed 0, eval mode), with the vision-tower and
     language-model parameters (their dotted names) whose gradients the test compares."""
     torch.manual_seed(0)
-    model = model_class._from_config(config, attn_implementation="sdpa", dtype=torch.float64)
+    model = model_class._from_config(config, attn_implementation=attn, dtype=torch.float64)
     return model.eval(), model.get_parameter(vision), model.get_parameter(text)
 
 
@@ -210,13 +214,42 @@ def _gemma3(vp, vocab: int):
     return model, vision, text
 
 
+def _mllama(vp, vocab: int, attn: str = "sdpa"):
+    """Llama 3.2 Vision over 28 px tiles (up to 2 an image, patch 14: 5 vision tokens a tile), a
+    cross-attention layer between two self-attention ones; its gates (zero at initialization, which would
+    hide what a text token attends) set to 0.7, so that every cross-attention output reaches the loss."""
+    from transformers import MllamaConfig, MllamaForConditionalGeneration
+
+    config = MllamaConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                       "num_global_layers": 1, "attention_heads": 4, "image_size": 28, "patch_size": 14,
+                       "max_num_tiles": 2, "supported_aspect_ratios": [[1, 1], [1, 2], [2, 1]],
+                       "intermediate_layers_indices": [0], "vision_output_dim": 64},
+        text_config={**_text(vocab), "num_hidden_layers": 3, "cross_attention_layers": [1],
+                     "pad_token_id": 0},
+        image_token_index=vp.image_token_id,
+    )  # fmt: skip
+    model, vision, text = _built(
+        MllamaForConditionalGeneration,
+        config,
+        "model.vision_model.transformer.layers.0.self_attn.q_proj.weight",
+        "model.language_model.layers.0.self_attn.q_proj.weight",
+        attn,
+    )
+    with torch.no_grad():
+        for name, gate in model.named_parameters():
+            if name.endswith("gate") or "gate_" in name.rsplit(".", 1)[-1]:
+                gate.fill_(0.7)
+    return model, vision, text
+
+
 MODELS = {"llava": _llava, "qwen2vl": _qwen2vl, "qwen25vl": _qwen25vl, "llava_next": _llava_next,
-          "idefics3": _idefics3, "gemma3": _gemma3}  # fmt: skip
+          "idefics3": _idefics3, "gemma3": _gemma3, "mllama": _mllama}  # fmt: skip
 # the processor each model reads (Qwen2.5-VL's is Qwen2-VL's)
 PROCESSOR = {"llava": "llava", "qwen2vl": "qwen2vl", "qwen25vl": "qwen2vl", "llava_next": "llava_next",
-             "idefics3": "idefics3", "gemma3": "gemma3"}  # fmt: skip
+             "idefics3": "idefics3", "gemma3": "gemma3", "mllama": "mllama"}  # fmt: skip
 BUILD = {"llava": build_llava, "qwen2vl": build_qwen2vl, "llava_next": build_llava_next,
-         "idefics3": build_idefics3, "gemma3": build_gemma3}  # fmt: skip
+         "idefics3": build_idefics3, "gemma3": build_gemma3, "mllama": build_mllama}  # fmt: skip
 
 
 def _token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -300,6 +333,7 @@ def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
         batch_size=len(sample_index),
         mask=mask,
         attention=model.config.get_text_config(),
+        cross_attention=model if vp.cross_attention else None,  # Mllama: hooked to keep samples apart
     )  # Gemma 3's sliding window: one mask a layer type
     (batch,) = list(ds)
     assert isinstance(batch, VisionBatch) and batch.images_per_pack.sum().item() == 5
@@ -367,3 +401,58 @@ def test_a_wrong_image_order_or_dropped_alpha_would_be_caught(data):
     right = logits(images)
     assert (right - logits(images[::-1])).abs().max().item() > 1e-6
     assert (right - logits([im.convert("RGB") for im in images])).abs().max().item() > 1e-6
+
+
+# --- Llama 3.2 Vision: cross-attention ------------------------------------------------------------------
+def _mllama_batch(data, model):
+    vp = _processor(data, "mllama")
+    out = _output(data, "mllama")
+    mask = {"sdpa": "dense", "eager": "additive", "flex_attention": "flex"}[model.config._attn_implementation]
+    ds = vision_dataset(out, vp, dtype=torch.float64, batch_size=8, drop_last=False, mask=mask,
+                        attention=model.config, cross_attention=model)  # fmt: skip
+    (batch,) = list(ds)
+    return batch, {k: v for k, v in batch.model_inputs().items() if k not in ("labels", "shift_labels")}
+
+
+def test_mllama_without_the_hooks_attends_other_samples_images(data):
+    """Why the loader hooks Mllama: through transformers' own handling of the pack's cross_attention_mask
+    (as its processor gives it: 1 where the rule gives a token an image), the text of a sample before its
+    first image, and all the text of a sample without images, attend every image of the pack (transformers
+    unmasks a row with nothing to attend and zeroes only its MLP output). And a pack's batch given to a
+    model without the hooks fails: its mask has a slot more than the batch has images."""
+    vp = _processor(data, "mllama")
+    model, _, _ = _mllama(vp, len(vp.processor.tokenizer))
+    batch, inputs = _mllama_batch(data, model)
+    slots = batch.cross_attention_mask
+    assert (slots == 2).any() and (~(slots > 0).any(dim=(2, 3))).any()  # both kinds of token are there
+    plain = {**inputs, "cross_attention_mask": (slots[:, :, :-1] == 1).to(torch.int64)}
+    with torch.no_grad():
+        right = model(**inputs).logits  # equal to each sample alone: the test above
+        wrong = model(**plain).logits
+        assert (right - wrong).abs().max().item() > 1e-3
+        unhooked, _, _ = _mllama(vp, len(vp.processor.tokenizer))
+        with pytest.raises(RuntimeError):
+            unhooked(**inputs)
+
+
+@pytest.mark.parametrize("attn", ["eager", "flex_attention"])
+def test_mllama_eager_and_flex_forward_equal_each_sample_alone(data, attn, unfused_flex):
+    """The additive mask under eager, the BlockMask under flex_attention (forward only: no flex backward on
+    the CPU): each sample's logits in the packs equal its logits alone (eager's softmax is float32)."""
+    vp = _processor(data, "mllama")
+    model, _, _ = _mllama(vp, len(vp.processor.tokenizer), attn)
+    batch, inputs = _mllama_batch(data, model)
+    sample_index = [
+        p["sample_index"].tolist() for p in read_packs(_output(data, "mllama"), with_sample_index=True)
+    ]
+    worst, compared = 0.0, 0
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        for b, pack_index in enumerate(batch.pack_index.tolist()):
+            ends = np.cumsum(batch.seq_lens[b].numpy()).tolist()
+            for j, i in enumerate(sample_index[pack_index]):
+                a, e = ([0, *ends][j], ends[j])
+                alone = model(**_alone(vp, data["samples"][i]), use_cache=False).logits
+                worst = max(worst, (logits[b, a:e] - alone[0]).abs().max().item())
+                compared += e - a
+    assert compared > 100 and worst < 1e-6

@@ -38,16 +38,21 @@ def random_seq_lens(batch: int, n: int, max_len: int, seed: int) -> list[torch.T
     return rows
 
 
-def slow_mask(rows: list[torch.Tensor], n: int, window: int | None = None) -> torch.Tensor:
-    """The definition, element by element: q sees k iff same sequence and k <= q (and q - k < window)."""
+def slow_mask(
+    rows: list[torch.Tensor], n: int, window: int | None = None, chunk: int | None = None
+) -> torch.Tensor:
+    """The definition, element by element: q sees k iff same sequence and k <= q (and q - k < window) (and,
+    counted from the sequence's start, q // chunk == k // chunk)."""
     out = torch.zeros(len(rows), 1, n, n, dtype=torch.bool)
     for b, lens in enumerate(rows):
-        seq = []
+        seq, at = [], []
         for i, length in enumerate(lens.tolist()):
             seq += [i] * length
+            at += list(range(length))
         for q in range(n):
             for k in range(q + 1):
-                out[b, 0, q, k] = seq[q] == seq[k] and (window is None or q - k < window)
+                same = seq[q] == seq[k] and (chunk is None or at[q] // chunk == at[k] // chunk)
+                out[b, 0, q, k] = same and (window is None or q - k < window)
     return out
 
 
@@ -326,6 +331,55 @@ def test_windowed_flex_block_mask_equals_dense_and_create_block_mask(
     assert torch.equal(bm.to_dense(), ref.to_dense())
 
 
+# --- chunked attention (Llama 4) ---------------------------------------------------------------------
+# (batch, n, longest sequence, seed, chunk): chunks shorter than most sequences, of one token, equal to the
+# longest sequence, longer than the pack, and not dividing the block size
+CHUNKED = [
+    (3, 40, 12, 1, 5),
+    (2, 130, 100, 2, 32),
+    (2, 64, 64, 3, 1),
+    (2, 64, 64, 4, 64),
+    (4, 130, 25, 5, 500),
+    (2, 200, 150, 6, 24),
+]
+
+
+@pytest.mark.parametrize("batch,n,max_len,seed,chunk", CHUNKED)
+def test_chunked_masks_match_definition(batch, n, max_len, seed, chunk):
+    """Each sequence cut into chunks counted from its own start: a token sees the earlier tokens of its
+    chunk only, in the dense, additive and varlen forms."""
+    rows = random_seq_lens(batch, n, max_len, seed)
+    expected = slow_mask(rows, n, chunk=chunk)
+    assert not torch.equal(expected, slow_mask(rows, n)) or chunk >= max_len  # the chunks cut something
+    assert torch.equal(block_causal_mask(rows, n, chunk=chunk), expected)
+    added = additive_mask(padded_seq_lens(rows), n, dtype=torch.float64, chunk=chunk)
+    assert torch.equal(added == 0, expected) and torch.isneginf(added[~expected]).all()
+    assert torch.equal(block_causal_mask(rows, n, window=3, chunk=chunk), slow_mask(rows, n, 3, chunk))
+    out = varlen_args(padded_seq_lens(rows), n, chunk=chunk)
+    pieces = [min(chunk, x - a) for r in rows for x in r.tolist() for a in range(0, x, chunk)]
+    assert out["cu_seqlens"].tolist() == [0, *torch.tensor(pieces).cumsum(0).tolist()]
+    assert out["max_seqlen"] == max(pieces) and out["cu_seqlens"].dtype == torch.int32
+    assert out["position_ids"].tolist() == [[p for x in r.tolist() for p in range(x)] for r in rows]
+
+
+@pytest.mark.parametrize("block_size", [8, 128])
+@pytest.mark.parametrize("batch,n,max_len,seed,chunk", CHUNKED)
+def test_chunked_flex_block_mask_equals_dense_and_create_block_mask(
+    batch, n, max_len, seed, chunk, block_size
+):
+    rows = random_seq_lens(batch, n, max_len, seed)
+    bm = flex_block_mask(rows, n, block_size=block_size, chunk=chunk)
+    doc, _ = sequence_starts(rows, n, chunk=chunk)
+    assert torch.equal(dense_of(bm, doc, n), slow_mask(rows, n, chunk=chunk))
+
+    def chunk_causal(b, h, q, k):
+        return (doc[b, q] == doc[b, k]) & (q >= k)
+
+    ref = create_block_mask(chunk_causal, batch, 1, n, n, device="cpu", BLOCK_SIZE=block_size)
+    for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+        assert torch.equal(getattr(bm, name), getattr(ref, name)), name
+
+
 @pytest.mark.parametrize("window", [0, -3, 2.5, True, "48"])
 def test_a_window_is_a_positive_int(window):
     with pytest.raises(ValueError, match="window must be a positive integer"):
@@ -363,6 +417,28 @@ def test_attention_pattern_reads_transformers_configs_as_their_models_do():
     ]
     for config, windows in cases:
         assert attention_pattern(config).windows() == windows, config
+        assert set(attention_pattern(config).chunks().values()) == {None}, config
+    from transformers import Llama4Config, Llama4TextConfig
+
+    chunked = "chunked_attention"
+    cases = [  # Llama 4: chunked layers with RoPE, every 4th a full one without
+        (Llama4TextConfig(attention_chunk_size=64, num_hidden_layers=4), {chunked: 64, full: None}),
+        (Llama4TextConfig(attention_chunk_size=64, num_hidden_layers=2), {chunked: 64}),
+        (Llama4TextConfig(attention_chunk_size=None, num_hidden_layers=4), {full: None}),
+        (
+            Llama4Config(text_config={"attention_chunk_size": 64, "num_hidden_layers": 4}),
+            {chunked: 64, full: None},
+        ),
+        ({"attention_chunk_size": 8}, {chunked: 8}),  # no layer types: every layer chunked
+        (
+            {"attention_chunk_size": 8, "sliding_window": 4},
+            {sliding: None},
+        ),  # the window first, as transformers
+        ({"attention_chunk_size": 8, "layer_types": [full]}, {full: None}),
+    ]
+    for config, chunks in cases:
+        assert attention_pattern(config).chunks() == chunks, config
+    assert attention_pattern({"attention_chunk_size": 8, "sliding_window": 4}).windows() == {sliding: 4}
     pattern = AttentionPattern(16)
     assert attention_pattern(pattern) is pattern
 
@@ -372,8 +448,12 @@ def test_attention_pattern_refuses_what_no_mask_here_honours():
 
     with pytest.raises(ValueError, match="bidirectional; packtool's masks are causal"):
         attention_pattern(Gemma3TextConfig(use_bidirectional_attention=True))
-    with pytest.raises(ValueError, match=r"only; this model also has 'chunked_attention' \(layers 1, 3\)"):
-        attention_pattern({"layer_types": ["full_attention", "chunked_attention"] * 2})
+    with pytest.raises(ValueError, match=r"only; this model also has 'linear_attention' \(layers 1, 3\)"):
+        attention_pattern({"layer_types": ["full_attention", "linear_attention"] * 2})
+    with pytest.raises(ValueError, match="'chunked_attention' layers but attention_chunk_size is not set"):
+        attention_pattern({"layer_types": ["full_attention", "chunked_attention"]})
+    with pytest.raises(ValueError, match="chunk must be a positive integer"):
+        AttentionPattern(None, None, 0)
     with pytest.raises(ValueError, match="'sliding_attention' layers but sliding_window is not set"):
         AttentionPattern(None, ("sliding_attention",))
     with pytest.raises(ValueError, match="window must be a positive integer"):

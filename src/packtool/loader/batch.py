@@ -157,9 +157,9 @@ class PackedBatch:
       ``flex_attention.BlockMask``);
     * ``attention``: the model's ``AttentionPattern`` (``masks.attention_pattern(model.config)``; None
       only for ``"varlen"``: the other masks are never built without it): the masks keep each query
-      inside its sequence and inside the sliding window of the layers that have one. With one layer
-      type ``attention_mask`` / ``block_mask`` is one mask; with several (Gemma 2 and 3: sliding and
-      full layers) a dict of masks keyed by layer type
+      inside its sequence and inside the sliding window or the attention chunk of the layers that have
+      one. With one layer type ``attention_mask`` / ``block_mask`` is one mask; with several (Gemma 2
+      and 3: sliding and full layers; Llama 4: chunked and full) a dict of masks keyed by layer type
       (``{"sliding_attention": ..., "full_attention": ...}``), which transformers' models take as
       ``attention_mask`` and give to each layer by its type;
     * ``labels_convention``: the output's ``labels`` (manifest): ``"shifted"`` (``labels[i]`` is the
@@ -257,25 +257,32 @@ class PackedBatch:
             )
         n, seq_lens = self.packed_sequence_size, self.seq_lens
         if self.mask == "dense" and self.attention_mask is None:
-            self.attention_mask = self._per_layer_type(lambda w: block_causal_mask(seq_lens, n, window=w))
+            self.attention_mask = self._per_layer_type(
+                lambda w, c: block_causal_mask(seq_lens, n, window=w, chunk=c)
+            )
         elif self.mask == "additive" and self.attention_mask is None:
-            self.attention_mask = self._per_layer_type(lambda w: additive_mask(seq_lens, n, window=w))
+            self.attention_mask = self._per_layer_type(
+                lambda w, c: additive_mask(seq_lens, n, window=w, chunk=c)
+            )
         elif self.mask == "flex" and self.block_mask is None:
-            self.block_mask = self._per_layer_type(lambda w: flex_block_mask(seq_lens, n, window=w))
+            self.block_mask = self._per_layer_type(
+                lambda w, c: flex_block_mask(seq_lens, n, window=w, chunk=c)
+            )
         return self
 
-    def _per_layer_type(self, build: Callable[[int | None], Any]) -> Any:
-        """``build(window)`` for each layer type of ``attention``: the mask alone for one type, else a dict
-        by type. A window no shorter than the batch's longest sequence (``max_seqlen``) cuts nothing: that
-        type shares the full mask."""
-        windows = self.attention.windows()
+    def _per_layer_type(self, build: Callable[[int | None, int | None], Any]) -> Any:
+        """``build(window, chunk)`` for each layer type of ``attention``: the mask alone for one type, else a
+        dict by type. A window or chunk no shorter than the batch's longest sequence (``max_seqlen``) cuts
+        nothing: that type shares the full mask."""
+        windows, chunks = self.attention.windows(), self.attention.chunks()
         longest = self.max_seqlen
-        built: dict[int | None, Any] = {}
-        for window in windows.values():
-            key = None if window is None or window >= longest else window
-            if key not in built:
-                built[key] = build(key)
-        masks = {kind: built[None if w is None or w >= longest else w] for kind, w in windows.items()}
+
+        def cuts(size: int | None) -> int | None:
+            return None if size is None or size >= longest else size
+
+        keys = {kind: (cuts(windows[kind]), cuts(chunks[kind])) for kind in windows}
+        built = {key: build(*key) for key in dict.fromkeys(keys.values())}
+        masks = {kind: built[key] for kind, key in keys.items()}
         return next(iter(masks.values())) if len(masks) == 1 else masks
 
     def shift_labels(self) -> torch.Tensor:

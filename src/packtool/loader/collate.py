@@ -130,7 +130,6 @@ def collate_packs(
             "collate_packs: the packs hold images, which a text batch would drop (the model would train on "
             f"its image tokens as text): read a vision-language output with {VISION_READERS}"
         )
-    pattern = model_attention(mask, attention)
     fields = [_fields(s) for s in samples]
     missing = [k for k in REQUIRED if any(k not in f for f in fields)]
     if missing:
@@ -138,6 +137,8 @@ def collate_packs(
             f"collate_packs: a pack has no {', '.join(missing)} (fields seen: {', '.join(sorted(fields[0]))})"
             + _why_missing(samples[0], fields[0], missing)
         )
+    row = len(_array(fields[0]["input_ids"])) * (len(samples) if mask == "varlen" else 1)  # the model's rows
+    pattern = model_attention(mask, attention, row_tokens=row)
     columns: dict[str, torch.Tensor | None] = {}
     for name in TOKEN_COLUMNS:
         if not all(name in f for f in fields):

@@ -254,7 +254,9 @@ class PackedDataset(IterableDataset):
             raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
         if mask not in MASKS:
             raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {mask!r}")
-        self.attention = model_attention(mask, attention, mrope=getattr(task_encoder, "mrope", False))
+        row = self.packed_sequence_size * (batch_size if mask == "varlen" else 1)  # the model's rows
+        mrope = getattr(task_encoder, "mrope", False)
+        self.attention = model_attention(mask, attention, mrope=mrope, row_tokens=row)
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
         if lanes is not None and (not isinstance(lanes, int) or lanes <= 0):

@@ -1,12 +1,15 @@
 """Which of packtool's mask paths train a model exactly; every other path refused in one line.
 
 A mask path (``PackedDataset(mask=...)``, ``collate_packs``, the vision stages, TRL's padding-free rows)
-trains a model on each packed sample alone only if three things hold; ``check_mask_for_model`` checks
-all three from the model's transformers config:
+trains a model on each packed sample alone only if four things hold; ``check_mask_for_model`` checks
+them from the model's transformers config (and the rows' length, where known):
 
-* **its layers**: every layer attends causally, to its whole sequence or inside a sliding window
-  (``masks.attention_pattern``). Chunked attention (Llama 4), recurrent or linear layers (Bamba, Jamba,
-  Qwen3-Next...) and bidirectional attention have no packtool mask: every path is refused.
+* **its layers**: every layer attends causally, to its whole sequence, inside a sliding window or inside
+  its attention chunk (Llama 4; ``masks.attention_pattern``). Recurrent or linear layers (Bamba, Jamba,
+  Qwen3-Next...) and bidirectional attention have no packtool mask: every path is refused. Flattened
+  under flash attention, chunked layers are refused: transformers gives every layer the one
+  ``cu_seq_lens`` of the samples, not those of the chunks (``masks.varlen_args(..., chunk=)`` gives a
+  kernel of your own the chunks' boundaries).
 * **its attention implementation** (``config._attn_implementation``; ``MASKS_FOR_ATTENTION``): eager adds
   the mask to the scores (``"additive"``), sdpa takes the bool mask (``"dense"``; torch's CPU kernel
   misreads a float32 additive mask beside float64 activations), flex_attention a ``BlockMask``
@@ -18,15 +21,21 @@ all three from the model's transformers config:
   mask construction. transformers' GPT-OSS, AFMoE and GraniteMoeHybrid build their masks without them (a
   flattened row attends across its samples there); Qwen2-VL gives them only in its M-RoPE layout
   (``(4, 1, B * N)``: a vision batch with ``get_rope_index``), not for a text batch.
+* **the rows it is given** (``row_tokens``: ``N`` for a 4-D mask, ``B * N`` flattened): Llama 4's layers
+  without RoPE scale each query by the token's index in the row (``attn_temperature_tuning``:
+  ``floor((index + 1) / floor_scale)``), not by its place in its sample, so they train a packed sample as
+  alone only in rows shorter than ``floor_scale`` (``row_limit``); longer rows are refused.
 
 **How the code is checked: a probe forward, not the source.** ``probe_model_code`` builds the model's
 decoder on the meta device (no weights, no arithmetic: tens of milliseconds even for a 120B config), runs
 its own ``forward`` once on a flattened row and once on a given 4-D mask, watches transformers' mask
 construction (``masking_utils._preprocess_mask_arguments``, through which every model's masks are made)
-and stops at the first decoder layer, whose inputs it then reads. Reading the source instead is not
-reliable: the contract hides behind indirections (Mistral picks its mask function at run time, Gemma 3
-copies its keyword dict, Qwen2-VL passes ``position_ids`` in one layout only), and a forward with weights
-would need a shrunken copy of every config. One probe per config, cached.
+and stops at the first decoder layer that runs (Mllama skips a cross-attention layer without images),
+whose inputs it then reads. A text config that transformers' model mapping leaves out (Mllama's) is
+probed with the model class named after it (``MllamaTextConfig``: ``MllamaTextModel``). Reading the
+source instead is not reliable: the contract hides behind indirections (Mistral picks its mask function
+at run time, Gemma 3 copies its keyword dict, Qwen2-VL passes ``position_ids`` in one layout only), and a
+forward with weights would need a shrunken copy of every config. One probe per config, cached.
 
 A model whose code transformers does not hold (remote code), or that the probe cannot run, is offered
 nothing: declare its attention instead (``attention=masks.AttentionPattern(...)`` or ``"causal"``), which
@@ -44,7 +53,7 @@ from typing import Any
 import torch
 
 from packtool.loader.batch import MASKS
-from packtool.masks import CAUSAL, AttentionPattern, attention_pattern
+from packtool.masks import CAUSAL, CHUNKED_ATTENTION, AttentionPattern, attention_pattern
 
 # transformers' attn_implementation -> the masks it applies (the first is the one to use), before the
 # model's code is checked: eager adds the mask to the scores (a bool mask masks nothing there); sdpa takes
@@ -63,6 +72,10 @@ _WHY_NOT = {  # why an implementation does not apply a mask
     "flex_attention": "it takes a BlockMask",
 }
 UNPACKED = "train it on unpacked samples"
+CHUNKS_INSTEAD = (
+    "load it with attn_implementation 'sdpa', 'eager' or 'flex_attention' (or give a varlen kernel of your "
+    "own the chunks' boundaries: masks.varlen_args(..., chunk=config.attention_chunk_size))"
+)
 DECLARE = (
     "declare its attention yourself (attention=masks.AttentionPattern(...) or 'causal') only if its layers "
     "take packtool's masks as given"
@@ -139,6 +152,9 @@ def _probe(text: Any, mrope: bool) -> ModelCode:
 
     names = MODEL_MAPPING_NAMES.get(text.model_type)
     name = names[0] if isinstance(names, tuple | list) else names
+    if not name:  # a text config the mapping leaves out (Mllama's): the model class named after it
+        own = type(text).__name__.removesuffix("Config") + "Model"
+        name = own if getattr(getattr(transformers, own, None), "config_class", None) is type(text) else None
     model_class = getattr(transformers, name, None) if name else None
     if model_class is None:
         why = f"transformers has no model class for {text.model_type!r} (remote code?) to check"
@@ -168,13 +184,13 @@ def _probe(text: Any, mrope: bool) -> ModelCode:
         return ModelCode(name, flattened, flash, str(e))
     masks = {t: torch.zeros(1, 1, n, n, dtype=torch.bool, device="meta") for t in types}
     given = masks if len(masks) > 1 else masks[types[0]]
-    first = masks[getattr(text, "layer_types", None)[0]] if len(masks) > 1 else given
     positions = positions[1:] if mrope else positions  # the (3, B, N) M-RoPE ids of a VisionBatch
     seen = _first_layer_call(model, text, inputs_embeds=embeds, position_ids=positions, attention_mask=given)
     if isinstance(seen, str):
         masked = _could_not(name, seen)
     else:
         _, args, kwargs = seen
+        first = masks[text.layer_types[kwargs.pop("_layer")]] if len(masks) > 1 else given
         masked = (
             None
             if any(v is first for v in (*args, *kwargs.values()))
@@ -200,9 +216,10 @@ def _could_not(name: str, error: Any) -> str:
 
 
 def _first_layer_call(model: Any, text: Any, **inputs: Any) -> tuple[list[bool], tuple, dict] | str:
-    """Run ``model(**inputs, use_cache=False)`` on the meta device until its first decoder layer:
-    ``(built, args, kwargs)``, for each mask it built whether it was given the ``position_ids`` (with no
-    2-D mask and no cache), and that layer's arguments; or what went wrong."""
+    """Run ``model(**inputs, use_cache=False)`` on the meta device until its first decoder layer that runs
+    (Mllama skips a cross-attention layer without images): ``(built, args, kwargs)``, for each mask it built
+    whether it was given the ``position_ids`` (with no 2-D mask and no cache), and that layer's arguments
+    (``kwargs["_layer"]``: its index); or what went wrong."""
     from transformers import masking_utils  # the transformers extra, as in _probe
 
     lists = (m for m in model.modules() if isinstance(m, torch.nn.ModuleList))
@@ -220,11 +237,14 @@ def _first_layer_call(model: Any, text: Any, **inputs: Any) -> tuple[list[bool],
 
     called: dict[str, Any] = {}
 
-    def stop(module, args, kwargs):
-        called["args"], called["kwargs"] = args, kwargs
+    def stop(index, module, args, kwargs):
+        called["args"], called["kwargs"] = args, {**kwargs, "_layer": index}
         raise _FirstLayer
 
-    hook = layers[0].register_forward_pre_hook(stop, with_kwargs=True)
+    hooks = [
+        layer.register_forward_pre_hook(lambda *a, i=i: stop(i, *a), with_kwargs=True)
+        for i, layer in enumerate(layers)
+    ]
     masking_utils._preprocess_mask_arguments = observe
     try:
         model(**inputs, use_cache=False)
@@ -234,7 +254,8 @@ def _first_layer_call(model: Any, text: Any, **inputs: Any) -> tuple[list[bool],
         return f"{type(e).__name__}: {e}"
     finally:
         masking_utils._preprocess_mask_arguments = real
-        hook.remove()
+        for hook in hooks:
+            hook.remove()
     if not called:
         return "its first layer was not reached"
     return built, called["args"], called["kwargs"]
@@ -250,7 +271,7 @@ def _reasons(config: Any, mrope: bool) -> tuple[str, str, dict[str, str | None]]
     )
     subject = f"{name} with attn_implementation={implementation!r}" if implementation else name
     try:
-        attention_pattern(config)
+        pattern = attention_pattern(config)
     except ValueError as e:
         why = ": " + str(e).removeprefix(f"{name}: ")
         return subject, UNPACKED, {m: why for m in MASKS}
@@ -263,17 +284,40 @@ def _reasons(config: Any, mrope: bool) -> tuple[str, str, dict[str, str | None]]
         return subject, instead, {m: why for m in MASKS}
     reasons: dict[str, str | None] = {m: None for m in fits}
     code = probe_model_code(config, mrope)
+    flash = _is_flash(implementation)
     for mask in fits:
         if mask != "varlen":
             why = code.masked
+        elif flash and CHUNKED_ATTENTION in pattern.windows():
+            why = (
+                "its 'chunked_attention' layers would attend across their chunks (transformers gives every "
+                "layer the one cu_seq_lens of the samples, not those of the chunks)"
+            )
         else:
-            why = code.flash if _is_flash(implementation) else code.flattened
+            why = code.flash if flash else code.flattened
         reasons[mask] = None if why is None else f": {why}"
-    flash = _is_flash(implementation)
     for mask in MASKS:
         if mask not in reasons:
             reasons[mask] = f" ({'it reads no 4-D mask' if flash else _WHY_NOT.get(implementation, '')})"
+    if flash and CHUNKED_ATTENTION in pattern.windows():
+        return subject, CHUNKS_INSTEAD, reasons
     return subject, DECLARE, reasons
+
+
+def row_limit(config: Any) -> int | None:
+    """The tokens a row given to the model of transformers ``config`` must stay under for a packed sample to
+    train as alone, or None (any row). Llama 4's layers without RoPE (``no_rope_layers`` 0) with
+    ``attn_temperature_tuning`` scale each query by ``log1p(floor((i + 1) / floor_scale))``, ``i`` its index
+    in the row the model is given (not its ``position_ids``): equal to alone while ``i + 1 < floor_scale``.
+
+    >>> row_limit(Llama4TextConfig(floor_scale=8192))  # doctest: +SKIP
+    8192
+    """
+    text = _text_config(config)
+    without_rope = 0 in (getattr(text, "no_rope_layers", None) or ())
+    if without_rope and getattr(text, "attn_temperature_tuning", False):
+        return int(text.floor_scale)
+    return None
 
 
 def masks_for_model(config: Any, *, mrope: bool = False) -> tuple[str, ...]:
@@ -288,10 +332,14 @@ def masks_for_model(config: Any, *, mrope: bool = False) -> tuple[str, ...]:
     return tuple(m for m, why in reasons.items() if why is None)
 
 
-def check_mask_for_model(mask: str, config: Any, *, mrope: bool = False) -> None:
+def check_mask_for_model(
+    mask: str, config: Any, *, mrope: bool = False, row_tokens: int | None = None
+) -> None:
     """Refuse (``ValueError``, one line naming the model type, the path and what works instead) a ``mask``
     path that does not train the model of transformers ``config`` exactly (module docstring: its layers,
-    its ``attn_implementation``, its code). ``mrope`` as ``masks_for_model``.
+    its ``attn_implementation``, its code, the rows it is given). ``mrope`` as ``masks_for_model``;
+    ``row_tokens``: the tokens of each row the model is given (``N`` for a 4-D mask, ``B * N`` flattened),
+    checked against ``row_limit`` (None: not known here, not checked).
 
     >>> check_mask_for_model("varlen", gpt_oss.config)  # doctest: +SKIP
     Traceback (most recent call last):
@@ -302,6 +350,15 @@ def check_mask_for_model(mask: str, config: Any, *, mrope: bool = False) -> None
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {', '.join(MASKS)}, got {mask!r}")
     subject, instead, reasons = _reasons(config, mrope)
+    limit = row_limit(config)
+    if reasons[mask] is None and limit is not None and row_tokens is not None and row_tokens >= limit:
+        raise ValueError(
+            f"mask={mask!r} does not fit {subject} on rows of {row_tokens} tokens: its layers without "
+            f"RoPE scale each query by the token's index in the row (attn_temperature_tuning, floor_scale "
+            f"{limit}), so a packed sample's tokens at index {limit - 1} of the row or later train otherwise "
+            f"than alone; give it rows of fewer than {limit} tokens (--packed-sequence-size; batch_size x N "
+            "flattened)"
+        )
     if reasons[mask] is None:
         return
     offered = [m for m, why in reasons.items() if why is None]
@@ -321,7 +378,9 @@ def _is_model_config(value: Any) -> bool:
     return isinstance(value, PretrainedConfig)
 
 
-def model_attention(mask: str, attention: Any, *, mrope: bool = False) -> AttentionPattern | None:
+def model_attention(
+    mask: str, attention: Any, *, mrope: bool = False, row_tokens: int | None = None
+) -> AttentionPattern | None:
     """The ``AttentionPattern`` a batch's masks are built for, from a loader's ``attention=``, once the
     ``mask`` path is known to train the model exactly (else ``ValueError``, one line).
 
@@ -330,10 +389,10 @@ def model_attention(mask: str, attention: Any, *, mrope: bool = False) -> Attent
     ``"causal"`` (``masks.CAUSAL``: full causal attention on every layer), a ``masks.AttentionPattern`` or a
     mapping of its keys; or None, for ``mask="varlen"`` only (its ``cu_seqlens`` hold no model's
     attention; None is returned): the ``"dense"``, ``"additive"`` and ``"flex"`` masks depend on the model
-    and are never built without it. ``mrope`` as ``masks_for_model``.
+    and are never built without it. ``mrope`` and ``row_tokens`` as ``check_mask_for_model``.
 
     >>> model_attention("dense", "causal")
-    AttentionPattern(sliding_window=None, layer_types=None)
+    AttentionPattern(sliding_window=None, layer_types=None, attention_chunk_size=None)
     >>> model_attention("varlen", None) is None
     True
     >>> model_attention("flex", None)  # doctest: +ELLIPSIS
@@ -357,5 +416,5 @@ def model_attention(mask: str, attention: Any, *, mrope: bool = False) -> Attent
             f"attention= takes the model's transformers config (model.config), a masks.AttentionPattern, a "
             f"mapping or {CAUSAL!r}; got a {type(attention).__name__}"
         )
-    check_mask_for_model(mask, attention, mrope=mrope)
+    check_mask_for_model(mask, attention, mrope=mrope, row_tokens=row_tokens)
     return attention_pattern(attention)

@@ -94,8 +94,12 @@ def _identity(x: Any) -> Any:
 
 
 def _describe(pattern: AttentionPattern) -> str:
-    windows = pattern.windows()
-    return ", ".join(f"{kind} (window {w})" if w else kind for kind, w in windows.items())
+    windows, chunks = pattern.windows(), pattern.chunks()
+    sizes = {
+        kind: f" (window {w})" if w else f" (chunk {chunks[kind]})" if chunks[kind] else ""
+        for kind, w in windows.items()
+    }
+    return ", ".join(kind + size for kind, size in sizes.items())
 
 
 def check_dataset_fits_model(dataset: PackedDataset, model: Any) -> None:
@@ -105,11 +109,13 @@ def check_dataset_fits_model(dataset: PackedDataset, model: Any) -> None:
     config = getattr(model, "config", None)
     if config is None:
         return
-    check_mask_for_model(dataset.mask, config, mrope=getattr(dataset.task_encoder, "mrope", False))
-    if dataset.mask == "varlen":  # the model applies its own windows inside each sequence
+    row = dataset.packed_sequence_size * (dataset.batch_size if dataset.mask == "varlen" else 1)
+    mrope = getattr(dataset.task_encoder, "mrope", False)
+    check_mask_for_model(dataset.mask, config, mrope=mrope, row_tokens=row)
+    if dataset.mask == "varlen":  # the model applies its own windows and chunks inside each sequence
         return
     want, have = attention_pattern(config), dataset.attention
-    if want.windows() != have.windows():
+    if (want.windows(), want.chunks()) != (have.windows(), have.chunks()):
         raise ValueError(
             f"the model's attention is {_describe(want)}, the dataset's masks are for {_describe(have)}: "
             "pass PackedDataset(..., attention=model.config)"

@@ -41,7 +41,7 @@ import datasets
 import numpy as np
 
 from packtool.loader.batch import LABELS
-from packtool.loader.fit import model_attention
+from packtool.loader.fit import model_attention, row_limit
 from packtool.loader.sources import Mixture, open_source, shards_digest
 from packtool.loader.state import data_fields
 from packtool.manifest import Manifest
@@ -148,6 +148,13 @@ def trl_dataset(
         raise ValueError(
             "trl_dataset needs the model: pass attention=model.config (TRL's padding-free rows are "
             "flattened, and not every model's code keeps the samples of a flattened row apart)"
+        )
+    limit = row_limit(attention)  # None for a declaration (the user's word)
+    if limit is not None:
+        raise ValueError(
+            f"trl_dataset: the model scales its queries by their index in the row (attn_temperature_tuning, "
+            f"floor_scale {limit}), and TRL's padding-free rows (a batch of packs flattened) have a length "
+            "packtool cannot check here: train through packtool.loader (PackedDataset, which checks its rows)"
         )
     try:
         model_attention("varlen", attention)

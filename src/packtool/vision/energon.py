@@ -111,6 +111,7 @@ class VisionPackTaskEncoder(PackTaskEncoder):
         labels_convention: str = "shifted",
         attention: Any = None,
         dtype: torch.dtype | None = None,
+        cross_attention: Any = None,
     ) -> None:
         super().__init__()
         self.stages = VisionTaskEncoder(
@@ -120,6 +121,7 @@ class VisionPackTaskEncoder(PackTaskEncoder):
             labels_convention=labels_convention,
             attention=attention,
             dtype=dtype,
+            cross_attention=cross_attention,
         )
 
     def encode_sample(self, sample: VisionPackSample) -> dict:

@@ -27,8 +27,9 @@ text. ``Expander`` reproduces the three steps exactly:
 What packtool cannot reproduce exactly is refused at load time (``ConfigError``, one line naming the
 family and why): text for an image that depends on its pixels or its mode (two probe images of one size
 and different content or mode), a layout or replacement that the steps above do not give back on probe
-texts, a model whose images are not in the token sequence (cross-attention: ``cross_attention_mask``),
-an image token that is not an added token of the tokenizer.
+texts, an image token that is not an added token of the tokenizer. A model whose images are not in the
+token sequence (cross-attention, Mllama: its processor gives a ``cross_attention_mask``; ``cross_attention``)
+keeps its one placeholder token per image, each image's span.
 
 **An image's span** (``Expansion.span``): the tokens from the first to the last token of the processor's
 ``image_token_ids`` (what ``mm_token_type_ids`` marks: ``<image>``, ``<|image_pad|>``, Gemma 3's

@@ -12,7 +12,8 @@
   (``image_grid_thw``, ``image_sizes``, ``pixel_attention_mask``, ``batch_num_images``); for a model that
   takes ``token_type_ids`` marking its image tokens (Gemma 3), those of the pack; with ``get_rope_index``,
   the pack's M-RoPE position ids ``(3, N)`` (``positions.pack_mrope_position_ids``: the model's own rule
-  on each sample alone).
+  on each sample alone); for a cross-attention model (Llama 3.2 Vision), the pack's images as one row of
+  its inputs and its ``cross_attention_mask`` (``cross_attention``: each sample's text on its own images).
 * ``batch(packs)``: the text columns as the default stage stacks them (``default_batch``), the image
   inputs concatenated over the batch's packs in order (the order in which the models fill the image
   tokens of a ``(B, N)`` batch, row after row; shorter ones padded with zeros: ``concat_padded``), the
@@ -65,12 +66,21 @@ from packtool.loader.dataset import PackedDataset
 from packtool.loader.fit import model_attention
 from packtool.loader.sources import open_source
 from packtool.schema import IMAGE_COLUMNS
+from packtool.vision.cross_attention import (
+    attend_own_images,
+    batch_cross_attention_mask,
+    batch_rows,
+    flattened_cross_attention,
+    is_cross_attention_model,
+    pack_cross_attention_mask,
+)
 from packtool.vision.model_inputs import concat_padded, decode_images, image_inputs, token_type_rule
 from packtool.vision.positions import GetRopeIndex, pack_mrope_position_ids
 from packtool.vision.processor import VisionProcessor
 
 # what encode_sample adds and batch / encode_batch carry
-VISION_FIELDS = ("pixel_values", "image_inputs", "token_type_ids", "mrope_position_ids", "images_per_pack")
+VISION_FIELDS = ("pixel_values", "image_inputs", "token_type_ids", "mrope_position_ids", "images_per_pack",
+                 "cross_attention_mask")  # fmt: skip
 
 
 @dataclass
@@ -87,6 +97,9 @@ class VisionBatch(PackedBatch):
         mrope_position_ids: ``(3, B, N)`` int32 on the host (int64 in ``model_inputs()``), the M-RoPE ids of
             every pack (each sample's through the model's rule), or ``None`` for a model without M-RoPE.
         images_per_pack: ``(B,)`` int32, how many of the images belong to each pack.
+        cross_attention_mask: ``(B, N, images + 1, T)`` int8 for a cross-attention model (Mllama, whose
+            ``pixel_values`` are ``(B, images, T, 3, H, W)``: each pack's images in its row): the packs' masks
+            and one slot more, for the model with ``cross_attention.attend_own_images``'s hooks.
 
     ``model_inputs()`` (and so ``model(**batch)``): the text batch's inputs (``PackedBatch.model_inputs``)
     with the image inputs and ``token_type_ids``; ``position_ids`` become the M-RoPE ids ``(3, B, N)``
@@ -100,6 +113,7 @@ class VisionBatch(PackedBatch):
     token_type_ids: torch.Tensor | None = None
     mrope_position_ids: torch.Tensor | None = None
     images_per_pack: torch.Tensor | None = None
+    cross_attention_mask: torch.Tensor | None = None
 
     @property
     def image_grid_thw(self) -> torch.Tensor | None:
@@ -156,6 +170,10 @@ class VisionBatch(PackedBatch):
                 inputs["position_ids"] = torch.cat([text, mrope.reshape(3, 1, -1)], dim=0)
             else:
                 inputs["position_ids"] = mrope
+        if self.cross_attention_mask is not None:
+            inputs["cross_attention_mask"] = self.cross_attention_mask
+            if self.mask == "varlen":  # one row: the packs' images side by side
+                inputs.update(flattened_cross_attention(inputs, self.cross_attention_mask))
         return inputs
 
 
@@ -183,14 +201,17 @@ class VisionTaskEncoder:
             ``flex`` masks, as ``PackedDataset``'s (``loader.fit``: the path is checked against the model's
             code, with the M-RoPE ids when ``get_rope_index`` is given: ``mrope``).
         dtype: ``pixel_values`` cast to it (the model's dtype), else the processor's float32.
+        cross_attention: for a cross-attention processor (Llama 3.2 Vision), required: the model its
+            batches train, given the hooks that keep each packed sample's text on its own images
+            (``cross_attention.attend_own_images``); no reference to it is kept.
 
     A pack (the dict ``encode_sample`` takes) holds the text columns, ``pack_index`` and the stored image
     columns: ``images`` (bytes, or ``{"bytes", "path"}``), ``image_offset`` and ``image_length`` (each
     image's span in the pack), in pack order.
 
     Raises ``ValueError`` for a processor whose ``token_type_ids`` the loader cannot build per pack
-    (PaliGemma's), and for ``varlen`` and ``flex`` masks with a model that attends both ways inside
-    images (Gemma 3).
+    (PaliGemma's), for ``varlen`` and ``flex`` masks with a model that attends both ways inside
+    images (Gemma 3), and for a cross-attention processor without its model (or a model without one).
     """
 
     def __init__(
@@ -202,8 +223,22 @@ class VisionTaskEncoder:
         labels_convention: str = "shifted",
         attention: Any = None,
         dtype: torch.dtype | None = None,
+        cross_attention: Any = None,
     ) -> None:
         self.processor, self.get_rope_index = processor, get_rope_index
+        self.cross = processor.cross_attention
+        if self.cross and not is_cross_attention_model(cross_attention):
+            raise ValueError(
+                f"{processor.family} is a cross-attention model: pass its model, cross_attention=model "
+                "(packtool hooks it to keep each packed sample's text on its own images)"
+            )
+        if cross_attention is not None and not self.cross:
+            raise ValueError(
+                f"cross_attention= is for a cross-attention model's processor; {processor.family}'s images "
+                "are in its token sequence"
+            )
+        if self.cross:
+            attend_own_images(cross_attention)
         self.mask, self.labels_convention, self.dtype = mask, labels_convention, dtype
         self.token_types = token_type_rule(processor)
         if self.token_types and mask not in ("dense", "additive"):
@@ -247,6 +282,14 @@ class VisionTaskEncoder:
             np.isin(input_ids, self.processor.image_token_ids).astype(np.int8) if self.token_types else None
         )
         out["images_per_pack"] = len(images)
+        if self.cross:
+            tiles = inputs["aspect_ratio_mask"][0].sum(-1).numpy() if images else np.zeros(0, np.int64)
+            try:
+                out["cross_attention_mask"] = pack_cross_attention_mask(
+                    self.processor.processor, input_ids, np.asarray(pack["seq_lens"]), sample, tiles
+                )
+            except ValueError as e:
+                raise InputError(f"{where}: {e}") from None
         if self.get_rope_index is not None:
             out["mrope_position_ids"] = pack_mrope_position_ids(
                 self.get_rope_index,
@@ -300,13 +343,25 @@ class VisionTaskEncoder:
         ``token_type_ids`` stacked to ``(B, N)``, ``mrope_position_ids`` to ``(3, B, N)``,
         ``images_per_pack`` ``(B,)`` int32."""
         raw = default_batch([{k: v for k, v in p.items() if k not in VISION_FIELDS} for p in packs])
-        parts = [p["pixel_values"] for p in packs if p.get("pixel_values") is not None]
-        raw["pixel_values"] = _concat(parts, shared=True) if parts else None
         names = dict.fromkeys(name for p in packs for name in p.get("image_inputs", {}))
-        raw["image_inputs"] = {
-            name: _concat([p["image_inputs"][name] for p in packs if name in p["image_inputs"]], shared=False)
-            for name in names
-        }
+        if self.cross:  # a row of images per pack
+            raw["pixel_values"] = batch_rows([p["pixel_values"] for p in packs])
+            raw["image_inputs"] = {
+                name: batch_rows([p["image_inputs"].get(name) for p in packs]) for name in names
+            }
+            tiles = int(self.processor.image_processor.max_image_tiles)
+            raw["cross_attention_mask"] = batch_cross_attention_mask(
+                [p["cross_attention_mask"] for p in packs], tiles
+            )
+        else:
+            parts = [p["pixel_values"] for p in packs if p.get("pixel_values") is not None]
+            raw["pixel_values"] = _concat(parts, shared=True) if parts else None
+            raw["image_inputs"] = {
+                name: _concat(
+                    [p["image_inputs"][name] for p in packs if name in p["image_inputs"]], shared=False
+                )
+                for name in names
+            }
         with_types = packs[0].get("token_type_ids") is not None
         raw["token_type_ids"] = batch_stack([p["token_type_ids"] for p in packs]) if with_types else None
         with_mrope = "mrope_position_ids" in packs[0]
@@ -335,12 +390,14 @@ def vision_dataset(
     get_rope_index: GetRopeIndex | None = None,
     *,
     dtype: torch.dtype | None = None,
+    cross_attention: Any = None,
     **dataset_kwargs: Any,
 ) -> PackedDataset:
     """A ``PackedDataset`` of ``source`` (an output directory, or a mixture of outputs: ``loader.sources``;
     text outputs of the model's tokenizer mix with vision-language ones; ``dataset_kwargs``: batch size,
     mask, attention, shuffle, ...) whose batches are ``VisionBatch`` objects: a ``VisionTaskEncoder`` with
-    the dataset's mask, attention and labels convention."""
+    the dataset's mask, attention and labels convention (``cross_attention``: a cross-attention model's
+    model, as the task encoder's)."""
     if "task_encoder" in dataset_kwargs:
         raise ValueError("vision_dataset sets the task encoder; build PackedDataset yourself for another")
     opened = open_source(source, dataset_kwargs.pop("split", "train"))
@@ -351,5 +408,6 @@ def vision_dataset(
         labels_convention=opened.outputs[0].manifest.labels,  # one for all the sources of a mixture
         attention=dataset_kwargs.get("attention"),
         dtype=dtype,
+        cross_attention=cross_attention,
     )
     return PackedDataset(opened, task_encoder=encoder, split=opened.split, **dataset_kwargs)

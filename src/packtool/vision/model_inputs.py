@@ -51,14 +51,18 @@ def image_inputs(
     processor: VisionProcessor, groups: list[list[Image.Image]], dtype: torch.dtype | None = None
 ) -> dict[str, torch.Tensor]:
     """The image inputs of samples' images (``groups``: each sample's images, in pack order; samples without
-    images are skipped), ``pixel_values`` cast to ``dtype`` when given; ``{}`` when there is no image."""
+    images are skipped), ``pixel_values`` cast to ``dtype`` when given; ``{}`` when there is no image. A
+    cross-attention model's (Mllama: ``(1, images, ...)`` per sample, a batch row's images on the second
+    dimension) are joined on that dimension, one row for the pack."""
     parts: dict[str, list[torch.Tensor]] = {}
     for images in groups:
         if not images:
             continue
         for name, value in sample_image_inputs(processor, images).items():
-            parts.setdefault(name, []).append(value)
+            parts.setdefault(name, []).append(value[0] if processor.cross_attention else value)
     out = {name: concat_padded(values) for name, values in parts.items()}
+    if processor.cross_attention:
+        out = {name: value[None] for name, value in out.items()}
     if dtype is not None and "pixel_values" in out:
         out["pixel_values"] = out["pixel_values"].to(dtype)
     return out

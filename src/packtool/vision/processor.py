@@ -120,6 +120,12 @@ class VisionProcessor:
         self.expander.prefetch(sizes)
 
     @property
+    def cross_attention(self) -> bool:
+        """Whether the model attends to the images from cross-attention layers (Mllama: its processor gives a
+        ``cross_attention_mask``; one image token per image), not in its token sequence."""
+        return self.expander.cross_attention
+
+    @property
     def image_token_id(self) -> int:
         """The processor's ``image_token_id`` (the token LLaVA, Qwen2-VL, Idefics3 repeat; Gemma 3's
         ``<start_of_image>``)."""
@@ -253,12 +259,6 @@ def load_processor(
         raise ConfigError(
             f"processor {directory}: {family} fails on a probe image: {type(e).__name__}: {first_line(e)}"
         ) from None
-    if expander.cross_attention:
-        raise ConfigError(
-            f"processor {directory}: {family} is refused for now: a cross-attention model (its images are "
-            "not in the token sequence) needs a cross_attention_mask per pack, which the loader does not "
-            "build"
-        )
     chat = ChatEncoder(tokenizer, chat_template or _processor_template(path), loss_on)
     return VisionProcessor(
         path=str(path),

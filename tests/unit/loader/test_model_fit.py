@@ -50,8 +50,14 @@ def granite_hybrid(attn="sdpa"):
     )
 
 
-def llama4(attn="sdpa"):
-    return _config("Llama4TextConfig", attn, attention_chunk_size=32)
+def llama4(attn="sdpa", **extra):
+    return _config("Llama4TextConfig", attn, **{"attention_chunk_size": 32, **extra})
+
+
+def llama4_tuned(attn="sdpa", floor_scale=64):
+    """Llama 4 with a layer without RoPE, whose queries its attn_temperature_tuning scales by their index in
+    the row from index floor_scale - 1 on."""
+    return llama4(attn, no_rope_layers=[1, 0], floor_scale=floor_scale)
 
 
 def bamba(attn="sdpa"):
@@ -120,9 +126,25 @@ CASES = [
        NEEDS_MODEL.format(mask=m)) for m in ("dense", "additive", "flex")],
     (15, "PackedBatch-dense", _batch_dense,
      r"PackedBatch: mask='dense' is built for the model's attention and this batch has none"),
-    (15, "llama4-dense", lambda p: PackedDataset(p, mask="dense", attention=llama4()),
-     r"^mask='dense' does not fit llama4_text with attn_implementation='sdpa': .*"
-     r"'chunked_attention' \(layers 0, 1\)" + UNPACKED),
+    (15, "llama4-flash-varlen", lambda p: PackedDataset(p, attention=llama4("flash_attention_2")),
+     r"^mask='varlen' does not fit llama4_text with attn_implementation='flash_attention_2': its "
+     r"'chunked_attention' layers would attend across their chunks \(transformers gives every layer the one "
+     r"cu_seq_lens of the samples, not those of the chunks\); load it with attn_implementation 'sdpa'"),
+    (15, "llama4-rows-dense", lambda p: PackedDataset(p, mask="dense", attention=llama4_tuned()),
+     r"^mask='dense' does not fit llama4_text with attn_implementation='sdpa' on rows of 64 tokens: its "
+     r"layers without RoPE scale each query by the token's index in the row \(attn_temperature_tuning, "
+     r"floor_scale 64\), so a packed sample's tokens at index 63 of the row or later train otherwise than "
+     r"alone; give it rows of fewer than 64 tokens"),
+    (15, "llama4-rows-varlen",
+     lambda p: PackedDataset(p, batch_size=2, attention=llama4_tuned(floor_scale=65)),
+     r"^mask='varlen' does not fit llama4_text .* on rows of 128 tokens: "),
+    (15, "llama4-rows-collate", lambda p: collate_packs(list(read_packs(p))[:2], attention=llama4_tuned(
+        floor_scale=100)), r"^mask='varlen' does not fit llama4_text .* on rows of 128 tokens: "),
+    (15, "llama4-rows-trl", lambda p: _trl(p, llama4_tuned(floor_scale=10**6)),
+     r"^trl_dataset: the model scales its queries by their index in the row \(attn_temperature_tuning, "
+     r"floor_scale 1000000\), and TRL's padding-free rows"),
+    (15, "llama4-rows-trainer", lambda p: check_dataset_fits_model(PackedDataset(p, batch_size=1,
+     attention="causal"), types.SimpleNamespace(config=llama4_tuned())), r"on rows of 64 tokens: "),
     (15, "bamba-dense", lambda p: PackedDataset(p, mask="dense", attention=bamba()),
      r"^mask='dense' does not fit bamba with .*'linear_attention' \(layers 0\)" + UNPACKED),
     (15, "bamba-varlen", lambda p: PackedDataset(p, mask="varlen", attention=bamba()),
@@ -164,6 +186,8 @@ def test_a_path_that_would_train_wrongly_is_refused_in_one_line(packed, item, na
 
 
 def test_the_paths_that_fit_are_offered(packed):
+    import transformers
+
     assert masks_for_model(gpt_oss()) == ("additive",)
     assert masks_for_model(gpt_oss("flash_attention_2")) == ("varlen",)  # the kernel reads cu_seq_lens
     assert masks_for_model(llama()) == ("dense", "varlen")
@@ -172,7 +196,26 @@ def test_the_paths_that_fit_are_offered(packed):
         "varlen",
     )  # text positions in front: (4, 1, L)
     assert masks_for_model(qwen2_vl()) == ("dense",)
-    assert masks_for_model(llama4()) == masks_for_model(bamba()) == ()
+    assert masks_for_model(bamba()) == ()
+    # Mllama: its text model (left out of transformers' model mapping), whose first layer here is a
+    # cross-attention one, skipped without images: the probe reads the first layer that runs
+    mllama = transformers.MllamaConfig(
+        text_config={**SHAPE, "cross_attention_layers": [0], "pad_token_id": 0}
+    )
+    mllama.get_text_config()._attn_implementation = "sdpa"
+    assert masks_for_model(mllama) == ("dense", "varlen")
+    # Llama 4: one mask per layer type, its chunks counted in each sample; flattened, transformers counts
+    # them from the position_ids (eager, sdpa, flex_attention), but flash attention is given no chunks
+    assert masks_for_model(llama4()) == ("dense", "varlen")
+    assert masks_for_model(llama4("eager")) == ("additive", "varlen")
+    assert masks_for_model(llama4("flex_attention")) == ("flex", "varlen")
+    assert masks_for_model(llama4("flash_attention_2")) == ()
+    assert masks_for_model(llama4("flash_attention_2", attention_chunk_size=None)) == ("varlen",)  # full
+    tuned = PackedDataset(packed, mask="dense", attention=llama4_tuned(floor_scale=65))  # rows of 64: exact
+    assert tuned.attention.chunks() == {"chunked_attention": 32, "full_attention": None}
+    with pytest.raises(ValueError, match="chunk 32"):  # a dataset whose masks have no chunks
+        check_dataset_fits_model(PackedDataset(packed, mask="dense", attention="causal"),
+                                 types.SimpleNamespace(config=llama4()))  # fmt: skip
     assert PackedDataset(packed, mask="additive", attention=gpt_oss()).attention.windows() == {
         "sliding_attention": 8, "full_attention": None,
     }  # fmt: skip

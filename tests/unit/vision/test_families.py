@@ -51,10 +51,12 @@ EXPECTED = {
     if HAS_NUM2WORDS
     else r"smolvlm \(SmolVLMProcessor\) is refused: it cannot be built here "
     r"\(Package `num2words` is required",
-    "mllama": r"mllama \(MllamaProcessor\) is refused for now: a cross-attention model",
+    "mllama": None,
     "pixtral": r"\(PixtralProcessor\) is refused: it cannot be built here \(PixtralProcessor requires the "
     r"Torchvision library",
     "mistral3": r"mistral3 \(PixtralProcessor\) is refused: it cannot be built here",
+    "llama4": r"llama4 \(Llama4Processor\) is refused: it cannot be built here \(Llama4ImageProcessor "
+    r"requires the Torchvision library",
 }
 BUILDERS = {"llava": build_llava, **FAMILIES}
 
@@ -134,6 +136,9 @@ def processor_reference(vp, sample) -> tuple[np.ndarray, np.ndarray, list[tuple[
         )
         spans.append((int(inside[0]), int(inside[-1] - inside[0] + 1)))
         trained[inside[0] : inside[-1] + 1] = False
+    if vp.cross_attention:  # its processor replaces nothing: an image's span is its one image token
+        spans = [(int(i), 1) for i in np.flatnonzero(ids == vp.image_token_id)]
+        trained[ids == vp.image_token_id] = False
     return ids, trained, spans
 
 
@@ -203,13 +208,21 @@ def test_the_loader_gives_each_family_s_inputs_for_a_pack(family_dirs, few_sampl
         "images": [Path(ref.path).read_bytes() if ref.path else ref.data for s in chosen for ref in s.images],
         "pack_index": 0,
     }
-    out = VisionTaskEncoder(vp, mask="dense", attention="causal").encode_sample(pack)  # any model's
+    model = _meta_mllama(vp) if vp.cross_attention else None  # its model is hooked: any one of the family
+    encoder = VisionTaskEncoder(vp, mask="dense", attention="causal", cross_attention=model)  # any model's
+    out = encoder.encode_sample(pack)
     alone = []
     for sample in chosen:
         if sample.images:
             images = [Image.open(ref.path) for ref in sample.images]
             got = vp.processor(text=[vp.image_token * len(images)], images=[images], return_tensors="pt")
             alone.append(got)
+    if vp.cross_attention:  # a row of the pack's images: each sample's joined on the image dimension
+        assert torch.equal(out["pixel_values"], concat_padded([a["pixel_values"][0] for a in alone])[None])
+        for name, value in out["image_inputs"].items():
+            assert torch.equal(value, concat_padded([torch.as_tensor(a[name])[0] for a in alone])[None]), name
+        _check_cross_attention_mask(vp, chosen, out["cross_attention_mask"], starts)
+        return
     assert torch.equal(out["pixel_values"], concat_padded([a["pixel_values"] for a in alone]))
     for name, value in out["image_inputs"].items():
         assert torch.equal(value, concat_padded([torch.as_tensor(a[name]) for a in alone])), name
@@ -217,3 +230,39 @@ def test_the_loader_gives_each_family_s_inputs_for_a_pack(family_dirs, few_sampl
         assert out["token_type_ids"].sum() == sum(
             int(np.isin(s.input_ids, vp.image_token_ids).sum()) for s in sequences
         )
+
+
+def _meta_mllama(vp):
+    """A Mllama on the meta device (no weights): what the loader hooks for a cross-attention processor."""
+    import torch
+    from transformers import MllamaConfig, MllamaForConditionalGeneration
+
+    config = MllamaConfig(text_config={"vocab_size": len(vp.processor.tokenizer), "pad_token_id": 0})
+    with torch.device("meta"):
+        return MllamaForConditionalGeneration(config)
+
+
+def _check_cross_attention_mask(vp, samples, mask, starts) -> None:
+    """Each sample's rows of the pack's ``cross_attention_mask``: the processor's own mask of that sample
+    alone (its rendered conversation and images) at the sample's images, 1 where it attends; 2 on every tile
+    of them in the rows it gives no image; nothing on another sample's images."""
+    first = 0
+    for sample, a in zip(samples, starts, strict=True):
+        text, _ = vp.chat.trained_spans(sample.messages)
+        images = [Image.open(ref.path) for ref in sample.images]
+        bos = vp.processor.tokenizer.bos_token
+        ref = vp.processor(text=[text], images=[images] if images else None,
+                           add_special_tokens=not text.startswith(bos))  # fmt: skip
+        length = len(ref["input_ids"][0])
+        rows = mask[a : a + length].numpy()
+        others = np.ones(mask.shape[1], bool)
+        others[first : first + len(images)] = False
+        assert not rows[:, others].any()  # never another sample's image
+        if images:
+            own = np.asarray(ref["cross_attention_mask"][0])
+            mine = rows[:, first : first + len(images)]
+            without = ~own.any(axis=(1, 2))
+            assert without.any() and (own[~without] > 0).any()
+            assert np.array_equal(mine[~without], own[~without].astype(np.int8))
+            assert (mine[without] == 2).all()
+        first += len(images)
