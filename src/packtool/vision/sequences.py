@@ -111,12 +111,19 @@ def _render(processor: VisionProcessor, sample: VisionSample) -> _Rendered:
     expansions = []
     for k, size in enumerate(sizes):
         try:
-            expansions.append(processor.expansion(size.height, size.width, len(sizes)))
-        except ValueError as e:  # the processor refuses the size (Qwen: an aspect ratio over 200)
+            expansions.append(processor.expansion(size.height, size.width, len(sizes), size.mode))
+        except ValueError as e:  # the processor refuses the image (Qwen: an aspect ratio over 200)
             message = f"image {k} ({sample.images[k].name}): {size.height}x{size.width} image: {e}"
             raise sample.error(message, "image", "bad_image") from None
     special = processor.adds_special_tokens(text)
     laid = processor.layout(text, len(sizes))
+    written = processor.expander.written
+    if laid.count(written) != found:  # the processor refuses a placeholder without its wrapping
+        raise sample.error(
+            f"an image is written {processor.image_token!r} where the processor takes only {written!r} "
+            "(is the chat template the model's?)",
+            "messages",
+        )
     if laid != text:
         try:
             spans = _follow(text, laid, spans)
