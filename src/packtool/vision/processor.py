@@ -4,7 +4,7 @@
 (``local_files_only``; nothing is downloaded), with the image processor on the PIL/NumPy backend
 (``backend="pil"``): the torchvision backend needs a torchvision wheel that matches torch. A processor
 whose only part that needs torchvision is its *video* processor (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM,
-LLaVA-OneVision, InternVL, Gemma 4) is built by its own class with the video processor
+LLaVA-OneVision, InternVL, GLM-4V, MiniCPM-V, Gemma 4) is built by its own class with the video processor
 left out (packtool packs images, not videos; the identity says so) and its other parts loaded as
 ``AutoProcessor`` loads them (Gemma 4's audio feature extractor too). A processor that cannot be built
 without torchvision (Pixtral, Mistral 3: their processor class itself requires it) is refused, with

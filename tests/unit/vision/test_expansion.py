@@ -14,7 +14,7 @@ from packtool.errors import InputError
 from packtool.vision.processor import load_processor
 from packtool.vision.samples import sample_from_record
 from packtool.vision.sequences import encode_sample
-from tests.fixtures.vision_families_more import build_deepseek_vl, build_hunyuan_vl, build_janus
+from tests.fixtures.vision_families_more import build_deepseek_vl, build_emu3, build_hunyuan_vl, build_janus
 from tests.fixtures.vision_processors import build_llava
 from tests.unit.vision.test_families import processor_reference
 
@@ -124,3 +124,19 @@ def test_janus_without_an_image_token_id_reads_its_image_token(tmp_path):
     seq = encode_sample(vp, sample)
     a, n = int(seq.image_offsets[0]), int(seq.image_lengths[0])
     assert n == 4 and vp.tokenizer.id_to_token(int(seq.input_ids[a - 1])) == "<begin_of_image>"
+
+
+@pytest.mark.parametrize("bos_first", [False, True])
+def test_emu3_s_layout_puts_its_bos_first_even_where_the_text_starts_with_it(tmp_path, bos_first):
+    """Emu3's ``prepare_inputs_layout`` puts the BOS in front of the text unless it is told
+    ``add_special_tokens=False``, which its call never tells it (it passes its merged options): a text that
+    starts with the BOS gets a second one from the processor, and so from packtool."""
+    directory = build_emu3(tmp_path / "emu3")
+    template = tmp_path / "bos.jinja"
+    template.write_text("{{ bos_token }}" + (directory / "chat_template.jinja").read_text())
+    vp = load_processor(directory, chat_template=str(template) if bos_first else None)
+    sample = _sample(tmp_path, [("a.png", "RGB", (60, 90))])
+    assert _exact(vp, sample)
+    bos = vp.tokenizer.token_to_id(vp.processor.tokenizer.bos_token)
+    ids = encode_sample(vp, sample).input_ids.tolist()
+    assert ids[: 1 + bos_first] == [bos] * (1 + bos_first) and ids.count(bos) == 1 + bos_first
