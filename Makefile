@@ -62,6 +62,7 @@ bench: install
 	$(BIN)/python scripts/bench_tar_compression.py
 	$(BIN)/python scripts/bench_startup.py
 	$(BIN)/python scripts/bench_vision.py
+	$(BIN)/python scripts/bench_storage.py
 
 # 100M, 300M and 1B tokens (about 3 minutes of packing, 15 GiB of disk at the peak): docs/performance.md
 bench-scale: install

@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +132,23 @@ def rewrite_tar_members(path: Path, change: Callable[[dict[str, dict[str, bytes]
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@contextmanager
+def time_limit(seconds: int, error: type[BaseException] = TimeoutError) -> Iterator[None]:
+    """Raise ``error`` in the test if it runs past ``seconds`` (SIGALRM): a case that would hang (a reader
+    looping without progress) fails instead of holding the suite."""
+
+    def stop(*_):
+        raise error(f"the case ran past its time limit of {seconds} s (a hang)")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def manifest_json(directory: str | Path) -> dict:

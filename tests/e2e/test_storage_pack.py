@@ -96,7 +96,14 @@ def _local_inputs(kind: str, tmp: Path) -> tuple[Path, str]:
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "jsonl.gz", "json-array", "parquet", "text-folder", "glob", "tar"])
+SLOW_KINDS = ("jsonl.gz", "json-array", "tar")  # read by the readers jsonl and text-folder exercise
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param(k, marks=[pytest.mark.slow] if k in SLOW_KINDS else []) for k in
+     ["jsonl", "jsonl.gz", "json-array", "parquet", "text-folder", "glob", "tar"]],
+)  # fmt: skip
 def test_inputs_in_a_bucket_pack_as_the_same_files_on_local_disk(s3, tmp_path, kind):
     root, spec = _local_inputs(kind, tmp_path)
     url = s3.put_tree("corpus", root)
@@ -206,18 +213,25 @@ def test_a_failed_run_leaves_nothing_under_the_output(s3, tmp_path):
     assert s3.keys("out") == []
 
 
-@pytest.mark.parametrize("elsewhere", [False, True])
+@pytest.mark.parametrize("elsewhere", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_a_killed_run_resumes_from_the_bucket_byte_identical(s3, tmp_path, elsewhere):
     """SIGKILL once 2 shards are written; the same command resumes from the store (``elsewhere``: on a
-    machine without this one's local copies) and writes what an uninterrupted run writes."""
+    machine without this one's local copies, the scratch under ``--scratch``) and writes what an
+    uninterrupted run writes."""
     url = s3.put("in/train.jsonl", DEMO / "train.jsonl")
     args = [url, *BASE, "--shard-size", "20", "--chunk-size", "100", "--num-proc", "2"]
     out = f"{s3.url}/out"
-    killed = run_cli("pack", *args, "-o", out, check=False, kill_at="write:2")
-    assert killed.returncode == -9
-    assert "out/.partial/_work/run.json" in s3.keys("out") and "out/manifest.json" not in s3.keys("out")
+    scratch = ["--scratch", f"{s3.url}/scratch"] if elsewhere else []
+    killed = run_cli("pack", *args, *scratch, "-o", out, check=False, kill_at="write:2")
+    assert killed.returncode == -9 and "out/manifest.json" not in s3.keys("out")
+    kept = [k for k in s3.keys() if k.endswith("_work/run.json")]
+    assert kept == (
+        [k for k in kept if k.startswith("scratch/")] if elsewhere else ["out/.partial/_work/run.json"]
+    )
     if elsewhere:
+        assert len(kept) == 1 and not any(k.startswith("out/.partial") for k in s3.keys())
         shutil.rmtree(staging_base(out))
+    args += scratch
     resumed = run_cli("pack", *[a for a in args if a != "-q"], "-o", out)
     assert re.search(
         r"resumed: 10 of 10 chunks and ([2-9]|1[0-2]) of 13 shards were already done", resumed.stderr
@@ -233,6 +247,7 @@ def test_a_killed_run_resumes_from_the_bucket_byte_identical(s3, tmp_path, elsew
         json.loads(s3.get("out/manifest.json"))["run_id"]
         == json.loads(s3.get("whole/manifest.json"))["run_id"]
     )
+    assert not s3.keys("scratch")  # the scratch is removed once the output is committed
 
 
 def test_a_missing_object_and_a_missing_bucket(s3, tmp_path):
@@ -364,3 +379,14 @@ def test_vision_records_and_their_images_in_a_bucket_pack_as_on_disk(s3, tmp_pat
     s3.fs.rm(f"{s3.name}/vision/images/c.webp")
     proc = run_cli("pack", f"{url}/data.jsonl", "-o", tmp_path / "gone", *args, check=False)
     assert proc.returncode == 3 and "images/c.webp" in proc.stderr and "no such object" in proc.stderr
+
+
+@pytest.mark.slow  # (datasets' import and its copy of the dataset: ~5 s) other input kinds run in make test
+def test_a_dataset_saved_to_a_bucket_packs_as_on_disk(s3, tmp_path):
+    import datasets  # slow to import: only this test pays for it
+
+    datasets.Dataset.from_list(_records(200)).save_to_disk(str(tmp_path / "saved"), num_shards=2)
+    url = s3.put_tree("saved", tmp_path / "saved")
+    run_cli("pack", tmp_path / "saved", "-o", tmp_path / "local", *BASE)
+    run_cli("pack", url, "-o", tmp_path / "remote", *BASE)
+    assert _packs(tmp_path / "remote") == _packs(tmp_path / "local")

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,24 +31,17 @@ from packtool.formats.parquet_content import CONTENT_KEY, ContentRecord, record_
 from packtool.loader import PackedDataset, get_loader
 from packtool.reading import read_packs
 from packtool.verify import verify_output
-from tests.conftest import run_cli, write_jsonl
+from tests.conftest import run_cli, time_limit, write_jsonl
 
 N = 64
 PACKS, SHARD = 180, 40  # the issue's output: 180 packs in 5 shards of 40
 
 
 @pytest.fixture(autouse=True)
-def time_limit():
+def hang_limit():
     """Fail a case that runs past 120 s instead of hanging the suite."""
-
-    def stop(*_):
-        raise TimeoutError("the case ran past its time limit (a hang)")
-
-    old = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(120)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with time_limit(120):
+        yield
 
 
 def pretokenized(path: Path, seed: int) -> Path:

@@ -340,7 +340,7 @@ CASES = [
     Case(2, "undecodable PNGs skipped as bad_image", undecodable(garbage_idat, "skip"), 0,
          "2 of 4 records were bad and skipped (bad_image 2"),
     Case(3, "a template looping over strings for one record", template_over_budget, EXIT_INPUT,
-         "chat.jsonl, line 3, field 'messages': the chat template takes more than 1,000,000 steps"),
+         "chat.jsonl, line 3, field 'messages': the chat template takes more than 250,000 steps"),
     Case(5, "a Ray worker killed under a task", ray_worker_killed, EXIT_FAILURE,
          "a Ray worker died while encoding chunks (WorkerCrashedError: ", slow=True),  # a local Ray: 15 s
     Case(9, "images.npy emptied", damaged_chunk("images.npy", _empty), 0,

@@ -15,7 +15,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import tarfile
 import textwrap
 import tracemalloc
@@ -35,7 +34,7 @@ from packtool.loader import PackedDataset, get_loader
 from packtool.options import PackOptions
 from packtool.reading import read_packs
 from packtool.verify import verify_output
-from tests.conftest import DEMO_TOKENIZER, rewrite_tar_members, run_cli, write_jsonl
+from tests.conftest import DEMO_TOKENIZER, rewrite_tar_members, run_cli, time_limit, write_jsonl
 
 TOK = ["--tokenizer", str(DEMO_TOKENIZER)]
 N = 64
@@ -48,17 +47,10 @@ class Hang(BaseException):
 
 
 @pytest.fixture(autouse=True)
-def time_limit():
+def hang_limit():
     """Fail a case that runs past 60 s (a reader that loops without progress) instead of hanging."""
-
-    def stop(*_):
-        raise Hang("the case ran past its time limit (a hang)")
-
-    old = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with time_limit(60, Hang):
+        yield
 
 
 def pack(src: Path, out: Path, *args) -> None:

@@ -13,7 +13,6 @@ import io
 import json
 import os
 import shutil
-import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +30,7 @@ from packtool.inspect import inspect_report, pack_report
 from packtool.inspect.render import render_pack, render_report
 from packtool.reading import read_packs
 from packtool.verify import verify_output
-from tests.conftest import DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
+from tests.conftest import DEMO_TOKENIZER, ROOT, run_cli, time_limit, write_jsonl
 
 EXAMPLES = int(os.environ.get("PACKTOOL_FUZZ_EXAMPLES", "12"))
 CASE_SECONDS = 10  # a case that runs longer loops without progress
@@ -63,22 +62,16 @@ class Hang(BaseException):
     """A case ran past its time limit (no ``except Exception`` of the code under test can swallow it)."""
 
 
-def _timeout(*_) -> None:
-    raise Hang(f"a case ran past {CASE_SECONDS} s: a reader loops without progress")
-
-
 @contextmanager
 def guarded(root: Path):
-    """Run a case: a time limit, and no file opened outside ``root`` but the system's own."""
+    """Run a case: a time limit (a reader that loops without progress), and no file opened outside
+    ``root`` but the system's own."""
     global OPENED
     OPENED = []
-    old = signal.signal(signal.SIGALRM, _timeout)
-    signal.alarm(CASE_SECONDS)
     try:
-        yield
+        with time_limit(CASE_SECONDS, Hang):
+            yield
     finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
         opened, OPENED = OPENED, None
     inside = os.path.realpath(root)
     outside = [p for p in opened if not p.startswith(inside + os.sep) and not p.startswith(SYSTEM)]

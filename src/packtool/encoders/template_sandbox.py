@@ -58,7 +58,7 @@ from packtool.encoders.template_sizes import (
     integers,
 )
 
-STEP_BUDGET = 1_000_000  # steps one render may take (about 2 s of the slowest, a filter's each)
+STEP_BUDGET = 250_000  # steps one render may take (about 0.5 s of the slowest, a filter's each)
 CHARS_PER_STEP = 64  # characters a step reads or makes
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from packtool.errors import InputError
 from packtool.readers.base import SourceBatch
 from packtool.readers.hf_rows import HfRows, arrow_file
+from packtool.storage.urls import is_url, options_for, scheme
 
 
 def _pick_split(ds, split: str, source: str):
@@ -88,8 +89,9 @@ def read_hf_disk(
     path: str, split: str = "train", batch_rows: int = 8192, lazy: bool = False
 ) -> Iterator[SourceBatch | HfRows]:
     """A dataset saved with ``save_to_disk`` (memory-mapped Arrow; nothing is copied into Python)."""
-    try:
-        ds = datasets.load_from_disk(path)
+    try:  # one in a store: datasets copies it to a local temporary folder first, with the run's options
+        options = options_for(scheme(path)) if is_url(path) else None
+        ds = datasets.load_from_disk(path, storage_options=options)
     except Exception as e:  # datasets raises several types for a bad directory
         raise InputError(f"not a readable saved Hugging Face dataset: {e}", source=path) from None
     yield from _iter_dataset(_pick_split(ds, split, path), path, batch_rows, lazy)

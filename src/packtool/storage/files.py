@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import stat as stat_module
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -163,14 +163,20 @@ def list_prefix(url: str) -> Listing:
     return Listing(files, stats, sorted(hidden))
 
 
+def _listed(url: str, how: str) -> tuple[str, Any]:
+    """``(scheme://, what fsspec's ``how`` call, ``glob`` or ``ls``, finds at url)``, with details; a
+    store's failure as ``store_error``'s one line."""
+    fs, inner = filesystem(url)
+    try:
+        found = getattr(fs, how)(inner, detail=True)
+    except Exception as e:
+        raise store_error(e, url, "list") from None
+    return url[: url.index("://") + 3], found
+
+
 def glob_urls(pattern: str) -> list[str]:
     """The objects a URL pattern matches (``*``, ``?``, ``[...]``, ``**`` for any depth), sorted."""
-    fs, inner = filesystem(pattern)
-    try:
-        found = fs.glob(inner, detail=True)
-    except Exception as e:
-        raise store_error(e, pattern, "list") from None
-    proto = pattern[: pattern.index("://") + 3]
+    proto, found = _listed(pattern, "glob")
     return sorted(proto + name for name, info in found.items() if info.get("type") != "directory")
 
 
@@ -189,12 +195,7 @@ def file_sizes(paths: list[str]) -> np.ndarray:
             continue
         folder = path.rpartition("/")[0]
         if folder not in listed:
-            fs, inner = filesystem(folder)
-            try:
-                entries = fs.ls(inner, detail=True)
-            except Exception as e:
-                raise store_error(e, folder, "list") from None
-            proto = folder[: folder.index("://") + 3]
+            proto, entries = _listed(folder, "ls")
             listed[folder] = {proto + e["name"]: int(e.get("size") or 0) for e in entries}
         found = listed[folder].get(path)
         out[i] = found if found is not None else size(path)

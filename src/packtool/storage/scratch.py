@@ -108,12 +108,13 @@ class Scratch:
     def remove(self, name: str) -> None:
         """Remove the file or folder ``name`` here and in the store."""
         path = self.path(name)
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
-        else:
+        else:  # a file, or a link put in a folder's place: the link goes, never what it leads to
             path.unlink(missing_ok=True)
         if self.remote is not None:
-            self.folder.remove_prefix(name) if not name.endswith(".json") else self.folder.remove([name])
+            self.folder.remove([name])  # an object of that name, then those under it as a folder
+            self.folder.remove_prefix(name + "/")
 
     def clear_local(self) -> None:
         """Remove this machine's local folder (a mirrored scratch's copy; the store keeps its own)."""

@@ -41,7 +41,7 @@ def test_nested_loops_stop_on_the_budget_naming_the_record(tmp_path, template):
     with pytest.raises(TemplateBudgetError, match=f"more than {STEP_BUDGET:,} steps"):
         encoder.render(MESSAGES)
     assert time.perf_counter() - start < 30  # the budget's items, not 99999 ** 2
-    where = r"rows\.jsonl, line 1, field 'messages': the chat template takes more than 1,000,000 steps"
+    where = r"rows\.jsonl, line 1, field 'messages': the chat template takes more than 250,000 steps"
     with pytest.raises(InputError, match=where):
         encode_rows(encoder, [{"messages": MESSAGES}])
 
@@ -72,9 +72,9 @@ LONG = [{"role": "user", "content": "hi there\nsecond line"}, {"role": "assistan
 # (what, template, the error's words): each ran for minutes or took gigabytes on one record before
 OVER_BUDGET = [
     ("loops over strings", "{% for i in 'x' * 100000 %}{% for j in 'x' * 100000 %}{% endfor %}{% endfor %}",
-     "more than 1,000,000 steps"),
+     "more than 250,000 steps"),
     ("loops over lists", "{% for i in [0] * 100000 %}{% for j in [0] * 100000 %}{% endfor %}{% endfor %}",
-     "more than 1,000,000 steps"),
+     "more than 250,000 steps"),
     ("a huge power", "{{ 2 ** 1000000000 }}", "an integer of 1,000,000,001 bits or more"),
     ("a product squared in a loop",
      "{% set ns = namespace(n=3) %}{% for i in range(100) %}{% set ns.n = ns.n * ns.n %}{% endfor %}",
@@ -85,14 +85,14 @@ OVER_BUDGET = [
     ("the format filter", "{{ '%999999999s'|format(1) }}", "with |format"),
     ("indent over many lines", "{{ ('x\n' * 100000)|indent(1000000) }}", "with |indent"),
     ("indent in a loop", "{% for i in range(1000) %}{{ messages[0].content|indent(1000000) }}{% endfor %}",
-     "more than 1,000,000 steps"),  # (64 characters a step: 64 MiB written, at most)
+     "more than 250,000 steps"),  # (64 characters a step: 64 MiB written, at most)
     ("tojson's indent", "{{ messages|tojson(indent=1000000000) }}", "with |tojson"),
     ("a string doubled with ~",
      "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-     "more than 1,000,000 steps"),
+     "more than 250,000 steps"),
     ("a string doubled with +",
      "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
-     "more than 1,000,000 steps"),
+     "more than 250,000 steps"),
     ("a message repeated 1e8 times", "{{ messages[0]['content'] * 100000000 }}", "with *"),
     ("ljust", "{{ 'x'.ljust(1000000000) }}", "with ljust()"),
     ("center", "{{ 'x'|center(1000000000) }}", "with |center"),
@@ -101,10 +101,10 @@ OVER_BUDGET = [
     ("to_bytes", "{{ (1).to_bytes(1000000000, 'big') }}", "with to_bytes()"),
     ("a long string searched in a loop",
      "{% set s = 'x' * 10000000 %}{% for i in range(100000) %}{% if 'zz' in s %}{% endif %}{% endfor %}",
-     "more than 1,000,000 steps"),
+     "more than 250,000 steps"),
     ("a list made in a loop",
      "{% for i in range(100000) %}{% set x = range(50000)|map('string')|list %}{% endfor %}",
-     "more than 1,000,000 steps"),
+     "more than 250,000 steps"),
 ]  # fmt: skip
 
 

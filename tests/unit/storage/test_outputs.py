@@ -41,28 +41,20 @@ def test_read_packs_from_a_bucket_fetches_each_shard_once_when_read(remote, pack
     assert sorted(p.name for p in root.glob("packs-*")) == sorted(p.name for p in packed.glob("packs-*"))
 
 
-def test_the_loader_over_a_bucket_equals_local_disk_with_workers(remote, packed):
-    def run(source, workers, **kw):
-        ds = PackedDataset(source, batch_size=4, seed=3, attention="causal", **kw)
-        return _batches(get_loader(ds, num_workers=workers))
+@pytest.mark.parametrize("context", [None, pytest.param("spawn", marks=pytest.mark.slow)])
+def test_the_loader_over_a_bucket_equals_local_disk_with_workers(remote, packed, context):
+    """2 workers, forked, or spawned (a spawned worker gets the output's view with the dataset)."""
 
-    local = run(packed, 2)
-    for workers, context in ((2, None), (2, "spawn")):  # a spawned worker gets the view with the dataset
-        got = (
-            run(remote, workers)
-            if context is None
-            else _batches(
-                get_loader(
-                    PackedDataset(remote, batch_size=4, seed=3, attention="causal"),
-                    num_workers=workers,
-                    multiprocessing_context=context,
-                )  # fmt: skip
-            )
-        )
-        assert len(got) == len(local)
-        assert all(
-            all(torch.equal(x, y) for x, y in zip(a, b, strict=True)) for a, b in zip(got, local, strict=True)
-        )
+    def run(source, **kw):
+        ds = PackedDataset(source, batch_size=4, seed=3, attention="causal")
+        return _batches(get_loader(ds, num_workers=2, **kw))
+
+    local = run(packed)
+    got = run(remote, multiprocessing_context=context) if context else run(remote)
+    assert len(got) == len(local)
+    assert all(
+        all(torch.equal(x, y) for x, y in zip(a, b, strict=True)) for a, b in zip(got, local, strict=True)
+    )
 
 
 def test_ranks_read_the_bucket_and_resume_exactly(remote, packed):

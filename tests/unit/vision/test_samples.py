@@ -140,8 +140,8 @@ BAD_ROWS = [
      "line 1, field 'images'", r"1 image\(s\) listed for 0 image part"),
     ("an image value that is no path", {"image": 5, "conversations": [{"from": "human", "value": "<image>"}]},
      "line 1, field 'image'", r"image 0 is not a path or image bytes"),
-    ("a remote URL", {"messages": [{"role": "user", "content": [{"type": "image", "url": "https://x/a.png"}]}]},
-     "line 1, field 'image'", r"image 0 \(https://x/a\.png\): a URL: .* nothing is downloaded"),
+    ("a web URL", {"messages": [{"role": "user", "content": [{"type": "image", "url": "https://x/a.png"}]}]},
+     "line 1, field 'image'", r"image 0 \(https://x/a\.png\): a web URL: .* downloaded from the web"),
     ("malformed JSON", None, "line 1", r"malformed JSON"),
 ]  # fmt: skip
 
