@@ -43,7 +43,7 @@ DEFERRED = {
     "packtool.readers.inputs": {"packtool.readers.hf"},  # datasets is slow to import
     "packtool.pipeline.engines": {"packtool.pipeline.engines.ray"},  # the ray extra
     "packtool.encoders.registry": {"packtool.encoders.vision"},  # the vision extra: Pillow, transformers
-    "packtool.encoders.chat": {"packtool.encoders.template_sandbox"},  # the transformers extra: jinja2
+    "packtool.tokenizing.chat_template": {"packtool.tokenizing.template_sandbox"},  # the extra's jinja2
     "packtool.verify": {"packtool.vision.checks"},  # the vision extra, for image outputs only
 }
 # importer -> third-party modules it may import inside a function (each site says why)

@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from packtool.encoders.chat import ChatEncoder
-from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError
+from packtool.tokenizing.chat_template import ChatTemplate
+from packtool.tokenizing.tokenizer import HFTokenizer
 from packtool.vision.expansion import Expander, Expansion, Refused, first_line
 
 CONFIG_FILES = (
@@ -76,7 +76,7 @@ class VisionProcessor:
         image_token_ids: ``(m,)`` int64, the processor's image tokens (``image_token_ids``: what its
             ``mm_token_type_ids`` marks); an image's span runs from the first to the last of them.
         tokenizer: packtool's ``HFTokenizer`` over the processor's own tokenizer.
-        chat: the ``ChatEncoder`` of the template (renders image parts, finds trained spans).
+        chat: the ``ChatTemplate`` (renders image parts, finds trained spans).
         image_processor: the transformers image processor (PIL backend), for the loader.
         processor: the transformers processor.
         expander: its expansion, reproduced (``packtool.vision.expansion``).
@@ -91,7 +91,7 @@ class VisionProcessor:
     image_token: str
     image_token_ids: np.ndarray
     tokenizer: HFTokenizer
-    chat: ChatEncoder
+    chat: ChatTemplate
     image_processor: Any
     processor: Any
     expander: Expander
@@ -211,7 +211,7 @@ def load_processor(
     Args:
         directory: the model directory.
         chat_template: a Jinja template file (``--chat-template``) used instead of the directory's.
-        loss_on: ``assistant``, ``last`` or ``all`` (``--loss-on``; ``packtool.encoders.chat``).
+        loss_on: ``assistant``, ``last`` or ``all`` (``--loss-on``; ``packtool.tokenizing.chat_template``).
         proven: ``VisionProcessor.proofs()`` of the same directory, loaded by another process (a run's
             driver, for its workers): taken instead of probing the processor again when the directory's
             configuration files still give the digest they had there.
@@ -272,7 +272,7 @@ def load_processor(
             "not in the token sequence) needs a cross_attention_mask per pack, which the loader does not "
             "build"
         )
-    chat = ChatEncoder(tokenizer, chat_template or _processor_template(path), loss_on)
+    chat = ChatTemplate(tokenizer, chat_template or _processor_template(path), loss_on)
     return VisionProcessor(
         path=str(path),
         family=family,
@@ -409,7 +409,7 @@ def _family(processor: Any) -> str:
 
 
 def _processor_template(path: Path) -> str | None:
-    """The file of the processor's own chat template (``None``: the tokenizer's; ``ChatEncoder`` refuses
+    """The file of the processor's own chat template (``None``: the tokenizer's; ``ChatTemplate`` refuses
     when neither has one)."""
     for name in ("chat_template.jinja", "chat_template.json"):
         if (path / name).is_file():

@@ -9,7 +9,7 @@
    per distinct size; ``packtool.vision.expansion``);
 2. the conversation is rendered with the chat template and the trained characters found as the ``chat``
    encoder finds them (assistant turns: ``{% generation %}`` spans or prefix renders;
-   ``packtool.encoders.chat``); the text is laid out by the processor's ``prepare_inputs_layout``
+   ``packtool.tokenizing.chat_template``); the text is laid out by the processor's ``prepare_inputs_layout``
    (characters it inserts are not trained);
 3. each image placeholder is replaced by the processor's text for its image, with every run of one image
    token written once; the texts of ``CHUNK_SIZE`` samples are tokenized in one call by the processor's
