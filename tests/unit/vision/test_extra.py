@@ -23,7 +23,10 @@ LIGHT = {"packtool.vision.files"}
 
 
 def in_extra(name: str) -> bool:
-    extra = name.startswith("packtool.vision") or name in ("packtool.encoders.vision", "packtool.verify.images")
+    extra = name.startswith("packtool.vision") or name in (
+        "packtool.encoders.vision",
+        "packtool.verify.images",
+    )
     return extra and name not in LIGHT
 
 
