@@ -12,8 +12,8 @@ import pytest
 
 from packtool import run_pack
 from packtool.encoders.chat import ChatEncoder
-from packtool.encoders.text import HFTokenizer
 from packtool.options import PackOptions
+from packtool.tokenizing.tokenizer import HFTokenizer
 from tests.conftest import DEMO, run_cli, write_jsonl
 from tests.sft_checks import check_boundary_property, encode_rows, label_runs, packed_samples
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from packtool.encoders.prompt_completion import PromptCompletionEncoder
-from packtool.encoders.text import HFTokenizer
+from packtool.tokenizing.tokenizer import HFTokenizer
 from tests.conftest import DEMO, DEMO_TOKENIZER, ROOT, run_cli, write_jsonl
 from tests.sft_checks import check_boundary_property, encode_rows, label_runs, packed_samples
 

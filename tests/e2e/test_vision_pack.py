@@ -3,7 +3,8 @@ images, read back by ``read_packs`` and ``datasets.load_dataset(OUT)``; the bad 
 errors (exit 3) or counted with ``--on-error skip``.
 
 Each ``pack`` imports transformers (seconds), so the runs are few: one over good and bad rows together
-(every bad row counted and logged; Parquet, full), one stopping at a bad row, one of tar (minimal).
+(every bad row counted and logged; Parquet, full), one stopping at a bad row, one of tar (minimal), one of
+Janus (an image its processor cannot take).
 """
 
 from __future__ import annotations
@@ -204,3 +205,31 @@ def test_tar_output_holds_each_image_as_a_member_and_balances_image_tokens_per_s
     assert [(i["offset"], i["length"]) for i in shown] == list(
         zip(packs[1]["image_offset"].tolist(), packs[1]["image_length"].tolist(), strict=True)
     )
+
+
+def test_janus_packs_and_an_image_its_processor_cannot_take_is_its_record_s_bad_image(tmp_path):
+    """Janus (its processor has no ``image_token_id``) packs with workers; its image processor takes RGB
+    images only, so a grayscale image is its record's bad image, counted under ``--on-error skip`` with the
+    processor's reason; the output verifies against the processor."""
+    from PIL import Image
+
+    from tests.fixtures.vision_families_more import build_janus
+
+    processor = build_janus(tmp_path / "janus")
+    write_image(tmp_path / "in" / "images" / "a.png", 60, 40)
+    Image.new("L", (50, 30), 90).save(tmp_path / "in" / "images" / "gray.png")
+    rows = [one("images/a.png")] * 5 + [one("images/gray.png")] + [one("images/a.png")] * 2
+    source = write_jsonl(tmp_path / "in" / "data.jsonl", rows)
+    out = tmp_path / "out"
+    code, text = cli("pack", "--processor", processor, source, "-o", out, "--packed-sequence-size", 64,
+                     "--on-error", "skip", "--num-proc", 2, "--chunk-size", 3)  # fmt: skip
+    assert code == 0, text
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["stats"]["skipped_by_reason"] == {"bad_image": 1} and m["vision"]["packed_images"] == 7
+    (entry,) = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert (
+        entry["row"] == 6
+        and "image 0 (images/gray.png): 30x50 image: the processor fails on it (mode L)" in entry["message"]
+    )
+    verified = verify_output(out, processor=str(processor))
+    assert verified.ok and verified.checked["images"] == 7, verified.lines()

@@ -43,8 +43,8 @@ DEFERRED = {
     "packtool.readers.inputs": {"packtool.readers.hf"},  # datasets is slow to import
     "packtool.pipeline.engines": {"packtool.pipeline.engines.ray"},  # the ray extra
     "packtool.encoders.registry": {"packtool.encoders.vision"},  # the vision extra: Pillow, transformers
-    "packtool.encoders.chat": {"packtool.encoders.template_sandbox"},  # the transformers extra: jinja2
-    "packtool.verify": {"packtool.vision.checks"},  # the vision extra, for image outputs only
+    "packtool.tokenizing.chat_template": {"packtool.tokenizing.template_sandbox"},  # the extra's jinja2
+    "packtool.verify": {"packtool.verify.images"},  # the vision extra, for image outputs only
 }
 # importer -> third-party modules it may import inside a function (each site says why)
 DEFERRED_THIRD_PARTY = {
@@ -302,7 +302,7 @@ DRIVER_READS = {
         "reading.split",
         "running.on_error",
     },
-    "packtool.vision.checks": {"reading.inputs", "running.on_error"},  # verify --source of an image output
+    "packtool.verify.images": {"reading.inputs", "running.on_error"},  # verify --source of an image output
     # inspect --pack re-reads a source
     "packtool.inspect.sources": {"encoding.text_field", "reading.files", "reading.split"},
 }

@@ -32,9 +32,10 @@ import pyarrow as pa
 
 from packtool.arrays import arrow_array, np_view
 from packtool.encoders.masking import apply_empty_loss, concat_lists, loss_columns
-from packtool.encoders.text import HFTokenizer, TextEncoder, add_special, text_column
+from packtool.encoders.text import TextEncoder, add_special, text_column
 from packtool.errors import ConfigError
 from packtool.readers.base import SourceBatch
+from packtool.tokenizing.tokenizer import HFTokenizer
 
 ALPACA = (
     "Below is an instruction that describes a task, paired with an input that provides further context. "

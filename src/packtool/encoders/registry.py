@@ -23,10 +23,11 @@ from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.options import EncodingOptions
 from packtool.encoders.pretokenized import PretokenizedEncoder
 from packtool.encoders.prompt_completion import BUILTIN_TEMPLATES, PromptCompletionEncoder, template_fields
-from packtool.encoders.text import HFTokenizer, TextEncoder
+from packtool.encoders.text import TextEncoder
 from packtool.errors import ConfigError
 from packtool.fileio import file_sha256
 from packtool.plugins import is_plugin_spec, load_plugin, plugin_file
+from packtool.tokenizing.tokenizer import HFTokenizer
 
 __all__ = ["SLOW_TO_BUILD", "Encoder", "build_encoder", "fields_read", "resolve_sample_format"]
 

@@ -44,7 +44,7 @@ class VisionEncoder:
         processor: the model's processor directory (``--processor``), loaded once per process.
         packed_sequence_size: N, the most tokens one image may take.
         chat_template: a Jinja file rendering the conversations instead of the directory's own.
-        loss_on: ``assistant``, ``last`` or ``all`` (``packtool.encoders.chat``).
+        loss_on: ``assistant``, ``last`` or ``all`` (``packtool.tokenizing.chat_template``).
         labels: the labels convention (``shifted`` or ``unshifted``).
         empty_loss: samples with nothing to learn: ``drop``, ``keep`` or ``error``.
         fields: the record fields it reads (``encoders.registry.VISION_FIELDS``).

@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from packtool.binding import manifest_problem
-from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
 from packtool.fileio import file_sha256
 from packtool.formats.base import UNIT_ERRORS
@@ -34,6 +33,7 @@ from packtool.reading import load_manifest, shard_file_problem
 from packtool.safepath import output_file_problem
 from packtool.schema import one_pack_offsets, per_pack_sum, piece_lengths, piece_spans, piece_starts
 from packtool.stats import image_stats
+from packtool.tokenizing.tokenizer import HFTokenizer
 from packtool.verify import Problem, VerifyReport, iter_batches
 
 

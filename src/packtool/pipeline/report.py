@@ -3,9 +3,9 @@ tokens it put in the packs by name, and a warning for a token it had to guess.""
 
 from __future__ import annotations
 
-from packtool.encoders.text import WEAK_GUESSES
 from packtool.manifest import Manifest
 from packtool.stats import Stats
+from packtool.tokenizing.tokenizer import WEAK_GUESSES
 
 
 def name_special_tokens(

@@ -17,7 +17,7 @@ Three layers of checks, each problem reported with its shard, pack and field:
   The stored columns are checked (a ``minimal`` output's ``next_label`` and ``loss_mask_bits`` too); the
   columns a layout leaves out are rebuilt (``packtool.layout``), right by construction.
 
-A vision-language output's images (``packtool.vision.checks``): one per ``image_*`` value, each span
+A vision-language output's images (``packtool.verify.images``): one per ``image_*`` value, each span
 inside its sample and free of loss, each image's header intact and of the stored size, and with the
 model's processor (``--processor``) each ``image_length`` its count.
 
@@ -83,7 +83,7 @@ def verify_output(
     every kept sample's tokens are in the packs exactly once (see module docstring), with ``tokenizer``
     instead of the run's when given (required when the run's is code: ``SourceCheck.start``).
 
-    A vision-language output's images are checked too (``packtool.vision.checks``); ``processor``: the
+    A vision-language output's images are checked too (``packtool.verify.images``); ``processor``: the
     model's processor directory, to check each image's token count (``--source`` takes the run's
     recorded one when none is given; without either, a note says the counts were not checked)."""
     directory = Path(directory)
@@ -159,16 +159,16 @@ def verify_output(
 
 
 def _vision_checks(manifest: Manifest, report: VerifyReport, source: list[str] | None, processor: str | None):
-    """The image checks of a vision-language output, and its ``--source`` check (``packtool.vision.checks``;
+    """The image checks of a vision-language output, and its ``--source`` check (``packtool.verify.images``;
     the run's recorded processor is opened only for ``--source``, which opens the recorded inputs too)."""
-    from packtool.vision import checks  # the vision extra (Pillow, transformers): for image outputs only
+    from packtool.verify import images  # the vision extra (Pillow, transformers): for image outputs only
 
     if processor is None and source is not None:
-        processor = checks.recorded_processor(manifest).get("path")
-    vision_processor = checks.open_processor(manifest, report, processor)
-    image_check = checks.ImageCheck(manifest, report, vision_processor)
+        processor = images.recorded_processor(manifest).get("path")
+    vision_processor = images.open_processor(manifest, report, processor)
+    image_check = images.ImageCheck(manifest, report, vision_processor)
     if source is None:
         return image_check, None
     if vision_processor is None:
         raise ConfigError("--source: the run's processor is not recorded: pass --processor DIR")
-    return image_check, checks.VisionSourceCheck.begin(manifest, source, report, vision_processor)
+    return image_check, images.VisionSourceCheck.begin(manifest, source, report, vision_processor)

@@ -24,12 +24,20 @@ text. ``Expander`` reproduces the three steps exactly:
   tokenizing (an added token is cut out before the rest is tokenized, so one copy or 576 give the same
   tokens around it).
 
+The probes write each image as the processor takes it in a text (``Expander.written``: its placeholder,
+or the placeholder between its ``image_start_token`` and ``image_end_token`` where it refuses the bare one,
+as HunYuan-VL does), and note whether its call has the tokenizer add its special tokens
+(``special_tokens``: HunYuan-VL's does not) and which image modes it takes as it takes RGB
+(``modes_taken``). An image of another mode is run through the processor once per size and mode
+(``takes``): one it fails on (DeepSeek-VL's image processor takes 3-channel images only) is that
+image's record's bad input, not a reason to refuse the family.
+
 What packtool cannot reproduce exactly is refused at load time (``ConfigError``, one line naming the
 family and why): text for an image that depends on its pixels or its mode (two probe images of one size
 and different content or mode), a layout or replacement that the steps above do not give back on probe
-texts, an image token that is not an added token of the tokenizer. A model whose images are not in the
-token sequence (cross-attention, Mllama: its processor gives a ``cross_attention_mask``; ``cross_attention``)
-keeps its one placeholder token per image, each image's span.
+texts (the refusal shows where the two texts part), an image token that is not an added token of the
+tokenizer. A model whose images are not in the token sequence (cross-attention, Mllama: its processor gives a
+``cross_attention_mask``; ``cross_attention``) keeps its one placeholder token per image, each image's span.
 
 **An image's span** (``Expansion.span``): the tokens from the first to the last token of the processor's
 ``image_token_ids`` (what ``mm_token_type_ids`` marks: ``<image>``, ``<|image_pad|>``, Gemma 3's
@@ -45,6 +53,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -71,6 +80,9 @@ PROBE_SIZES = (
     (1500, 2000),
 )
 SPOT_CHECKS = 8  # sizes of a run whose arithmetic count is checked against the processor's own expansion
+# image modes the probes try (gray fills): a processor that fails on one leaves it to be checked per image
+# size (``Expander.takes``), as is any mode not probed (CMYK, 16-bit gray, bilevel, ...)
+PROBE_MODES = (("L", 128), ("LA", (128, 255)), ("RGBA", (128, 128, 128, 255)), ("P", 3))
 
 
 @dataclass(frozen=True)
@@ -129,11 +141,15 @@ class Expander:
     def __init__(self, processor: Any, backend: Any) -> None:
         self.processor, self.backend = processor, backend
         self.placeholder: str = processor.image_token
-        ids = [i for i in getattr(processor, "image_token_ids", [processor.image_token_id]) if i is not None]
+        ids = [i for i in getattr(processor, "image_token_ids", None) or [] if i is not None]
+        ids = ids or [backend.token_to_id(self.placeholder)]  # Janus's processor names no image token id
         unk = getattr(processor.tokenizer, "unk_token_id", None)
         self.image_ids = np.array(sorted({int(i) for i in ids if i != unk}), dtype=np.int64)
         self.pattern = re.compile(re.escape(self.placeholder))
         self.run_tokens = [backend.id_to_token(int(i)) for i in self.image_ids]
+        self.written = self.placeholder  # an image in a text the processor takes (HunYuan-VL: wrapped)
+        self.special_tokens = True  # the processor's own call has its tokenizer add its special tokens
+        self.modes_taken: tuple[str, ...] = ("RGB",)  # image modes whose text is the RGB image's, proven
         self.per_image_count = False  # the text of an image depends on how many images its sample has
         self.arithmetic: tuple[str, str, str, int] | None = None  # (prefix, token, suffix, count offset)
         self.cross_attention = False
@@ -141,7 +157,9 @@ class Expander:
         self._counts: dict[tuple[int, int], int] = {}  # counts asked for ahead (``prefetch``), not used yet
         self._template: tuple[Expansion, int, int] | None | bool = None  # the arithmetic shape's (below)
         self._spot_checked = 0
+        self._modes_checked: OrderedDict[tuple[str, int, int], str | None] = OrderedDict()  # -> why not
         self._dummy_small = Image.new("RGB", (1, 1))
+        self.last_call: dict[str, Any] = {}  # the options of ``run``'s last call of the tokenizer
 
     def encode(self, texts: list[str], special: bool = False) -> list[Any]:
         """``texts`` through the tokenizer, with its special tokens or not, never cut or padded (the
@@ -153,7 +171,8 @@ class Expander:
     # --- running the processor ----------------------------------------------------------------------
     def run(self, text: str, images: list[Image.Image]) -> tuple[list[str], str, list[int], dict]:
         """The processor on one sample (``text``, ``images``) with its steps watched: the replacement text
-        of each image, the text it tokenized, its ids, its outputs."""
+        of each image, the text it tokenized, its ids, its outputs (and, in ``last_call``, the options it
+        passed its tokenizer)."""
         watched = copy.copy(self.processor)
         watched.tokenizer = _Watched(self.processor.tokenizer)
         replacements: list[list[str]] = []
@@ -169,7 +188,7 @@ class Expander:
         calls = [c for c in watched.tokenizer.calls if isinstance(c[0], list)]
         if not calls:
             raise Refused("its text is not tokenized by its tokenizer in one call")
-        final, _, tokenized = calls[-1]
+        final, self.last_call, tokenized = calls[-1]
         return (replacements[-1] if replacements else [], final[0], list(tokenized["input_ids"][0]), out)
 
     def layout(self, text: str, images: int) -> str:
@@ -182,7 +201,7 @@ class Expander:
         """What the processor writes for an image of ``height x width`` (the first of ``images`` of that
         size in a sample), from one run of the processor."""
         dummy = Image.new(mode, (width, height), fill) if not callable(fill) else fill(height, width)
-        text = self.placeholder * images
+        text = self.written * images
         replacements, final, _, _ = self.run(text, [dummy] * images)
         if not replacements:  # the processor leaves the placeholder in the text (cross-attention models)
             return self.placeholder
@@ -193,6 +212,9 @@ class Expander:
         """What ``probe`` found, as JSON: a process loading the same processor again (a run's worker) may
         ``adopt`` it instead of probing again (a third of a second of running the processor)."""
         return {
+            "written": self.written,
+            "special_tokens": self.special_tokens,
+            "modes_taken": list(self.modes_taken),
             "per_image_count": self.per_image_count,
             "cross_attention": self.cross_attention,
             "arithmetic": None if self.arithmetic is None else list(self.arithmetic),
@@ -200,6 +222,9 @@ class Expander:
 
     def adopt(self, proofs: dict[str, Any]) -> None:
         """Take ``probe``'s findings from ``proofs`` (``proofs()`` of the same processor)."""
+        self.written = str(proofs["written"])
+        self.special_tokens = bool(proofs["special_tokens"])
+        self.modes_taken = tuple(str(m) for m in proofs["modes_taken"])
         self.per_image_count = bool(proofs["per_image_count"])
         self.cross_attention = bool(proofs["cross_attention"])
         arithmetic = proofs["arithmetic"]
@@ -217,6 +242,7 @@ class Expander:
             logger.setLevel(level)
 
     def _probe(self) -> None:
+        self.written = self._written()
         alone: dict[tuple[int, int], str] = {}
         failed: list[BaseException] = []
         for h, w in PROBE_SIZES:
@@ -244,9 +270,22 @@ class Expander:
         self._probe_collapse([alone[s] for s in sizes])
         self.arithmetic = self._prove_arithmetic(alone)
 
+    def _written(self) -> str:
+        """The placeholder as the processor takes it in a text: alone, or between its
+        ``image_start_token`` and ``image_end_token`` where it demands them (HunYuan-VL; its chat
+        template writes them)."""
+        start, end = (getattr(self.processor, f"image_{k}_token", None) for k in ("start", "end"))
+        if not (isinstance(start, str) and isinstance(end, str)):
+            return self.placeholder
+        try:
+            self.run(self.placeholder, [Image.new("RGB", (28, 28), 128)])
+        except ValueError:  # (a processor that fails either way is named by the probes)
+            return start + self.placeholder + end
+        return self.placeholder
+
     def _of_pair(self, a: tuple[int, int], b: tuple[int, int]) -> list[str]:
         images = [Image.new("RGB", (w, h), 128) for h, w in (a, b)]
-        replacements, _, _, _ = self.run(self.placeholder * 2, images)
+        replacements, _, _, _ = self.run(self.written * 2, images)
         return replacements or [self.placeholder] * 2
 
     def _probe_pixels(self, size: tuple[int, int], gray: str) -> None:
@@ -257,14 +296,23 @@ class Expander:
 
         if self._replacement(*size, 1, fill=noise) != gray or self._replacement(*size, 1, fill=0) != gray:
             raise Refused("the text it writes for an image depends on the image's pixels")
-        for mode, fill in (("L", 128), ("RGBA", (128, 128, 128, 255)), ("P", 3)):
-            if self._replacement(*size, 1, fill=fill, mode=mode) != gray:
+        taken = ["RGB"]
+        for mode, fill in PROBE_MODES:
+            try:
+                text = self._replacement(*size, 1, fill=fill, mode=mode)
+            except Exception:  # noqa: BLE001 - an image it cannot take is its record's (``takes``), not the family's
+                continue
+            if text != gray:
                 raise Refused(f"the text it writes for an image depends on the image's mode ({mode})")
+            taken.append(mode)
+        self.modes_taken = tuple(taken)
 
     def _probe_layout(self, a: tuple[int, int], b: tuple[int, int]) -> None:
-        """Probe texts laid out and replaced as packtool does give the text the processor tokenizes."""
-        ph = self.placeholder
-        for text, sizes in ((f"x{ph} y\n{ph}z\n", [a, b]), (f"{ph}{ph}\n\nq", [b, a]), ("plain\n", [])):
+        """Probe texts laid out and replaced as packtool does give the text the processor tokenizes, and
+        whether its call has the tokenizer add its special tokens (HunYuan-VL's does not)."""
+        ph, w = self.placeholder, self.written
+        specials = set()
+        for text, sizes in ((f"x{w} y\n{w}z\n", [a, b]), (f"{w}{w}\n\nq", [b, a]), ("plain\n", [])):
             images = [Image.new("RGB", (w, h), 128) for h, w in sizes]
             try:
                 replacements, final, _, out = self.run(text, images)
@@ -274,6 +322,7 @@ class Expander:
                 continue  # a processor that takes no text without images (PaliGemma)
             if "cross_attention_mask" in out:
                 self.cross_attention = True
+            specials.add(bool(self.last_call.get("add_special_tokens", True)))
             laid = self.layout(text, len(images))
             if not replacements:
                 replacements = [ph] * len(images)
@@ -282,10 +331,14 @@ class Expander:
                 raise Refused("its layout of the text changes the number of image placeholders")
             want = "".join(p + r for p, r in zip(pieces, [*replacements, ""], strict=True))
             if want != final:
+                at = len(os.path.commonprefix([want, final]))
                 raise Refused(
-                    f"the text it tokenizes ({final[:60]!r}...) is not its layout with each placeholder "
-                    f"replaced ({want[:60]!r}...)"
+                    f"the text it tokenizes is not its layout with each placeholder replaced: from character "
+                    f"{at} it is {_excerpt(final, at)} where the layout gives {_excerpt(want, at)}"
                 )
+        if len(specials) > 1:
+            raise Refused("its call adds its tokenizer's special tokens to some texts and not to others")
+        self.special_tokens = specials.pop()
 
     def _probe_collapse(self, replacements: list[str]) -> None:
         """Writing each run of an image token once, then repeating its id, gives the tokens of the whole
@@ -368,6 +421,26 @@ class Expander:
                     )
             text = own
         return self._keep(key, self._expansion_of(text))
+
+    def takes(self, mode: str, height: int, width: int) -> None:
+        """``ValueError`` saying why, where the processor cannot take an image of ``mode`` and that size
+        (DeepSeek-VL fails on a non-square grayscale image) or writes other text for it than for an RGB
+        one; a mode the probes proved is taken at once, any other is run once per size."""
+        if mode in self.modes_taken:
+            return
+        key = (mode, int(height), int(width))
+        if key not in self._modes_checked:
+            try:
+                own = self._replacement(height, width, 1, fill=0, mode=mode)
+                same = own == self._replacement(height, width, 1)
+                why = None if same else f"the processor writes other tokens for it (mode {mode}) than for RGB"
+            except Exception as e:  # noqa: BLE001 - any failure of the processor on it is this image's
+                why = f"the processor fails on it (mode {mode}): {type(e).__name__}: {first_line(e)}"
+            self._modes_checked[key] = why
+            if len(self._modes_checked) > CACHED_SIZES:
+                self._modes_checked.popitem(last=False)
+        if self._modes_checked[key] is not None:
+            raise ValueError(self._modes_checked[key])
 
     def _keep(self, key: tuple[int, int, int], out: Expansion) -> Expansion:
         self._cache[key] = out
@@ -477,6 +550,12 @@ def run_repeats(n: int, starts: np.ndarray, runs: list[tuple[int, int, int]]) ->
 def expand_runs(ids: np.ndarray, starts: np.ndarray, runs: list[tuple[int, int, int]]) -> np.ndarray:
     """``ids`` with the token of each run (found by its char offset among ``starts``) repeated."""
     return np.repeat(ids, run_repeats(len(ids), starts, runs))
+
+
+def _excerpt(text: str, at: int, width: int = 30) -> str:
+    """``text`` around character ``at`` (``width`` either side), quoted, with ``...`` where it goes on."""
+    part = repr(text[max(0, at - width) : at + width])
+    return ("..." if at > width else "") + part + ("..." if at + width < len(text) else " (its end)")
 
 
 def first_line(e: BaseException) -> str:

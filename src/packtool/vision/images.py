@@ -31,11 +31,13 @@ from packtool.errors import InputError
 
 @dataclass(frozen=True)
 class ImageSize:
-    """An image's size in pixels and its format as Pillow names it (``PNG``, ``JPEG``, ``WEBP``, ...)."""
+    """An image's size in pixels, its format and its mode as Pillow names them (``PNG``, ``JPEG``,
+    ``WEBP``, ...; ``RGB``, ``L``, ``RGBA``, ``P``, ...: what the loader's ``Image.open`` gives)."""
 
     height: int
     width: int
     format: str
+    mode: str = "RGB"
 
 
 def image_size(source: str | Path | bytes, name: str | None = None) -> ImageSize:
@@ -52,7 +54,7 @@ def image_size(source: str | Path | bytes, name: str | None = None) -> ImageSize
     >>> buffer = io.BytesIO()
     >>> Image.new("RGB", (40, 30)).save(buffer, format="PNG")
     >>> image_size(buffer.getvalue(), "a.png")
-    ImageSize(height=30, width=40, format='PNG')
+    ImageSize(height=30, width=40, format='PNG', mode='RGB')
     """
     where = name if name is not None else (str(source) if not isinstance(source, bytes) else "image bytes")
     try:
@@ -66,7 +68,7 @@ def image_size(source: str | Path | bytes, name: str | None = None) -> ImageSize
         try:
             with Image.open(stream, formats=_formats(stream)) as image:
                 width, height = image.size
-                kind = image.format or "unknown"
+                kind, mode = image.format or "unknown", image.mode
                 if width > 0 and height > 0:
                     _check_bomb(width, height, where)
                     if kind == "JPEG":  # scaled decoding: every coded block read, an eighth of the pixels
@@ -92,7 +94,7 @@ def image_size(source: str | Path | bytes, name: str | None = None) -> ImageSize
             ) from None
     if width <= 0 or height <= 0:
         raise InputError(f"zero-size image ({width}x{height})", source=where, field="image", code="bad_image")
-    return ImageSize(height=height, width=width, format=kind)
+    return ImageSize(height=height, width=width, format=kind, mode=mode)
 
 
 # images this process decoded, by their bytes (the dict compares them whole: no digest to collide), so that

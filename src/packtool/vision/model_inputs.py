@@ -71,7 +71,7 @@ def image_inputs(
 def sample_image_inputs(processor: VisionProcessor, images: list[Image.Image]) -> dict[str, torch.Tensor]:
     """The image inputs the processor gives for one sample with ``images``."""
     own = processor.processor
-    out = own(text=[own.image_token * len(images)], images=[images], return_tensors="pt")
+    out = own(text=[processor.placeholders(len(images))], images=[images], return_tensors="pt")
     names = set(getattr(own.image_processor, "model_input_names", ["pixel_values"])) | {"pixel_values"}
     unused = set(getattr(own, "unused_input_names", ()))
     return {k: torch.as_tensor(v) for k, v in out.items() if k in names and k not in unused}
@@ -102,7 +102,7 @@ def token_type_rule(processor: VisionProcessor) -> bool:
     from its ids. ``ValueError`` where the processor's ``token_type_ids`` mean something else (PaliGemma:
     its prefix, which packs of several samples cannot hold)."""
     own = processor.processor
-    out: Any = own(text=[f"a{own.image_token}b"], images=[[Image.new("RGB", (40, 30), 128)]])
+    out: Any = own(text=[f"a{processor.placeholders(1)}b"], images=[[Image.new("RGB", (40, 30), 128)]])
     if "token_type_ids" not in out:
         return False
     ids = np.asarray(out["input_ids"][0])

@@ -4,9 +4,11 @@
 (``local_files_only``; nothing is downloaded), with the image processor on the PIL/NumPy backend
 (``backend="pil"``): the torchvision backend needs a torchvision wheel that matches torch. A processor
 whose only part that needs torchvision is its *video* processor (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, SmolVLM,
-LLaVA-OneVision, InternVL) is built by its own class with the video processor left out (packtool packs
-images, not videos; the identity says so). A processor that cannot be built without torchvision (Pixtral,
-Mistral 3: their processor class itself requires it) is refused, with transformers' own reason.
+LLaVA-OneVision, InternVL, GLM-4V, MiniCPM-V, Gemma 4) is built by its own class with the video processor
+left out (packtool packs images, not videos; the identity says so) and its other parts loaded as
+``AutoProcessor`` loads them (Gemma 4's audio feature extractor too). A processor that cannot be built
+without torchvision (Pixtral, Mistral 3: their processor class itself requires it) is refused, with
+transformers' own reason.
 
 What the processor writes for each image comes from the processor itself (``packtool.vision.expansion``:
 its replacement text for each image size, its layout of the text, its tokenizer), checked at load time on
@@ -32,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from packtool.encoders.chat import ChatEncoder
-from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError
+from packtool.tokenizing.chat_template import ChatTemplate
+from packtool.tokenizing.tokenizer import HFTokenizer
 from packtool.vision.expansion import Expander, Expansion, Refused, first_line
 
 CONFIG_FILES = (
@@ -74,7 +76,7 @@ class VisionProcessor:
         image_token_ids: ``(m,)`` int64, the processor's image tokens (``image_token_ids``: what its
             ``mm_token_type_ids`` marks); an image's span runs from the first to the last of them.
         tokenizer: packtool's ``HFTokenizer`` over the processor's own tokenizer.
-        chat: the ``ChatEncoder`` of the template (renders image parts, finds trained spans).
+        chat: the ``ChatTemplate`` (renders image parts, finds trained spans).
         image_processor: the transformers image processor (PIL backend), for the loader.
         processor: the transformers processor.
         expander: its expansion, reproduced (``packtool.vision.expansion``).
@@ -89,7 +91,7 @@ class VisionProcessor:
     image_token: str
     image_token_ids: np.ndarray
     tokenizer: HFTokenizer
-    chat: ChatEncoder
+    chat: ChatTemplate
     image_processor: Any
     processor: Any
     expander: Expander
@@ -100,13 +102,15 @@ class VisionProcessor:
     def __reduce__(self):
         return _load_again, (self.loaded_with,)
 
-    def expansion(self, height: int, width: int, images: int = 1) -> Expansion:
-        """What the processor writes for an image of ``height x width`` pixels in a sample of ``images``
-        images (``Expansion``: its text, its span's ids); ``ValueError`` for a size the processor refuses.
+    def expansion(self, height: int, width: int, images: int = 1, mode: str = "RGB") -> Expansion:
+        """What the processor writes for an image of ``height x width`` pixels (of Pillow's ``mode``) in a
+        sample of ``images`` images (``Expansion``: its text, its span's ids); ``ValueError`` for an image
+        the processor refuses (its size, or its mode at that size: ``Expander.takes``).
 
         >>> vp.expansion(480, 640).span_length  # doctest: +SKIP
         576
         """
+        self.expander.takes(mode, height, width)
         return self.expander.expansion(height, width, images)
 
     def proofs(self) -> dict[str, Any]:
@@ -128,8 +132,14 @@ class VisionProcessor:
     @property
     def image_token_id(self) -> int:
         """The processor's ``image_token_id`` (the token LLaVA, Qwen2-VL, Idefics3 repeat; Gemma 3's
-        ``<start_of_image>``)."""
-        return int(self.processor.image_token_id)
+        ``<start_of_image>``), else its image token's id (Janus's processor has no ``image_token_id``)."""
+        own = getattr(self.processor, "image_token_id", None)
+        return int(own if own is not None else self.tokenizer.token_to_id(self.image_token))
+
+    def placeholders(self, images: int) -> str:
+        """``images`` image placeholders as the processor takes them in a text (``<image><image>``;
+        HunYuan-VL's ``<start><image><end>`` each, as its chat template writes them)."""
+        return self.expander.written * images
 
     def image_tokens(self, height: int, width: int, images: int = 1) -> int:
         """How many tokens the span of an image of ``height x width`` takes (``expansion().span_length``)."""
@@ -141,10 +151,13 @@ class VisionProcessor:
         return self.expander.layout(text, images)
 
     def adds_special_tokens(self, text: str) -> bool:
-        """Whether the tokenizer adds its special tokens to ``text`` (``apply_chat_template``'s rule: unless
-        the rendered text starts with the BOS)."""
+        """Whether the tokenizer adds its special tokens to ``text`` (``apply_chat_template``'s rule: as the
+        processor's own call does, unless the rendered text starts with the BOS)."""
+        return self.expander.special_tokens and not self._starts_with_bos(text)
+
+    def _starts_with_bos(self, text: str) -> bool:
         bos = self.tokenizer.declared_token("bos")
-        return not (bos is not None and text.startswith(bos))
+        return bos is not None and text.startswith(bos)
 
     def encode_rendered(
         self, texts: list[str], special: list[bool]
@@ -204,7 +217,7 @@ def load_processor(
     Args:
         directory: the model directory.
         chat_template: a Jinja template file (``--chat-template``) used instead of the directory's.
-        loss_on: ``assistant``, ``last`` or ``all`` (``--loss-on``; ``packtool.encoders.chat``).
+        loss_on: ``assistant``, ``last`` or ``all`` (``--loss-on``; ``packtool.tokenizing.chat_template``).
         proven: ``VisionProcessor.proofs()`` of the same directory, loaded by another process (a run's
             driver, for its workers): taken instead of probing the processor again when the directory's
             configuration files still give the digest they had there.
@@ -259,7 +272,7 @@ def load_processor(
         raise ConfigError(
             f"processor {directory}: {family} fails on a probe image: {type(e).__name__}: {first_line(e)}"
         ) from None
-    chat = ChatEncoder(tokenizer, chat_template or _processor_template(path), loss_on)
+    chat = ChatTemplate(tokenizer, chat_template or _processor_template(path), loss_on)
     return VisionProcessor(
         path=str(path),
         family=family,
@@ -286,7 +299,11 @@ def _without_video(path: Path, error: ImportError) -> tuple[Any, str]:
     """The directory's processor built by its own class with the parts AutoProcessor loads, but its video
     processor (which needs torchvision) left out; ``ConfigError`` naming ``error`` if that is not the part."""
     import transformers  # noqa: PLC0415 - imported by load_processor already
-    from transformers import AutoImageProcessor, AutoTokenizer  # noqa: PLC0415 - as above
+    from transformers import (  # noqa: PLC0415 - as above
+        AutoFeatureExtractor,
+        AutoImageProcessor,
+        AutoTokenizer,
+    )
 
     name = _processor_class_name(path)
     try:  # a class that needs torchvision is a stand-in whose every attribute raises ImportError
@@ -310,6 +327,8 @@ def _without_video(path: Path, error: ImportError) -> tuple[Any, str]:
                 )
             elif attribute == "video_processor":
                 args.append(_NoVideo(**_video_config(path, processor_dict)))
+            elif attribute == "feature_extractor":  # an audio part (Gemma 4's), loaded as AutoProcessor would
+                args.append(AutoFeatureExtractor.from_pretrained(str(path), local_files_only=True))
             else:
                 raise ImportError(f"its {attribute} is not loaded by packtool")
         processor = _images_only(cls).from_args_and_dict(args, processor_dict, **init_kwargs)
@@ -390,7 +409,7 @@ def _family(processor: Any) -> str:
 
 
 def _processor_template(path: Path) -> str | None:
-    """The file of the processor's own chat template (``None``: the tokenizer's; ``ChatEncoder`` refuses
+    """The file of the processor's own chat template (``None``: the tokenizer's; ``ChatTemplate`` refuses
     when neither has one)."""
     for name in ("chat_template.jinja", "chat_template.json"):
         if (path / name).is_file():

@@ -9,7 +9,7 @@
    per distinct size; ``packtool.vision.expansion``);
 2. the conversation is rendered with the chat template and the trained characters found as the ``chat``
    encoder finds them (assistant turns: ``{% generation %}`` spans or prefix renders;
-   ``packtool.encoders.chat``); the text is laid out by the processor's ``prepare_inputs_layout``
+   ``packtool.tokenizing.chat_template``); the text is laid out by the processor's ``prepare_inputs_layout``
    (characters it inserts are not trained);
 3. each image placeholder is replaced by the processor's text for its image, with every run of one image
    token written once; the texts of ``CHUNK_SIZE`` samples are tokenized in one call by the processor's
@@ -21,10 +21,10 @@ the last of the processor's image tokens written for it (``packtool.vision.expan
 Qwen2-VL the run of ``<image>`` / ``<|image_pad|>``; for Idefics3 from the first tile's first ``<image>``
 to the global image's last, tile tags between; Gemma 3's ``<start_of_image>`` and ``<end_of_image>`` are
 outside). Each span is checked against the processor's ids for that size; no token of a span is trained.
-``sequence_columns`` turns sequences into the columns the text path uses (``input_ids``, ``labels``,
-``loss_mask`` under a labels convention) plus the image columns; ``sample_lengths`` is what
-``packtool.packing.planner.make_plan`` plans from. ``check_plannable`` refuses the options that would cut a
-sample, and so possibly an image, between packs.
+The vision encoder (``packtool.encoders.vision``) turns sequences into the columns the text path uses
+(``input_ids``, ``labels``, ``loss_mask`` under a labels convention) plus the image column;
+``sample_lengths`` is what ``packtool.packing.planner.make_plan`` plans from. ``check_plannable`` refuses
+the options that would cut a sample, and so possibly an image, between packs.
 """
 
 from __future__ import annotations
@@ -35,10 +35,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
-from packtool.arrays import array_lists, large_lists
-from packtool.encoders.masking import loss_columns
 from packtool.errors import ConfigError, ErrorSink, InputError
 from packtool.vision.expansion import Expansion
 from packtool.vision.images import ImageSize
@@ -111,12 +108,19 @@ def _render(processor: VisionProcessor, sample: VisionSample) -> _Rendered:
     expansions = []
     for k, size in enumerate(sizes):
         try:
-            expansions.append(processor.expansion(size.height, size.width, len(sizes)))
-        except ValueError as e:  # the processor refuses the size (Qwen: an aspect ratio over 200)
+            expansions.append(processor.expansion(size.height, size.width, len(sizes), size.mode))
+        except ValueError as e:  # the processor refuses the image (Qwen: an aspect ratio over 200)
             message = f"image {k} ({sample.images[k].name}): {size.height}x{size.width} image: {e}"
             raise sample.error(message, "image", "bad_image") from None
     special = processor.adds_special_tokens(text)
     laid = processor.layout(text, len(sizes))
+    written = processor.expander.written
+    if laid.count(written) != found:  # the processor refuses a placeholder without its wrapping
+        raise sample.error(
+            f"an image is written {processor.image_token!r} where the processor takes only {written!r} "
+            "(is the chat template the model's?)",
+            "messages",
+        )
     if laid != text:
         try:
             spans = _follow(text, laid, spans)
@@ -277,40 +281,6 @@ def _sizes(samples: list[VisionSample]) -> list[ImageSize]:
 def sample_lengths(sequences: list[VisionSequence]) -> np.ndarray:
     """``(num_samples,)`` int64 token counts, for ``packtool.packing.planner.make_plan``."""
     return np.array([len(s) for s in sequences], dtype=np.int64)
-
-
-def sequence_columns(sequences: list[VisionSequence], labels: str = "shifted") -> pa.RecordBatch:
-    """The sequences as one record batch: ``input_ids`` (``large_list<int32>``), ``labels`` and
-    ``loss_mask`` under the ``labels`` convention (``packtool.encoders.masking``), and per sample
-    ``image_offsets``, ``image_lengths`` (``large_list<int64>``) and ``image_sizes`` (``large_list<int64>``,
-    height and width interleaved).
-
-    >>> seq = VisionSequence(np.array([5, 9, 9, 6, 7], np.int32), np.array([0, 0, 0, 1, 1], bool),
-    ...                      np.array([1]), np.array([2]), np.array([[30, 40]]))
-    >>> rb = sequence_columns([seq])
-    >>> rb.column("labels").to_pylist(), rb.column("image_offsets").to_pylist()
-    ([[-100, -100, 6, 7, -100]], [[1]])
-    """
-    ids = array_lists([s.input_ids for s in sequences])
-    trained = np.concatenate([s.trained for s in sequences]) if sequences else np.zeros(0, dtype=bool)
-    label_column, mask_column = loss_columns(ids, trained, labels)
-
-    def ragged(arrays: list[np.ndarray]) -> pa.LargeListArray:
-        offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-        np.cumsum([len(a) for a in arrays], out=offsets[1:])
-        flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
-        return large_lists(offsets, flat.astype(np.int64), pa.int64())
-
-    return pa.RecordBatch.from_pydict(
-        {
-            "input_ids": ids,
-            "labels": label_column,
-            "loss_mask": mask_column,
-            "image_offsets": ragged([s.image_offsets for s in sequences]),
-            "image_lengths": ragged([s.image_lengths for s in sequences]),
-            "image_sizes": ragged([s.image_sizes.reshape(-1) for s in sequences]),
-        }
-    )
 
 
 def check_plannable(split_across_pack: bool, long_samples: str) -> None:

@@ -9,9 +9,9 @@ import pytest
 
 from packtool.encoders.chat import ChatEncoder
 from packtool.encoders.registry import resolve_sample_format
-from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
 from packtool.options import PackOptions
+from packtool.tokenizing.tokenizer import HFTokenizer
 from tests.conftest import DEMO, DEMO_TOKENIZER
 from tests.sft_checks import encode_rows, label_runs
 

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from packtool.encoders.chat import ChatEncoder
-from packtool.encoders.template_sandbox import STEP_BUDGET, TemplateBudgetError
-from packtool.encoders.text import HFTokenizer
 from packtool.errors import InputError
+from packtool.tokenizing.template_sandbox import STEP_BUDGET, TemplateBudgetError
+from packtool.tokenizing.tokenizer import HFTokenizer
 from tests.conftest import DEMO
 from tests.sft_checks import encode_rows
 

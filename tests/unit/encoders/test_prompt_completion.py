@@ -8,9 +8,9 @@ import pytest
 
 from packtool.encoders.prompt_completion import ALPACA, ALPACA_NO_INPUT, PromptCompletionEncoder
 from packtool.encoders.registry import build_encoder, resolve_sample_format
-from packtool.encoders.text import HFTokenizer
 from packtool.errors import ConfigError, InputError
 from packtool.options import PackOptions
+from packtool.tokenizing.tokenizer import HFTokenizer
 from tests.conftest import DEMO_TOKENIZER
 from tests.sft_checks import encode_rows, label_runs
 

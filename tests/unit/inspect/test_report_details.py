@@ -9,11 +9,11 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
-from packtool.encoders.text import HFTokenizer
 from packtool.inspect import decode_segments, recompute_stats, settings
 from packtool.manifest import Histogram
 from packtool.options import PackOptions
 from packtool.pipeline.run import run_pack
+from packtool.tokenizing.tokenizer import HFTokenizer
 
 VOCAB = ["[PAD]", "[UNK]", "g", "##cloud", "beta", "_", "run", "##s"]
 

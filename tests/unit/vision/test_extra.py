@@ -2,7 +2,8 @@
 deferred imports of ``VISION_ENTRIES`` (inside a function, run for vision samples or outputs only), so
 Pillow and transformers' processors load only for who asks for images.
 
-The vision extra is ``packtool.vision`` and the vision encoder (``packtool.encoders.vision``), less
+The vision extra is ``packtool.vision``, the vision encoder (``packtool.encoders.vision``) and verify's
+image checks (``packtool.verify.images``), less
 ``packtool.vision.files`` (reading an image file and its digest: the pipeline's image store uses it, and
 it needs neither Pillow nor transformers)."""
 
@@ -16,13 +17,17 @@ from tests.unit.test_architecture import DEFERRED, ROOT, graph
 # module -> the vision extra's modules it imports inside a function, for vision samples or outputs only
 VISION_ENTRIES = {
     "packtool.encoders.registry": {"packtool.encoders.vision"},
-    "packtool.verify": {"packtool.vision.checks"},
+    "packtool.verify": {"packtool.verify.images"},
 }
 LIGHT = {"packtool.vision.files"}
 
 
 def in_extra(name: str) -> bool:
-    return (name.startswith("packtool.vision") or name == "packtool.encoders.vision") and name not in LIGHT
+    extra = name.startswith("packtool.vision") or name in (
+        "packtool.encoders.vision",
+        "packtool.verify.images",
+    )
+    return extra and name not in LIGHT
 
 
 def test_no_module_outside_the_vision_extra_imports_it():

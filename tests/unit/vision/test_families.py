@@ -1,6 +1,9 @@
 """Every model family's processor, built offline from its own transformers classes: packtool's ids, labels
 and image spans for each sample equal the processor's own output on that sample, or the family is
-refused in one line naming it and why.
+refused in one line naming it and why. An image the processor cannot take (DeepSeek-VL's and Janus's
+take 3-channel images only) is its sample's bad input: packtool refuses the samples the processor fails
+on, naming the image, and no other (but for one the processor fails on an image of alone: Emu3's 1 x 1
+image, which it takes beside a larger one).
 
 The reference for a sample is the processor itself on the rendered conversation and the sample's images
 as ``Image.open`` gives them: ``processor(text=[rendered], images=[images])``, without its special tokens
@@ -25,11 +28,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from packtool.errors import ConfigError
+from packtool.errors import ConfigError, ErrorSink
 from packtool.vision.processor import load_processor
 from packtool.vision.samples import sample_from_record
 from packtool.vision.sequences import encode_samples
 from tests.fixtures.vision_families import FAMILIES, PALIGEMMA_TEMPLATE
+from tests.fixtures.vision_families_more import MORE_FAMILIES
 from tests.fixtures.vision_inputs import chat_records, write_real_images
 from tests.fixtures.vision_processors import build_llava
 
@@ -57,8 +61,30 @@ EXPECTED = {
     "mistral3": r"mistral3 \(PixtralProcessor\) is refused: it cannot be built here",
     "llama4": r"llama4 \(Llama4Processor\) is refused: it cannot be built here \(Llama4ImageProcessor "
     r"requires the Torchvision library",
+    "janus": None,
+    "gemma4": None,
+    "hunyuan_vl": None,
+    "deepseek_vl": None,
+    # its call appends the tokenizer's sep_token to every text, outside its layout: the refusal shows it
+    "chameleon": r"chameleon \(ChameleonProcessor\) is refused: the text it tokenizes is not its layout "
+    r"with each placeholder replaced: from character \d+ it is \.\.\.'.*<eoss>z\\n<reserved08706>' \(its "
+    r"end\) where the layout gives \.\.\.'.*<eoss>z\\n' \(its end\)$",
+    "emu3": None,
+    "paddleocr_vl": None,
+    "granite4_vision": None,
+    "glm4v": None,
+    "minicpmv": None,
+    # each image's id, its place in its sample
+    "minicpmv_ids": r"minicpmv4_6 \(MiniCPMV4_6Processor\) is refused: the text it writes for an image "
+    r"depends on the other images of its sample",
+    "fuyu": r"fuyu \(FuyuProcessor\) is refused: it fails on 9 of 9 probe images \(ValueError: The total "
+    r"number of \|SPEAKER\| tokens",
+    "ovis2": r"ovis2 \(Ovis2Processor\) fails on a probe image: AttributeError",
 }
-BUILDERS = {"llava": build_llava, **FAMILIES}
+BUILDERS = {"llava": build_llava, **FAMILIES, **MORE_FAMILIES}
+# families whose processor fails on some of the test images: how many of the 21 samples of make test
+# packtool packs (Janus and DeepSeek-VL take 3-channel images only; Emu3 fails on a 1 x 1 image alone)
+TAKES_SOME = {"janus": 6, "deepseek_vl": 6, "emu3": 19}
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +141,8 @@ def processor_reference(vp, sample) -> tuple[np.ndarray, np.ndarray, list[tuple[
     ):  # its layout: <bos> after the last image, "\n" at the end
         cut = text.rindex(vp.image_token) + len(vp.image_token)
         trained_spans = [(a + (a >= cut) * len(bos), b + (b >= cut) * len(bos)) for a, b in trained_spans]
+    elif vp.family.startswith("emu3"):  # its layout: <bos> first (its call never tells it not to)
+        trained_spans = [(a + len(bos), b + len(bos)) for a, b in trained_spans]
     shift = [
         (r["span"][1], (r["new_span"][1] - r["new_span"][0]) - (r["span"][1] - r["span"][0]))
         for r in replaced
@@ -142,20 +170,41 @@ def processor_reference(vp, sample) -> tuple[np.ndarray, np.ndarray, list[tuple[
     return ids, trained, spans
 
 
+def reference_or_none(vp, sample):
+    """``processor_reference``, or ``None`` where the processor fails on the sample's images."""
+    try:
+        return processor_reference(vp, sample)
+    except ValueError:
+        return None
+
+
+def fails_alone(vp, sample) -> bool:
+    """Whether the processor fails on one of the sample's images alone (Emu3 on a 1 x 1 image, which it
+    takes beside a larger one: packtool counts each image alone, and refuses it)."""
+    for ref in sample.images:
+        try:
+            vp.processor(text=[vp.placeholders(1)], images=[[Image.open(ref.path)]])
+        except ValueError:
+            return True
+    return False
+
+
 def exact_samples(vp, samples) -> int:
-    """How many samples packtool encodes exactly as the processor does (asserting that all are kept)."""
-    kept, sequences = encode_samples(vp, samples)
-    assert len(kept) == len(samples)
-    exact = 0
-    for sample, seq in zip(samples, sequences, strict=True):
-        ids, trained, spans = processor_reference(vp, sample)
+    """How many samples packtool packs, asserting that each is exactly as the processor encodes it and
+    that each one it refuses (a bad image) has an image the processor fails on: with its sample, or
+    alone."""
+    sink = ErrorSink("skip")
+    kept, sequences = encode_samples(vp, samples, sink)
+    references = [reference_or_none(vp, s) for s in samples]
+    refused = [not any(s is k for k in kept) for s in samples]
+    for sample, reference, no in zip(samples, references, refused, strict=True):
+        assert reference is None or fails_alone(vp, sample) if no else reference is not None
+    assert sink.counts == ({"bad_image": sum(refused)} if any(refused) else {})
+    references = [r for r, no in zip(references, refused, strict=True) if not no]
+    for (ids, trained, spans), seq in zip(references, sequences, strict=True):
         got = list(zip(seq.image_offsets.tolist(), seq.image_lengths.tolist(), strict=True))
-        exact += (
-            ids.tolist() == seq.input_ids.tolist()
-            and trained.tolist() == seq.trained.tolist()
-            and got == spans
-        )
-    return exact
+        assert (ids.tolist(), trained.tolist(), spans) == (seq.input_ids.tolist(), seq.trained.tolist(), got)
+    return len(kept)
 
 
 @pytest.mark.parametrize("family", list(EXPECTED))
@@ -165,13 +214,14 @@ def test_each_family_is_exact_or_refused(family_dirs, few_samples, family):
             _load(family_dirs, family)
         return
     vp = _load(family_dirs, family)
-    assert exact_samples(vp, few_samples) == len(few_samples)
+    assert exact_samples(vp, few_samples) == TAKES_SOME.get(family, len(few_samples))
 
 
 @pytest.mark.parametrize("family", [f for f, refused in EXPECTED.items() if refused is None])
 def test_each_family_on_114_real_images(family_dirs, many_samples, family):
     vp = _load(family_dirs, family)
-    assert exact_samples(vp, many_samples) == len(many_samples)
+    exact = exact_samples(vp, many_samples)
+    assert exact == len(many_samples) or (family in TAKES_SOME and exact > len(many_samples) // 10)
 
 
 # families whose model the loader cannot feed packs of several samples (their processors' token_type_ids
@@ -193,11 +243,11 @@ def test_the_loader_gives_each_family_s_inputs_for_a_pack(family_dirs, few_sampl
         with pytest.raises(ValueError, match=LOADER_REFUSED[family]):
             VisionTaskEncoder(vp, mask="dense")
         return
-    chosen = [
-        next(s for s in few_samples if len(s.images) >= 2),
-        next(s for s in few_samples if not s.images),
-        next(s for s in few_samples if len(s.images) == 1),
-    ]
+
+    def taken(images):  # the first sample with that many images that the processor takes
+        return next(s for s in few_samples if images(len(s.images)) and reference_or_none(vp, s) is not None)
+
+    chosen = [taken(lambda n: n >= 2), taken(lambda n: n == 0), taken(lambda n: n == 1)]
     _, sequences = encode_samples(vp, chosen)
     starts = np.cumsum([0, *(len(s) for s in sequences)])[:-1]
     pack = {
@@ -215,7 +265,7 @@ def test_the_loader_gives_each_family_s_inputs_for_a_pack(family_dirs, few_sampl
     for sample in chosen:
         if sample.images:
             images = [Image.open(ref.path) for ref in sample.images]
-            got = vp.processor(text=[vp.image_token * len(images)], images=[images], return_tensors="pt")
+            got = vp.processor(text=[vp.placeholders(len(images))], images=[images], return_tensors="pt")
             alone.append(got)
     if vp.cross_attention:  # a row of the pack's images: each sample's joined on the image dimension
         assert torch.equal(out["pixel_values"], concat_padded([a["pixel_values"][0] for a in alone])[None])

@@ -31,7 +31,7 @@ def test_size_from_the_header_of_every_format(tmp_path, fmt, mode):
     data = encoded(123, 45, fmt, mode)
     path = tmp_path / f"a.{fmt.lower()}"
     path.write_bytes(data)
-    assert image_size(data) == image_size(path) == ImageSize(height=45, width=123, format=fmt)
+    assert image_size(data) == image_size(path) == ImageSize(height=45, width=123, format=fmt, mode=mode)
 
 
 def noisy(width: int, height: int, fmt: str) -> bytes:

@@ -1,4 +1,4 @@
-"""``verify`` of vision-language outputs (``packtool.vision.checks``): a sound output passes with every image
+"""``verify`` of vision-language outputs (``packtool.verify.images``): a sound output passes with every image
 counted; an image whose stored size, token count or span is wrong, or whose bytes differ from the
 source's, is a problem naming its shard, pack and field; without the processor a note says the counts were
 not checked."""
@@ -13,14 +13,15 @@ from packtool.options import PackOptions
 from packtool.pipeline.run import run_pack
 from packtool.verify import verify_output
 from tests.fixtures.vision_inputs import image_bytes, write_llava_input
+from tests.fixtures.vision_processors import build_qwen2vl
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory, processors):
+def packed(tmp_path_factory):
     """A Qwen2-VL output of the four LLaVA records (5 images, 2 packs), and the processor's directory."""
     root = tmp_path_factory.mktemp("checks")
     source = write_llava_input(root / "in")
-    processor = processors["qwen2vl"].path
+    processor = str(build_qwen2vl(root / "qwen2vl"))
     options = PackOptions.of(
         inputs=[str(source)],
         output=str(root / "out"),

@@ -45,7 +45,7 @@ from jinja2.utils import _PassArg
 from jinja2.visitor import NodeTransformer
 from transformers.utils import chat_template_utils
 
-from packtool.encoders.template_sizes import (
+from packtool.tokenizing.template_sizes import (
     CONTAINERS,
     FILTER_SIZES,
     GLOBAL_SIZES,
