@@ -18,7 +18,9 @@ family and why (``ConfigError``, exit 2). So is a configuration with a value no 
 The conversation is rendered with ``chat_template`` (``--chat-template``) when given, else the
 processor's own template (``chat_template.jinja`` / ``.json`` of the directory), else the tokenizer's.
 As ``processor.apply_chat_template(..., tokenize=True)`` does, the tokenizer adds its own special tokens
-(a BOS) unless the rendered text already starts with its BOS.
+(a BOS) unless the rendered text already starts with its BOS. Interleaved documents have no conversation:
+their processor is loaded without a template (``conversations=False``), and their text holds the
+processor's own placeholder at each image (``VisionProcessor.image_placeholder``).
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class VisionProcessor:
         image_token_ids: ``(m,)`` int64, the processor's image tokens (``image_token_ids``: what its
             ``mm_token_type_ids`` marks); an image's span runs from the first to the last of them.
         tokenizer: packtool's ``HFTokenizer`` over the processor's own tokenizer.
-        chat: the ``ChatEncoder`` of the template (renders image parts, finds trained spans).
+        chat: the ``ChatEncoder`` of the template (renders image parts, finds trained spans); ``None`` for a
+            processor loaded for interleaved documents (``load_processor(conversations=False)``).
         image_processor: the transformers image processor (PIL backend), for the loader.
         processor: the transformers processor.
         expander: its expansion, reproduced (``packtool.vision.expansion``).
@@ -89,7 +92,7 @@ class VisionProcessor:
     image_token: str
     image_token_ids: np.ndarray
     tokenizer: HFTokenizer
-    chat: ChatEncoder
+    chat: ChatEncoder | None
     image_processor: Any
     processor: Any
     expander: Expander
@@ -118,6 +121,17 @@ class VisionProcessor:
         """Count the images of ``sizes`` in one call of the processor where it can (``Expander.prefetch``):
         ``expansion`` then finds them counted."""
         self.expander.prefetch(sizes)
+
+    @property
+    def image_placeholder(self) -> str:
+        """The text that stands for one image in the text the processor takes, which it replaces by its
+        tokens for the image (``processor(text=..., images=...)``): what an interleaved document holds at
+        each image.
+
+        >>> vp.image_placeholder  # doctest: +SKIP
+        '<|image_pad|>'
+        """
+        return self.expander.placeholder
 
     @property
     def image_token_id(self) -> int:
@@ -165,7 +179,7 @@ class VisionProcessor:
         ``config_sha256`` hashes the directory's files of ``CONFIG_FILES`` that exist, in that order."""
         import transformers  # noqa: PLC0415 - loaded already by load_processor; only its version is read
 
-        mode = "per image size"
+        mode, chat = "per image size", self.chat
         if self.expander.arithmetic is not None:
             mode = "arithmetic (the processor's _get_num_multimodal_tokens), spot-checked"
         elif self.expander.per_image_count:
@@ -178,9 +192,9 @@ class VisionProcessor:
             "image_processor": type(self.image_processor).__name__,
             "video_processor": self.video or type(getattr(self.processor, "video_processor", None)).__name__,
             "expansion": mode,
-            "chat_template": self.chat.template_source,
-            "chat_template_sha256": hashlib.sha256(self.chat.template.encode()).hexdigest(),
-            "loss_on": self.chat.loss_on,
+            "chat_template": chat and chat.template_source,  # (None: loaded for interleaved documents)
+            "chat_template_sha256": chat and hashlib.sha256(chat.template.encode()).hexdigest(),
+            "loss_on": chat and chat.loss_on,
             "transformers": transformers.__version__,
             "config_sha256": self._config_sha256,
         }
@@ -192,6 +206,7 @@ def load_processor(
     chat_template: str | None = None,
     loss_on: str = "assistant",
     proven: dict[str, Any] | None = None,
+    conversations: bool = True,
 ) -> VisionProcessor:
     """The processor of a local model directory; nothing is downloaded (module docstring).
 
@@ -202,6 +217,8 @@ def load_processor(
         proven: ``VisionProcessor.proofs()`` of the same directory, loaded by another process (a run's
             driver, for its workers): taken instead of probing the processor again when the directory's
             configuration files still give the digest they had there.
+        conversations: load the chat template (``False``: for interleaved documents, which have none;
+            ``chat`` is then ``None``).
 
     Raises ``ConfigError``: a directory that is missing or holds no processor, a bad configuration value,
     a family packtool refuses (one line naming it and why).
@@ -259,7 +276,9 @@ def load_processor(
             "not in the token sequence) needs a cross_attention_mask per pack, which the loader does not "
             "build"
         )
-    chat = ChatEncoder(tokenizer, chat_template or _processor_template(path), loss_on)
+    chat = (
+        ChatEncoder(tokenizer, chat_template or _processor_template(path), loss_on) if conversations else None
+    )
     return VisionProcessor(
         path=str(path),
         family=family,
@@ -271,7 +290,12 @@ def load_processor(
         processor=processor,
         expander=expander,
         video=video,
-        loaded_with={"directory": str(directory), "chat_template": chat_template, "loss_on": loss_on},
+        loaded_with={
+            "directory": str(directory),
+            "chat_template": chat_template,
+            "loss_on": loss_on,
+            "conversations": conversations,
+        },
         _config_sha256=digest,
     )
 
@@ -279,7 +303,12 @@ def load_processor(
 def _load_again(arguments: dict[str, Any]) -> VisionProcessor:
     """``load_processor(**arguments)``: how a pickled ``VisionProcessor`` comes back."""
     directory = arguments["directory"]
-    return load_processor(directory, chat_template=arguments["chat_template"], loss_on=arguments["loss_on"])
+    return load_processor(
+        directory,
+        chat_template=arguments["chat_template"],
+        loss_on=arguments["loss_on"],
+        conversations=arguments.get("conversations", True),
+    )
 
 
 def _without_video(path: Path, error: ImportError) -> tuple[Any, str]:
