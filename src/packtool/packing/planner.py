@@ -102,7 +102,7 @@ def resolve_position_ids(options: PackingOptions) -> str:
 
 Locate = Callable[[int, str, str], InputError]
 # (sample indices) -> (offsets, starts, ends): the spans that each sample's pieces must hold whole,
-# ``[start, end)`` in the sample, sample ``j``'s at ``offsets[j]:offsets[j + 1]``, in order
+# ``[start, end)`` in the sample, disjoint or equal, sample ``j``'s at ``offsets[j]:offsets[j + 1]``, in order
 Blocks = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
@@ -238,7 +238,8 @@ def cut_outside(
             if size - at <= n:
                 break
             cut = at + n
-            while (inside := (s < cut) & (cut < e)).any():  # (blocks may overlap by a merged token)
+            inside = (s < cut) & (cut < e)
+            if inside.any():
                 cut = int(s[inside].min())
             if cut <= at:  # the block from here on is longer than n
                 k = int(np.flatnonzero(s == at)[0])

@@ -28,9 +28,10 @@ Qwen2-VL the run of ``<image>`` / ``<|image_pad|>``; for Idefics3 from the first
 to the global image's last, tile tags between; Gemma 3's ``<start_of_image>`` and ``<end_of_image>`` are
 outside). Each span is checked against the processor's ids for that size; no token of a span is trained.
 ``VisionSequence.image_blocks`` give each image's block: every token of the text the processor wrote for
-it, its span and what is around it (Gemma 3's ``<start_of_image>``, Qwen2-VL's ``<|vision_start|>``; for
-a processor whose text for an image depends on the sample's images, LLaVA-OneVision's, the tokens from
-the first image's to the last's); a long document is cut only outside its images' blocks
+it, its span and what is around it (Gemma 3's ``<start_of_image>``, Qwen2-VL's ``<|vision_start|>``;
+images that share a token share a block; for a processor whose text for an image depends on the sample's
+images, LLaVA-OneVision's, the tokens from the first image's to the last's); blocks are disjoint or
+equal, and a long document is cut only outside its images' blocks
 (``--long-samples split``), so that each piece is what the processor writes for it alone.
 ``sequence_columns`` turns sequences into the columns the text path uses (``input_ids``, ``labels``,
 ``loss_mask`` under a labels convention) plus the image columns; ``sample_lengths`` is what
@@ -224,9 +225,9 @@ def _expand(
     r: _Rendered, ids: list[int], offsets: list[tuple[int, int]], in_text: np.ndarray, per_sample: bool
 ) -> VisionSequence:
     """The tokenized text with each image's runs repeated, its images' spans found and checked, and their
-    blocks: the tokens whose characters meet the text written for the image (every image's for all,
-    ``per_sample``, where what the processor writes for an image depends on the sample's images:
-    LLaVA-OneVision's)."""
+    blocks: the tokens whose characters meet the text written for the image (images that share a token
+    share one block; every image's for all, ``per_sample``, where what the processor writes for an image
+    depends on the sample's images: LLaVA-OneVision's)."""
     ids = np.asarray(ids, dtype=np.int64)
     starts, char_ends = np.asarray(offsets, dtype=np.int64).reshape(-1, 2).T
     text_tokens = np.flatnonzero(in_text)
@@ -262,6 +263,10 @@ def _expand(
     blocks = np.stack([ends[block_of[:, 0]] - repeats[block_of[:, 0]], ends[block_of[:, 1]]], axis=1)
     if per_sample and len(blocks):  # what it writes for an image depends on the others: one block for all
         blocks[:] = (blocks[:, 0].min(), blocks[:, 1].max())
+    for k in range(1, len(blocks)):  # images that share a token (a merged line break): one block
+        if blocks[k, 0] < blocks[k - 1, 1]:
+            first = int(np.flatnonzero(blocks[:, 0] == blocks[k - 1, 0])[0])
+            blocks[first : k + 1] = (blocks[first, 0], max(blocks[k, 1], blocks[k - 1, 1]))
     trained = np.zeros(len(ids), dtype=bool)
     for a, b in r.spans:  # tokens whose first character lies in [a, b)
         trained |= (starts >= a) & (starts < b)
