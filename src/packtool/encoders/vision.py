@@ -123,7 +123,7 @@ class VisionEncoder:
                 raise sample.error(
                     f"image {k} ({sample.images[k].name}) alone takes {int(seq.image_lengths[k])} tokens, "
                     f"more than packed_sequence_size {self.n}",
-                    "image",
+                    "image" if self.documents is None else "images",
                     "image_too_large",
                 )
             blocks = np.diff(seq.blocks(), axis=1).reshape(-1)
