@@ -35,6 +35,7 @@ from tests.fixtures.vision_inputs import document_records, write_jsonl, write_re
 from tests.fixtures.vision_processors import build_qwen2vl
 
 EOS = "<|im_end|>"  # the demo tokenizer's EOS
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"  # what Qwen2-VL's text holds for an image
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +54,9 @@ def docs(tmp_path_factory) -> dict:
 
 def alone(vp, record: dict, base: Path, eos: str | None) -> tuple[list[int], list[bool]]:
     """What the processor writes for ``record`` alone, and which of its tokens are a text's: its texts
-    joined with ``processor.image_token`` at each image (and ``eos`` after), tokenized with the tokenizer's
-    special tokens, as ``processor(text=..., images=...)`` does."""
-    texts = [vp.processor.image_token if t is None else t for t in record["texts"]] + [eos or ""]
+    joined with ``IMAGE`` at each image (and ``eos`` after), tokenized with the tokenizer's special tokens,
+    as ``processor(text=..., images=...)`` does."""
+    texts = [IMAGE if t is None else t for t in record["texts"]] + [eos or ""]
     images = []
     for image in record["images"]:
         if image is not None:
@@ -65,7 +66,8 @@ def alone(vp, record: dict, base: Path, eos: str | None) -> tuple[list[int], lis
                        return_offsets_mapping=True)  # fmt: skip
     starts = np.asarray(out["offset_mapping"][0]).reshape(-1, 2)
     ids = list(out["input_ids"][0])
-    is_image = np.isin(ids, vp.image_token_ids)
+    markup = [vp.tokenizer.token_to_id(t) for t in ("<|vision_start|>", "<|vision_end|>")]
+    is_image = np.isin(ids, [*vp.image_token_ids, *markup])
     of_text = ~((starts[:, 0] == 0) & (starts[:, 1] == 0)) & ~is_image
     return ids, of_text.tolist()
 

@@ -19,8 +19,11 @@ The conversation is rendered with ``chat_template`` (``--chat-template``) when g
 processor's own template (``chat_template.jinja`` / ``.json`` of the directory), else the tokenizer's.
 As ``processor.apply_chat_template(..., tokenize=True)`` does, the tokenizer adds its own special tokens
 (a BOS) unless the rendered text already starts with its BOS. Interleaved documents have no conversation:
-their processor is loaded without a template (``conversations=False``), and their text holds the
-processor's own placeholder at each image (``VisionProcessor.image_placeholder``).
+their processor is loaded for them (``conversations=False``), and their text holds at each image what the
+model's text has for one (``VisionProcessor.image_placeholder``): what the chat template writes for an
+image part, without the whitespace around it (Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``,
+which its model needs between two images side by side), where it holds the processor's placeholder once;
+else the processor's placeholder alone.
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ class VisionProcessor:
         processor: the transformers processor.
         expander: its expansion, reproduced (``packtool.vision.expansion``).
         video: ``None``, or why its video processor was not loaded.
+        document_image: what an interleaved document's text holds at each image, for a processor loaded
+            for documents (``image_placeholder``).
         loaded_with: the arguments ``load_processor`` took (a pickled processor is loaded again from them,
             as a DataLoader worker started with ``spawn`` does: the processor itself may hold a class built
             at load time).
@@ -97,6 +102,7 @@ class VisionProcessor:
     processor: Any
     expander: Expander
     video: str | None = None
+    document_image: str | None = None
     loaded_with: dict[str, Any] = field(default_factory=dict, repr=False)
     _config_sha256: str = field(default="", repr=False)
 
@@ -124,14 +130,15 @@ class VisionProcessor:
 
     @property
     def image_placeholder(self) -> str:
-        """The text that stands for one image in the text the processor takes, which it replaces by its
-        tokens for the image (``processor(text=..., images=...)``): what an interleaved document holds at
-        each image.
+        """What an interleaved document's text holds at each image, whose placeholder the processor
+        replaces by its tokens for the image (``processor(text=..., images=...)``): for a processor loaded
+        for documents, the text its chat template writes for an image part (module docstring), else the
+        placeholder alone.
 
         >>> vp.image_placeholder  # doctest: +SKIP
-        '<|image_pad|>'
+        '<|vision_start|><|image_pad|><|vision_end|>'
         """
-        return self.expander.placeholder
+        return self.document_image or self.expander.placeholder
 
     @property
     def image_token_id(self) -> int:
@@ -197,7 +204,7 @@ class VisionProcessor:
             "loss_on": chat and chat.loss_on,
             "transformers": transformers.__version__,
             "config_sha256": self._config_sha256,
-        }
+        } | ({} if chat else {"image_placeholder": self.image_placeholder})
 
 
 def load_processor(
@@ -276,9 +283,9 @@ def load_processor(
             "not in the token sequence) needs a cross_attention_mask per pack, which the loader does not "
             "build"
         )
-    chat = (
-        ChatEncoder(tokenizer, chat_template or _processor_template(path), loss_on) if conversations else None
-    )
+    template = chat_template or _processor_template(path)
+    chat = ChatEncoder(tokenizer, template, loss_on) if conversations else None
+    document_image = None if conversations else _image_markup(tokenizer, template, expander.placeholder)
     return VisionProcessor(
         path=str(path),
         family=family,
@@ -290,6 +297,7 @@ def load_processor(
         processor=processor,
         expander=expander,
         video=video,
+        document_image=document_image,
         loaded_with={
             "directory": str(directory),
             "chat_template": chat_template,
@@ -298,6 +306,21 @@ def load_processor(
         },
         _config_sha256=digest,
     )
+
+
+def _image_markup(tokenizer: HFTokenizer, template: str | None, placeholder: str) -> str | None:
+    """What the chat template (``template``, else the tokenizer's) writes for one image part between two
+    text parts, without the whitespace around it, where it holds ``placeholder`` once; ``None`` where there
+    is no template, it fails, or it writes something else."""
+    before, after = "packtool-text-before", "packtool-text-after"
+    parts = [{"type": "text", "text": before}, {"type": "image"}, {"type": "text", "text": after}]
+    try:
+        text, _ = ChatEncoder(tokenizer, template).render([{"role": "user", "content": parts}])
+    except Exception:  # noqa: BLE001 - no template, or one that fails on this: the placeholder alone
+        return None
+    start, end = text.find(before), text.find(after)
+    markup = text[start + len(before) : end].strip() if 0 <= start < end else ""
+    return markup if markup.count(placeholder) == 1 else None
 
 
 def _load_again(arguments: dict[str, Any]) -> VisionProcessor:

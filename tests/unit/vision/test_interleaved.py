@@ -36,6 +36,12 @@ from tests.fixtures.vision_inputs import (
 from tests.fixtures.vision_processors import build_llava
 
 FAST = ("llava", "qwen2_vl", "idefics3", "smolvlm", "gemma3")
+# what a document's text holds at each image: what the family's chat template writes for an image part
+# (Qwen-VL's wraps the placeholder, as the model needs between two images side by side), or the
+# processor's placeholder where there is no template (PaliGemma)
+MARKUP = {"qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "<start_of_image>",
+          "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "internvl": "<IMG_CONTEXT>",
+          "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>"}  # fmt: skip
 # every family the chat path packs exactly (test_families.EXPECTED), the fast ones first
 FAMILIES_EXACT = (*FAST, "llava_next", "qwen2_5_vl", "qwen3_vl", "aya_vision", "paligemma",
                   "llava_onevision", "internvl")  # fmt: skip
@@ -64,11 +70,13 @@ def _processor(root: Path, family: str):
 
 
 def reference(vp, record: dict, bos: str | None, eos: str | None, loss_all: bool) -> tuple:
-    """``processor_tokens`` of ``record`` joined as the processor takes it, built here: the texts with
-    ``processor.image_token`` at each image, ``bos`` before and ``eos`` after; the texts (and ``eos``)
-    trained, or everything with ``loss_all``."""
+    """``processor_tokens`` of ``record`` joined as the processor takes it, built here: the texts with the
+    family's ``MARKUP`` (else ``processor.image_token``) at each image, ``bos`` before and ``eos`` after;
+    the texts (and ``eos``) trained, or everything with ``loss_all``."""
+    markup = next((m for f, m in MARKUP.items() if vp.path.endswith(f"/{f}")), vp.processor.image_token)
+    assert vp.image_placeholder == markup
     parts = [(bos or "", False)]
-    parts += [(t, True) if t is not None else (vp.processor.image_token, False) for t in record["texts"]]
+    parts += [(t, True) if t is not None else (markup, False) for t in record["texts"]]
     parts.append((eos or "", True))
     text = "".join(p for p, _ in parts)
     ends = np.cumsum([len(p) for p, _ in parts])
