@@ -26,9 +26,11 @@ Interleaved documents (``--documents``, 0 to skip): the first ``--documents`` sa
 documents (``documents_input``: each turn's text a text, each ``<image>`` an image at its place, in
 OBELICS's ``texts`` / ``images`` layout), packed by ``packtool pack --processor`` (``--num-proc 1``), against
 the same documents as text only (their texts joined, the images left out: ``{"text": ...}`` packed by
-``--tokenizer`` over the processor's own tokenizer, the text path): the CPU a document of each, of the whole
-command and of the encoding and planning alone (from the first record read to the plan made, in one
-process: the start-up, transformers imported, paid once by any run, left out), and their ratio.
+``--tokenizer`` over the processor's own tokenizer, the text path), and between them the same documents
+without their images through ``--processor`` (what the interleaved path costs on text): the CPU a
+document of each, of the whole command and of the encoding and planning alone (from the first record read
+to the plan made, in one process: the start-up, transformers imported, paid once by any run, left out),
+and their ratios.
 
 The loader (``--loader-samples``, 0 to skip; ``make bench`` runs it alone with ``--samples 0``): the first
 ``--loader-samples`` samples packed by ``packtool pack --processor`` (Parquet), then, alternating
@@ -318,12 +320,13 @@ def bench_pack(data: Path, processor_dir: Path, tmp: Path, args) -> None:
     print(f"fill: {stats['fill_rate']:.4f}; packs {packs} vs lower bound {stats['lower_bound_packs']}")
 
 
-def documents_input(data: Path, out: Path, count: int) -> tuple[Path, Path]:
+def documents_input(data: Path, out: Path, count: int) -> tuple[Path, Path, Path]:
     """The first ``count`` samples of ``data/llava.jsonl`` as interleaved documents (``texts`` and
     ``images``: each turn's text, split at its ``<image>`` placeholders, with the images at their places;
-    paths absolute) in ``out/documents.jsonl``, and the same documents as text only (``{"text": ...}``,
-    their texts joined, no image) in ``out/documents-text.jsonl``."""
-    documents, texts = [], []
+    paths absolute) in ``out/documents.jsonl``, the same documents without their images in
+    ``out/documents-no-images.jsonl``, and as text only (``{"text": ...}``, their texts joined) in
+    ``out/documents-text.jsonl``."""
+    documents, bare, texts = [], [], []
     for line in (data / "llava.jsonl").read_text().splitlines()[:count]:
         record = json.loads(line)
         images = record.get("image") or []
@@ -336,37 +339,44 @@ def documents_input(data: Path, out: Path, count: int) -> tuple[Path, Path]:
                 if text.strip():
                     items.append((text.strip() + "\n", None))
         documents.append({"texts": [t for t, _ in items], "images": [i for _, i in items]})
-        texts.append({"text": "".join(t for t, _ in items if t is not None)})
-    paths = (out / "documents.jsonl", out / "documents-text.jsonl")
-    for path, rows in zip(paths, (documents, texts), strict=True):
+        kept = [t for t, _ in items if t is not None]
+        bare.append({"texts": kept, "images": [None] * len(kept)})
+        texts.append({"text": "".join(kept)})
+    paths = (out / "documents.jsonl", out / "documents-no-images.jsonl", out / "documents-text.jsonl")
+    for path, rows in zip(paths, (documents, bare, texts), strict=True):
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return paths
 
 
 def bench_documents(data: Path, processor_dir: Path, tmp: Path, args) -> None:
     """Interleaved documents against the same documents as text only (module docstring)."""
-    documents, texts = documents_input(data, tmp, args.documents)
+    documents, bare, texts = documents_input(data, tmp, args.documents)
     n = len(documents.read_text().splitlines())
     images = sum(1 for line in documents.read_text().splitlines() for i in json.loads(line)["images"] if i)
     size = ["--packed-sequence-size", str(args.size), "--num-proc", "1", "--long-samples", "split"]
-    runs: dict[str, list] = {"documents": [], "text": []}
+    kinds = {  # name: (input, processor, flags)
+        "documents": (documents, processor_dir, size),
+        "no images": (bare, processor_dir, ["--sample-format", "interleaved", *size]),
+        "text": (texts, None, ["--tokenizer", str(processor_dir), *size]),
+    }
+    runs: dict[str, list] = {k: [] for k in kinds}
     for _ in range(args.repeats):  # alternating, the best of each
-        runs["documents"].append(pack_timed(documents, processor_dir, tmp, "documents", *size))
-        text_flags = ["--tokenizer", str(processor_dir), *size]
-        runs["text"].append(pack_timed(texts, None, tmp, "documents-text", *text_flags))
-    (doc, doc_steps), (text, text_steps) = (
-        min(runs[k], key=lambda r: r[0].cpu) for k in ("documents", "text")
-    )
-    doc_work, text_work = (min(t["plan"] - t["read"] for _, t in runs[k]) for k in ("documents", "text"))
-    tokens = json.loads((tmp / "documents" / "manifest.json").read_text())["stats"]["num_tokens"]
+        for k, (source, processor, flags) in kinds.items():
+            runs[k].append(pack_timed(source, processor, tmp, f"documents-{k.replace(' ', '-')}", *flags))
+    best = {k: min(runs[k], key=lambda r: r[0].cpu)[0] for k in kinds}
+    work = {k: min(t["plan"] - t["read"] for _, t in runs[k]) for k in kinds}
+    tokens = json.loads((tmp / "documents-documents" / "manifest.json").read_text())["stats"]["num_tokens"]
     print(f"{n} interleaved documents, {images} images, {tokens} tokens (Qwen2-VL processor, N={args.size}, "
           "1 process)")  # fmt: skip
-    for label, m, work in (("documents (--processor)", doc, doc_work), ("text only (--tokenizer)", text,
-                                                                         text_work)):  # fmt: skip
+    labels = {"documents": "documents (--processor)", "no images": "without their images",
+              "text": "text only (--tokenizer)"}  # fmt: skip
+    for k, label in labels.items():
+        m = best[k]
         print(f"{label + ':':28s}{m.cpu / n * 1e6:7.0f} us CPU a document (whole command, {m.cpu:6.1f} s), "
-              f"{work / n * 1e6:6.0f} us a document encoding and planning ({work:5.1f} s)")  # fmt: skip
-    print(f"documents with their images: {doc.cpu / text.cpu:.2f}x the whole command's CPU of the text only, "
-          f"{doc_work / text_work:.2f}x its encoding and planning")  # fmt: skip
+              f"{work[k] / n * 1e6:6.0f} us a document encoding and planning ({work[k]:5.1f} s)")  # fmt: skip
+    for a, b in (("documents", "text"), ("documents", "no images"), ("no images", "text")):
+        print(f"{labels[a]} against {labels[b]}: {best[a].cpu / best[b].cpu:.2f}x the whole command's CPU, "
+              f"{work[a] / work[b]:.2f}x the encoding and planning")  # fmt: skip
 
 
 def scale_input(work: Path, samples: int) -> Path:
