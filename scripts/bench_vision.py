@@ -22,6 +22,16 @@ every process, peak RSS), with the run's steps timed from inside (``measure.STEP
 
 Each pack command runs ``--repeats`` times, alternating, and the best of each counts.
 
+Interleaved documents (``--documents``, 0 to skip): the first ``--documents`` samples as image-text
+documents (``documents_input``: each turn's text a text, each ``<image>`` an image at its place, in
+OBELICS's ``texts`` / ``images`` layout), packed by ``packtool pack --processor`` (``--num-proc 1``), against
+the same documents as text only (their texts joined, the images left out: ``{"text": ...}`` packed by
+``--tokenizer`` over the processor's own tokenizer, the text path), and between them the same documents
+without their images through ``--processor`` (what the interleaved path costs on text): the CPU a
+document of each, of the whole command and of the encoding and planning alone (from the first record read
+to the plan made, in one process: the start-up, transformers imported, paid once by any run, left out),
+and their ratios.
+
 The loader (``--loader-samples``, 0 to skip; ``make bench`` runs it alone with ``--samples 0``): the first
 ``--loader-samples`` samples packed by ``packtool pack --processor`` (Parquet), then, alternating
 ``--loader-repeats`` times:
@@ -169,6 +179,7 @@ def main() -> None:
     parser.add_argument("--loader-repeats", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each pack command (the best)")
+    parser.add_argument("--documents", type=int, default=5000, help="interleaved documents; 0 skips them")
     parser.add_argument("--scale", default="", help="sample counts of synthetic runs, e.g. 100000,1000000")
     parser.add_argument(
         "--scale-rerun", action="store_true", help="--scale: also a SIGINT at half way, rerun"
@@ -178,7 +189,7 @@ def main() -> None:
         counts = [int(n) for n in args.scale.split(",")]
         scale(counts, Path(args.data) / "scale", args.size, args.scale_rerun)
         return
-    wanted = max(args.samples, args.loader_samples)
+    wanted = max(args.samples, args.loader_samples, args.documents)
     data = Path(args.data) / str(wanted)
     if not (data / "llava.jsonl").is_file():
         _demo_module().make(data, wanted, seed=0)
@@ -187,6 +198,8 @@ def main() -> None:
         processor = load_processor(processor_dir)
         if args.samples:
             bench_pack(data, processor_dir, Path(tmp), args)
+        if args.documents:
+            bench_documents(data, processor_dir, Path(tmp), args)
         if args.loader_samples:
             out = pack_with_cli(data, processor_dir, Path(tmp) / "out", args.loader_samples, args.size)
             res = bench_loader(out, processor, args.workers, args.loader_repeats)
@@ -215,14 +228,15 @@ def without_images(data: Path, out: Path) -> Path:
     return out
 
 
-def pack_timed(source: Path, processor_dir: Path, tmp: Path, name: str, *flags: str):
-    """``packtool pack --processor`` as a whole command (``measure``): the measure, and when each of its
-    steps last came (``read``: the first record read, ``plan``: the plan made, ``write``: the last shard
-    written)."""
+def pack_timed(source: Path, processor_dir: Path | None, tmp: Path, name: str, *flags: str):
+    """``packtool pack --processor`` (without ``processor_dir``: as the flags say) as a whole command
+    (``measure``): the measure, and when each of its steps last came (``read``: the first record read,
+    ``plan``: the plan made, ``write``: the last shard written)."""
     out, steps = tmp / name, tmp / f"{name}.steps"
     steps.unlink(missing_ok=True)
+    processor = ["--processor", str(processor_dir)] if processor_dir is not None else []
     cmd = [sys.executable, "-c", STEPS_RUNNER, str(steps), "pack", str(source), "-o", str(out), "-q",
-           "--processor", str(processor_dir), "--overwrite", *flags]  # fmt: skip
+           *processor, "--overwrite", *flags]  # fmt: skip
     m = run_measured(cmd, env=ENV, log=tmp / f"{name}.log")
     assert m.rc == 0, m.log.read_text()
     return m, step_times(steps)
@@ -304,6 +318,65 @@ def bench_pack(data: Path, processor_dir: Path, tmp: Path, args) -> None:
         "0.6x needs the first at most a quarter of the second"
     )
     print(f"fill: {stats['fill_rate']:.4f}; packs {packs} vs lower bound {stats['lower_bound_packs']}")
+
+
+def documents_input(data: Path, out: Path, count: int) -> tuple[Path, Path, Path]:
+    """The first ``count`` samples of ``data/llava.jsonl`` as interleaved documents (``texts`` and
+    ``images``: each turn's text, split at its ``<image>`` placeholders, with the images at their places;
+    paths absolute) in ``out/documents.jsonl``, the same documents without their images in
+    ``out/documents-no-images.jsonl``, and as text only (``{"text": ...}``, their texts joined) in
+    ``out/documents-text.jsonl``."""
+    documents, bare, texts = [], [], []
+    for line in (data / "llava.jsonl").read_text().splitlines()[:count]:
+        record = json.loads(line)
+        images = record.get("image") or []
+        images = iter(images if isinstance(images, list) else [images])
+        items: list[tuple[str | None, str | None]] = []
+        for turn in record["conversations"]:
+            for k, text in enumerate(turn["value"].split("<image>")):
+                if k:
+                    items.append((None, str((data / next(images)).resolve())))
+                if text.strip():
+                    items.append((text.strip() + "\n", None))
+        documents.append({"texts": [t for t, _ in items], "images": [i for _, i in items]})
+        kept = [t for t, _ in items if t is not None]
+        bare.append({"texts": kept, "images": [None] * len(kept)})
+        texts.append({"text": "".join(kept)})
+    paths = (out / "documents.jsonl", out / "documents-no-images.jsonl", out / "documents-text.jsonl")
+    for path, rows in zip(paths, (documents, bare, texts), strict=True):
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return paths
+
+
+def bench_documents(data: Path, processor_dir: Path, tmp: Path, args) -> None:
+    """Interleaved documents against the same documents as text only (module docstring)."""
+    documents, bare, texts = documents_input(data, tmp, args.documents)
+    n = len(documents.read_text().splitlines())
+    images = sum(1 for line in documents.read_text().splitlines() for i in json.loads(line)["images"] if i)
+    size = ["--packed-sequence-size", str(args.size), "--num-proc", "1", "--long-samples", "split"]
+    kinds = {  # name: (input, processor, flags)
+        "documents": (documents, processor_dir, size),
+        "no images": (bare, processor_dir, ["--sample-format", "interleaved", *size]),
+        "text": (texts, None, ["--tokenizer", str(processor_dir), *size]),
+    }
+    runs: dict[str, list] = {k: [] for k in kinds}
+    for _ in range(args.repeats):  # alternating, the best of each
+        for k, (source, processor, flags) in kinds.items():
+            runs[k].append(pack_timed(source, processor, tmp, f"documents-{k.replace(' ', '-')}", *flags))
+    best = {k: min(runs[k], key=lambda r: r[0].cpu)[0] for k in kinds}
+    work = {k: min(t["plan"] - t["read"] for _, t in runs[k]) for k in kinds}
+    tokens = json.loads((tmp / "documents-documents" / "manifest.json").read_text())["stats"]["num_tokens"]
+    print(f"{n} interleaved documents, {images} images, {tokens} tokens (Qwen2-VL processor, N={args.size}, "
+          "1 process)")  # fmt: skip
+    labels = {"documents": "documents (--processor)", "no images": "without their images",
+              "text": "text only (--tokenizer)"}  # fmt: skip
+    for k, label in labels.items():
+        m = best[k]
+        print(f"{label + ':':28s}{m.cpu / n * 1e6:7.0f} us CPU a document (whole command, {m.cpu:6.1f} s), "
+              f"{work[k] / n * 1e6:6.0f} us a document encoding and planning ({work[k]:5.1f} s)")  # fmt: skip
+    for a, b in (("documents", "text"), ("documents", "no images"), ("no images", "text")):
+        print(f"{labels[a]} against {labels[b]}: {best[a].cpu / best[b].cpu:.2f}x the whole command's CPU, "
+              f"{work[a] / work[b]:.2f}x the encoding and planning")  # fmt: skip
 
 
 def scale_input(work: Path, samples: int) -> Path:

@@ -51,7 +51,7 @@ from packtool.vision.model_inputs import decode_images
 from packtool.vision.processor import load_processor
 from packtool.vision.sequences import encode_samples
 from tests.fixtures.vision_families import build_gemma3, build_idefics3, build_llava_next, build_mllama
-from tests.fixtures.vision_inputs import read_samples, write_alpha_input
+from tests.fixtures.vision_inputs import read_samples, write_alpha_input, write_jsonl
 from tests.fixtures.vision_processors import LLAVA_CROP, build_llava, build_qwen2vl
 from tests.interop.test_transformers_training import unfused_flex  # noqa: F401 - fixture
 
@@ -317,6 +317,13 @@ CASES = [
 def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
     vp = _processor(data, PROCESSOR[family])
     out = _output(data, PROCESSOR[family])
+    _check_training(vp, out, family, how, lambda i: _alone(vp, data["samples"][i]), images=5)
+
+
+def _check_training(vp, out: Path, family: str, how: str, alone, images: int) -> None:
+    """The packs of ``out`` read by the loader in one batch and trained on (dense or flattened) give the
+    per-token loss and the gradients of ``alone(i)`` (the processor's inputs for input sample ``i`` alone)
+    run sample by sample; every pack's ``images`` are read."""
     sample_index = [p["sample_index"].tolist() for p in read_packs(out, with_sample_index=True)]  # by pack
     vocab = len(vp.processor.tokenizer)
     model, vision_param, text_param = MODELS[family](vp, vocab)
@@ -336,7 +343,7 @@ def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
         cross_attention=model if vp.cross_attention else None,  # Mllama: hooked to keep samples apart
     )  # Gemma 3's sliding window: one mask a layer type
     (batch,) = list(ds)
-    assert isinstance(batch, VisionBatch) and batch.images_per_pack.sum().item() == 5
+    assert isinstance(batch, VisionBatch) and batch.images_per_pack.sum().item() == images
     input_ids = batch.input_ids.to(torch.int64)
     labels = batch.shift_labels()
 
@@ -347,13 +354,13 @@ def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
         ends = np.cumsum(batch.seq_lens[b].numpy()).tolist()
         for j, i in enumerate(sample_index[pack_index]):
             a, e = ([0, *ends][j], ends[j])
-            alone = _alone(vp, data["samples"][i])
-            assert torch.equal(alone["input_ids"], input_ids[b : b + 1, a:e])  # the processor's own ids
+            inputs = alone(i)
+            assert torch.equal(inputs["input_ids"], input_ids[b : b + 1, a:e])  # the processor's own ids
             if rule is not None:
-                positions, _ = rule(alone["input_ids"], alone["mm_token_type_ids"],
-                                    image_grid_thw=alone.get("image_grid_thw"))  # fmt: skip
+                positions, _ = rule(inputs["input_ids"], inputs["mm_token_type_ids"],
+                                    image_grid_thw=inputs.get("image_grid_thw"))  # fmt: skip
                 assert torch.equal(batch.mrope_position_ids[:, b : b + 1, a:e].to(torch.int64), positions)
-            logits = model(**alone, use_cache=False).logits
+            logits = model(**inputs, use_cache=False).logits
             loss = _token_loss(logits, labels[b : b + 1, a:e])
             loss.sum().backward()
             want[b, a:e] = loss[0].detach()
@@ -371,6 +378,56 @@ def test_packed_loss_and_gradients_equal_each_sample_alone(data, family, how):
     for got, expected in zip([vision_param.grad, text_param.grad], want_grads, strict=True):
         assert expected.abs().max().item() > 0  # the parameter takes part
         assert (got - expected).abs().max().item() < GRAD_TOL
+
+
+# interleaved documents over the same images: text around images, two images side by side, one first, one
+# without any image
+DOCUMENTS = [
+    {"texts": ["A logo, ", None, " drawn in blue.\n"], "images": [None, "images/logo.png", None]},
+    {"texts": [None, None, "An icon and a person. ", None, "A banner."],
+     "images": ["images/icon.png", "images/photo.jpg", None, "images/wide.webp", None]},
+    {"texts": ["No picture in this one, only words about pictures."], "images": [None]},
+    {"texts": ["Two icons:\n\n", None, "the same, in another format.", None],
+     "images": [None, "images/icon.gif", None, "images/icon.png"]},
+]  # fmt: skip
+DOCUMENT_CASES = [(family, how) for family in ("llava", "qwen2vl") for how in ("dense", "flattened")]
+
+
+@pytest.mark.parametrize("family, how", DOCUMENT_CASES, ids=[f"{f}-{h}" for f, h in DOCUMENT_CASES])
+def test_packed_documents_train_as_each_document_alone(data, family, how):
+    """Interleaved documents (``--sample-format interleaved``, ``--add-eos``) packed into two or more packs:
+    the loss and the gradients of each document alone, as a user of transformers runs it (its texts joined
+    with the processor's image placeholder, the EOS after, through the processor)."""
+    source = write_jsonl(data["source"].parent / "documents.jsonl", DOCUMENTS)
+    key = f"documents-{family}"
+    if key not in data["processors"]:
+        data["processors"][key] = load_processor(_processor(data, family).path, conversations=False)
+    vp = data["processors"][key]
+    eos = vp.tokenizer.special_token("eos")
+
+    def alone(i: int) -> dict:
+        record = DOCUMENTS[i]
+        markup = "<|vision_start|><|image_pad|><|vision_end|>" if family == "qwen2vl" else "<image>"
+        text = "".join(markup if t is None else t for t in record["texts"]) + eos
+        images = [Image.open(source.parent / p) for p in record["images"] if p is not None]
+        out = vp.processor(text=[text], images=[images] if images else None, return_tensors="pt")
+        out = {k: v for k, v in out.items() if k not in ("attention_mask", "labels")}
+        if "pixel_values" in out:
+            out["pixel_values"] = out["pixel_values"].to(torch.float64)
+        return out
+
+    if key not in data["outputs"]:
+        lengths = [alone(i)["input_ids"].shape[1] for i in range(len(DOCUMENTS))]
+        n = max(max(lengths), (sum(lengths) + 1) // 2) + 5
+        out = data["tmp"] / f"out-{key}"
+        options = PackOptions.of(inputs=[str(source)], output=str(out), num_proc=1, quiet=True, add_eos=True,
+                                 processor=vp.path, sample_format="interleaved",
+                                 packed_sequence_size=n)  # fmt: skip
+        run_pack(options)
+        assert json.loads((out / "manifest.json").read_text())["stats"]["num_packs"] >= 2
+        data["outputs"][key] = out
+    images = sum(p is not None for r in DOCUMENTS for p in r["images"])
+    _check_training(vp, data["outputs"][key], family, how, alone, images=images)
 
 
 def test_gemma3_packs_flattened_are_refused(data):

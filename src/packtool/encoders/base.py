@@ -51,6 +51,8 @@ IMAGE_STRUCT = pa.struct(
         ("mtime_ns", pa.int64()),
         ("ctime_ns", pa.int64()),
         ("inode", pa.int64()),
+        ("block_start", pa.int64()),  # its block in the sample: every token the processor wrote for it
+        ("block_end", pa.int64()),
     ]
 )
 IMAGE_FILE_STAMP = ("file_size", "mtime_ns", "ctime_ns", "inode")

@@ -11,17 +11,21 @@ from packtool.conventions import LABELS, MAX_TOKEN_ID
 from packtool.errors import ConfigError
 from packtool.option_types import Applies, OptionGroup, option
 
-SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat", "vision")
+SAMPLE_FORMATS = ("auto", "text", "pretokenized", "prompt_completion", "chat", "vision", "interleaved")
+# the sample formats of images with their tokens, through a model's processor (docs/vision.md): conversations
+# (``vision``) and interleaved image-text documents (``interleaved``)
+VISION_FORMATS = frozenset({"vision", "interleaved"})
 LOSS_ON = ("assistant", "last", "all")
 EMPTY_LOSS_POLICIES = ("drop", "keep", "error")
 
 
 class SpecialTokenOptions(OptionGroup):
-    """BOS and EOS around every sample: the text and prompt_completion encoders and a module:callable
-    encoder (a chat template writes its own special tokens; pretokenized samples are taken as they are)."""
+    """BOS and EOS around every sample: the text, prompt_completion and interleaved encoders and a
+    module:callable encoder (a chat template writes its own special tokens; pretokenized samples are taken
+    as they are)."""
 
     section = "encoding"
-    applies = Applies("sample_format", ("text", "prompt_completion"))
+    applies = Applies("sample_format", ("text", "prompt_completion", "interleaved"))
 
     add_bos: option(bool, "Prepend the BOS token to every sample.") = False
     add_eos: option(bool, "Append the EOS token to every sample.") = False
@@ -76,9 +80,21 @@ class ChatOptions(OptionGroup):
     applies = Applies("sample_format", ("chat", "vision"))
 
     chat_template: option(str | None, "Jinja template file [default: the tokenizer directory's own].") = None
-    loss_on: option(Literal[LOSS_ON], "Train on every assistant turn, the last one only, or all tokens.") = (
-        "assistant"
-    )
+
+
+class LossOptions(OptionGroup):
+    """Which tokens of a conversation or an interleaved document are trained (``packtool.encoders.chat``;
+    an interleaved document's texts by default, ``all`` also what the processor writes around its images
+    outside their spans: ``packtool.vision.sequences``)."""
+
+    section = "encoding"
+    applies = Applies("sample_format", ("chat", "vision", "interleaved"))
+
+    loss_on: option(
+        Literal[LOSS_ON],
+        "Train on every assistant turn, the last one only, or all tokens (interleaved documents: their "
+        "texts by default; all: every token outside the images' spans).",
+    ) = "assistant"
 
 
 class FineTuningOptions(OptionGroup):
@@ -86,7 +102,7 @@ class FineTuningOptions(OptionGroup):
     learn)."""
 
     section = "encoding"
-    applies = Applies("sample_format", ("prompt_completion", "chat", "vision"))
+    applies = Applies("sample_format", ("prompt_completion", "chat", "vision", "interleaved"))
 
     empty_loss: option(
         Literal[EMPTY_LOSS_POLICIES], "Samples with nothing to learn: drop (counted), keep, or error."
@@ -94,16 +110,18 @@ class FineTuningOptions(OptionGroup):
 
 
 class VisionOptions(OptionGroup):
-    """``--sample-format vision``'s own options: images with their tokens (docs/vision.md). With
-    ``--processor`` and ``--sample-format auto`` the samples are vision samples."""
+    """``--sample-format vision`` and ``interleaved``'s own options: images with their tokens
+    (docs/vision.md). With ``--processor`` and ``--sample-format auto`` the samples are vision samples:
+    conversations, or interleaved documents when the records have ``texts`` and ``images``."""
 
     section = "encoding"
-    applies = Applies("sample_format", ("vision",))
+    applies = Applies("sample_format", ("vision", "interleaved"))
 
     processor: option(
         str | None,
         "Vision-language samples: the model's processor directory (what AutoProcessor loads, offline); its "
-        "tokenizer, chat template and its own text for each image make the samples' tokens.",
+        "tokenizer, chat template and its own text for each image make the samples' tokens (interleaved "
+        "image-text documents: no chat template).",
     ) = None
     balance_visual_tokens: option(
         int | None,
@@ -134,15 +152,16 @@ class EncodingOptions(OptionGroup):
     pretokenized: PretokenizedOptions = msgspec.field(default_factory=PretokenizedOptions)
     prompt_completion: PromptCompletionOptions = msgspec.field(default_factory=PromptCompletionOptions)
     chat: ChatOptions = msgspec.field(default_factory=ChatOptions)
+    loss: LossOptions = msgspec.field(default_factory=LossOptions)
     fine_tuning: FineTuningOptions = msgspec.field(default_factory=FineTuningOptions)
     vision: VisionOptions = msgspec.field(default_factory=VisionOptions)
 
     @property
     def is_vision(self) -> bool:
-        """Whether the samples are vision-language ones: ``--sample-format vision``, or ``auto`` with a
-        ``--processor``."""
+        """Whether the samples are vision-language ones: ``--sample-format vision`` or ``interleaved``, or
+        ``auto`` with a ``--processor``."""
         auto = self.sample_format == "auto" and self.vision.processor is not None
-        return self.sample_format == "vision" or auto
+        return self.sample_format in VISION_FORMATS or auto
 
     def check(self) -> None:
         """``ConfigError`` for a token named for BOS or EOS that nothing adds."""
@@ -159,9 +178,10 @@ class EncodingOptions(OptionGroup):
                         f"--{name} {value} and --add-{end} off conflict: --{name} names the token "
                         f"--add-{end} adds; drop one"
                     )
-        if self.sample_format == "vision" and not self.vision.processor:
+        if self.sample_format in VISION_FORMATS and not self.vision.processor:
             raise ConfigError(
-                "--sample-format vision needs --processor DIR (the model's processor directory)"
+                f"--sample-format {self.sample_format} needs --processor DIR (the model's processor "
+                "directory)"
             )
         if self.is_vision and self.tokenizer:
             raise ConfigError(

@@ -11,6 +11,9 @@
   ``prompt_template``): loss on the completion only (``packtool.encoders.prompt_completion``);
 * ``sample_format: vision`` (or ``auto`` with a ``--processor``): vision-language records through the
   model's processor (``packtool.encoders.vision``, the ``vision`` extra);
+* ``sample_format: interleaved`` (or ``auto`` with a ``--processor`` and records of ``texts`` and
+  ``images``, or WebDataset samples whose image members are named after their key, ``KEY.0.jpg``):
+  interleaved image-text documents through the model's processor, no chat template;
 * ``sample_format: text`` (or ``auto`` otherwise): ``text_field`` through ``--tokenizer``.
 """
 
@@ -20,29 +23,37 @@ import inspect
 
 from packtool.encoders.base import Encoder, FunctionEncoder, special_ids
 from packtool.encoders.chat import ChatEncoder
-from packtool.encoders.options import EncodingOptions
+from packtool.encoders.options import VISION_FORMATS, EncodingOptions
 from packtool.encoders.pretokenized import PretokenizedEncoder
 from packtool.encoders.prompt_completion import BUILTIN_TEMPLATES, PromptCompletionEncoder, template_fields
-from packtool.encoders.text import TextEncoder
+from packtool.encoders.text import TextEncoder, token_of
 from packtool.errors import ConfigError
 from packtool.fileio import file_sha256
 from packtool.plugins import is_plugin_spec, load_plugin, plugin_file
 from packtool.tokenizing.tokenizer import HFTokenizer
 
-__all__ = ["SLOW_TO_BUILD", "Encoder", "build_encoder", "fields_read", "resolve_sample_format"]
+__all__ = [
+    "SLOW_TO_BUILD",
+    "VISION_FORMATS",
+    "Encoder",
+    "build_encoder",
+    "fields_read",
+    "resolve_sample_format",
+]
 
 # sample formats whose encoder takes seconds to build (a processor: transformers and torch imported, its
 # files read): a run whose workers encode has one of them build it first, and its driver never does
-SLOW_TO_BUILD = frozenset({"vision"})
+SLOW_TO_BUILD = VISION_FORMATS
 
 
 def resolve_sample_format(options: EncodingOptions, field_names: list[str]) -> str:
-    """Decide ``auto``: vision with a ``--processor``; pretokenized when the input has ``input_ids`` and no
-    tokenizer is given; chat, prompt_completion or text by the fields."""
+    """Decide ``auto``: with a ``--processor`` interleaved documents (``is_interleaved``), else vision;
+    pretokenized when the input has ``input_ids`` and no tokenizer is given; chat, prompt_completion or text
+    by the fields."""
     if options.sample_format != "auto":
         return options.sample_format
     if options.vision.processor is not None:
-        return "vision"
+        return "interleaved" if is_interleaved(field_names) else "vision"
     if "input_ids" in field_names and (not options.tokenizer or options.text_field not in field_names):
         return "pretokenized"
     if "messages" in field_names or "conversations" in field_names:
@@ -62,6 +73,29 @@ VISION_FIELDS = frozenset({"conversations", "messages", "image", "images", "__ke
                            "jpg", "jpeg", "png", "webp"})  # fmt: skip
 
 
+# what the interleaved encoder reads: ``texts`` and ``images``, or a WebDataset sample's ``json`` (and the
+# image members it names: ``vision.samples.batch_samples``)
+INTERLEAVED_FIELDS = frozenset({"texts", "images", "__key__", "json"})
+MEMBER_IMAGES = ("jpg", "jpeg", "png", "webp", "gif")  # a WebDataset member named ``KEY.NAME.jpg``
+
+
+def is_interleaved(field_names: list[str]) -> bool:
+    """Whether records of ``field_names`` are interleaved documents: ``texts`` and ``images`` and no
+    conversation, or WebDataset samples with a ``json`` and an image member named after the key
+    (``KEY.0.jpg``: a field ``0.jpg``; a captioning sample's image is ``KEY.jpg``).
+
+    >>> is_interleaved(["texts", "images"]), is_interleaved(["__key__", "json", "0.jpg"])
+    (True, True)
+    >>> is_interleaved(["__key__", "jpg", "txt"]), is_interleaved(["messages", "images"])
+    (False, False)
+    """
+    names = set(field_names)
+    if {"texts", "images"} <= names:
+        return not names & {"messages", "conversations"}
+    named = any("." in n and n.rsplit(".", 1)[1] in MEMBER_IMAGES for n in names)
+    return {"__key__", "json"} <= names and named
+
+
 def fields_read(options: EncodingOptions, sample_format: str) -> frozenset[str] | None:
     """The record fields the encoder for ``sample_format`` reads (None: a custom encoder, which sees every
     field). The readers leave out a field outside these whose values cannot be one column, so an encoder
@@ -74,6 +108,8 @@ def fields_read(options: EncodingOptions, sample_format: str) -> frozenset[str] 
         return frozenset({"messages", "conversations", "tools"})
     if sample_format == "vision":
         return VISION_FIELDS
+    if sample_format == "interleaved":
+        return INTERLEAVED_FIELDS
     if sample_format == "prompt_completion":
         fields = {
             options.prompt_completion.prompt_field,
@@ -96,23 +132,32 @@ def build_encoder(
     """Build the encoder named by ``options`` for records of ``sample_format`` (``packed_sequence_size``:
     the most tokens one image may take, for vision samples; ``state``: what the run's driver found
     building the same encoder, ``encoder.state()``, for a worker to take instead of finding it again)."""
-    if sample_format == "vision":
+    if sample_format in VISION_FORMATS:
         try:  # the vision extra (Pillow, transformers): imported by runs of images only
-            from packtool.encoders.vision import VisionEncoder
+            from packtool.encoders.vision import DocumentTokens, VisionEncoder
         except ImportError as e:
             raise ConfigError(
                 f"--processor needs transformers and Pillow (pip install 'packtool[vision]'): {e}"
             ) from None
 
+        documents = None
+        if sample_format == "interleaved":
+            if options.loss.loss_on == "last":
+                raise ConfigError(
+                    "--loss-on last does not apply to interleaved documents (they have no turns): they "
+                    "train on their texts, or with --loss-on all on every token but their images' own"
+                )
+            documents = DocumentTokens.of(options.tokens, options.loss.loss_on)
         return VisionEncoder(
             options.vision.processor,
             packed_sequence_size,
             chat_template=options.chat.chat_template,
-            loss_on=options.chat.loss_on,
+            loss_on=options.loss.loss_on,
             labels=options.labels,
             empty_loss=options.fine_tuning.empty_loss,
-            fields=VISION_FIELDS,
+            fields=VISION_FIELDS if documents is None else INTERLEAVED_FIELDS,
             proven=state,
+            documents=documents,
         )
     tokens = options.tokens
     if is_plugin_spec(options.tokenizer):
@@ -150,7 +195,7 @@ def build_encoder(
         return ChatEncoder(
             HFTokenizer(options.tokenizer),
             chat_template=options.chat.chat_template,
-            loss_on=options.chat.loss_on,
+            loss_on=options.loss.loss_on,
             labels=options.labels,
             empty_loss=options.fine_tuning.empty_loss,
         )
@@ -180,21 +225,3 @@ def build_encoder(
         eos_token=eos_token,
         labels=options.labels,
     )
-
-
-def token_of(tokenizer: HFTokenizer, kind: str, token: str | None, token_id: int | None) -> str | None:
-    """The text of the ``kind`` token a Hugging Face tokenizer's encoder adds: ``token`` (``--{kind}-token``),
-    or the token whose id is ``token_id`` (``--{kind}-token-id``); ``ConfigError`` for an id that is not one
-    of its tokens (None for neither: the encoder takes the tokenizer's own)."""
-    if token_id is None:
-        return token
-    try:
-        text = tokenizer.id_to_token(token_id)
-    except (IndexError, KeyError, ValueError):  # a slow tokenizer's lookup past its vocabulary
-        text = None
-    if text is None or tokenizer.token_to_id(text) != token_id:
-        raise ConfigError(
-            f"--{kind}-token-id {token_id}: not a token of {tokenizer.spec} (vocabulary of "
-            f"{tokenizer.vocab_size:,})"
-        )
-    return text

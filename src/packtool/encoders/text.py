@@ -39,16 +39,7 @@ class TextEncoder:
         self.eos_id = self._special_id("eos", eos_token) if add_eos else None
 
     def _special_id(self, kind: str, token: str | None) -> int:
-        token = token or self.tokenizer.special_token(kind)
-        if token is None:
-            raise ConfigError(
-                f"add_{kind}: tokenizer {self.tokenizer.spec} has no {kind} token; "
-                f"name one with --{kind}-token"
-            )
-        tid = self.tokenizer.token_to_id(token)
-        if tid is None:
-            raise ConfigError(f"{kind}_token {token!r} is not in the vocabulary of {self.tokenizer.spec}")
-        return tid
+        return self.tokenizer.token_to_id(special_text(self.tokenizer, kind, token))
 
     def __call__(self, batch: SourceBatch) -> pa.RecordBatch:
         texts = text_column(batch, self.text_field)
@@ -60,6 +51,38 @@ class TextEncoder:
         ident = self.tokenizer.identity()
         ident.update(bos_token_id=self.bos_id, eos_token_id=self.eos_id)
         return ident
+
+
+def special_text(tokenizer: HFTokenizer, kind: str, token: str | None) -> str:
+    """The text of the ``kind`` (``bos``/``eos``) token ``--add-{kind}`` adds: ``token`` (``--{kind}-token``)
+    or the tokenizer's own (``HFTokenizer.special_token``); ``ConfigError`` when it has none or the token is
+    not in its vocabulary."""
+    token = token or tokenizer.special_token(kind)
+    if token is None:
+        raise ConfigError(
+            f"add_{kind}: tokenizer {tokenizer.spec} has no {kind} token; name one with --{kind}-token"
+        )
+    if tokenizer.token_to_id(token) is None:
+        raise ConfigError(f"{kind}_token {token!r} is not in the vocabulary of {tokenizer.spec}")
+    return token
+
+
+def token_of(tokenizer: HFTokenizer, kind: str, token: str | None, token_id: int | None) -> str | None:
+    """The text of the ``kind`` token a Hugging Face tokenizer's encoder adds: ``token`` (``--{kind}-token``),
+    or the token whose id is ``token_id`` (``--{kind}-token-id``); ``ConfigError`` for an id that is not one
+    of its tokens (None for neither: the encoder takes the tokenizer's own)."""
+    if token_id is None:
+        return token
+    try:
+        text = tokenizer.id_to_token(token_id)
+    except (IndexError, KeyError, ValueError):  # a slow tokenizer's lookup past its vocabulary
+        text = None
+    if text is None or tokenizer.token_to_id(text) != token_id:
+        raise ConfigError(
+            f"--{kind}-token-id {token_id}: not a token of {tokenizer.spec} (vocabulary of "
+            f"{tokenizer.vocab_size:,})"
+        )
+    return text
 
 
 def text_column(batch: SourceBatch, field: str, flag: str = "--text-field") -> list[str]:

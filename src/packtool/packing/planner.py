@@ -2,7 +2,8 @@
 
 ``make_plan(lengths, options, locate)`` applies the long-sample policy, leaves out empty samples, runs the
 strategy named by ``options.strategy`` and cuts the plan at ``max_packs``. Every sample that is not packed
-whole is counted in ``plan.stats``.
+whole is counted in ``plan.stats``. Samples with spans that must stay whole (an image's tokens: ``blocks``)
+are cut by ``long_samples=split`` only between them (``cut_outside``).
 
 Strategies: ``bfd`` (default, ``packtool.packing.bfd``), ``sequential`` (NeMo ``PackedSequence`` order,
 ``packtool.packing.sequential``) and ``module:callable`` custom policies (``packtool.packing.custom``).
@@ -30,6 +31,7 @@ __all__ = [
     "PackStats",
     "STRATEGIES",
     "account",
+    "cut_outside",
     "hold_out",
     "make_plan",
     "resolve_position_ids",
@@ -54,16 +56,17 @@ assert tuple(STRATEGIES) == STRATEGY_NAMES  # options validates the names, this 
 
 
 def too_long_message(
-    length: int, n: int, lengths: np.ndarray | None = None, among: str = "", cuttable: bool = True
+    length: int, n: int, lengths: np.ndarray | None = None, among: str = "", cuts: str = "anywhere"
 ) -> str:
     """What ``long_samples=error`` says of a sample of ``length`` tokens; with ``lengths`` (the samples
     known so far, ``among`` says which: ``"all"``, ``"the first chunk's"``), also how many of them are
     longer than ``n`` and by how many tokens, so that the option is chosen knowing what it costs. The
-    options it offers are those that apply: samples with images (not ``cuttable``) are never cut.
+    options it offers are those that apply (``cuts``): ``anywhere`` (text), ``between_images``
+    (interleaved documents: ``long_samples=split`` only) or ``never`` (conversations with images).
 
     >>> too_long_message(3000, 2048, np.array([3000, 10, 2100, 5]), "all")  # doctest: +ELLIPSIS
     'sample has 3000 tokens, more than ... (2 of all 4 samples are longer: 50.0%; 1,004 of the 5,115 ...'
-    >>> too_long_message(130, 120, cuttable=False)  # doctest: +ELLIPSIS
+    >>> too_long_message(130, 120, cuts="never")  # doctest: +ELLIPSIS
     'sample has 130 tokens, ...; use --long-samples drop, or a larger --packed-sequence-size (a sample w...'
     """
     counts = ""
@@ -74,7 +77,12 @@ def too_long_message(
             f"{len(long) / len(lengths):.1%}; "
             f"{int(long.sum()) - n * len(long):,} of the {int(lengths.sum()):,} tokens lie beyond N)"
         )
-    if not cuttable:
+    if cuts == "between_images":
+        return (
+            f"sample has {length} tokens, more than packed_sequence_size {n}{counts}; use --long-samples "
+            "split (a document is cut between its images) or drop, or a larger --packed-sequence-size"
+        )
+    if cuts == "never":
         return (
             f"sample has {length} tokens, more than packed_sequence_size {n}{counts}; use --long-samples "
             "drop, or a larger --packed-sequence-size (a sample with images is never cut)"
@@ -93,6 +101,9 @@ def resolve_position_ids(options: PackingOptions) -> str:
 
 
 Locate = Callable[[int, str, str], InputError]
+# (sample indices) -> (offsets, starts, ends): the spans that each sample's pieces must hold whole,
+# ``[start, end)`` in the sample, disjoint or equal, sample ``j``'s at ``offsets[j]:offsets[j + 1]``, in order
+Blocks = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 def _plain_locate(i: int, field: str, message: str) -> InputError:
@@ -105,6 +116,7 @@ def make_plan(
     locate: Locate | None = None,
     fetch: Fetch | None = None,
     store_packs: StorePacks | None = None,
+    blocks: Blocks | None = None,
 ) -> PackPlan:
     """Plan packs for samples of token counts ``lengths`` (``(num_samples,)``, in input order).
 
@@ -116,6 +128,8 @@ def make_plan(
         fetch, store_packs: for custom (``module:callable``) strategies only: how the policy gets its
             samples' tokens, and where the packs its ``pack_selected_samples`` makes are kept
             (``packing.custom``).
+        blocks: the spans of samples that ``long_samples=split`` never cuts through (``Blocks``: an
+            image's tokens), ``None``: there are none.
 
     Example::
 
@@ -173,6 +187,9 @@ def make_plan(
             options.buffer.packing_buffer_size,
             options.seed,
         )
+    elif cut_only_long and blocks is not None:
+        cut = cut_outside(lengths[samples], samples, n, blocks, locate or _plain_locate)
+        plan = _plan_items(cut[2], cut[0], cut[1], n, position_ids, options)
     elif cut_only_long:
         piece_sample, piece_start, piece_length = cut_long(lengths[samples], samples, n)
         plan = _plan_items(piece_length, piece_sample, piece_start, n, position_ids, options)
@@ -192,6 +209,52 @@ def make_plan(
     plan.stats = stats
     plan.validate()
     return plan
+
+
+def cut_outside(
+    lengths: np.ndarray, samples: np.ndarray, n: int, blocks: Blocks, locate: Locate = _plain_locate
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(sample, start, length)`` of the pieces of ``samples`` (of ``lengths`` tokens): each sample of at
+    most ``n`` tokens whole, each longer one cut into pieces of at most ``n`` tokens, each as long as it
+    can be without ending inside one of the sample's ``blocks`` (``[start, end)`` spans kept whole: cut
+    before the block instead). Pieces come in sample order. A block longer than ``n`` cannot be kept
+    whole: ``InputError`` (``locate``) naming its sample.
+
+    >>> blocks = lambda s: (np.array([0, 2]), np.array([3, 9]), np.array([7, 10]))
+    >>> [a.tolist() for a in cut_outside(np.array([4, 12]), np.array([5, 6]), 5, blocks)]
+    [[5, 6, 6, 6], [0, 0, 3, 8], [4, 3, 5, 4]]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    samples = np.asarray(samples, dtype=np.int64)
+    long = np.flatnonzero(lengths > n)
+    offsets, starts, ends = blocks(samples[long])
+    cut_sample, cut_start = [], []
+    for j, i in enumerate(long.tolist()):
+        s, e = starts[offsets[j] : offsets[j + 1]], ends[offsets[j] : offsets[j + 1]]
+        at, size = 0, int(lengths[i])
+        while True:
+            cut_sample.append(i)
+            cut_start.append(at)
+            if size - at <= n:
+                break
+            cut = at + n
+            inside = (s < cut) & (cut < e)
+            if inside.any():
+                cut = int(s[inside].min())
+            if cut <= at:  # the block from here on is longer than n
+                k = int(np.flatnonzero(s == at)[0])
+                raise locate(int(samples[i]), "images", f"image {k}'s tokens (with what the processor "
+                             f"writes around them) take {int(e[k] - s[k])}, more than packed_sequence_size "
+                             f"{n}: it cannot go whole into a piece")  # fmt: skip
+            at = cut
+    short = np.flatnonzero(lengths <= n)
+    local = np.concatenate([short, np.asarray(cut_sample, dtype=np.int64)])
+    start = np.concatenate([np.zeros(len(short), dtype=np.int64), np.asarray(cut_start, dtype=np.int64)])
+    order = np.lexsort((start, local))
+    local, start = local[order], start[order]
+    last = np.r_[local[1:] != local[:-1], True]  # a sample's last piece ends at its end
+    end = np.where(last, lengths[local], np.r_[start[1:], 0])
+    return samples[local], start, end - start
 
 
 def hold_out(plan: PackPlan, fraction: float, seed: int) -> tuple[PackPlan, int]:

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from packtool.arrays import np_view
-from packtool.encoders.registry import Encoder, build_encoder, resolve_sample_format
+from packtool.encoders.registry import VISION_FORMATS, Encoder, build_encoder, resolve_sample_format
 from packtool.errors import ErrorSink, InputError, PacktoolError
 from packtool.options import PackOptions
 from packtool.packing.planner import too_long_message
@@ -295,9 +295,8 @@ def check_lengths(
             i = int(long[0])
             # the chunk's samples say how common such samples are: the first error tells it
             everything = np.concatenate(per_batch)
-            message = too_long_message(
-                int(lengths[i]), n, everything, "this chunk's", sample_format != "vision"
-            )
+            cuts = {"vision": "never", "interleaved": "between_images"}.get(sample_format, "anywhere")
+            message = too_long_message(int(lengths[i]), n, everything, "this chunk's", cuts)
             raise batch.error(i, field, message, "too_long")
 
 
@@ -337,7 +336,7 @@ def chunk_records(options: PackOptions, sample_format: str) -> int:
     same for any."""
     if options.running.chunk_size is not None:
         return options.running.chunk_size
-    return VISION_CHUNK_RECORDS if sample_format == "vision" else CHUNK_RECORDS
+    return VISION_CHUNK_RECORDS if sample_format in VISION_FORMATS else CHUNK_RECORDS
 
 
 def chunked(

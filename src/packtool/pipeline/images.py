@@ -19,12 +19,15 @@ checks the arrays, and the files' stamps, against it).
 ``ChunkImages`` addresses a run's images by global sample index, as ``ChunkStore`` does its tokens:
 
 * ``pack_columns(plan)``: the per-image columns of a block of packs (``image_sample``, ``image_offset``,
-  ``image_length``, ``image_height``, ``image_width``, ``image_sample_offsets``; whole samples only) and
-  where each image is;
+  ``image_length``, ``image_height``, ``image_width``, ``image_sample_offsets``) and where each image is;
+  a piece of a document cut between its images (``--long-samples split``) holds the images whose spans
+  lie in it;
+* ``blocks(samples)``: each image's block in its sample (every token the processor wrote for it), where
+  the planner never cuts a long document;
 * ``read(where)``: those images' bytes, unchanged, as the ``images`` struct array (``{"bytes", "path"}``)
   the shard formats write: a file is read again (as inputs are read: ``vision.files.read_image_file``) and
   must give the digest it had when it was encoded, else the run fails naming the sample and image;
-* ``tokens_per_sample()`` (``--balance-visual-tokens``), ``changed_file()`` (an image file whose stamp
+* ``tokens_per_pack(plan)`` (``--balance-visual-tokens``), ``changed_file()`` (an image file whose stamp
   is not the one it had when read: the run fails rather than mix old and new images).
 
 ``vision_record`` is the manifest's ``vision``: the processor, the images read, packed and left out, and
@@ -54,7 +57,7 @@ FIRST, TABLE, BLOB = "image_first", "images", "image_blob"  # a chunk's image ar
 MAPPED = (TABLE, BLOB)  # mapped with the chunk's tokens (ChunkStore.arrays); FIRST is read whole, cached
 COLUMNS = ("offset", "length", "height", "width", "file_size", "mtime_ns", "ctime_ns", "inode",
            "digest_lo", "digest_hi", "name_start", "name_len", "path_start", "path_len", "data_start",
-           "data_len")  # fmt: skip
+           "data_len", "block_start", "block_end")  # fmt: skip
 COL = {name: i for i, name in enumerate(COLUMNS)}
 NUMBERS = slice(COL["offset"], COL["width"] + 1)  # an image's span and size
 STAMP = slice(COL["file_size"], COL["inode"] + 1)
@@ -81,7 +84,8 @@ def image_arrays(images: pa.LargeListArray) -> dict[str, np.ndarray]:
     flat = images.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     k = len(flat)
     table = np.full((k, len(COLUMNS)), -1, dtype=np.int64)
-    for name in ("offset", "length", "height", "width", "file_size", "mtime_ns", "ctime_ns", "inode"):
+    for name in ("offset", "length", "height", "width", "file_size", "mtime_ns", "ctime_ns", "inode",
+                 "block_start", "block_end"):  # fmt: skip
         table[:, COL[name]] = np_view(flat.field(name).fill_null(-1))
     digests = flat.field("digest")
     raw = np.frombuffer(digests.buffers()[1], dtype=np.uint8)[digests.offset * 16 : (digests.offset + k) * 16]
@@ -156,6 +160,8 @@ def images_intact(directory: Path, meta: dict) -> bool:
     """Whether a scratch chunk's image arrays give its meta's ``images_digest`` and its image files are as
     they were when read (a resumed run encodes it again otherwise)."""
     arrays = {name: np.load(directory / f"{name}.npy", allow_pickle=False) for name in (FIRST, TABLE, BLOB)}
+    if arrays[TABLE].ndim != 2 or arrays[TABLE].shape[1] != len(COLUMNS):  # (another version's columns)
+        return False
     digest = images_digest(arrays[FIRST], arrays[TABLE], arrays[BLOB])
     return digest == meta["images_digest"] and first_changed(arrays[TABLE], arrays[BLOB]) is None
 
@@ -195,15 +201,30 @@ class ChunkImages:
         parts = [np.diff(self.arrays(c)[0]) for c in range(len(self.store.metas))]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def tokens_per_sample(self) -> np.ndarray:
-        """``(num_samples,)`` int64: each sample's image tokens."""
-        out = []
-        for c in range(len(self.store.metas)):
-            first, table, _ = self.arrays(c)
-            cum = np.concatenate([[0], np.cumsum(table[:, COL["length"]])])
-            out.append(cum[first[1:]] - cum[first[:-1]])
+    def tokens_per_pack(self, plan: PackPlan) -> np.ndarray:
+        """``(num_packs,)`` int64: the image tokens of each pack of ``plan`` (``pack_columns``,
+        ``STATS_BLOCK`` packs at a time)."""
+        out = [np.zeros(0, dtype=np.int64)]
+        for a in range(0, plan.num_packs, STATS_BLOCK):
+            columns, _ = self.pack_columns(plan.slice(a, min(a + STATS_BLOCK, plan.num_packs)))
+            out.append(
+                per_pack_sum(columns["image_length"].astype(np.int64), columns["image_sample_offsets"])
+            )
+        return np.concatenate(out)
+
+    def blocks(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The blocks of the images of ``samples`` (global indices), in their samples: ``(offsets,
+        starts, ends)``, sample ``j``'s images' ``[start, end)`` at ``offsets[j]:offsets[j + 1]``, in order
+        (``packing.planner.make_plan``'s ``blocks``)."""
+        chunk, first, counts = self._where(samples)
+        index, image_chunk = ranges(first, counts), np.repeat(chunk, counts)
+        found = np.zeros((len(index), 2), dtype=np.int64)
+        for c, sel in groups(image_chunk):
+            found[sel] = self.arrays(c)[1][index[sel]][:, [COL["block_start"], COL["block_end"]]]
             self.store.release(c)
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        offsets = np.zeros(len(samples) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        return offsets, found[:, 0], found[:, 1]
 
     def digests(self, samples: np.ndarray, index: np.ndarray) -> list[tuple[bytes, str] | None]:
         """The digest and name of image ``index[j]`` of sample ``samples[j]`` (``None`` where it has no such
@@ -218,9 +239,21 @@ class ChunkImages:
                 out[j] = (table[f + k, DIGEST].tobytes(), _text(blob, table[f + k], "name"))
         return out
 
+    def images_before(self, samples: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """``(len(samples),)`` int64: how many of sample ``samples[j]``'s images have spans starting before
+        its token ``at[j]`` (a piece of a cut document: the index of its first image in its sample)."""
+        chunk, first, counts = self._where(samples)
+        out = np.zeros(len(chunk), dtype=np.int64)
+        for j in np.flatnonzero((counts > 0) & (np.asarray(at) > 0)).tolist():
+            rows = self.arrays(int(chunk[j]))[1][first[j] : first[j] + counts[j], COL["offset"]]
+            out[j] = int((rows < at[j]).sum())
+        return out
+
     def pack_columns(self, plan: PackPlan) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, ...]]:
-        """The per-image columns of the packs of ``plan`` (whole samples), and where each image is
-        (``(sample, chunk, row in the chunk's table, index in its sample)``, for ``read``)."""
+        """The per-image columns of the packs of ``plan``, and where each image is (``(sample, chunk, row
+        in the chunk's table, index in its sample)``, for ``read``). A piece holds the images of its sample
+        whose spans lie in it (all of them for a whole sample; a document cut between its images,
+        ``--long-samples split``, gives each image to one piece)."""
         chunk, first, counts = self._where(plan.sample)
         image_chunk = np.repeat(chunk, counts)
         index = ranges(first, counts)
@@ -228,13 +261,26 @@ class ChunkImages:
         for c, sel in groups(image_chunk):
             numbers[sel] = self.arrays(c)[1][index[sel], NUMBERS]
             self.store.release(c)
-        offset, length, height, width = numbers.T
+        in_sample = np.arange(len(index), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        piece = np.repeat(np.arange(len(plan.sample), dtype=np.int64), counts)
+        offset = numbers[:, 0] - plan.start[piece]  # where its span starts in its piece
+        inside = (offset >= 0) & (offset + numbers[:, 1] <= plan.length[piece])
+        if not inside.all():  # pieces of a cut document: each image goes with the piece it lies in
+            numbers, offset, piece, in_sample = (
+                numbers[inside],
+                offset[inside],
+                piece[inside],
+                in_sample[inside],
+            )
+            image_chunk, index = image_chunk[inside], index[inside]
+            counts = np.bincount(piece, minlength=len(plan.sample)).astype(np.int64)
+        _, length, height, width = numbers.T
         piece_pack = pack_of_piece(plan.pack_offsets)
         piece_in_pack = np.arange(len(plan.sample), dtype=np.int64) - plan.pack_offsets[piece_pack]
         starts = piece_starts(plan.spans, plan.pack_offsets)
         columns = {
-            "image_sample": np.repeat(piece_in_pack, counts).astype(np.int32),
-            "image_offset": (offset + np.repeat(starts, counts)).astype(np.int32),
+            "image_sample": piece_in_pack[piece].astype(np.int32),
+            "image_offset": (offset + starts[piece]).astype(np.int32),
             "image_length": length.astype(np.int32),
             "image_height": height.astype(np.int32),
             "image_width": width.astype(np.int32),
@@ -242,8 +288,7 @@ class ChunkImages:
                 [[0], np.cumsum(per_pack_sum(counts, plan.pack_offsets))]
             ).astype(np.int64),
         }
-        in_sample = np.arange(len(index), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-        return columns, (np.repeat(plan.sample, counts), image_chunk, index, in_sample)
+        return columns, (plan.sample[piece], image_chunk, index, in_sample)
 
     def read(self, where: tuple[np.ndarray, ...]) -> pa.StructArray:
         """The images at ``where`` (``pack_columns``' second value) as ``struct<bytes, path>``: each

@@ -61,16 +61,20 @@ def unread_token_fields(schema: pa.Schema) -> list[str]:
     ]
 
 
-def check_vision_options(options: PackOptions) -> None:
+def check_vision_options(options: PackOptions, sample_format: str = "vision") -> None:
     """``ConfigError`` for a packing option that would cut a vision-language sample, and so possibly an
-    image: an image is never split across packs nor truncated through, and context-parallel padding is
-    not laid out around image spans."""
+    image: an image is never split across packs nor truncated through (an interleaved document is cut
+    by ``--long-samples split`` between its images only), and context-parallel padding is not laid out
+    around image spans."""
     packing = options.packing
     if packing.split_across_pack:
         raise ConfigError("--split-across-pack would cut images between packs: not available with images")
-    if packing.long_samples not in ("error", "drop"):
+    cuts = ("error", "drop", "split") if sample_format == "interleaved" else ("error", "drop")
+    if packing.long_samples not in cuts:
+        what = "interleaved documents are cut between their images with split" * (len(cuts) == 3)
         raise ConfigError(
             f"--long-samples {packing.long_samples} would cut through images: use error or drop"
+            + (f" ({what})" if what else "")
         )
     if packing.cp_size > 1:
         raise ConfigError("--cp-size is not available with images (pack with --cp-size 1)")

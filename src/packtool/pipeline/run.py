@@ -52,7 +52,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from packtool.binding import content_run_key, processor_run_key
-from packtool.encoders.registry import SLOW_TO_BUILD, fields_read, resolve_sample_format
+from packtool.encoders.registry import SLOW_TO_BUILD, VISION_FORMATS, fields_read, resolve_sample_format
 from packtool.errors import (
     MAX_LOGGED,
     ConfigError,
@@ -97,7 +97,6 @@ from packtool.readers.base import SourceBatch
 from packtool.readers.decode import decoded_warnings
 from packtool.readers.inputs import expand_inputs, input_bytes, read_inputs, unread_files
 from packtool.readers.parquet import num_rows as parquet_rows
-from packtool.schema import per_pack_sum
 from packtool.storage.urls import configure as configure_storage
 from packtool.version import __version__
 
@@ -313,8 +312,8 @@ def _start(options: PackOptions, say: _Say, engine: Any) -> _Started:
         fields.sample_format = resolve_sample_format(options.encoding, first.schema.names)
     sample_format = fields.sample_format
     options.check(sample_format)  # the options set for the sample format the input turned out to be
-    if sample_format == "vision":
-        check_vision_options(options)
+    if sample_format in VISION_FORMATS:
+        check_vision_options(options, sample_format)
     run_warnings = unread_token_fields(first.schema) if sample_format == "pretokenized" else []
     for unread in unread_files(options.reading.inputs, files):  # what the directories hold unread
         run_warnings += unread.warnings()
@@ -427,6 +426,7 @@ def _plan(store: EncodedStore, started: _Started, options: PackOptions, say: _Sa
         lambda i, f, m: chunks.locate(i, field or f, m),
         fetch=chunks.samples,  # a custom select_samples_to_pack sees the samples' tokens
         store_packs=chunks.append_packs if chunks.images is None else _no_policy_packs,
+        blocks=None if chunks.images is None else chunks.images.blocks,  # an image is never cut
     )
     empty_loss = [sum(m.get(k, 0) for m in metas) for k in ("empty_loss_samples", "empty_loss_tokens")]
     stats = run_stats(options, plan, lengths, empty_loss=tuple(empty_loss), skipped=skipped)
@@ -454,7 +454,7 @@ def _plan(store: EncodedStore, started: _Started, options: PackOptions, say: _Sa
         )
     ranks = options.encoding.vision.balance_visual_tokens
     if ranks is not None:  # consecutive packs (one step of `ranks` ranks) get similar image tokens
-        tokens = per_pack_sum(chunks.images.tokens_per_sample()[plan.sample], plan.pack_offsets)
+        tokens = chunks.images.tokens_per_pack(plan)
         plan = plan.permute(balance_visual_tokens(tokens, ranks, options.packing.seed))
     plan, num_train = hold_out(plan, options.packing.val_fraction, options.packing.seed)
     fmt = get_format(options.output.format)

@@ -328,7 +328,7 @@ class JsonlLines:
             )
         except (pa.ArrowException, UnicodeDecodeError):
             return None
-        if table.num_rows != self.num_rows or not all(_same_as_python(f.type) for f in table.schema):
+        if table.num_rows != self.num_rows or not _same_as_python_values(table):
             return None
         out, line = [], self.first_line
         for b in table.combine_chunks().to_batches():
@@ -356,6 +356,24 @@ def _same_as_python(t: pa.DataType) -> bool:
     return t in (pa.null(), pa.bool_(), pa.int64(), pa.string())
 
 
+def _same_as_python_values(data: pa.Table | pa.RecordBatch) -> bool:
+    """Whether what ``pyarrow.json`` parsed holds the values Python's parser gives: types ``pa.array``
+    gives the same Python values (``_same_as_python``), and lists whose offsets match their values.
+    Arrow's JSON reader can drop the nulls a list starts with while its offsets count them (a list whose
+    first values it reads are null: ``[null, "a.png"]``, apache/arrow#51305), which shifts every value
+    after them or reads past the values' end: a batch with lists is validated in full, and read line by
+    line where it fails."""
+    if not all(_same_as_python(f.type) for f in data.schema):
+        return False
+    if not any(pa.types.is_list(f.type) or pa.types.is_struct(f.type) for f in data.schema):
+        return True
+    try:
+        data.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
 def _read_arrow(path: str, batch_rows: int, state: dict) -> Iterator[SourceBatch]:
     """Batches parsed by ``pyarrow.json`` while it can (see the module docstring); sets
     ``state["complete"]`` once the whole file is read. Stopping early (a block it cannot read or would
@@ -369,7 +387,7 @@ def _read_arrow(path: str, batch_rows: int, state: dict) -> Iterator[SourceBatch
         source = open_read(path) if is_url(path) else path  # pyarrow opens a local path itself
         reader = pj.open_json(source, read_options=pj.ReadOptions(block_size=ARROW_BLOCK))
         for batch in reader:
-            if not all(_same_as_python(f.type) for f in batch.schema):
+            if not _same_as_python_values(batch):
                 return
             # row k is line k only up to the first line that is not plain: hand over there
             stop = not plain.cover(row + batch.num_rows)

@@ -3,13 +3,13 @@ manifest lists ``image_columns``).
 
 ``ImageCheck`` looks at every batch of packs as readers give them: each pack holds one image per
 ``image_*`` value; each image's span (``packtool.vision.sequences``: from the first to the last image
-token written for it) lies inside its sample and takes no loss; each image's bytes are there and their
-header, read again under Pillow's decompression-bomb limit (``images.image_size``: the bytes of an output
-are untrusted), gives the stored height and width; and with the model's processor (``verify --processor
-DIR``, loaded with the run's chat template and loss rule; ``--source`` takes the run's recorded one) the
-span's tokens are the processor's for that size (``VisionProcessor.expansion``). Without a processor only
-the spans' first tokens are compared (one image token for all), and a note says so. ``finish`` compares
-the images read with the manifest's ``vision.packed_images``.
+token written for it) lies inside its sample and no label is trained on its tokens; each image's bytes are
+there and their header, read again under Pillow's decompression-bomb limit (``images.image_size``: the
+bytes of an output are untrusted), gives the stored height and width; and with the model's processor
+(``verify --processor DIR``, loaded with the run's chat template and loss rule; ``--source`` takes the
+run's recorded one) the span's tokens are the processor's for that size (``VisionProcessor.expansion``).
+Without a processor only the spans' first tokens are compared (one image token for all), and a note says
+so. ``finish`` compares the images read with the manifest's ``vision.packed_images``.
 
 ``VisionSourceCheck`` is ``verify --source`` for such outputs: the inputs read and encoded again with the
 run's processor and options (the pipeline's readers, vision encoder and bad-record rules), every piece
@@ -45,8 +45,9 @@ def recorded_processor(manifest: Manifest) -> dict:
 
 def open_processor(manifest: Manifest, report: VerifyReport, directory: str | None) -> VisionProcessor | None:
     """The processor of ``directory`` (``None``: no counts checked, a note says so), with the run's chat
-    template and loss rule (``--chat-template``, ``--loss-on``: the manifest's record), a problem reported
-    when it is not the run's (its config files' or template's hash differs from the manifest's)."""
+    template and loss rule (``--chat-template``, ``--loss-on``: the manifest's record; none for a run of
+    interleaved documents), a problem reported when it is not the run's (its config files' or template's
+    hash differs from the manifest's)."""
     recorded = recorded_processor(manifest)
     if directory is None:
         report.notes.append(
@@ -60,9 +61,11 @@ def open_processor(manifest: Manifest, report: VerifyReport, directory: str | No
         and Path(template).is_file()
         and Path(directory) not in Path(template).parents
     )
+    documents = "chat_template" in recorded and template is None  # interleaved documents: no template
     processor = load_processor(
-        directory, chat_template=template if own else None, loss_on=str(recorded.get("loss_on", "assistant"))
-    )
+        directory, chat_template=template if own else None, loss_on=str(recorded.get("loss_on", "assistant")),
+        conversations=not documents,
+    )  # fmt: skip
     identity = processor.identity()
     for key in ("config_sha256", "chat_template_sha256"):
         if key in recorded and identity[key] != recorded[key]:
@@ -121,8 +124,13 @@ class ImageCheck:
         firsts = packs.input_ids.reshape(-1)[pack[inside] * n + start[inside]]
         if self.token_id is None and len(firsts):
             self.token_id = int(firsts[0])
-        checks = [("image labels", of_cell[packs.labels.reshape(-1)[cells] != IGNORE_INDEX],
-                   "take a loss (labels not -100)")]  # fmt: skip
+        # the labels whose targets are the span's tokens: shifted, each one's the token before it (in its
+        # piece); the last span token's label is the token after the span's, which may be trained text
+        shift = int(self.manifest.labels == "shifted")
+        targets = cells - shift
+        kept = targets >= np.repeat(pack[inside] * n + lo[inside], length[inside])
+        checks = [("image labels", of_cell[kept][packs.labels.reshape(-1)[targets[kept]] != IGNORE_INDEX],
+                   "are trained on (labels not -100)")]  # fmt: skip
         if self.processor is None:  # without it: every span starts with the same token
             what = f"do not start with the image token of the others (id {self.token_id})"
             checks.append(("image tokens", inside[firsts != self.token_id], what))
@@ -212,6 +220,9 @@ class VisionSourceCheck(SourceCheck):
         group = np.flatnonzero(np.r_[True, piece[1:] != piece[:-1]]) if len(piece) else np.zeros(0, int)
         index = np.arange(len(piece)) - np.repeat(group, np.diff(np.r_[group, len(piece)]))
         inside = (sample >= 0) & (sample < len(self.lengths))
+        if packs.sample_offset is not None:  # a piece of a cut document: its sample's images before it
+            at = np.where(inside, packs.sample_offset.astype(np.int64)[piece], 0)
+            index = index + self.store.images.images_before(np.where(inside, sample, 0), at)
         source = self.store.images.digests(np.where(inside, sample, 0), index)
         data = packs.images.field("bytes").to_pylist()
         for j, (s, k) in enumerate(zip(sample.tolist(), index.tolist(), strict=True)):

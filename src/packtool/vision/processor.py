@@ -20,7 +20,12 @@ family and why (``ConfigError``, exit 2). So is a configuration with a value no 
 The conversation is rendered with ``chat_template`` (``--chat-template``) when given, else the
 processor's own template (``chat_template.jinja`` / ``.json`` of the directory), else the tokenizer's.
 As ``processor.apply_chat_template(..., tokenize=True)`` does, the tokenizer adds its own special tokens
-(a BOS) unless the rendered text already starts with its BOS.
+(a BOS) unless the rendered text already starts with its BOS. Interleaved documents have no conversation:
+their processor is loaded for them (``conversations=False``), and their text holds at each image what the
+model's text has for one (``VisionProcessor.image_placeholder``): what the chat template writes for an
+image part, without the whitespace around it (Qwen2-VL's ``<|vision_start|><|image_pad|><|vision_end|>``,
+which its model needs between two images side by side), where it holds the processor's placeholder once;
+else the processor's placeholder alone.
 """
 
 from __future__ import annotations
@@ -76,11 +81,14 @@ class VisionProcessor:
         image_token_ids: ``(m,)`` int64, the processor's image tokens (``image_token_ids``: what its
             ``mm_token_type_ids`` marks); an image's span runs from the first to the last of them.
         tokenizer: packtool's ``HFTokenizer`` over the processor's own tokenizer.
-        chat: the ``ChatTemplate`` (renders image parts, finds trained spans).
+        chat: the ``ChatTemplate`` (renders image parts, finds trained spans); ``None`` for a processor
+            loaded for interleaved documents (``load_processor(conversations=False)``).
         image_processor: the transformers image processor (PIL backend), for the loader.
         processor: the transformers processor.
         expander: its expansion, reproduced (``packtool.vision.expansion``).
         video: ``None``, or why its video processor was not loaded.
+        document_image: what an interleaved document's text holds at each image, for a processor loaded
+            for documents (``image_placeholder``).
         loaded_with: the arguments ``load_processor`` took (a pickled processor is loaded again from them,
             as a DataLoader worker started with ``spawn`` does: the processor itself may hold a class built
             at load time).
@@ -91,11 +99,12 @@ class VisionProcessor:
     image_token: str
     image_token_ids: np.ndarray
     tokenizer: HFTokenizer
-    chat: ChatTemplate
+    chat: ChatTemplate | None
     image_processor: Any
     processor: Any
     expander: Expander
     video: str | None = None
+    document_image: str | None = None
     loaded_with: dict[str, Any] = field(default_factory=dict, repr=False)
     _config_sha256: str = field(default="", repr=False)
 
@@ -128,6 +137,18 @@ class VisionProcessor:
         """Whether the model attends to the images from cross-attention layers (Mllama: its processor gives a
         ``cross_attention_mask``; one image token per image), not in its token sequence."""
         return self.expander.cross_attention
+
+    @property
+    def image_placeholder(self) -> str:
+        """What an interleaved document's text holds at each image, whose placeholder the processor
+        replaces by its tokens for the image (``processor(text=..., images=...)``): for a processor loaded
+        for documents, the text its chat template writes for an image part (module docstring), else the
+        placeholder alone.
+
+        >>> vp.image_placeholder  # doctest: +SKIP
+        '<|vision_start|><|image_pad|><|vision_end|>'
+        """
+        return self.document_image or self.expander.placeholder
 
     @property
     def image_token_id(self) -> int:
@@ -184,7 +205,7 @@ class VisionProcessor:
         ``config_sha256`` hashes the directory's files of ``CONFIG_FILES`` that exist, in that order."""
         import transformers  # noqa: PLC0415 - loaded already by load_processor; only its version is read
 
-        mode = "per image size"
+        mode, chat = "per image size", self.chat
         if self.expander.arithmetic is not None:
             mode = "arithmetic (the processor's _get_num_multimodal_tokens), spot-checked"
         elif self.expander.per_image_count:
@@ -197,12 +218,12 @@ class VisionProcessor:
             "image_processor": type(self.image_processor).__name__,
             "video_processor": self.video or type(getattr(self.processor, "video_processor", None)).__name__,
             "expansion": mode,
-            "chat_template": self.chat.template_source,
-            "chat_template_sha256": hashlib.sha256(self.chat.template.encode()).hexdigest(),
-            "loss_on": self.chat.loss_on,
+            "chat_template": chat and chat.template_source,  # (None: loaded for interleaved documents)
+            "chat_template_sha256": chat and hashlib.sha256(chat.template.encode()).hexdigest(),
+            "loss_on": chat and chat.loss_on,
             "transformers": transformers.__version__,
             "config_sha256": self._config_sha256,
-        }
+        } | ({} if chat else {"image_placeholder": self.image_placeholder})
 
 
 def load_processor(
@@ -211,6 +232,7 @@ def load_processor(
     chat_template: str | None = None,
     loss_on: str = "assistant",
     proven: dict[str, Any] | None = None,
+    conversations: bool = True,
 ) -> VisionProcessor:
     """The processor of a local model directory; nothing is downloaded (module docstring).
 
@@ -221,6 +243,8 @@ def load_processor(
         proven: ``VisionProcessor.proofs()`` of the same directory, loaded by another process (a run's
             driver, for its workers): taken instead of probing the processor again when the directory's
             configuration files still give the digest they had there.
+        conversations: load the chat template (``False``: for interleaved documents, which have none;
+            ``chat`` is then ``None``).
 
     Raises ``ConfigError``: a directory that is missing or holds no processor, a bad configuration value,
     a family packtool refuses (one line naming it and why).
@@ -272,7 +296,9 @@ def load_processor(
         raise ConfigError(
             f"processor {directory}: {family} fails on a probe image: {type(e).__name__}: {first_line(e)}"
         ) from None
-    chat = ChatTemplate(tokenizer, chat_template or _processor_template(path), loss_on)
+    template = chat_template or _processor_template(path)
+    chat = ChatTemplate(tokenizer, template, loss_on) if conversations else None
+    document_image = None if conversations else _image_markup(tokenizer, template, expander.placeholder)
     return VisionProcessor(
         path=str(path),
         family=family,
@@ -284,15 +310,41 @@ def load_processor(
         processor=processor,
         expander=expander,
         video=video,
-        loaded_with={"directory": str(directory), "chat_template": chat_template, "loss_on": loss_on},
+        document_image=document_image,
+        loaded_with={
+            "directory": str(directory),
+            "chat_template": chat_template,
+            "loss_on": loss_on,
+            "conversations": conversations,
+        },
         _config_sha256=digest,
     )
+
+
+def _image_markup(tokenizer: HFTokenizer, template: str | None, placeholder: str) -> str | None:
+    """What the chat template (``template``, else the tokenizer's) writes for one image part between two
+    text parts, without the whitespace around it, where it holds ``placeholder`` once; ``None`` where there
+    is no template, it fails, or it writes something else."""
+    before, after = "packtool-text-before", "packtool-text-after"
+    parts = [{"type": "text", "text": before}, {"type": "image"}, {"type": "text", "text": after}]
+    try:
+        text, _ = ChatTemplate(tokenizer, template).render([{"role": "user", "content": parts}])
+    except Exception:  # noqa: BLE001 - no template, or one that fails on this: the placeholder alone
+        return None
+    start, end = text.find(before), text.find(after)
+    markup = text[start + len(before) : end].strip() if 0 <= start < end else ""
+    return markup if markup.count(placeholder) == 1 else None
 
 
 def _load_again(arguments: dict[str, Any]) -> VisionProcessor:
     """``load_processor(**arguments)``: how a pickled ``VisionProcessor`` comes back."""
     directory = arguments["directory"]
-    return load_processor(directory, chat_template=arguments["chat_template"], loss_on=arguments["loss_on"])
+    return load_processor(
+        directory,
+        chat_template=arguments["chat_template"],
+        loss_on=arguments["loss_on"],
+        conversations=arguments.get("conversations", True),
+    )
 
 
 def _without_video(path: Path, error: ImportError) -> tuple[Any, str]:

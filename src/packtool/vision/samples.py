@@ -23,6 +23,14 @@ Records (``sample_from_record``), told apart by their fields:
   (``jpg``, ``jpeg``, ``png``, ``webp``) and a ``txt`` caption or a ``json`` with a ``caption``; the sample
   is a user turn holding the image and an assistant turn holding the caption.
 
+Interleaved image-text documents (``document_from_record``, ``--sample-format interleaved``: OBELICS's,
+MINT-1T's and Energon's ``InterleavedSample`` layout) are no conversation: ``texts`` and ``images``, two
+lists of one length where each position holds a text (a string) or an image (a path, bytes, or
+``{"bytes", "path"}``), the other ``None``. The sample's ``document`` is that sequence, a ``None`` at each
+image, and ``images`` its images in order; ``messages`` stays empty. A WebDataset shard's sample holds the
+two lists in its ``json`` member, each image naming a member of the sample by what follows the key
+(``{"texts": ["A cat:", null], "images": [null, "0.jpg"]}`` with the member ``KEY.0.jpg``).
+
 Paths resolve against the directory of the input file that names them (absolute paths and URLs stay; an
 input in a store resolves them against its folder there). An image is
 read once, when its sample is encoded (``ImageRef.load``): its bytes, their digest and its size from its
@@ -112,8 +120,9 @@ class ImageRef:
 
 @dataclass
 class VisionSample:
-    """A conversation with its images. ``source``, ``row`` and ``row_kind`` locate it for errors;
-    ``loaded``: its images once read (``load_images``)."""
+    """A conversation with its images, or an interleaved document (``document``: its texts in order, a
+    ``None`` where each image stands; ``messages`` is then empty). ``source``, ``row`` and ``row_kind``
+    locate it for errors; ``loaded``: its images once read (``load_images``)."""
 
     messages: list[dict]
     images: list[ImageRef] = field(default_factory=list)
@@ -121,6 +130,7 @@ class VisionSample:
     row: int = 0
     row_kind: str = "row"
     loaded: list[LoadedImage] | None = None
+    document: list[str | None] | None = None
 
     def error(self, message: str, field: str | None = None, code: str = "invalid") -> InputError:
         """An ``InputError`` naming this sample's file, row and ``field``; ``code`` is the reason counted
@@ -166,18 +176,92 @@ def sample_from_record(record: dict, source: str, row: int, row_kind: str = "row
     else:
         raise sample.error(
             "a record needs 'conversations' (LLaVA), 'messages' (chat), or an image and a caption "
-            "(WebDataset captioning)"
+            "(WebDataset captioning); interleaved documents ('texts' and 'images') are "
+            "--sample-format interleaved"
         )
     return sample
 
 
-def batch_samples(batch: SourceBatch, fields: Collection[str]) -> list[VisionSample]:
-    """The records of a reader's batch as ``VisionSample`` objects (``sample_from_record``), reading only
-    ``fields`` (``encoders.registry.VISION_FIELDS``); a record that is none raises, naming its row."""
-    names = [n for n in batch.schema.names if n in fields]
+def document_from_record(record: dict, source: str, row: int, row_kind: str = "row") -> VisionSample:
+    """An interleaved document (``texts`` and ``images``, or a WebDataset sample's ``json`` holding them:
+    the module docstring) as a ``VisionSample``; paths resolve against the directory of ``source``.
+
+    >>> s = document_from_record({"texts": ["A cat:", None, "!"], "images": [None, "a.png", None]},
+    ...                          "data/x.jsonl", 1, "line")
+    >>> s.document, s.images[0].path
+    (['A cat:', None, '!'], 'data/a.png')
+    """
+    sample = VisionSample([], [], source, row, row_kind)
+    base = parent(source) if is_url(source) else str(Path(source).parent)
+    members = None
+    texts, images = record.get("texts"), record.get("images")
+    if texts is None and images is None and record.get("json") is not None:  # a WebDataset sample
+        key = record.get("__key__", row)
+        try:
+            meta = json.loads(record["json"])
+        except ValueError:
+            raise sample.error(f"sample {key!r}: its .json is not JSON", "json") from None
+        if not isinstance(meta, dict):
+            raise sample.error(f"sample {key!r}: its .json is not an object with texts and images", "json")
+        texts, images, members = meta.get("texts"), meta.get("images"), record
+    if not isinstance(texts, list) or not isinstance(images, list):
+        raise sample.error(
+            "an interleaved document needs 'texts' and 'images', two lists of one length (a text or an "
+            "image at each position, the other null)",
+            "texts" if not isinstance(texts, list) else "images",
+        )
+    if len(texts) != len(images):
+        raise sample.error(f"{len(texts)} texts for {len(images)} images: the lists must be as long",
+                           "images", "image_count")  # fmt: skip
+    document: list[str | None] = []
+    for j, (text, image) in enumerate(zip(texts, images, strict=True)):
+        if (text is None) == (image is None):
+            what = "both a text and an image" if text is not None else "neither a text nor an image"
+            raise sample.error(f"position {j} holds {what}: exactly one of the two must be null", "texts")
+        if text is not None:
+            if not isinstance(text, str):
+                raise sample.error(f"position {j}: a text must be a string, got {type(text).__name__}",
+                                   "texts")  # fmt: skip
+            document.append(text)
+            continue
+        k = len(sample.images)
+        if members is not None:
+            ref = _member_image(members, image, k, sample)
+        else:
+            ref = _image_ref(image, base, f"image {k}")
+        if ref is None:
+            raise sample.error(f"position {j}: image {k} is not a path or image bytes: {str(image)[:60]!r}",
+                               "images")  # fmt: skip
+        sample.images.append(ref)
+        document.append(None)
+    sample.document = document
+    return sample
+
+
+def _member_image(record: dict, name: Any, k: int, sample: VisionSample) -> ImageRef:
+    """Image ``k`` of a WebDataset sample: the member its ``json`` names by what follows the sample's key
+    (``0.jpg`` for ``KEY.0.jpg``; the reader lowercases extensions)."""
+    key = record.get("__key__", sample.row)
+    data = record.get(name.lower()) if isinstance(name, str) else None
+    if not isinstance(data, bytes | bytearray):
+        raise sample.error(f"sample {key!r}: image {k} names member {name!r}, which the sample does not "
+                           "have", "images", "missing_image")  # fmt: skip
+    return ImageRef(data=bytes(data), name=f"{key}.{name}")
+
+
+def batch_samples(
+    batch: SourceBatch, fields: Collection[str], interleaved: bool = False
+) -> list[VisionSample]:
+    """The records of a reader's batch as ``VisionSample`` objects (``sample_from_record``, or
+    ``document_from_record`` for ``interleaved`` documents), reading only ``fields``
+    (``encoders.registry.VISION_FIELDS``; a WebDataset shard's interleaved samples: every member, as their
+    ``json`` names their images); a record that is none raises, naming its row."""
+    webdataset = interleaved and "__key__" in batch.schema.names
+    names = [n for n in batch.schema.names if n in fields or webdataset]
     columns = {n: column_values(batch.batch, n) for n in names}
+    make = document_from_record if interleaved else sample_from_record
     return [
-        sample_from_record({n: columns[n][i] for n in names}, batch.source, row, batch.row_kind)
+        make({n: columns[n][i] for n in names}, batch.source, row, batch.row_kind)
         for i, row in enumerate(batch.rows.tolist())
     ]
 

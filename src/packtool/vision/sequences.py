@@ -2,15 +2,21 @@
 
 ``encode_samples(processor, samples)`` gives, for each sample, exactly the ids of
 ``processor.apply_chat_template(messages, tokenize=True)`` with the sample's images (the processor's
-``__call__`` on the rendered conversation), without running the image processor on the sample's pixels:
+``__call__`` on the rendered conversation), without running the image processor on the sample's pixels.
+An interleaved document (``VisionSample.document``) has no conversation: its text is its texts joined with
+the processor's own placeholder at each image (``VisionProcessor.image_placeholder``), after the BOS and
+before the EOS that ``Documents`` names (``--add-bos`` / ``--add-eos``), and its ids are exactly those of
+``processor(text=text, images=images)`` (without the tokenizer's special tokens where the text starts with
+its BOS, the rule below); its texts' tokens are trained (``Documents.loss_on``: ``all`` trains every
+token but the images' spans, as ``--loss-on all`` does a conversation's). Then:
 
 1. each image's size is read from its header (``sample.image_sizes()``) and the processor's expansion for
    that size taken (``VisionProcessor.expansion``: the processor's own text for such an image, run once
    per distinct size; ``packtool.vision.expansion``);
-2. the conversation is rendered with the chat template and the trained characters found as the ``chat``
-   encoder finds them (assistant turns: ``{% generation %}`` spans or prefix renders;
-   ``packtool.tokenizing.chat_template``); the text is laid out by the processor's ``prepare_inputs_layout``
-   (characters it inserts are not trained);
+2. the conversation is rendered with the chat template (a document joined, above) and the trained
+   characters found as the ``chat`` encoder finds them (assistant turns: ``{% generation %}`` spans or
+   prefix renders; ``packtool.tokenizing.chat_template``); the text is laid out by the processor's
+   ``prepare_inputs_layout`` (characters it inserts are not trained);
 3. each image placeholder is replaced by the processor's text for its image, with every run of one image
    token written once; the texts of ``CHUNK_SIZE`` samples are tokenized in one call by the processor's
    tokenizer (with its special tokens unless the text starts with its BOS, as ``apply_chat_template``
@@ -21,8 +27,14 @@ the last of the processor's image tokens written for it (``packtool.vision.expan
 Qwen2-VL the run of ``<image>`` / ``<|image_pad|>``; for Idefics3 from the first tile's first ``<image>``
 to the global image's last, tile tags between; Gemma 3's ``<start_of_image>`` and ``<end_of_image>`` are
 outside). Each span is checked against the processor's ids for that size; no token of a span is trained.
+``VisionSequence.image_blocks`` give each image's block: every token of the text the processor wrote for
+it, its span and what is around it (Gemma 3's ``<start_of_image>``, Qwen2-VL's ``<|vision_start|>``;
+images that share a token share a block; for a processor whose text for an image depends on the sample's
+images, LLaVA-OneVision's, the tokens from the first image's to the last's); blocks are disjoint or
+equal, and a long document is cut only outside its images' blocks
+(``--long-samples split``), so that each piece is what the processor writes for it alone.
 The vision encoder (``packtool.encoders.vision``) turns sequences into the columns the text path uses
-(``input_ids``, ``labels``, ``loss_mask`` under a labels convention) plus the image column;
+(``input_ids``, ``labels``, ``loss_mask`` under a labels convention) plus the image columns;
 ``sample_lengths`` is what ``packtool.packing.planner.make_plan`` plans from. ``check_plannable`` refuses
 the options that would cut a sample, and so possibly an image, between packs.
 """
@@ -55,6 +67,8 @@ class VisionSequence:
         image_offsets: ``(k,)`` int64, where image ``i``'s span starts (module docstring).
         image_lengths: ``(k,)`` int64, its length in tokens.
         image_sizes: ``(k, 2)`` int64, ``(height, width)`` from each image's header.
+        image_blocks: ``(k, 2)`` int64, ``[start, end)`` of image ``i``'s block: the tokens of the text the
+            processor wrote for it, its span inside (module docstring); ``None``: its span's.
     """
 
     input_ids: np.ndarray
@@ -62,6 +76,13 @@ class VisionSequence:
     image_offsets: np.ndarray
     image_lengths: np.ndarray
     image_sizes: np.ndarray
+    image_blocks: np.ndarray | None = None
+
+    def blocks(self) -> np.ndarray:
+        """``(k, 2)`` int64: ``image_blocks``, or each span's ``[start, end)`` where they are not known."""
+        if self.image_blocks is not None:
+            return self.image_blocks
+        return np.stack([self.image_offsets, self.image_offsets + self.image_lengths], axis=1).reshape(-1, 2)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -88,21 +109,61 @@ class _Rendered:
     special: bool  # the tokenizer adds its special tokens
 
 
-def _render(processor: VisionProcessor, sample: VisionSample) -> _Rendered:
+@dataclass(frozen=True)
+class Documents:
+    """How an interleaved document becomes text (module docstring): ``bos`` before it and ``eos`` after it
+    (a token's text, or ``None``: ``--add-bos`` / ``--add-eos``); ``loss_on``: ``all`` trains every token
+    but the images' spans, any other value the texts' tokens (and the EOS) only.
+
+    >>> Documents(eos="</s>").text(["A cat:", None, "!"], "<image>")
+    ('A cat:<image>!</s>', [(0, 6), (13, 14), (14, 18)])
+    """
+
+    bos: str | None = None
+    eos: str | None = None
+    loss_on: str = "texts"
+
+    def text(self, document: list[str | None], placeholder: str) -> tuple[str, list[tuple[int, int]]]:
+        """The document's text, and the character spans trained: its texts' (and the EOS), or all."""
+        texts = ((placeholder, False) if t is None else (t, True) for t in document)
+        parts = [(self.bos or "", False), *texts, (self.eos or "", True)]
+        spans, at = [], 0
+        for piece, trained in parts:
+            if trained and piece:
+                spans.append((at, at + len(piece)))
+            at += len(piece)
+        text = "".join(piece for piece, _ in parts)
+        return text, ([(0, len(text))] if self.loss_on == "all" else spans)
+
+
+def _field(sample: VisionSample) -> str:
+    """The record field an error about the sample's text names."""
+    return "messages" if sample.document is None else "texts"
+
+
+def _render(processor: VisionProcessor, sample: VisionSample, documents: Documents | None) -> _Rendered:
     sizes = sample.image_sizes()
-    try:
-        text, spans = processor.chat.trained_spans(sample.messages)
-    except ValueError as e:  # (a template over its budget: its own reason, template_budget)
-        raise sample.error(str(e), "messages", getattr(e, "skip_reason", "invalid")) from None
-    except Exception as e:  # the template raised (raise_exception, an undefined variable, ...)
-        reason = str(e).splitlines()[0] if str(e) else ""
-        raise sample.error(f"chat template failed: {type(e).__name__}: {reason}", "messages") from None
+    if sample.document is not None:
+        placeholder = processor.image_placeholder
+        held = next((j for j, t in enumerate(sample.document) if t is not None and placeholder in t), None)
+        if held is not None:  # the processor would take it for an image
+            message = f"position {held}: the text holds the processor's image placeholder {placeholder!r}"
+            raise sample.error(message, "texts", "image_count")
+        text, spans = (documents or Documents()).text(sample.document, placeholder)
+    else:
+        try:
+            text, spans = processor.chat.trained_spans(sample.messages)
+        except ValueError as e:  # (a template over its budget: its own reason, template_budget)
+            raise sample.error(str(e), "messages", getattr(e, "skip_reason", "invalid")) from None
+        except Exception as e:  # the template raised (raise_exception, an undefined variable, ...)
+            reason = str(e).splitlines()[0] if str(e) else ""
+            raise sample.error(f"chat template failed: {type(e).__name__}: {reason}", "messages") from None
     found = len(processor.expander.pattern.findall(text))
     if found != len(sizes):
         raise sample.error(
             f"the rendered text has {found} image token(s) {processor.image_token!r} for {len(sizes)} "
             "image(s) (is an image token written in the text?)",
-            "messages",
+            _field(sample),
             "image_count",
         )
     expansions = []
@@ -125,7 +186,7 @@ def _render(processor: VisionProcessor, sample: VisionSample) -> _Rendered:
         try:
             spans = _follow(text, laid, spans)
         except ValueError as e:
-            raise sample.error(str(e), "messages") from None
+            raise sample.error(str(e), _field(sample)) from None
     pieces, starts, shifts, at, last = [], [], [], 0, 0
     for m, expansion in zip(processor.expander.pattern.finditer(laid), expansions, strict=True):
         pieces.append(laid[last : m.start()])
@@ -165,21 +226,27 @@ def _follow(old: str, new: str, spans: list[tuple[int, int]]) -> list[tuple[int,
 
 
 def _expand(
-    r: _Rendered, ids: list[int], offsets: list[tuple[int, int]], in_text: np.ndarray
+    r: _Rendered, ids: list[int], offsets: list[tuple[int, int]], in_text: np.ndarray, per_sample: bool
 ) -> VisionSequence:
-    """The tokenized text with each image's runs repeated, its images' spans found and checked."""
+    """The tokenized text with each image's runs repeated, its images' spans found and checked, and their
+    blocks: the tokens whose characters meet the text written for the image (images that share a token
+    share one block; every image's for all, ``per_sample``, where what the processor writes for an image
+    depends on the sample's images: LLaVA-OneVision's)."""
     ids = np.asarray(ids, dtype=np.int64)
-    starts = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+    starts, char_ends = np.asarray(offsets, dtype=np.int64).reshape(-1, 2).T
     text_tokens = np.flatnonzero(in_text)
-    text_starts = starts[text_tokens]
+    text_starts, text_ends = starts[text_tokens], char_ends[text_tokens]
 
     def token_at(char: int) -> int:
         i = int(np.searchsorted(text_starts, char, side="left"))
         return int(text_tokens[i]) if i < len(text_tokens) and text_starts[i] == char else -1
 
     repeats = np.ones(len(ids), dtype=np.int64)
-    first = []
+    first, block = [], []
     for k, (expansion, start) in enumerate(zip(r.expansions, r.starts, strict=True)):
+        end = start + len(expansion.text)  # the first and the last token meeting [start, end)
+        block.append((text_tokens[np.searchsorted(text_ends, start, side="right")],
+                      text_tokens[np.searchsorted(text_starts, end, side="left") - 1]))  # fmt: skip
         for at, token, count in expansion.runs:
             i = token_at(start + at)
             if i < 0 or ids[i] != token:
@@ -196,13 +263,23 @@ def _expand(
     ends = np.cumsum(repeats)
     offsets_k = (ends[first] - repeats[first]).astype(np.int64) if first else np.zeros(0, dtype=np.int64)
     lengths = np.array([e.span_length for e in r.expansions], dtype=np.int64)
+    block_of = np.array(block, dtype=np.int64).reshape(-1, 2)
+    blocks = np.stack([ends[block_of[:, 0]] - repeats[block_of[:, 0]], ends[block_of[:, 1]]], axis=1)
+    if per_sample and len(blocks):  # what it writes for an image depends on the others: one block for all
+        blocks[:] = (blocks[:, 0].min(), blocks[:, 1].max())
+    for k in range(1, len(blocks)):  # images that share a token (a merged line break): one block
+        if blocks[k, 0] < blocks[k - 1, 1]:
+            first = int(np.flatnonzero(blocks[:, 0] == blocks[k - 1, 0])[0])
+            blocks[first : k + 1] = (blocks[first, 0], max(blocks[k, 1], blocks[k - 1, 1]))
     trained = np.zeros(len(ids), dtype=bool)
     for a, b in r.spans:  # tokens whose first character lies in [a, b)
         trained |= (starts >= a) & (starts < b)
     trained = np.repeat(trained & in_text, repeats)
     for a, n in zip(offsets_k.tolist(), lengths.tolist(), strict=True):
         trained[a : a + n] = False
-    return VisionSequence(np.repeat(ids, repeats).astype(np.int32), trained, offsets_k, lengths, r.sizes)
+    return VisionSequence(
+        np.repeat(ids, repeats).astype(np.int32), trained, offsets_k, lengths, r.sizes, blocks.reshape(-1, 2)
+    )
 
 
 def _not_as_written(r: _Rendered, k: int) -> InputError:
@@ -211,17 +288,20 @@ def _not_as_written(r: _Rendered, k: int) -> InputError:
     return r.sample.error(
         f"image {k} ({r.sample.images[k].name}): its tokens in the sample are not the processor's for its "
         "size (the text around it merges with them)",
-        "messages",
+        _field(r.sample),
     )
 
 
-def encode_sample(processor: VisionProcessor, sample: VisionSample) -> VisionSequence:
-    """The tokens of ``sample`` as the model sees them (see the module docstring).
+def encode_sample(
+    processor: VisionProcessor, sample: VisionSample, documents: Documents | None = None
+) -> VisionSequence:
+    """The tokens of ``sample`` as the model sees them (see the module docstring; ``documents``: how an
+    interleaved document becomes text, ``Documents()`` if not given).
 
     Raises ``InputError`` naming the sample's file, row and image: a bad image, a template that fails, or a
     rendered text whose image tokens are not one per image (an image token typed in the text).
     """
-    return encode_samples(processor, [sample])[1][0]
+    return encode_samples(processor, [sample], documents=documents)[1][0]
 
 
 def encode_samples(
@@ -229,6 +309,7 @@ def encode_samples(
     samples: Iterable[VisionSample],
     sink: ErrorSink | None = None,
     chunk_size: int = CHUNK_SIZE,
+    documents: Documents | None = None,
 ) -> tuple[list[VisionSample], list[VisionSequence]]:
     """``encode_sample`` over ``samples``, tokenizing ``chunk_size`` rendered texts in one call; the samples
     kept and their sequences, in input order. A sample whose encoding fails (a bad image, a template
@@ -242,7 +323,7 @@ def encode_samples(
         encoded = processor.encode_rendered([r.text for r in rendered], [r.special for r in rendered])
         for r, (ids, offsets, in_text) in zip(rendered, encoded, strict=True):
             try:
-                sequences.append(_expand(r, ids, offsets, in_text))
+                sequences.append(_expand(r, ids, offsets, in_text, processor.expander.per_image_count))
             except InputError as e:
                 report(sink, e)
                 continue
@@ -253,7 +334,7 @@ def encode_samples(
         processor.prefetch([(s.height, s.width) for s in _sizes(part)])  # the counts in one call
         for sample in part:
             try:
-                rendered.append(_render(processor, sample))
+                rendered.append(_render(processor, sample, documents))
             except InputError as e:
                 report(sink, e)
         if rendered:

@@ -171,6 +171,10 @@ def _batches(path, **kw):
         [{"text": "\\ud83d\\ude00"}],
         # chat messages with keys missing in some turns
         [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "x": 1}]}],
+        # lists whose first values are null (an interleaved document that starts with text): pyarrow.json
+        # drops the nulls and keeps counting them (apache/arrow#51305), so the batch is read line by line
+        [{"texts": ["a", "b", None], "images": [None, None, "x.png"]}, {"texts": [None], "images": ["y"]}],
+        [{"images": []}, {"images": [None, "x.png"]}, {"images": ["y.png", None]}],
     ],
 )
 def test_jsonl_fast_path_reads_what_the_line_by_line_path_reads(tmp_path, lines):
@@ -326,6 +330,7 @@ def _eager(path, on_error="fail"):
         '{"input_ids": [1, 2]}\n' * 4 + '{"input_ids": [1, 1180591620717411303424]}\n',  # past int64
         '{"text": "a"}\r\n' * 9,  # Windows line ends
         '\ufeff{"text": "a"}\n' + '{"text": "b"}\n' * 5,  # a byte order mark
+        '{"texts": ["a", null], "images": [null, "x.png"]}\n' * 6,  # lists that start with nulls
     ],
     ids=[
         "plain",
@@ -339,6 +344,7 @@ def _eager(path, on_error="fail"):
         "int-past-int64",
         "crlf",
         "bom",
+        "lists-leading-nulls",
     ],  # fmt: skip
 )
 @pytest.mark.parametrize("on_error", ["fail", "skip"])

@@ -32,7 +32,7 @@ from packtool.errors import ConfigError, ErrorSink
 from packtool.vision.processor import load_processor
 from packtool.vision.samples import sample_from_record
 from packtool.vision.sequences import encode_samples
-from tests.fixtures.vision_families import FAMILIES, PALIGEMMA_TEMPLATE
+from tests.fixtures.vision_families import FAMILIES, PALIGEMMA_TEMPLATE, processor_tokens
 from tests.fixtures.vision_families_more import MORE_FAMILIES
 from tests.fixtures.vision_inputs import chat_records, write_real_images
 from tests.fixtures.vision_processors import build_llava
@@ -123,51 +123,7 @@ def processor_reference(vp, sample) -> tuple[np.ndarray, np.ndarray, list[tuple[
     """``(ids, trained, spans)`` of ``sample`` from the processor's own output (module docstring)."""
     text, trained_spans = vp.chat.trained_spans(sample.messages)
     images = [Image.open(ref.path) for ref in sample.images]
-    bos = vp.processor.tokenizer.bos_token
-    kwargs = {"return_offsets_mapping": True, "return_text_replacement_offsets": True}
-    if bos and text.startswith(bos):
-        kwargs["add_special_tokens"] = False
-    if images or vp.family.startswith("paligemma") is False:
-        out = vp.processor(text=[text], images=[images] if images else None, **kwargs)
-        replaced = out.get("text_replacement_offsets", [[]])[0]
-    else:  # PaliGemma's processor takes no text without images: its tokenizer's tokens are the reference
-        kwargs.pop("return_text_replacement_offsets")
-        out = {k: [v] for k, v in vp.processor.tokenizer(text, **kwargs).items()}
-        replaced = []
-    ids = np.asarray(out["input_ids"][0])
-    offsets = np.asarray(out["offset_mapping"][0]).reshape(-1, 2)
-    if (
-        vp.family.startswith("paligemma") and images
-    ):  # its layout: <bos> after the last image, "\n" at the end
-        cut = text.rindex(vp.image_token) + len(vp.image_token)
-        trained_spans = [(a + (a >= cut) * len(bos), b + (b >= cut) * len(bos)) for a, b in trained_spans]
-    elif vp.family.startswith("emu3"):  # its layout: <bos> first (its call never tells it not to)
-        trained_spans = [(a + len(bos), b + len(bos)) for a, b in trained_spans]
-    shift = [
-        (r["span"][1], (r["new_span"][1] - r["new_span"][0]) - (r["span"][1] - r["span"][0]))
-        for r in replaced
-    ]
-
-    def moved(p):
-        return p + sum(d for end, d in shift if end <= p)
-
-    of_text = ~((offsets[:, 0] == 0) & (offsets[:, 1] == 0))
-    trained = np.zeros(len(ids), dtype=bool)
-    for a, b in trained_spans:
-        trained |= (offsets[:, 0] >= moved(a)) & (offsets[:, 0] < moved(b))
-    trained &= of_text
-    spans = []
-    for r in replaced:
-        s, e = r["new_span"]
-        inside = np.flatnonzero(
-            of_text & (offsets[:, 0] >= s) & (offsets[:, 1] <= e) & np.isin(ids, vp.image_token_ids)
-        )
-        spans.append((int(inside[0]), int(inside[-1] - inside[0] + 1)))
-        trained[inside[0] : inside[-1] + 1] = False
-    if vp.cross_attention:  # its processor replaces nothing: an image's span is its one image token
-        spans = [(int(i), 1) for i in np.flatnonzero(ids == vp.image_token_id)]
-        trained[ids == vp.image_token_id] = False
-    return ids, trained, spans
+    return processor_tokens(vp, text, trained_spans, images)[:3]
 
 
 def reference_or_none(vp, sample):
