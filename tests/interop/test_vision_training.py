@@ -390,7 +390,15 @@ DOCUMENTS = [
     {"texts": ["Two icons:\n\n", None, "the same, in another format.", None],
      "images": [None, "images/icon.gif", None, "images/icon.png"]},
 ]  # fmt: skip
-DOCUMENT_CASES = [(family, how) for family in ("llava", "qwen2vl") for how in ("dense", "flattened")]
+DOCUMENT_CASES = [
+    (family, how) for family in ("llava", "qwen2vl", "mllama") for how in ("dense", "flattened")
+]
+# what the processor takes at an image in a text, written out as a user does
+IMAGE_MARKUP = {
+    "llava": "<image>",
+    "qwen2vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "mllama": "<|image|>",
+}
 
 
 @pytest.mark.parametrize("family, how", DOCUMENT_CASES, ids=[f"{f}-{h}" for f, h in DOCUMENT_CASES])
@@ -407,8 +415,7 @@ def test_packed_documents_train_as_each_document_alone(data, family, how):
 
     def alone(i: int) -> dict:
         record = DOCUMENTS[i]
-        markup = "<|vision_start|><|image_pad|><|vision_end|>" if family == "qwen2vl" else "<image>"
-        text = "".join(markup if t is None else t for t in record["texts"]) + eos
+        text = "".join(IMAGE_MARKUP[family] if t is None else t for t in record["texts"]) + eos
         images = [Image.open(source.parent / p) for p in record["images"] if p is not None]
         out = vp.processor(text=[text], images=[images] if images else None, return_tensors="pt")
         out = {k: v for k, v in out.items() if k not in ("attention_mask", "labels")}
