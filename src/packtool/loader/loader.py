@@ -155,11 +155,19 @@ class PackedLoader:
         nw = max(1, self.num_workers)
         pending: list[deque] = [deque() for _ in range(nw)]
         s = 0
-        for parcel in self.dataloader:
-            pending[parcel.worker].extend(parcel.items)
-            while pending[s % nw]:
-                yield pending[s % nw].popleft()
-                s += 1
+        parcels = iter(self.dataloader)
+        try:
+            for parcel in parcels:
+                pending[parcel.worker].extend(parcel.items)
+                while pending[s % nw]:
+                    yield pending[s % nw].popleft()
+                    s += 1
+        finally:  # the workers stopped now: after an error the iterator is in a reference cycle of its
+            # traceback, and the garbage collector may close its queues before torch's __del__ sends the
+            # workers their last message, which then waits 5 s a worker before it terminates them
+            stop = getattr(parcels, "_shutdown_workers", None)
+            if stop is not None:
+                stop()
 
     def state_dict(self) -> dict:
         """The global cursor and what defines the stream (a small JSON-able dict)."""

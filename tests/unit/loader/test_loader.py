@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import shutil
 from pathlib import Path
 
@@ -356,6 +357,9 @@ def test_bad_shard_fails_by_default(packed, tmp_path, how, num_workers):
     loader = get_loader(PackedDataset(out, batch_size=4, shuffle=False), num_workers=num_workers)
     with pytest.raises(InputError, match=rf"{name}, row group \d+: cannot read packs"):
         stream(loader)
+    # its workers are stopped with the error, not when the garbage collector frees its traceback (torch's
+    # DataLoader then waited 5 s a worker before it terminated them)
+    assert multiprocessing.active_children() == []
 
 
 @pytest.mark.parametrize("how", ["missing", "corrupt"])
