@@ -18,23 +18,66 @@ Example::
         batch = batch.to("cuda")              # the mask is built here, on the device
 """
 
-from packtool.loader.batch import (
-    MASKS,
-    IgnoreSample,
-    PackedBatch,
-    SkipSample,
-    batch_list,
-    batch_pad_stack,
-    batch_stack,
-    default_batch,
-    gather_batch,
-)
-from packtool.loader.collate import collate_packs
-from packtool.loader.dataset import PackedDataset
-from packtool.loader.fit import masks_for_model
-from packtool.loader.loader import PackedLoader, get_loader
-from packtool.loader.order import Unit, epoch_plan, units_of
-from packtool.loader.sources import Mixture, OutputSource, open_source
+import importlib
+from typing import TYPE_CHECKING
+
+# name -> the module that defines it, imported on first use (PEP 562): ``packtool.loader.order`` and
+# ``sources`` need no torch, so ``packtool inspect`` of a mixture does not pay for importing it
+_HOMES = {
+    "MASKS": "batch",
+    "IgnoreSample": "batch",
+    "PackedBatch": "batch",
+    "SkipSample": "batch",
+    "batch_list": "batch",
+    "batch_pad_stack": "batch",
+    "batch_stack": "batch",
+    "default_batch": "batch",
+    "gather_batch": "batch",
+    "collate_packs": "collate",
+    "PackedDataset": "dataset",
+    "masks_for_model": "fit",
+    "PackedLoader": "loader",
+    "get_loader": "loader",
+    "Unit": "order",
+    "epoch_plan": "order",
+    "units_of": "order",
+    "Mixture": "sources",
+    "OutputSource": "sources",
+    "open_source": "sources",
+}
+
+if TYPE_CHECKING:
+    from packtool.loader.batch import (
+        MASKS,
+        IgnoreSample,
+        PackedBatch,
+        SkipSample,
+        batch_list,
+        batch_pad_stack,
+        batch_stack,
+        default_batch,
+        gather_batch,
+    )
+    from packtool.loader.collate import collate_packs
+    from packtool.loader.dataset import PackedDataset
+    from packtool.loader.fit import masks_for_model
+    from packtool.loader.loader import PackedLoader, get_loader
+    from packtool.loader.order import Unit, epoch_plan, units_of
+    from packtool.loader.sources import Mixture, OutputSource, open_source
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'packtool.loader' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"packtool.loader.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
+
 
 __all__ = [
     "MASKS",
