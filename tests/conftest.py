@@ -196,11 +196,11 @@ SLOW = {
     "tests/e2e/test_ray_engine.py::test_local_job_killed_then_resumed_on_ray": None,
     "tests/e2e/test_ray_engine.py::test_ray_equals_local_text_files_directories_and_hf_datasets": None,
     "tests/e2e/test_ray_engine.py::test_ray_equals_local_sft_config": None,
-    # minimal against full: every kind in Parquet; in tar shards the text and context-parallel cases
+    # minimal against full: each kind in Parquet, once or twice; in tar shards text and context parallel
     "tests/e2e/test_columns.py::test_minimal_gives_the_packs_of_full": {
-        *(f"{k}-{s}-parquet" for k in ("text", "ids-mask", "ids-own-labels-mask", "ids-mask-unshifted")
-          for s in (False, True)),
-        "chat-False-parquet",
+        "text-False-parquet", "text-True-parquet", "ids-mask-False-parquet",
+        "ids-own-labels-mask-True-parquet",
+        "ids-mask-unshifted-False-parquet", "chat-False-parquet",
         "text-True-webdataset",
         "text-cp-False-parquet",
         "ids-mask-cp-False-parquet",
@@ -228,12 +228,11 @@ SLOW = {
         "kills0-None", "kills4-None",
     },
     "tests/e2e/test_resume.py::test_kill_and_resume_gives_identical_output": {"kills0", "kills4"},
-    "tests/e2e/test_resume.py::test_external_kill_of_a_multiprocess_job": {"9", "2"},  # SIGKILL, SIGINT
+    "tests/e2e/test_resume.py::test_external_kill_of_a_multiprocess_job": {"9"},  # SIGKILL
     "tests/e2e/test_storage_pack.py::test_inputs_in_a_bucket_pack_as_the_same_files_on_local_disk": {
         "text-folder", "parquet",
     },
-    "tests/e2e/test_properties.py::test_output_is_identical_for_any_num_proc": {"bfd"},
-    "tests/e2e/test_chat.py::test_boundary_property_on_random_packs": {"shifted-96"},
+        "tests/e2e/test_chat.py::test_boundary_property_on_random_packs": {"shifted-96"},
     "tests/e2e/test_encoders.py::test_pretokenized_loss_mask_must_be_0_or_1": {"7"},
     "tests/e2e/test_encoders.py::test_pretokenized_labels_must_be_ignore_index_or_a_token_id": {"99999"},
     "tests/e2e/test_pack.py::test_output_is_byte_identical_for_any_num_proc": {"True"},
@@ -251,6 +250,21 @@ SLOW = {
         "interop_masked"
     },
     "tests/e2e/test_columns.py::test_inspect_decodes_the_same_trained_text": {"parquet"},
+    # covered by cheaper tests in make test: byte-identical output for any --num-proc (test_pack.py,
+    # test_memory_store.py), Ray equal to local (the bucket-to-bucket and text cases), Parquet from a bucket
+    # (test_inputs_in_a_bucket_pack_as_the_same_files_on_local_disk[parquet]), the encode bar (within a
+    # chunk), the vision driver's imports (a start-up figure: make bench)
+    "tests/e2e/test_properties.py::test_output_is_identical_for_any_num_proc": None,
+    "tests/e2e/test_ray_engine.py::test_ray_equals_local_pretokenized_split": None,
+    "tests/e2e/test_storage_pack.py::test_packs_equal_between_local_disk_and_bucket_for_parquet": None,
+    "tests/unit/readers/test_progress_bytes.py::test_encode_bar_moves_on_long_documents": None,
+    "tests/e2e/test_vision_pipeline.py::"
+    "test_the_driver_of_a_run_whose_workers_encode_never_loads_the_processor": None,
+    "tests/e2e/test_pack_errors.py::test_encoder_plugin_returning_what_is_not_integers_is_named": {
+        "[1, 2.5]-got 2.5"
+    },
+    "tests/e2e/test_val_holdout.py::"
+    "test_the_held_out_packs_are_a_tenth_of_the_same_packs_in_their_own_shards": {"parquet"},
 }  # fmt: skip
 
 
