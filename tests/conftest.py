@@ -265,6 +265,12 @@ SLOW = {
     },
     "tests/e2e/test_val_holdout.py::"
     "test_the_held_out_packs_are_a_tenth_of_the_same_packs_in_their_own_shards": {"parquet"},
+    # the one-line error naming file, line, field and image: item 2's undecodable PNG keeps it in make test;
+    # bombs are refused in tests/unit/vision; a bad processor config is exit 2 in item 10's case
+    "tests/e2e/test_vision_pack.py::"
+    "test_a_bad_row_stops_the_run_with_one_line_naming_file_line_field_and_image": None,
+    "tests/e2e/test_vision_pipeline.py::"
+    "test_a_bad_processor_loaded_first_by_a_worker_is_the_same_one_line_usage_error": None,
 }  # fmt: skip
 
 
