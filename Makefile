@@ -41,7 +41,7 @@ demo: install-demo
 # under 6 minutes on 2 cores: the tests marked slow (more combinations of covered tests, tests/conftest.py's
 # SLOW) run in test-all
 test: install
-	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+	$(BIN)/python -m pytest -q -n 3 -m "not slow"
 
 test-all: install
 	$(BIN)/python -m pytest -q -n 2

@@ -199,8 +199,7 @@ SLOW = {
     # minimal against full: each kind in Parquet, once or twice; in tar shards text and context parallel
     "tests/e2e/test_columns.py::test_minimal_gives_the_packs_of_full": {
         "text-False-parquet", "text-True-parquet", "ids-mask-False-parquet",
-        "ids-own-labels-mask-True-parquet",
-        "ids-mask-unshifted-False-parquet", "chat-False-parquet",
+        "ids-own-labels-mask-True-parquet", "ids-mask-unshifted-False-parquet",
         "text-True-webdataset",
         "text-cp-False-parquet",
         "ids-mask-cp-False-parquet",
@@ -271,6 +270,22 @@ SLOW = {
     "test_a_bad_row_stops_the_run_with_one_line_naming_file_line_field_and_image": None,
     "tests/e2e/test_vision_pipeline.py::"
     "test_a_bad_processor_loaded_first_by_a_worker_is_the_same_one_line_usage_error": None,
+    # Ray's equal output is held by the bucket-to-bucket case (byte-identical shards); a damaged scratch
+    # chunk re-encoded by test_untrusted's text case and a vision resume by test_vision_pipeline's; skipped
+    # undecodable images by test_vision_pack's bad rows; Mllama's flex path by its eager and varlen cases
+    "tests/e2e/test_ray_engine.py::test_ray_equals_local_text": None,
+    "tests/e2e/test_trust_round5_inputs.py::test_untrusted_inputs": {
+        "item2-a PNG with garbage IDAT, header and IEND whole",
+        "item3-a template looping over strings for one record",
+        "item10-image_token ''",
+        "item12-... skipped under --on-error skip",
+        "item13-an over-long sample with images",
+        "item16-the encoder's module edited",
+        "item17-a directory's bad records, the summary, vocab_size",
+    },
+    "tests/interop/test_vision_training.py::test_mllama_eager_and_flex_forward_equal_each_sample_alone": {
+        "eager"
+    },
 }  # fmt: skip
 
 
