@@ -38,8 +38,8 @@ demo: install-demo
 	$(BIN)/packtool pack --config configs/demo.yaml --overwrite
 	$(BIN)/packtool inspect out/demo
 
-# under 6 minutes on 2 cores: the tests marked slow (more combinations of covered tests, tests/conftest.py's
-# SLOW) run in test-all
+# under 6 minutes on 2 cores (3 processes: a third runs while the others wait on their subprocesses); the
+# tests marked slow (more combinations of covered tests, tests/conftest.py's SLOW) run in test-all
 test: install
 	$(BIN)/python -m pytest -q -n 3 -m "not slow"
 

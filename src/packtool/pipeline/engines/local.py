@@ -104,7 +104,12 @@ class LocalEngine:
 
     def _worker_died(self, fn: Callable) -> WorkerDied:
         """Which worker died, how, and during which step (a worker killed by a signal: the out-of-memory
-        killer, most often), when the pool broke."""
+        killer, most often), when the pool broke. The pool's own thread reaps its workers first: a worker's
+        exit status, read from the forkserver, can be read once, and a second reader at the same time
+        would take it for a lost forkserver (``exited with code 255``)."""
+        manager = getattr(self._pool, "_executor_manager_thread", None)
+        if manager is not None:
+            manager.join(timeout=10)
         dead = [p for p in (getattr(self._pool, "_processes", None) or {}).values() if p.exitcode]
         how = ", ".join(f"pid {p.pid} {_exit_reason(p.exitcode)}" for p in dead) or "a worker exited"
         return WorkerDied(f"a worker process died while {TASK_NAMES.get(fn.__name__, fn.__name__)} ({how})")
