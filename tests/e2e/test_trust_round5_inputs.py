@@ -24,6 +24,7 @@ tests/unit/pipeline/test_chunks.py), run in ``make test-all``.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -56,14 +57,19 @@ TIMEOUT = 120  # seconds: a run that hangs (a FIFO read, a template looping for 
 
 @dataclass
 class Shared:
-    """What the cases share, made once: a Qwen2-VL and a LLaVA processor, a LLaVA input (40 samples) and
-    that input packed whole, the reference for resumed runs."""
+    """What the cases share, made once: a Qwen2-VL and a LLaVA processor, a LLaVA input (40 samples) and,
+    when a case first asks for it, that input packed whole: the reference for resumed runs."""
 
     root: Path
     qwen: Path
     llava: Path
     vision_input: Path
-    reference: dict[str, bytes]
+
+    @functools.cached_property
+    def reference(self) -> dict[str, bytes]:
+        out = self.root / "reference"
+        run_cli("pack", self.vision_input, "-o", out, *vision_args(self.qwen))
+        return shards(out)
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +78,7 @@ def shared(tmp_path_factory) -> Shared:
     qwen, llava = build_qwen2vl(root / "qwen"), build_llava(root / "llava")
     source = write_llava_input(root / "in")
     write_jsonl(source, llava_rows() * 10)
-    out = root / "reference"
-    run_cli("pack", source, "-o", out, *vision_args(qwen))
-    return Shared(root, qwen, llava, source, shards(out))
+    return Shared(root, qwen, llava, source)
 
 
 def vision_args(processor: Path) -> list:
