@@ -43,7 +43,7 @@ MARKUP = {"qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3": "
           "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "internvl": "<IMG_CONTEXT>",
           "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>"}  # fmt: skip
 # every family the chat path packs exactly (test_families.EXPECTED), the fast ones first
-FAMILIES_EXACT = (*FAST, "llava_next", "qwen2_5_vl", "qwen3_vl", "aya_vision", "paligemma",
+FAMILIES_EXACT = (*FAST, "llava_next", "qwen2_5_vl", "qwen3_vl", "aya_vision", "paligemma", "mllama",
                   "llava_onevision", "internvl")  # fmt: skip
 BUILDERS = {"llava": build_llava, **FAMILIES}
 
