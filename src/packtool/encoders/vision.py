@@ -36,9 +36,10 @@ from transformers import AutoImageProcessor, AutoProcessor  # noqa: F401
 from packtool.arrays import array_lists, arrow_array, bytes_array, concat_ragged, int_array, np_view
 from packtool.encoders.base import IMAGE_STRUCT
 from packtool.encoders.masking import apply_empty_loss, loss_columns
-from packtool.encoders.text import HFTokenizer, special_text, token_of
+from packtool.encoders.text import special_text, token_of
 from packtool.readers.base import SourceBatch
 from packtool.schema import IMAGES
+from packtool.tokenizing.tokenizer import HFTokenizer
 from packtool.vision.processor import VisionProcessor, load_processor
 from packtool.vision.samples import VisionSample, batch_samples
 from packtool.vision.sequences import Documents, VisionSequence, encode_samples
