@@ -143,12 +143,12 @@ class VisionProcessor:
         """What an interleaved document's text holds at each image, whose placeholder the processor
         replaces by its tokens for the image (``processor(text=..., images=...)``): for a processor loaded
         for documents, the text its chat template writes for an image part (module docstring), else the
-        placeholder alone.
+        placeholder as the processor takes it in a text (``placeholders(1)``: HunYuan-VL's wrapped).
 
         >>> vp.image_placeholder  # doctest: +SKIP
         '<|vision_start|><|image_pad|><|vision_end|>'
         """
-        return self.document_image or self.expander.placeholder
+        return self.document_image or self.expander.written
 
     @property
     def image_token_id(self) -> int:
